@@ -1,0 +1,107 @@
+"""epilab's knobs: one typed settings object, read from the environment once.
+
+Every knob has an ``EPILAB_*`` environment override; code reads ``settings()``
+instead of ``os.environ``. Tests change knobs with ``patch(...)``:
+
+    with config.patch(interpret=True):
+        ...
+
+| variable           | field       | meaning                                                  |
+|--------------------|-------------|----------------------------------------------------------|
+| EPILAB_CACHE_DIR   | cache_dir   | rendered kernels, default db; default                    |
+|                    |             | ``$XDG_CACHE_HOME/epilab`` or ``~/.cache/epilab``        |
+| EPILAB_DB          | db          | tuning database: a path (SQLite) or SQLAlchemy URL;      |
+|                    |             | default ``<cache_dir>/tuning.db``                        |
+| EPILAB_INTERPRET   | interpret   | allow CPU tensors, run through Triton's interpreter      |
+|                    |             | (also on when ``TRITON_INTERPRET=1``)                    |
+| EPILAB_LOG         | log_level   | level of the ``epilab`` logger (DEBUG, INFO, WARNING...) |
+| EPILAB_DEBUG_DIR   | debug_dir   | if set, every rendered kernel is also copied here        |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class Settings:
+    cache_dir: Path
+    db: str
+    interpret: bool
+    log_level: str
+    debug_dir: Path | None
+
+    @property
+    def kernel_dir(self) -> Path:
+        """Where rendered kernel sources are written (Triton needs real files)."""
+        return self.cache_dir / "kernels"
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Build settings from an environment mapping (``os.environ`` by default)."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_CACHE_HOME")
+    default_cache = Path(xdg) / "epilab" if xdg else Path.home() / ".cache" / "epilab"
+    cache_dir = Path(env.get("EPILAB_CACHE_DIR") or default_cache).expanduser()
+    db = env.get("EPILAB_DB") or str(cache_dir / "tuning.db")
+    interpret = _parse_bool("EPILAB_INTERPRET", env.get("EPILAB_INTERPRET", "0")) or _parse_bool(
+        "TRITON_INTERPRET", env.get("TRITON_INTERPRET", "0")
+    )
+    log_level = env.get("EPILAB_LOG", "WARNING").strip().upper()
+    if log_level not in _LOG_LEVELS:
+        raise ValueError(f"EPILAB_LOG={log_level!r} is not a log level; use one of {_LOG_LEVELS}")
+    debug_dir = env.get("EPILAB_DEBUG_DIR")
+    return Settings(
+        cache_dir=cache_dir,
+        db=db,
+        interpret=interpret,
+        log_level=log_level,
+        debug_dir=Path(debug_dir).expanduser() if debug_dir else None,
+    )
+
+
+_current: Settings | None = None
+
+
+def settings() -> Settings:
+    """The settings in force (read from the environment on first use)."""
+    global _current
+    if _current is None:
+        _current = from_env()
+        logging.getLogger("epilab").setLevel(_current.log_level)
+    return _current
+
+
+@contextmanager
+def patch(**overrides: object) -> Iterator[Settings]:
+    """Temporarily replace some settings; unknown names raise TypeError."""
+    global _current
+    before = settings()
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise TypeError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(fields)}")
+    _current = dataclasses.replace(before, **overrides)  # type: ignore[arg-type]
+    try:
+        yield _current
+    finally:
+        _current = before

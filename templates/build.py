@@ -1,0 +1,83 @@
+"""The build cache: rendered source -> file under the cache dir -> imported kernel.
+
+Triton reads a kernel's source from its file, so rendered text is written to
+``<cache_dir>/kernels/<aa>/<sha256>.py`` (atomically: a temporary file and a
+rename, so concurrent processes never see half a file) and imported from there.
+The key is the hash of the source itself and of the target, so nothing that
+changes the code can hit a stale entry. The interpreter target decorates the
+module's ``@triton.jit`` functions as interpreted functions (Triton decides
+that at decoration time), which is why it is part of the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import triton
+from epilab.config import settings
+from epilab.templates.render import TARGETS, Target
+
+_lock = threading.Lock()
+_modules: dict[str, ModuleType] = {}
+
+
+def source_key(source: str, target: Target) -> str:
+    return hashlib.sha256(f"{target}\0{triton.__version__}\0{source}".encode()).hexdigest()
+
+
+def _write_once(path: Path, text: str) -> None:
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def interpreter_active() -> bool:
+    """Whether this process runs Triton in its interpreter.
+
+    Triton decides that once, when ``triton.language`` is imported (its own
+    helpers such as ``tl.zeros`` are jitted then), so it follows the environment
+    at start-up: ``TRITON_INTERPRET=1``, which ``import epilab`` sets from
+    ``EPILAB_INTERPRET=1`` when Triton is not imported yet.
+    """
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(standard.zeros, InterpretedFunction)
+
+
+def build(source: str, *, target: Target) -> ModuleType:
+    """Import ``source`` as a module (cached in memory and on disk)."""
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r} is not one of {TARGETS}")
+    key = source_key(source, target)
+    with _lock:
+        module = _modules.get(key)
+        if module is not None:
+            return module
+        conf = settings()
+        path = conf.kernel_dir / key[:2] / f"{key}.py"
+        _write_once(path, source)
+        if conf.debug_dir is not None:
+            _write_once(conf.debug_dir / f"{key[:16]}.py", source)
+        spec = importlib.util.spec_from_file_location(f"epilab_kernel_{key[:24]}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = target == "interpreter"
+            spec.loader.exec_module(module)
+        _modules[key] = module
+        return module

@@ -1,0 +1,461 @@
+"""The epilogue IR: the pointwise work fused after a matmul-like anchor.
+
+An ``Epilogue`` is a small DAG in a flat, canonical node list:
+
+- leaves: ``acc`` (the fp32 accumulator), ``operand`` (a tensor loaded per output
+  element: a row vector indexed by n, a column vector indexed by m, a full tile
+  with any strides, or a scalar), ``const`` (a float or bool literal);
+- inner nodes: ops from the one rule table (``templates/rules.py``);
+- outputs: one or more ``(node, dtype)`` pairs.
+
+Build one with the expression helpers and ``Epilogue.build``::
+
+    x = acc() + operand("bias", "row")
+    ep = Epilogue.build([(ops.gelu_tanh(x) + operand("res", "tile"), "bfloat16")])
+
+Building canonicalizes: structurally equal subtrees become one node, arguments
+of commutative ops are ordered, constant subtrees are folded, bool/float
+mismatches become explicit casts, and dead nodes are dropped. So two
+structurally equal epilogues have the same ``text()`` (the form used in problem
+keys) in any process.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+from epilab.templates.rules import DTYPES, RULES, STRING_ATTRS, Kind, literal, result_kind
+
+AttrValue = float | bool | str
+LEAVES = ("acc", "operand", "const")
+OPERAND_KINDS = ("row", "col", "tile", "scalar")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+
+
+def check_operand_name(name: object) -> str:
+    """Operand names become kernel parameter names: plain identifiers only."""
+    if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name):
+        raise ValueError(
+            f"operand name {name!r} is not allowed; use a Python identifier of at most "
+            "32 characters (letters, digits, underscore)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str
+    args: tuple[int, ...] = ()
+    attrs: tuple[tuple[str, AttrValue], ...] = ()  # sorted by name
+
+    @property
+    def attr(self) -> dict[str, AttrValue]:
+        return dict(self.attrs)
+
+
+@dataclass(frozen=True)
+class Output:
+    node: int
+    dtype: str
+
+
+# --------------------------------------------------------------------- building
+
+
+@dataclass(frozen=True, eq=False)
+class Expr:
+    """A node under construction; arithmetic operators build rule nodes."""
+
+    op: str
+    args: tuple[Expr, ...] = ()
+    attrs: tuple[tuple[str, AttrValue], ...] = ()
+
+    def __add__(self, o: ExprLike) -> Expr:
+        return apply("add", self, o)
+
+    def __radd__(self, o: ExprLike) -> Expr:
+        return apply("add", o, self)
+
+    def __sub__(self, o: ExprLike) -> Expr:
+        return apply("sub", self, o)
+
+    def __rsub__(self, o: ExprLike) -> Expr:
+        return apply("sub", o, self)
+
+    def __mul__(self, o: ExprLike) -> Expr:
+        return apply("mul", self, o)
+
+    def __rmul__(self, o: ExprLike) -> Expr:
+        return apply("mul", o, self)
+
+    def __truediv__(self, o: ExprLike) -> Expr:
+        return apply("div", self, o)
+
+    def __rtruediv__(self, o: ExprLike) -> Expr:
+        return apply("div", o, self)
+
+    def __neg__(self) -> Expr:
+        return apply("neg", self)
+
+    def __abs__(self) -> Expr:
+        return apply("abs", self)
+
+
+ExprLike = Expr | float | int | bool
+
+
+def acc() -> Expr:
+    """The fp32 accumulator of the anchor (A @ B)."""
+    return Expr("acc")
+
+
+def operand(name: str, kind: str) -> Expr:
+    """A tensor loaded per output element; ``kind`` is row, col, tile or scalar."""
+    check_operand_name(name)
+    if kind not in OPERAND_KINDS:
+        raise ValueError(f"operand kind {kind!r} is not one of {OPERAND_KINDS}")
+    return Expr("operand", attrs=(("kind", kind), ("name", name)))
+
+
+def const(value: float | int | bool) -> Expr:
+    if isinstance(value, bool):
+        return Expr("const", attrs=(("value", value),))
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"a constant must be a float, int or bool, got {type(value).__name__}")
+    return Expr("const", attrs=(("value", float(value)),))
+
+
+def _as_expr(x: ExprLike) -> Expr:
+    return x if isinstance(x, Expr) else const(x)
+
+
+def apply(op: str, *args: ExprLike, **attrs: Any) -> Expr:
+    """Apply rule ``op`` to arguments (Exprs or numbers) with its attributes."""
+    rule = RULES.get(op)
+    if rule is None:
+        raise ValueError(f"unknown epilogue op {op!r}; known ops: {sorted(RULES)}")
+    if len(args) != rule.arity:
+        raise ValueError(f"op {op!r} takes {rule.arity} argument(s), got {len(args)}")
+    return Expr(op, tuple(_as_expr(a) for a in args), _check_attrs(op, attrs))
+
+
+class _Ops:
+    """``ops.gelu(x)``, ``ops.clamp(x, min=0.0, max=6.0)``: one builder per rule."""
+
+    def __getattr__(self, op: str) -> Callable[..., Expr]:
+        if op not in RULES:
+            raise AttributeError(f"no epilogue op {op!r}; known ops: {sorted(RULES)}")
+        return lambda *args, **attrs: apply(op, *args, **attrs)
+
+    def __dir__(self) -> list[str]:
+        return sorted(RULES)
+
+
+ops = _Ops()
+
+
+def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValue], ...]:
+    if op == "operand":
+        expected: tuple[str, ...] = ("kind", "name")
+    elif op == "const":
+        expected = ("value",)
+    elif op == "acc":
+        expected = ()
+    else:
+        expected = RULES[op].attrs
+    if set(attrs) != set(expected):
+        raise ValueError(f"op {op!r} takes attributes {list(expected)}, got {sorted(attrs)}")
+    out: list[tuple[str, AttrValue]] = []
+    for key in sorted(attrs):
+        v = attrs[key]
+        if op in ("operand",) or key in STRING_ATTRS:
+            if not isinstance(v, str):
+                raise ValueError(f"attribute {key!r} of {op!r} must be a string, got {v!r}")
+            if key == "dtype" and v not in DTYPES:
+                raise ValueError(f"cast to {v!r}: dtype must be one of {sorted(DTYPES)}")
+        elif op == "const" and isinstance(v, bool):
+            pass
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = float(v)
+        else:
+            raise ValueError(f"attribute {key!r} of {op!r} must be a number, got {v!r}")
+        out.append((key, v))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------ canonical IR
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    nodes: tuple[Node, ...]
+    outputs: tuple[Output, ...]
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # -- construction
+    @staticmethod
+    def build(outputs: Sequence[tuple[Expr, str]]) -> Epilogue:
+        """Canonical epilogue computing ``outputs``, a list of (expr, dtype)."""
+        return _Canonicalizer().run(outputs)
+
+    @staticmethod
+    def identity(dtype: str) -> Epilogue:
+        """No pointwise work: store the accumulator as ``dtype``."""
+        return Epilogue.build([(acc(), dtype)])
+
+    def exprs(self) -> list[Expr]:
+        """The outputs as expression trees (inverse of ``build``)."""
+        built: list[Expr] = []
+        for node in self.nodes:
+            built.append(Expr(node.op, tuple(built[i] for i in node.args), node.attrs))
+        return [built[o.node] for o in self.outputs]
+
+    # -- facts the templates and launchers need
+    @cached_property
+    def operands(self) -> tuple[tuple[str, str], ...]:
+        """(name, kind) of each operand leaf, in node order."""
+        return tuple(
+            (str(n.attr["name"]), str(n.attr["kind"])) for n in self.nodes if n.op == "operand"
+        )
+
+    @cached_property
+    def kinds(self) -> tuple[Kind, ...]:
+        return tuple(_node_kind(n) for n in self.nodes)
+
+    # -- canonical text and JSON
+    def text(self) -> str:
+        """Canonical one-line text; equal for structurally equal epilogues."""
+        parts = []
+        for i, n in enumerate(self.nodes):
+            attrs = ",".join(f"{k}={_attr_text(v)}" for k, v in n.attrs)
+            head = f"{n.op}[{attrs}]" if attrs else n.op
+            parts.append(" ".join([f"%{i} = {head}", *(f"%{a}" for a in n.args)]))
+        parts += [f"out %{o.node} {o.dtype}" for o in self.outputs]
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": [[n.op, list(n.args), {k: _attr_json(v) for k, v in n.attrs}] for n in self.nodes],
+            "outputs": [[o.node, o.dtype] for o in self.outputs],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Epilogue:
+        """Parse (and re-canonicalize) a dict from ``to_dict``; bad data raises ValueError."""
+        try:
+            raw_nodes = [
+                Node(str(op), tuple(int(a) for a in args), _check_attrs(str(op), _attrs_from_json(attrs)))
+                for op, args, attrs in d["nodes"]
+            ]
+            raw_outputs = [Output(int(n), str(dt)) for n, dt in d["outputs"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a valid epilogue: {e}") from e
+        return Epilogue.build(list(zip(Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs(),
+                                       [o.dtype for o in raw_outputs], strict=True)))
+
+    @staticmethod
+    def from_json(text: str) -> Epilogue:
+        return Epilogue.from_dict(json.loads(text))
+
+    # -- the reference
+    def evaluate(self, acc: torch.Tensor, operands: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Compute the outputs in torch at ``acc``'s dtype (float64 for references).
+
+        Operands broadcast against ``acc``; outputs come back in the compute dtype
+        (bool outputs as bool), not yet rounded to their output dtypes.
+        """
+        dtype = acc.dtype
+        values: list[torch.Tensor] = []
+        for node in self.nodes:
+            attr = node.attr
+            if node.op == "acc":
+                v = acc
+            elif node.op == "operand":
+                v = operands[str(attr["name"])].to(device=acc.device, dtype=dtype)
+            elif node.op == "const":
+                value = attr["value"]
+                v = torch.tensor(value, device=acc.device, dtype=torch.bool if isinstance(value, bool) else dtype)
+            else:
+                v = RULES[node.op].torch(*(values[a] for a in node.args), **attr)
+                if result_kind(node.op, attr) == "float":
+                    v = v.to(dtype)
+            values.append(v)
+        return tuple(torch.broadcast_to(values[o.node], acc.shape) for o in self.outputs)
+
+    # -- the Triton form
+    def triton_lines(self, leaf_vars: Mapping[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
+        """Assignments ``(var, expr)`` for the inner nodes and each output's variable.
+
+        ``leaf_vars`` maps ``"acc"`` and each operand name to the kernel variable
+        holding it (already fp32). Constants are inlined as literals.
+        """
+        names: list[str] = []
+        lines: list[tuple[str, str]] = []
+        for i, node in enumerate(self.nodes):
+            attr = node.attr
+            if node.op == "acc":
+                names.append(leaf_vars["acc"])
+            elif node.op == "operand":
+                names.append(leaf_vars[str(attr["name"])])
+            elif node.op == "const":
+                names.append(literal(attr["value"]))  # type: ignore[arg-type]
+            else:
+                var = f"t{i}"
+                lines.append((var, RULES[node.op].render_triton([names[a] for a in node.args], attr)))
+                names.append(var)
+        return lines, [names[o.node] for o in self.outputs]
+
+
+def _node_kind(n: Node) -> Kind:
+    if n.op == "const":
+        return "bool" if isinstance(n.attr["value"], bool) else "float"
+    if n.op in ("acc", "operand"):
+        return "float"
+    return result_kind(n.op, n.attr)
+
+
+def _attr_text(v: AttrValue) -> str:
+    return v if isinstance(v, str) else literal(v)
+
+
+def _attr_json(v: AttrValue) -> AttrValue | dict[str, str]:
+    if isinstance(v, float) and not (v == v and abs(v) != float("inf")):
+        return {"float": repr(v)}  # inf/nan: strict JSON has no literal for them
+    return v
+
+
+def _attrs_from_json(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in attrs.items():
+        if isinstance(v, dict):
+            if set(v) != {"float"} or v["float"] not in ("inf", "-inf", "nan"):
+                raise ValueError(f"attribute {k!r}: {v!r} is not a number")
+            v = float(v["float"])
+        out[str(k)] = v
+    return out
+
+
+def _validate(ep: Epilogue) -> None:
+    if not ep.outputs:
+        raise ValueError("an epilogue needs at least one output")
+    operand_kinds: dict[str, str] = {}
+    depends_on_acc: list[bool] = []
+    for i, n in enumerate(ep.nodes):
+        if n.op not in LEAVES and n.op not in RULES:
+            raise ValueError(f"node %{i}: unknown op {n.op!r}; known: {sorted(RULES)}")
+        arity = 0 if n.op in LEAVES else RULES[n.op].arity
+        if len(n.args) != arity:
+            raise ValueError(f"node %{i}: {n.op!r} takes {arity} argument(s), got {len(n.args)}")
+        if any(not 0 <= a < i for a in n.args):
+            raise ValueError(f"node %{i}: arguments {n.args} must name earlier nodes")
+        if _check_attrs(n.op, n.attr) != n.attrs:
+            raise ValueError(f"node %{i}: attributes {n.attrs} are not in canonical form")
+        if n.op == "operand":
+            name, kind = str(n.attr["name"]), str(n.attr["kind"])
+            check_operand_name(name)
+            if kind not in OPERAND_KINDS:
+                raise ValueError(f"node %{i}: operand kind {kind!r} is not one of {OPERAND_KINDS}")
+            if operand_kinds.setdefault(name, kind) != kind:
+                raise ValueError(f"operand {name!r} is used both as {operand_kinds[name]} and {kind}")
+        if n.op not in LEAVES:
+            rule = RULES[n.op]
+            for pos, a in enumerate(n.args):
+                want, got = rule.arg_kind(pos), _node_kind(ep.nodes[a])
+                if want != "any" and want != got:
+                    raise ValueError(f"node %{i}: argument {pos} of {n.op!r} must be {want}, got {got}")
+        depends_on_acc.append(n.op == "acc" or any(depends_on_acc[a] for a in n.args))
+    for o in ep.outputs:
+        if not 0 <= o.node < len(ep.nodes):
+            raise ValueError(f"output names node %{o.node}, which does not exist")
+        if o.dtype not in DTYPES:
+            raise ValueError(f"output dtype {o.dtype!r} is not one of {sorted(DTYPES)}")
+        if not depends_on_acc[o.node]:
+            raise ValueError(f"output %{o.node} does not depend on the accumulator")
+
+
+class _Canonicalizer:
+    """Hash-conses expression trees into a canonical flat node list."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.index: dict[Node, int] = {}
+        self.folded: dict[int, Expr] = {}
+        self.sexprs: dict[int, str] = {}
+        self.emitted: dict[int, int] = {}
+        self.keep: list[Expr] = []  # keeps every Expr alive so that ids stay unique
+
+    def run(self, outputs: Sequence[tuple[Expr, str]]) -> Epilogue:
+        if not outputs:
+            raise ValueError("an epilogue needs at least one output")
+        roots = [(self._fold(_as_expr(e)), dtype) for e, dtype in outputs]
+        indices = [self._emit(e) for e, _ in roots]
+        return Epilogue(tuple(self.nodes), tuple(Output(i, dt) for i, (_, dt) in zip(indices, roots)))
+
+    def _fold(self, e: Expr) -> Expr:
+        """Fold constant subtrees, insert bool/float casts, order commutative args."""
+        if id(e) in self.folded:
+            return self.folded[id(e)]
+        self.keep.append(e)
+        out = e
+        if e.op not in LEAVES:
+            rule = RULES[e.op]
+            args = [self._fold(a) for a in e.args]
+            if all(a.op == "const" for a in args):
+                out = _fold_const(e.op, args, dict(e.attrs))
+            else:
+                for pos, a in enumerate(args):
+                    want = rule.arg_kind(pos)
+                    if want != "any" and want != _expr_kind(a):
+                        args[pos] = Expr("cast", (a,), (("dtype", "bool" if want == "bool" else "float32"),))
+                if rule.commutative:
+                    args.sort(key=self._sexpr)
+                out = Expr(e.op, tuple(args), e.attrs)
+        self.folded[id(e)] = out
+        self.keep.append(out)
+        return out
+
+    def _sexpr(self, e: Expr) -> str:
+        """Canonical s-expression of a folded tree (orders commutative arguments)."""
+        if id(e) not in self.sexprs:
+            attrs = ",".join(f"{k}={_attr_text(v)}" for k, v in e.attrs)
+            inner = " ".join(self._sexpr(a) for a in e.args)
+            self.sexprs[id(e)] = f"({e.op}[{attrs}] {inner})"
+            self.keep.append(e)
+        return self.sexprs[id(e)]
+
+    def _emit(self, e: Expr) -> int:
+        if id(e) not in self.emitted:
+            node = Node(e.op, tuple(self._emit(a) for a in e.args), e.attrs)
+            if node not in self.index:
+                self.index[node] = len(self.nodes)
+                self.nodes.append(node)
+            self.emitted[id(e)] = self.index[node]
+        return self.emitted[id(e)]
+
+
+def _expr_kind(e: Expr) -> Kind:
+    return _node_kind(Node(e.op, (), e.attrs))
+
+
+def _fold_const(op: str, args: Iterable[Expr], attrs: dict[str, AttrValue]) -> Expr:
+    """Evaluate an op on constants in fp32, as the kernel would."""
+    values = []
+    for a in args:
+        v = a.attrs[0][1]
+        values.append(torch.tensor(v, dtype=torch.bool if isinstance(v, bool) else torch.float32))
+    out = RULES[op].torch(*values, **attrs)
+    if result_kind(op, attrs) == "bool":
+        return const(bool(out))
+    return const(float(out.to(torch.float32)))

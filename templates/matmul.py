@@ -1,0 +1,430 @@
+"""The matmul template's Python half: problems from tensors, a default config,
+the launcher, the float64 reference, and the public ``epilab.matmul``.
+
+    C[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n], operands)
+
+A is [M, K] or [batch, M, K], B is [K, N] or [batch, K, N] (a 2-D side is shared
+by every batch), any strides. Operands broadcast to C's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import triton
+from epilab.config import settings
+from epilab.templates.build import build, interpreter_active
+from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops
+from epilab.templates.problem import (
+    DTYPES,
+    OPERAND_DTYPES,
+    Config,
+    OperandSpec,
+    Problem,
+    Shape,
+)
+from epilab.templates.render import Target, render, template_hash
+from epilab.templates.rules import DTYPES as TORCH_DTYPES
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+_GRID_Y_MAX = 65535
+_INT32_MAX = 2**31 - 1
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"dtype {dtype} is not supported here; use one of {sorted(TORCH_DTYPES)}")
+    return name
+
+
+# ------------------------------------------------------------------ tensors in
+
+
+@dataclass(frozen=True)
+class _Batched:
+    """A and B seen as 3-D (a missing batch is stride 0), and the output shape."""
+
+    a: tuple[tuple[int, int, int], tuple[int, int, int]]  # sizes, strides
+    b: tuple[tuple[int, int, int], tuple[int, int, int]]
+    out_shape: tuple[int, ...]
+    batch: int
+
+
+def _as_3d(t: torch.Tensor, batch: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    if t.dim() == 2:
+        return (batch, t.shape[0], t.shape[1]), (0, t.stride(0), t.stride(1))
+    stride_b = 0 if t.shape[0] == 1 else t.stride(0)
+    return (batch, t.shape[1], t.shape[2]), (stride_b, t.stride(1), t.stride(2))
+
+
+def _check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() not in (2, 3):
+            raise ValueError(f"{name} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"{name} has dtype {t.dtype}; supported input dtypes: {DTYPES}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"a and b are on different devices ({a.device} and {b.device})")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(
+            f"cannot multiply a {tuple(a.shape)} by b {tuple(b.shape)}: "
+            f"a's last dim ({a.shape[-1]}) must equal b's second-to-last ({b.shape[-2]})"
+        )
+    batches = {t.shape[0] for t in (a, b) if t.dim() == 3}
+    if len(batches - {1}) > 1:
+        raise ValueError(f"batch sizes of a {tuple(a.shape)} and b {tuple(b.shape)} do not broadcast")
+    batch = max(batches) if batches else 1
+    m, n = a.shape[-2], b.shape[-1]
+    out_shape = (batch, m, n) if batches else (m, n)
+    return _Batched(_as_3d(a, batch), _as_3d(b, batch), out_shape, batch)
+
+
+def _layout(sizes: tuple[int, ...], strides: tuple[int, ...]) -> str:
+    """'row' if the last dim is contiguous, 'col' if the one before it is."""
+    if strides[-1] == 1 or sizes[-1] == 1:
+        return "row"
+    if strides[-2] == 1 or sizes[-2] == 1:
+        return "col"
+    return "strided"
+
+
+def _operand_strides(
+    name: str, kind: str, t: torch.Tensor, out_shape: tuple[int, ...]
+) -> tuple[int, int, int]:
+    """Strides (batch, m, n) of operand ``t`` broadcast to C; 0 where it broadcasts."""
+    try:
+        torch.broadcast_shapes(t.shape, out_shape)
+    except RuntimeError:
+        raise ValueError(
+            f"operand {name!r} of shape {tuple(t.shape)} does not broadcast to the output "
+            f"shape {out_shape}"
+        ) from None
+    if torch.broadcast_shapes(t.shape, out_shape) != torch.Size(out_shape):
+        raise ValueError(f"operand {name!r} of shape {tuple(t.shape)} is larger than the output {out_shape}")
+    sizes = [1] * (3 - t.dim()) + list(t.shape)
+    strides = [0] * (3 - t.dim()) + list(t.stride())
+    sb, sm, sn = (0 if size == 1 else stride for size, stride in zip(sizes, strides, strict=True))
+    needs = {"row": sm == 0, "col": sn == 0, "scalar": sm == 0 and sn == 0, "tile": True}
+    if not needs[kind] or (kind == "scalar" and sizes[0] != 1):
+        want = {"row": "[N] or [1, N]", "col": "[M, 1]", "scalar": "a single element"}[kind]
+        raise ValueError(
+            f"operand {name!r} is declared {kind} ({want}) but has shape {tuple(t.shape)}"
+        )
+    return sb, sm, sn
+
+
+def _operand_layout(kind: str, t: torch.Tensor) -> str:
+    if kind == "scalar":
+        return "scalar"
+    if kind in ("row", "col"):
+        return "vector"
+    return _layout(tuple(t.shape), tuple(t.stride())) if t.dim() >= 2 else "row"
+
+
+def _target(device: torch.device) -> Target:
+    """Where kernels run: compiled for CUDA, or in Triton's interpreter when it is on."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device} is not supported; use a CUDA device (or CPU with EPILAB_INTERPRET=1)")
+    if device.type == "cpu" and not settings().interpret:
+        raise ValueError(
+            "epilab kernels need CUDA tensors; got CPU tensors. Set EPILAB_INTERPRET=1 "
+            "to run them on the CPU in Triton's interpreter (slow: for tests)"
+        )
+    if interpreter_active():
+        return "interpreter"
+    if device.type == "cpu":
+        raise RuntimeError(
+            "EPILAB_INTERPRET is on, but Triton was imported before it was: set EPILAB_INTERPRET=1 "
+            "(or TRITON_INTERPRET=1) in the environment before Python starts"
+        )
+    return "cuda"
+
+
+def make_problem(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    epilogue: Epilogue,
+    operands: Mapping[str, torch.Tensor],
+    *,
+    op: str = "matmul",
+    precision: str = "ieee",
+) -> Problem:
+    """The Problem that ``launch`` would run for these tensors (checks them all)."""
+    bt = _check_inputs(a, b)
+    _target(a.device)
+    declared = dict(epilogue.operands)
+    missing = sorted(set(declared) - set(operands))
+    extra = sorted(set(operands) - set(declared))
+    if missing or extra:
+        raise ValueError(
+            f"operands do not match the epilogue: missing {missing}, unexpected {extra} "
+            f"(the epilogue reads {sorted(declared)})"
+        )
+    specs = []
+    for name, kind in declared.items():
+        t = operands[name]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"operand {name!r} must be a tensor, got {type(t).__name__}")
+        if t.device != a.device:
+            raise ValueError(f"operand {name!r} is on {t.device}, the inputs on {a.device}")
+        if t.dtype not in (TORCH_DTYPES[d] for d in OPERAND_DTYPES):
+            raise TypeError(f"operand {name!r} has dtype {t.dtype}; supported: {OPERAND_DTYPES}")
+        _operand_strides(name, kind, t, bt.out_shape)
+        specs.append(OperandSpec(name, dtype_name(t.dtype), _operand_layout(kind, t)))
+    (batch, m, k), a_strides = bt.a
+    _, n = bt.b[0][1], bt.b[0][2]
+    return Problem(
+        op=op,
+        template="matmul",
+        template_hash=template_hash("matmul"),
+        dtype=dtype_name(a.dtype),
+        layout_a=_layout((m, k), a_strides[1:]),
+        layout_b=_layout(bt.b[0][1:], bt.b[1][1:]),
+        operands=tuple(specs),
+        epilogue=epilogue,
+        shape=Shape(batch, m, n, k),
+        precision=precision if a.dtype == torch.float32 else "ieee",
+    )
+
+
+# ------------------------------------------------------------- default config
+
+
+def default_config(problem: Problem, target: Target = "cuda") -> Config:
+    """The documented heuristic used when no config is given (untuned).
+
+    Interpreter: tiles just large enough for the problem (16..64 per dim), since
+    the interpreter's cost is per program and per op. CUDA: 128x128 tiles with
+    BLOCK_K=64 (32 for fp32), 8 warps, 3 stages, GROUP_M=8; M is shrunk to the
+    next power of two (at least 16) for skinny problems so few rows are wasted,
+    and N likewise down to 64.
+    """
+    s = problem.shape
+
+    def fit(dim: object, lo: int, hi: int) -> int:
+        if not isinstance(dim, int):
+            return hi  # symbolic: assume large
+        return max(lo, min(hi, triton.next_power_of_2(max(dim, 1))))
+
+    if target == "interpreter":
+        return Config(fit(s.m, 16, 64), fit(s.n, 16, 64), fit(s.k, 16, 64), GROUP_M=4, num_warps=4, num_stages=1)
+    block_k = 32 if problem.dtype == "float32" else 64
+    block_m = fit(s.m, 16, 128)
+    block_n = fit(s.n, 64, 128)
+    warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return Config(block_m, block_n, block_k, GROUP_M=8, num_warps=warps, num_stages=3)
+
+
+# ------------------------------------------------------------------- launch
+
+
+_kernels: dict[tuple[str, Config, Target, bool], ModuleType] = {}
+
+
+def _kernel(problem: Problem, config: Config, target: Target, index_64: bool):
+    key = (problem.key, config, target, index_64)
+    module = _kernels.get(key)
+    if module is None:
+        module = build(render(problem, config, target=target, index_64=index_64), target=target)
+        _kernels[key] = module
+    from epilab.templates.render import kernel_name
+
+    return getattr(module, kernel_name(problem))
+
+
+def _extent(t: torch.Tensor) -> int:
+    """One past the largest element offset ``t`` addresses."""
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
+def launch(
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Run ``problem`` with ``config``; returns the epilogue's outputs.
+
+    ``out`` (optional) are preallocated outputs of the right shape and dtype,
+    with any strides; otherwise contiguous ones are allocated.
+    """
+    if make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision) != problem:
+        raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
+    bt = _check_inputs(a, b)
+    ep = problem.epilogue
+    outs = _outputs(problem, bt.out_shape, a.device, out)
+    batch, m, n, k = bt.batch, bt.a[0][1], bt.b[0][2], bt.a[0][2]
+    if batch == 0 or m == 0 or n == 0:
+        return outs
+    if k == 0:  # empty sum: the epilogue of a zero accumulator, no kernel needed
+        zero = torch.zeros(bt.out_shape, dtype=torch.float32, device=a.device)
+        for o, v in zip(outs, ep.evaluate(zero, operands), strict=True):
+            o.copy_(v)
+        return outs
+    target = _target(a.device)
+    tensors = [a, b, *outs, *operands.values()]
+    index_64 = any(_extent(t) > _INT32_MAX for t in tensors) or batch * m * n > _INT32_MAX
+    grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N), batch)
+    if batch > _GRID_Y_MAX:
+        raise ValueError(f"batch {batch} is larger than the {_GRID_Y_MAX} this template launches")
+    args: dict[str, object] = {
+        "a_ptr": a, "b_ptr": b, "M": m, "N": n, "K": k,
+        "stride_ab": bt.a[1][0], "stride_am": bt.a[1][1], "stride_ak": bt.a[1][2],
+        "stride_bb": bt.b[1][0], "stride_bk": bt.b[1][1], "stride_bn": bt.b[1][2],
+    }
+    out3 = (batch, m, n)
+    for name, kind in ep.operands:
+        t = operands[name]
+        sb, sm, sn = _operand_strides(name, kind, t, bt.out_shape)
+        args.update({f"op_{name}_ptr": t, f"op_{name}_stride_b": sb,
+                     f"op_{name}_stride_m": sm, f"op_{name}_stride_n": sn})
+    for i, o in enumerate(outs):
+        o3 = o if o.dim() == 3 else o.unsqueeze(0).expand(out3)
+        args.update({f"out{i}_ptr": o, f"out{i}_stride_b": o3.stride(0) if o.dim() == 3 else 0,
+                     f"out{i}_stride_m": o3.stride(1), f"out{i}_stride_n": o3.stride(2)})
+    kernel = _kernel(problem, config, target, index_64)
+    kernel[grid](
+        **args,
+        BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, GROUP_M=config.GROUP_M,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return outs
+
+
+def _outputs(
+    problem: Problem, shape: tuple[int, ...], device: torch.device, out: tuple[torch.Tensor, ...] | None
+) -> tuple[torch.Tensor, ...]:
+    dtypes = [TORCH_DTYPES[o.dtype] for o in problem.epilogue.outputs]
+    if out is None:
+        return tuple(torch.empty(shape, dtype=dt, device=device) for dt in dtypes)
+    if len(out) != len(dtypes):
+        raise ValueError(f"out has {len(out)} tensors; the epilogue has {len(dtypes)} outputs")
+    for i, (o, dt) in enumerate(zip(out, dtypes, strict=True)):
+        if tuple(o.shape) != shape or o.dtype != dt or o.device != device:
+            raise ValueError(
+                f"out[{i}] must be {dt} of shape {shape} on {device}, got {o.dtype} "
+                f"{tuple(o.shape)} on {o.device}"
+            )
+        if 0 in o.stride() and o.numel() > 1:
+            raise ValueError(f"out[{i}] has a zero stride; outputs must not overlap")
+    return tuple(out)
+
+
+def reference(
+    epilogue: Epilogue, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The outputs computed in float64 (on the inputs' device), before output rounding."""
+    acc64 = torch.matmul(a.double(), b.double())
+    return epilogue.evaluate(acc64, {k: v.double() for k, v in operands.items()})
+
+
+# --------------------------------------------------------------- public API
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    out_dtype: torch.dtype | None = None,
+    epilogue: Epilogue | None = None,
+    operands: Mapping[str, torch.Tensor] | None = None,
+    config: Config | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """One fused matmul: ``act(alpha * a @ b + beta * bias) + residual``.
+
+    ``a``: [M, K] or [batch, M, K]; ``b``: [K, N] or [batch, K, N]; fp16, bf16 or
+    fp32 (fp32 dots are IEEE unless ``allow_tf32``). ``bias`` broadcasts to the
+    output ([N] per column, [M, 1] per row, [M, N], or one element); ``residual``
+    too. ``activation`` is one of relu, gelu, gelu_tanh, silu, sigmoid, tanh.
+    The output dtype is ``out_dtype`` or the inputs' dtype.
+
+    For any other epilogue pass ``epilogue`` (an ``Epilogue``) and the tensors
+    it reads as ``operands``; the result is one tensor per epilogue output.
+    ``config`` picks the tiling; without one ``default_config`` chooses.
+    """
+    _check_inputs(a, b)
+    if epilogue is not None:
+        if bias is not None or activation is not None or residual is not None or alpha != 1.0 \
+                or beta != 1.0 or out_dtype is not None:
+            raise ValueError("pass either epilogue= (with operands=) or bias/activation/residual/"
+                             "alpha/beta/out_dtype, not both")
+        tensors = dict(operands or {})
+    else:
+        if operands:
+            raise ValueError("operands= is only used together with epilogue=")
+        epilogue, tensors = _simple_epilogue(a, b, bias, activation, residual, alpha, beta, out_dtype)
+    problem = make_problem(a, b, epilogue, tensors, precision="tf32" if allow_tf32 else "ieee")
+    if config is None:
+        config = default_config(problem, _target(a.device))
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
+    outs = launch(problem, config, a, b, tensors)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def _simple_epilogue(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    residual: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    out_dtype: torch.dtype | None,
+) -> tuple[Epilogue, dict[str, torch.Tensor]]:
+    out_shape = _check_inputs(a, b).out_shape
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number, got {v!r}")
+    x: Expr = acc() if alpha == 1.0 else const(alpha) * acc()
+    tensors: dict[str, torch.Tensor] = {}
+    if bias is not None:
+        kind = _kind_of(bias, out_shape, "bias")
+        term = operand("bias", kind)
+        x = x + (term if beta == 1.0 else const(beta) * term)
+        tensors["bias"] = bias
+    if activation is not None:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
+        x = getattr(ops, activation)(x)
+    if residual is not None:
+        x = x + operand("residual", _kind_of(residual, out_shape, "residual"))
+        tensors["residual"] = residual
+    dtype = dtype_name(out_dtype) if out_dtype is not None else dtype_name(a.dtype)
+    if dtype == "bool":
+        raise TypeError("out_dtype must be a floating dtype")
+    return Epilogue.build([(x, dtype)]), tensors
+
+
+def _kind_of(t: torch.Tensor, out_shape: tuple[int, ...], name: str) -> str:
+    """row / col / tile / scalar: how a tensor broadcast to C is indexed."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.numel() == 1 and t.dim() <= len(out_shape):
+        return "scalar"
+    sizes = [1] * (3 - t.dim()) + list(t.shape)
+    if t.dim() > 3:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to {out_shape}")
+    m_bcast, n_bcast = sizes[-2] == 1, sizes[-1] == 1
+    if m_bcast and not n_bcast:
+        return "row"
+    if n_bcast and not m_bcast:
+        return "col"
+    return "tile"

@@ -1,0 +1,237 @@
+"""Problem (what to compute) and Config (how to tile it): frozen, JSON round-trip.
+
+A ``Problem`` names everything that changes the generated kernel or its speed:
+op kind, template and its source hash, dtypes, layouts, the epilogue and the
+shape (a dim may be a sympy expression for dynamic shapes). Its ``key`` is the
+sha256 of its canonical JSON. A ``Config`` is one point of the search space;
+it is validated on construction, so a config read from anywhere (a database, a
+user) holds only values from ``CHOICES``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import sympy
+from epilab.templates.epilogue import Epilogue
+
+DTYPES = ("float16", "bfloat16", "float32")  # A and B
+OPERAND_DTYPES = ("float16", "bfloat16", "float32", "bool")
+LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
+PRECISIONS = ("ieee", "tf32")  # how a float32 dot is done
+OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul")
+
+# The values a Config may hold (the tuner's search space draws from these).
+CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
+    "BLOCK_M": (16, 32, 64, 128, 256),
+    "BLOCK_N": (16, 32, 64, 128, 256),
+    "BLOCK_K": (16, 32, 64, 128, 256),
+    "GROUP_M": (1, 2, 4, 8, 16),
+    "SPLIT_K": (1, 2, 4, 8, 16, 32),
+    "num_warps": (1, 2, 4, 8, 16),
+    "num_stages": (1, 2, 3, 4, 5, 6, 7),
+    "variant": ("default",),
+}
+
+Dim = int | sympy.Expr
+
+
+@dataclass(frozen=True)
+class Config:
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int = 8
+    SPLIT_K: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    variant: str = "default"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            allowed = CHOICES[f.name]
+            if isinstance(value, bool) or value not in allowed:
+                raise ValueError(f"config {f.name}={value!r} is not allowed; choose one of {allowed}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Config:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown config field(s) {sorted(unknown)}; known: {list(CHOICES)}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"incomplete config {dict(d)}: {e}") from e
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def short(self) -> str:
+        return (
+            f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} g{self.GROUP_M} s{self.SPLIT_K} "
+            f"w{self.num_warps} st{self.num_stages} {self.variant}"
+        )
+
+
+@dataclass(frozen=True)
+class Shape:
+    """C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]; batch is 1 for 2-D problems."""
+
+    batch: Dim
+    m: Dim
+    n: Dim
+    k: Dim
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, sympy.Expr)):
+                raise TypeError(f"shape.{f.name} must be an int or sympy expression, got {v!r}")
+            if isinstance(v, int) and v < 0:
+                raise ValueError(f"shape.{f.name}={v} is negative")
+
+    def to_dict(self) -> dict[str, int | str]:
+        return {f.name: _dim_json(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Shape:
+        return cls(**{f.name: _dim_parse(d[f.name]) for f in fields(cls)})
+
+    def is_static(self) -> bool:
+        return all(isinstance(getattr(self, f.name), int) for f in fields(self))
+
+    def flops(self) -> int:
+        """2*B*M*N*K multiply-adds of the anchor (static shapes only)."""
+        if not self.is_static():
+            raise ValueError("flops() needs a static shape")
+        return 2 * int(self.batch) * int(self.m) * int(self.n) * int(self.k)
+
+
+def _dim_json(v: Dim) -> int | str:
+    return v if isinstance(v, int) else str(v)
+
+
+_TERM = re.compile(r"^(?:\d+|[A-Za-z_]\w{0,15})(?:\*(?:\d+|[A-Za-z_]\w{0,15}))*$")
+
+
+def symbol(name: str) -> sympy.Symbol:
+    """A size symbol with the assumptions Inductor gives its own (s0, s1...)."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def _dim_parse(v: Any) -> Dim:
+    """Parse a dim: an int, or a sum of products of ints and symbols ("2*s0*s1 + 3").
+
+    A small parser of our own: text from a database is never handed to eval
+    (which sympy.sympify would do).
+    """
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    if not isinstance(v, str) or len(v) > 200:
+        raise ValueError(f"shape dim {v!r} is not a non-negative int or a symbolic size")
+    text = v.replace(" ", "")
+    signs_terms = re.findall(r"([+-]?)([^+-]+)", text)
+    if not text or "".join(s + t for s, t in signs_terms) != text:
+        raise ValueError(f"shape dim {v!r} is not a sum of products of ints and symbols")
+    total: sympy.Expr = sympy.Integer(0)
+    for sign, term in signs_terms:
+        if not _TERM.match(term):
+            raise ValueError(f"shape dim {v!r}: term {term!r} is not a product of ints and symbols")
+        factor: sympy.Expr = sympy.Integer(-1 if sign == "-" else 1)
+        for f in term.split("*"):
+            factor = factor * (sympy.Integer(int(f)) if f.isdigit() else symbol(f))
+        total = total + factor
+    return int(total) if total.is_Integer else total
+
+
+@dataclass(frozen=True)
+class OperandSpec:
+    """Dtype and layout of one epilogue operand tensor."""
+
+    name: str
+    dtype: str
+    layout: str  # row/col/strided for tiles; "vector" or "scalar" otherwise
+
+
+@dataclass(frozen=True)
+class Problem:
+    op: str
+    template: str
+    template_hash: str
+    dtype: str  # of A and B
+    layout_a: str
+    layout_b: str
+    operands: tuple[OperandSpec, ...]
+    epilogue: Epilogue
+    shape: Shape
+    precision: str = "ieee"
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"op {self.op!r} is not one of {OPS}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"input dtype {self.dtype!r} is not supported; use one of {DTYPES}")
+        for name, layout in (("A", self.layout_a), ("B", self.layout_b)):
+            if layout not in LAYOUTS:
+                raise ValueError(f"layout of {name} {layout!r} is not one of {LAYOUTS}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} is not one of {PRECISIONS}")
+        declared = {name for name, _ in self.epilogue.operands}
+        given = {o.name for o in self.operands}
+        if declared != given:
+            raise ValueError(f"operand specs {sorted(given)} do not match the epilogue's {sorted(declared)}")
+        for o in self.operands:
+            if o.dtype not in OPERAND_DTYPES:
+                raise ValueError(f"operand {o.name!r} dtype {o.dtype!r} is not one of {OPERAND_DTYPES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "template": self.template,
+            "template_hash": self.template_hash,
+            "dtype": self.dtype,
+            "layout_a": self.layout_a,
+            "layout_b": self.layout_b,
+            "operands": [asdict(o) for o in sorted(self.operands, key=lambda o: o.name)],
+            "epilogue": self.epilogue.to_dict(),
+            "shape": self.shape.to_dict(),
+            "precision": self.precision,
+        }
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces): the input of ``key``."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Problem:
+        try:
+            return cls(
+                op=str(d["op"]),
+                template=str(d["template"]),
+                template_hash=str(d["template_hash"]),
+                dtype=str(d["dtype"]),
+                layout_a=str(d["layout_a"]),
+                layout_b=str(d["layout_b"]),
+                operands=tuple(
+                    OperandSpec(str(o["name"]), str(o["dtype"]), str(o["layout"])) for o in d["operands"]
+                ),
+                epilogue=Epilogue.from_dict(d["epilogue"]),
+                shape=Shape.from_dict(d["shape"]),
+                precision=str(d.get("precision", "ieee")),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a valid problem: missing or malformed {e}") from e
+
+    @classmethod
+    def from_json(cls, text: str) -> Problem:
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,138 @@
+"""Render a (Problem, Config) into Triton source from a Jinja template.
+
+Templates see a small whitelisted hook API (in the spirit of Inductor's
+``triton_mm.py.jinja``): ``epilogue_params()`` adds the epilogue's operand and
+output parameters to the kernel signature, ``store_output(...)`` emits the fused
+epilogue on the fp32 accumulator and the masked stores. Everything the source
+depends on comes from structured data; names in it are validated identifiers
+and numbers are rendered as exact literals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import jinja2
+import sympy
+from epilab.templates.problem import Config, Problem
+from epilab.templates.rules import TRITON_DTYPES
+
+Target = Literal["cuda", "interpreter"]
+TARGETS = ("cuda", "interpreter")
+TEMPLATE_DIR = Path(__file__).parent
+
+# Every file a template's source depends on; its hash covers all of them.
+TEMPLATE_FILES: dict[str, tuple[str, ...]] = {
+    "matmul": ("matmul.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
+}
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+@cache
+def template_hash(template: str) -> str:
+    """sha256 over the template's files: editing any of them makes old records stale."""
+    if template not in TEMPLATE_FILES:
+        raise ValueError(f"unknown template {template!r}; known: {sorted(TEMPLATE_FILES)}")
+    h = hashlib.sha256()
+    for name in TEMPLATE_FILES[template]:
+        h.update(name.encode() + b"\0" + (TEMPLATE_DIR / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def divides(block: int, dim: int | sympy.Expr) -> bool:
+    """True when ``block`` provably divides ``dim`` (works for symbolic dims)."""
+    return bool(sympy.Mod(dim, block) == 0)
+
+
+@dataclass(frozen=True)
+class _StoredOutput:
+    value: str  # Triton expression of the value to store, already in the output dtype
+
+
+def _epilogue_hooks(problem: Problem) -> dict[str, object]:
+    ep = problem.epilogue
+    operands = [{"name": name, "kind": kind} for name, kind in ep.operands]
+
+    def epilogue_params() -> str:
+        params = [
+            f"op_{o['name']}_ptr, op_{o['name']}_stride_b, op_{o['name']}_stride_m, "
+            f"op_{o['name']}_stride_n,"
+            for o in operands
+        ]
+        params += [
+            f"out{i}_ptr, out{i}_stride_b, out{i}_stride_m, out{i}_stride_n,"
+            for i in range(len(ep.outputs))
+        ]
+        return "\n    ".join(params)
+
+    def store_output(*, acc: str, rm: str, rn: str, pid_b: str, mask_m: str, mask_n: str) -> str:
+        leaf_vars = {"acc": acc, **{o["name"]: f"op_{o['name']}" for o in operands}}
+        lines, out_vars = ep.triton_lines(leaf_vars)
+        outputs = []
+        for out, var in zip(ep.outputs, out_vars, strict=True):
+            node_kind = ep.kinds[out.node]
+            if out.dtype == "bool":
+                value = var if node_kind == "bool" else f"{var} != 0.0"
+            else:
+                value = f"{var}.to({TRITON_DTYPES[out.dtype]})"
+            outputs.append(_StoredOutput(value))
+        return _ENV.get_template("store_output.py.jinja").render(
+            operands=operands, lines=lines, outputs=outputs,
+            rm=rm, rn=rn, pid_b=pid_b, mask_m=mask_m, mask_n=mask_n,
+        ).rstrip("\n")
+
+    return {"epilogue_params": epilogue_params, "store_output": store_output}
+
+
+def kernel_name(problem: Problem) -> str:
+    """Readable in profiles: the template, then the epilogue's ops in order."""
+    ops = [n.op for n in problem.epilogue.nodes if n.op not in ("acc", "operand", "const")]
+    name = "_".join(["epilab", problem.template, *ops])
+    if len(name) > 80:
+        name = name[:70] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return name
+
+
+def render(problem: Problem, config: Config, *, target: Target = "cuda", index_64: bool = False) -> str:
+    """Triton source of ``problem`` tiled by ``config`` for ``target``.
+
+    ``index_64`` computes offsets in int64 (needed when a tensor spans 2**31
+    elements or more); the interpreter target upcasts bf16 tiles before
+    ``tl.dot``, which Triton's interpreter gets wrong.
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r} is not one of {TARGETS}")
+    if problem.template != "matmul":
+        raise ValueError(f"no renderer for template {problem.template!r}")
+    if problem.template_hash != template_hash(problem.template):
+        raise ValueError(
+            f"problem was made for another version of template {problem.template!r} "
+            f"(hash {problem.template_hash[:12]}, current {template_hash(problem.template)[:12]})"
+        )
+    if config.SPLIT_K != 1:
+        raise ValueError("the matmul template has no split-K; use SPLIT_K=1")
+    if config.variant != "default":
+        raise ValueError(f"the matmul template has no variant {config.variant!r}; use 'default'")
+    return _ENV.get_template("matmul.py.jinja").render(
+        kernel_name=kernel_name(problem),
+        config_text=config.short(),
+        dtype=problem.dtype,
+        precision="tf32" if problem.precision == "tf32" else "ieee",
+        epilogue_text=problem.epilogue.text(),
+        even_k=divides(config.BLOCK_K, problem.shape.k),
+        upcast_dot=target == "interpreter" and problem.dtype == "bfloat16",
+        index_64=index_64,
+        **_epilogue_hooks(problem),
+    )

@@ -1,0 +1,43 @@
+"""Test set-up: interpreter mode for CPU runs, compiled mode for `pytest -m gpu`.
+
+Triton picks interpreter or compiler when it is first imported, so the choice is
+made here, before any test module imports epilab: a run selecting the ``gpu``
+marker compiles for CUDA; every other run interprets kernels on CPU tensors.
+Rendered kernels go to a per-session cache dir, never the user's.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+
+def _gpu_run(config: pytest.Config) -> bool:
+    expr = (config.getoption("markexpr") or "").replace(" ", "")
+    return "gpu" in expr and "notgpu" not in expr
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("EPILAB_CACHE_DIR", tempfile.mkdtemp(prefix="epilab-test-cache-"))
+    if not _gpu_run(config):
+        os.environ["EPILAB_INTERPRET"] = "1"
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_run = _gpu_run(config)
+    cuda = False
+    if gpu_run:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    for item in items:
+        is_gpu = "gpu" in item.keywords
+        if is_gpu and not gpu_run:
+            item.add_marker(pytest.mark.skip(reason="GPU test: run `pytest -m gpu` on a CUDA host"))
+        elif is_gpu and not cuda:
+            item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+        elif not is_gpu and gpu_run:
+            item.add_marker(pytest.mark.skip(reason="CPU interpreter test: run without -m gpu"))
