@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import keyword
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,7 +130,13 @@ def const(value: float | int | bool) -> Expr:
         return Expr("const", attrs=(("value", value),))
     if not isinstance(value, (int, float)):
         raise TypeError(f"a constant must be a float, int or bool, got {type(value).__name__}")
-    return Expr("const", attrs=(("value", float(value)),))
+    return Expr("const", attrs=(("value", _float(value)),))
+
+
+def _float(v: float) -> float:
+    """Floats as stored in the IR: NaN is always the one ``math.nan`` object, so
+    that equal epilogues compare and hash equal (containers compare by identity first)."""
+    return math.nan if v != v else float(v)
 
 
 def _as_expr(x: ExprLike) -> Expr:
@@ -168,8 +175,10 @@ def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValu
         expected = ("value",)
     elif op == "acc":
         expected = ()
-    else:
+    elif op in RULES:
         expected = RULES[op].attrs
+    else:
+        raise ValueError(f"unknown epilogue op {op!r}; known ops: {sorted(RULES)}")
     if set(attrs) != set(expected):
         raise ValueError(f"op {op!r} takes attributes {list(expected)}, got {sorted(attrs)}")
     out: list[tuple[str, AttrValue]] = []
@@ -183,7 +192,7 @@ def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValu
         elif op == "const" and isinstance(v, bool):
             pass
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            v = float(v)
+            v = _float(v)
         else:
             raise ValueError(f"attribute {key!r} of {op!r} must be a number, got {v!r}")
         out.append((key, v))
