@@ -3,20 +3,38 @@
 Public surface (see DESIGN.md): ``epilab.matmul`` (one fused matmul), the
 epilogue builders (``acc``, ``operand``, ``const``, ``ops``, ``Epilogue``),
 ``Config``, and the ``epilab`` command line.
+
+Triton decides between its interpreter and its compiler when it is first
+imported, so ``matmul`` (which needs Triton) is imported on first use: by then
+``EPILAB_INTERPRET=1`` has been turned into ``TRITON_INTERPRET=1``.
 """
+
+from __future__ import annotations
 
 import os as _os
 import sys as _sys
+from typing import Any
 
 from epilab.config import settings as _settings
-
-# Triton chooses interpreter or compiler when triton.language is first imported.
-if _settings().interpret and "triton" not in _sys.modules:
-    _os.environ["TRITON_INTERPRET"] = "1"
-
 from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
-from epilab.templates.matmul import matmul
 from epilab.templates.problem import Config
 
 __all__ = ["Config", "Epilogue", "acc", "const", "matmul", "operand", "ops"]
 __version__ = "0.1.0"
+
+
+def enable_interpreter_if_asked() -> None:
+    """Set TRITON_INTERPRET=1 when epilab's interpreter mode is on and Triton is not loaded yet."""
+    if _settings().interpret and "triton" not in _sys.modules:
+        _os.environ["TRITON_INTERPRET"] = "1"
+
+
+enable_interpreter_if_asked()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "matmul":
+        from epilab.templates.matmul import matmul
+
+        return matmul
+    raise AttributeError(f"module 'epilab' has no attribute {name!r}")

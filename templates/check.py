@@ -30,7 +30,9 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         return float((out.bool() != ref.bool()).sum().item())
     o, r = out.double(), ref.double().to(out.device)
     finite = torch.isfinite(r)
-    if not torch.equal(torch.isfinite(o), finite) or not torch.equal(o[~finite].nan_to_num(), r[~finite].nan_to_num()):
+    if not torch.equal(torch.isfinite(o), finite) or not torch.equal(
+        o[~finite].nan_to_num(), r[~finite].nan_to_num()
+    ):
         return math.inf
     diff = torch.linalg.vector_norm(o[finite] - r[finite]).item()
     scale = torch.linalg.vector_norm(r[finite]).item()

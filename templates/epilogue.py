@@ -232,9 +232,7 @@ class Epilogue:
     @cached_property
     def operands(self) -> tuple[tuple[str, str], ...]:
         """(name, kind) of each operand leaf, in node order."""
-        return tuple(
-            (str(n.attr["name"]), str(n.attr["kind"])) for n in self.nodes if n.op == "operand"
-        )
+        return tuple((str(n.attr["name"]), str(n.attr["kind"])) for n in self.nodes if n.op == "operand")
 
     @cached_property
     def kinds(self) -> tuple[Kind, ...]:
@@ -271,8 +269,15 @@ class Epilogue:
             raw_outputs = [Output(int(n), str(dt)) for n, dt in d["outputs"]]
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a valid epilogue: {e}") from e
-        return Epilogue.build(list(zip(Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs(),
-                                       [o.dtype for o in raw_outputs], strict=True)))
+        return Epilogue.build(
+            list(
+                zip(
+                    Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs(),
+                    [o.dtype for o in raw_outputs],
+                    strict=True,
+                )
+            )
+        )
 
     @staticmethod
     def from_json(text: str) -> Epilogue:
@@ -295,7 +300,9 @@ class Epilogue:
                 v = operands[str(attr["name"])].to(device=acc.device, dtype=dtype)
             elif node.op == "const":
                 value = attr["value"]
-                v = torch.tensor(value, device=acc.device, dtype=torch.bool if isinstance(value, bool) else dtype)
+                v = torch.tensor(
+                    value, device=acc.device, dtype=torch.bool if isinstance(value, bool) else dtype
+                )
             else:
                 v = RULES[node.op].torch(*(values[a] for a in node.args), **attr)
                 if result_kind(node.op, attr) == "float":
@@ -410,7 +417,9 @@ class _Canonicalizer:
             raise ValueError("an epilogue needs at least one output")
         roots = [(self._fold(_as_expr(e)), dtype) for e, dtype in outputs]
         indices = [self._emit(e) for e, _ in roots]
-        return Epilogue(tuple(self.nodes), tuple(Output(i, dt) for i, (_, dt) in zip(indices, roots)))
+        return Epilogue(
+            tuple(self.nodes), tuple(Output(i, dt) for i, (_, dt) in zip(indices, roots, strict=True))
+        )
 
     def _fold(self, e: Expr) -> Expr:
         """Fold constant subtrees, insert bool/float casts, order commutative args."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import ModuleType
+from functools import lru_cache
 
 import torch
 import triton
@@ -26,7 +26,7 @@ from epilab.templates.problem import (
     Problem,
     Shape,
 )
-from epilab.templates.render import Target, render, template_hash
+from epilab.templates.render import Target, kernel_name, render, template_hash
 from epilab.templates.rules import DTYPES as TORCH_DTYPES
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
@@ -101,24 +101,20 @@ def _operand_strides(
     name: str, kind: str, t: torch.Tensor, out_shape: tuple[int, ...]
 ) -> tuple[int, int, int]:
     """Strides (batch, m, n) of operand ``t`` broadcast to C; 0 where it broadcasts."""
-    try:
-        torch.broadcast_shapes(t.shape, out_shape)
-    except RuntimeError:
+    if t.dim() > len(out_shape) or any(
+        size not in (1, want) for size, want in zip(reversed(t.shape), reversed(out_shape), strict=False)
+    ):
         raise ValueError(
             f"operand {name!r} of shape {tuple(t.shape)} does not broadcast to the output "
-            f"shape {out_shape}"
-        ) from None
-    if torch.broadcast_shapes(t.shape, out_shape) != torch.Size(out_shape):
-        raise ValueError(f"operand {name!r} of shape {tuple(t.shape)} is larger than the output {out_shape}")
+            f"shape {out_shape} (each dim must be 1 or match, and it may not have more dims)"
+        )
     sizes = [1] * (3 - t.dim()) + list(t.shape)
     strides = [0] * (3 - t.dim()) + list(t.stride())
     sb, sm, sn = (0 if size == 1 else stride for size, stride in zip(sizes, strides, strict=True))
     needs = {"row": sm == 0, "col": sn == 0, "scalar": sm == 0 and sn == 0, "tile": True}
     if not needs[kind] or (kind == "scalar" and sizes[0] != 1):
         want = {"row": "[N] or [1, N]", "col": "[M, 1]", "scalar": "a single element"}[kind]
-        raise ValueError(
-            f"operand {name!r} is declared {kind} ({want}) but has shape {tuple(t.shape)}"
-        )
+        raise ValueError(f"operand {name!r} is declared {kind} ({want}) but has shape {tuple(t.shape)}")
     return sb, sm, sn
 
 
@@ -133,7 +129,9 @@ def _operand_layout(kind: str, t: torch.Tensor) -> str:
 def _target(device: torch.device) -> Target:
     """Where kernels run: compiled for CUDA, or in Triton's interpreter when it is on."""
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device} is not supported; use a CUDA device (or CPU with EPILAB_INTERPRET=1)")
+        raise ValueError(
+            f"device {device} is not supported; use a CUDA device (or CPU with EPILAB_INTERPRET=1)"
+        )
     if device.type == "cpu" and not settings().interpret:
         raise ValueError(
             "epilab kernels need CUDA tensors; got CPU tensors. Set EPILAB_INTERPRET=1 "
@@ -216,7 +214,9 @@ def default_config(problem: Problem, target: Target = "cuda") -> Config:
         return max(lo, min(hi, triton.next_power_of_2(max(dim, 1))))
 
     if target == "interpreter":
-        return Config(fit(s.m, 16, 64), fit(s.n, 16, 64), fit(s.k, 16, 64), GROUP_M=4, num_warps=4, num_stages=1)
+        return Config(
+            fit(s.m, 16, 64), fit(s.n, 16, 64), fit(s.k, 16, 64), GROUP_M=4, num_warps=4, num_stages=1
+        )
     block_k = 32 if problem.dtype == "float32" else 64
     block_m = fit(s.m, 16, 128)
     block_n = fit(s.n, 64, 128)
@@ -227,18 +227,17 @@ def default_config(problem: Problem, target: Target = "cuda") -> Config:
 # ------------------------------------------------------------------- launch
 
 
-_kernels: dict[tuple[str, Config, Target, bool], ModuleType] = {}
+_kernels: dict[tuple[Problem, Config, Target, bool], object] = {}
 
 
-def _kernel(problem: Problem, config: Config, target: Target, index_64: bool):
-    key = (problem.key, config, target, index_64)
-    module = _kernels.get(key)
-    if module is None:
+def _kernel(problem: Problem, config: Config, target: Target, index_64: bool) -> object:
+    """The jitted kernel for this problem and config (rendered and built once)."""
+    key = (problem, config, target, index_64)
+    kernel = _kernels.get(key)
+    if kernel is None:
         module = build(render(problem, config, target=target, index_64=index_64), target=target)
-        _kernels[key] = module
-    from epilab.templates.render import kernel_name
-
-    return getattr(module, kernel_name(problem))
+        kernel = _kernels[key] = getattr(module, kernel_name(problem))
+    return kernel
 
 
 def _extent(t: torch.Tensor) -> int:
@@ -279,25 +278,49 @@ def launch(
     if batch > _GRID_Y_MAX:
         raise ValueError(f"batch {batch} is larger than the {_GRID_Y_MAX} this template launches")
     args: dict[str, object] = {
-        "a_ptr": a, "b_ptr": b, "M": m, "N": n, "K": k,
-        "stride_ab": bt.a[1][0], "stride_am": bt.a[1][1], "stride_ak": bt.a[1][2],
-        "stride_bb": bt.b[1][0], "stride_bk": bt.b[1][1], "stride_bn": bt.b[1][2],
+        "a_ptr": a,
+        "b_ptr": b,
+        "M": m,
+        "N": n,
+        "K": k,
+        "stride_ab": bt.a[1][0],
+        "stride_am": bt.a[1][1],
+        "stride_ak": bt.a[1][2],
+        "stride_bb": bt.b[1][0],
+        "stride_bk": bt.b[1][1],
+        "stride_bn": bt.b[1][2],
     }
     out3 = (batch, m, n)
     for name, kind in ep.operands:
         t = operands[name]
         sb, sm, sn = _operand_strides(name, kind, t, bt.out_shape)
-        args.update({f"op_{name}_ptr": t, f"op_{name}_stride_b": sb,
-                     f"op_{name}_stride_m": sm, f"op_{name}_stride_n": sn})
+        args.update(
+            {
+                f"op_{name}_ptr": t,
+                f"op_{name}_stride_b": sb,
+                f"op_{name}_stride_m": sm,
+                f"op_{name}_stride_n": sn,
+            }
+        )
     for i, o in enumerate(outs):
         o3 = o if o.dim() == 3 else o.unsqueeze(0).expand(out3)
-        args.update({f"out{i}_ptr": o, f"out{i}_stride_b": o3.stride(0) if o.dim() == 3 else 0,
-                     f"out{i}_stride_m": o3.stride(1), f"out{i}_stride_n": o3.stride(2)})
+        args.update(
+            {
+                f"out{i}_ptr": o,
+                f"out{i}_stride_b": o3.stride(0) if o.dim() == 3 else 0,
+                f"out{i}_stride_m": o3.stride(1),
+                f"out{i}_stride_n": o3.stride(2),
+            }
+        )
     kernel = _kernel(problem, config, target, index_64)
     kernel[grid](
         **args,
-        BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, GROUP_M=config.GROUP_M,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=config.BLOCK_M,
+        BLOCK_N=config.BLOCK_N,
+        BLOCK_K=config.BLOCK_K,
+        GROUP_M=config.GROUP_M,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return outs
 
@@ -361,15 +384,32 @@ def matmul(
     """
     _check_inputs(a, b)
     if epilogue is not None:
-        if bias is not None or activation is not None or residual is not None or alpha != 1.0 \
-                or beta != 1.0 or out_dtype is not None:
-            raise ValueError("pass either epilogue= (with operands=) or bias/activation/residual/"
-                             "alpha/beta/out_dtype, not both")
+        if (
+            bias is not None
+            or activation is not None
+            or residual is not None
+            or alpha != 1.0
+            or beta != 1.0
+            or out_dtype is not None
+        ):
+            raise ValueError(
+                "pass either epilogue= (with operands=) or bias/activation/residual/"
+                "alpha/beta/out_dtype, not both"
+            )
         tensors = dict(operands or {})
     else:
         if operands:
             raise ValueError("operands= is only used together with epilogue=")
-        epilogue, tensors = _simple_epilogue(a, b, bias, activation, residual, alpha, beta, out_dtype)
+        epilogue, tensors = simple_epilogue(
+            a,
+            b,
+            bias=bias,
+            activation=activation,
+            residual=residual,
+            alpha=alpha,
+            beta=beta,
+            out_dtype=out_dtype,
+        )
     problem = make_problem(a, b, epilogue, tensors, precision="tf32" if allow_tf32 else "ieee")
     if config is None:
         config = default_config(problem, _target(a.device))
@@ -379,38 +419,51 @@ def matmul(
     return outs[0] if len(outs) == 1 else outs
 
 
-def _simple_epilogue(
+def simple_epilogue(
     a: torch.Tensor,
     b: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-    residual: torch.Tensor | None,
-    alpha: float,
-    beta: float,
-    out_dtype: torch.dtype | None,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[Epilogue, dict[str, torch.Tensor]]:
+    """The epilogue ``matmul(a, b, bias=..., ...)`` runs, and its operand tensors."""
     out_shape = _check_inputs(a, b).out_shape
     for name, v in (("alpha", alpha), ("beta", beta)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must be a number, got {v!r}")
-    x: Expr = acc() if alpha == 1.0 else const(alpha) * acc()
-    tensors: dict[str, torch.Tensor] = {}
-    if bias is not None:
-        kind = _kind_of(bias, out_shape, "bias")
-        term = operand("bias", kind)
-        x = x + (term if beta == 1.0 else const(beta) * term)
-        tensors["bias"] = bias
-    if activation is not None:
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-        x = getattr(ops, activation)(x)
-    if residual is not None:
-        x = x + operand("residual", _kind_of(residual, out_shape, "residual"))
-        tensors["residual"] = residual
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
     dtype = dtype_name(out_dtype) if out_dtype is not None else dtype_name(a.dtype)
     if dtype == "bool":
         raise TypeError("out_dtype must be a floating dtype")
-    return Epilogue.build([(x, dtype)]), tensors
+    bias_kind = None if bias is None else _kind_of(bias, out_shape, "bias")
+    residual_kind = None if residual is None else _kind_of(residual, out_shape, "residual")
+    tensors = {name: t for name, t in (("bias", bias), ("residual", residual)) if t is not None}
+    return _build_simple(bias_kind, activation, residual_kind, float(alpha), float(beta), dtype), tensors
+
+
+@lru_cache(maxsize=256)
+def _build_simple(
+    bias_kind: str | None,
+    activation: str | None,
+    residual_kind: str | None,
+    alpha: float,
+    beta: float,
+    dtype: str,
+) -> Epilogue:
+    x: Expr = acc() if alpha == 1.0 else const(alpha) * acc()
+    if bias_kind is not None:
+        term = operand("bias", bias_kind)
+        x = x + (term if beta == 1.0 else const(beta) * term)
+    if activation is not None:
+        x = getattr(ops, activation)(x)
+    if residual_kind is not None:
+        x = x + operand("residual", residual_kind)
+    return Epilogue.build([(x, dtype)])
 
 
 def _kind_of(t: torch.Tensor, out_shape: tuple[int, ...], name: str) -> str:

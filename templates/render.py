@@ -67,13 +67,11 @@ def _epilogue_hooks(problem: Problem) -> dict[str, object]:
 
     def epilogue_params() -> str:
         params = [
-            f"op_{o['name']}_ptr, op_{o['name']}_stride_b, op_{o['name']}_stride_m, "
-            f"op_{o['name']}_stride_n,"
+            f"op_{o['name']}_ptr, op_{o['name']}_stride_b, op_{o['name']}_stride_m, op_{o['name']}_stride_n,"
             for o in operands
         ]
         params += [
-            f"out{i}_ptr, out{i}_stride_b, out{i}_stride_m, out{i}_stride_n,"
-            for i in range(len(ep.outputs))
+            f"out{i}_ptr, out{i}_stride_b, out{i}_stride_m, out{i}_stride_n," for i in range(len(ep.outputs))
         ]
         return "\n    ".join(params)
 
@@ -88,10 +86,20 @@ def _epilogue_hooks(problem: Problem) -> dict[str, object]:
             else:
                 value = f"{var}.to({TRITON_DTYPES[out.dtype]})"
             outputs.append(_StoredOutput(value))
-        return _ENV.get_template("store_output.py.jinja").render(
-            operands=operands, lines=lines, outputs=outputs,
-            rm=rm, rn=rn, pid_b=pid_b, mask_m=mask_m, mask_n=mask_n,
-        ).rstrip("\n")
+        return (
+            _ENV.get_template("store_output.py.jinja")
+            .render(
+                operands=operands,
+                lines=lines,
+                outputs=outputs,
+                rm=rm,
+                rn=rn,
+                pid_b=pid_b,
+                mask_m=mask_m,
+                mask_n=mask_n,
+            )
+            .rstrip("\n")
+        )
 
     return {"epilogue_params": epilogue_params, "store_output": store_output}
 

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-
 from epilab.templates.check import rel_error
 from epilab.templates.epilogue import Epilogue, Node, Output, acc, apply, const, operand, ops
 from epilab.templates.matmul import default_config, launch, make_problem
@@ -60,7 +59,8 @@ def test_text_is_stable_across_processes():
     code = (
         "from epilab.templates.epilogue import *\n"
         "x = acc() + operand('bias', 'row')\n"
-        "print(Epilogue.build([(ops.gelu_tanh(x) + operand('res', 'tile'), 'bfloat16'), (x, 'float32')]).text())"
+        "y = ops.gelu_tanh(x) + operand('res', 'tile')\n"
+        "print(Epilogue.build([(y, 'bfloat16'), (x, 'float32')]).text())"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -80,34 +80,58 @@ def test_constants_fold_and_bools_are_cast():
 # --------------------------------------------------------------------- JSON
 
 
-@pytest.mark.parametrize("make", [
-    _gelu_block,
-    lambda: Epilogue.build([(ops.clamp(acc(), min=-math.inf, max=6.0), "float16")]),
-    lambda: Epilogue.build([(ops.where(ops.gt(acc(), operand("t", "tile")), acc(), math.nan), "float32"),
-                            (ops.le(acc(), 0.0), "bool")]),
-    lambda: Epilogue.build([(ops.cast(ops.pow(acc(), exponent=3), dtype="bfloat16") * operand("s", "scalar"),
-                             "float32")]),
-], ids=["gelu-block", "inf-attr", "nan-const-bool-out", "cast-pow-scalar"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        _gelu_block,
+        lambda: Epilogue.build([(ops.clamp(acc(), min=-math.inf, max=6.0), "float16")]),
+        lambda: Epilogue.build(
+            [
+                (ops.where(ops.gt(acc(), operand("t", "tile")), acc(), math.nan), "float32"),
+                (ops.le(acc(), 0.0), "bool"),
+            ]
+        ),
+        lambda: Epilogue.build(
+            [(ops.cast(ops.pow(acc(), exponent=3), dtype="bfloat16") * operand("s", "scalar"), "float32")]
+        ),
+    ],
+    ids=["gelu-block", "inf-attr", "nan-const-bool-out", "cast-pow-scalar"],
+)
 def test_json_round_trip(make):
     ep = make()
     again = Epilogue.from_json(ep.to_json())
     assert again == ep and again.text() == ep.text()
 
 
-@pytest.mark.parametrize("bad,match", [
-    ('{"nodes": [["acc", [], {}]], "outputs": []}', "at least one output"),
-    ('{"nodes": [["acc", [], {}], ["system", [0], {}]], "outputs": [[1, "float32"]]}', "unknown epilogue op"),
-    ('{"nodes": [["acc", [], {}], ["add", [0, 5], {}]], "outputs": [[1, "float32"]]}', "earlier nodes"),
-    ('{"nodes": [["acc", [], {}]], "outputs": [[0, "float64"]]}', "output dtype"),
-    ('{"nodes": [["acc", [], {}], ["pow", [0], {}]], "outputs": [[1, "float32"]]}', "attributes"),
-    ('{"nodes": [["acc", [], {}], ["pow", [0], {"exponent": "__import__"}]], "outputs": [[1, "float32"]]}',
-     "must be a number"),
-    ('{"nodes": [["operand", [], {"kind": "row", "name": "x; import os"}], ["acc", [], {}], ["add", [1, 0], {}]],'
-     ' "outputs": [[2, "float32"]]}', "not allowed"),
-    ('{"nodes": [["operand", [], {"kind": "row", "name": "b"}]], "outputs": [[0, "float32"]]}',
-     "does not depend on the accumulator"),
-    ('{"nodes": 5}', "not a valid epilogue"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ('{"nodes": [["acc", [], {}]], "outputs": []}', "at least one output"),
+        (
+            '{"nodes": [["acc", [], {}], ["system", [0], {}]], "outputs": [[1, "float32"]]}',
+            "unknown epilogue op",
+        ),
+        ('{"nodes": [["acc", [], {}], ["add", [0, 5], {}]], "outputs": [[1, "float32"]]}', "earlier nodes"),
+        ('{"nodes": [["acc", [], {}]], "outputs": [[0, "float64"]]}', "output dtype"),
+        ('{"nodes": [["acc", [], {}], ["pow", [0], {}]], "outputs": [[1, "float32"]]}', "attributes"),
+        (
+            '{"nodes": [["acc", [], {}], ["pow", [0], {"exponent": "__import__"}]],'
+            ' "outputs": [[1, "float32"]]}',
+            "must be a number",
+        ),
+        (
+            '{"nodes": [["operand", [], {"kind": "row", "name": "x; import os"}], ["acc", [], {}],'
+            ' ["add", [1, 0], {}]],'
+            ' "outputs": [[2, "float32"]]}',
+            "not allowed",
+        ),
+        (
+            '{"nodes": [["operand", [], {"kind": "row", "name": "b"}]], "outputs": [[0, "float32"]]}',
+            "does not depend on the accumulator",
+        ),
+        ('{"nodes": 5}', "not a valid epilogue"),
+    ],
+)
 def test_invalid_epilogue_json_is_rejected(bad, match):
     with pytest.raises(ValueError, match=match):
         Epilogue.from_json(bad)
@@ -191,8 +215,14 @@ def test_nan_propagates_like_torch():
     """maximum/minimum/relu/clamp keep NaN, as torch does."""
     x = torch.tensor([[math.nan], [1.0], [-1.0]])
     b = torch.ones(1, 16)
-    exprs = [ops.maximum(acc(), 0.0), ops.minimum(acc(), 0.0), ops.relu(acc()), ops.clamp(acc(), min=0, max=0.5),
-             ops.hardtanh(acc(), min_val=-0.5, max_val=0.5), ops.leaky_relu(acc(), negative_slope=0.1)]
+    exprs = [
+        ops.maximum(acc(), 0.0),
+        ops.minimum(acc(), 0.0),
+        ops.relu(acc()),
+        ops.clamp(acc(), min=0, max=0.5),
+        ops.hardtanh(acc(), min_val=-0.5, max_val=0.5),
+        ops.leaky_relu(acc(), negative_slope=0.1),
+    ]
     ep = Epilogue.build([(e, "float32") for e in exprs])
     problem = make_problem(x, b, ep, {})
     outs = launch(problem, default_config(problem, "interpreter"), x, b, {})

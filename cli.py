@@ -1,0 +1,112 @@
+"""The ``epilab`` command line (typer). ``epilab --help`` lists the commands."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import Annotated
+
+import epilab
+import typer
+from epilab import config
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="epilab",
+    help="Autotuned Triton templates for matmul-like ops with fused epilogues.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@app.callback()
+def _main() -> None:
+    """Autotuned Triton templates for matmul-like ops with fused epilogues."""
+
+
+@app.command()
+def version() -> None:
+    """Print the versions of epilab, torch and triton."""
+    import torch
+    import triton
+
+    console.print(f"epilab {epilab.__version__}  torch {torch.__version__}  triton {triton.__version__}")
+
+
+@app.command()
+def demo(
+    m: Annotated[
+        int | None, typer.Option(help="rows of A and C (default: 2048 on a GPU, 96 on the CPU)")
+    ] = None,
+    n: Annotated[int | None, typer.Option(help="columns of B and C (default: 2048 / 80)")] = None,
+    k: Annotated[int | None, typer.Option(help="inner dimension (default: 2048 / 72)")] = None,
+    dtype: Annotated[str, typer.Option(help=f"input dtype: one of {', '.join(_DTYPES)}")] = "bfloat16",
+    seed: Annotated[int, typer.Option(help="random seed of the inputs")] = 0,
+) -> None:
+    """Run one fused matmul, gelu_tanh(A @ B + bias) + residual, and print its error.
+
+    On a machine without CUDA it runs in Triton's interpreter on the CPU.
+    """
+    import torch
+
+    if dtype not in _DTYPES:
+        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(_DTYPES)}", param_hint="--dtype")
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
+        console.print("[yellow]No CUDA device: running in Triton's interpreter on the CPU.[/yellow]")
+    m = (2048 if cuda else 96) if m is None else m
+    n = (2048 if cuda else 80) if n is None else n
+    k = (2048 if cuda else 72) if k is None else k
+    for name, v in (("--m", m), ("--n", n), ("--k", k)):
+        if v <= 0:
+            raise typer.BadParameter(f"must be positive, got {v}", param_hint=name)
+
+    from epilab.templates.check import rel_error, tolerance
+    from epilab.templates.matmul import default_config, make_problem, reference, simple_epilogue
+
+    if not cuda:  # numpy warns about padded lanes, which the store masks out
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+    device = "cuda" if cuda else "cpu"
+    gen = torch.Generator().manual_seed(seed)
+    tdt = getattr(torch, dtype)
+    a = torch.randn(m, k, generator=gen).to(device, tdt)
+    b = torch.randn(k, n, generator=gen).to(device, tdt)
+    bias = torch.randn(n, generator=gen).to(device, tdt)
+    residual = torch.randn(m, n, generator=gen).to(device, tdt)
+    ep, operands = simple_epilogue(a, b, bias=bias, activation="gelu_tanh", residual=residual)
+    with config.patch(interpret=not cuda):
+        problem = make_problem(a, b, ep, operands)
+        cfg = default_config(problem, "cuda" if cuda else "interpreter")
+        start = time.perf_counter()
+        out = epilab.matmul(a, b, epilogue=ep, operands=operands, config=cfg)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    (ref64,) = reference(ep, a, b, operands)
+    eager = torch.nn.functional.gelu(torch.addmm(bias, a, b), approximate="tanh") + residual
+    err, eager_err = rel_error(out, ref64), rel_error(eager, ref64)
+    bound = tolerance(dtype, "ieee", dtype)
+
+    table = Table(title=f"gelu_tanh(A @ B + bias) + residual, {m}x{n}x{k} {dtype} on {device}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("config (default heuristic)", cfg.short())
+    table.add_row("first call, incl. compile", f"{seconds:.2f} s")
+    table.add_row("epilab ||out-ref||/||ref||", f"{err:.2e}")
+    table.add_row("torch eager ||out-ref||/||ref||", f"{eager_err:.2e}")
+    table.add_row("bound for this dtype", f"{bound:.0e}")
+    console.print(table)
+    if not err <= bound:
+        console.print(f"[red]FAILED: error {err:.2e} is above {bound:.0e}[/red]")
+        raise typer.Exit(1)
+    console.print("[green]OK[/green]: epilab matches the float64 reference")
+
+
+if __name__ == "__main__":
+    app()

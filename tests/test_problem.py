@@ -1,0 +1,220 @@
+"""Problem and Config: validation, canonical JSON and keys, symbolic shapes,
+rendering decisions (EVEN_K through sympy), the template hash and the build cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import sympy
+import torch
+from epilab import config as epilab_config
+from epilab.templates import build as build_mod
+from epilab.templates import render as render_mod
+from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.templates.matmul import make_problem
+from epilab.templates.problem import CHOICES, Config, OperandSpec, Problem, Shape, symbol
+
+
+def _problem(shape: Shape | None = None, **changes) -> Problem:
+    ep = Epilogue.build([(ops.gelu(acc() + operand("bias", "row")), "bfloat16")])
+    fields = dict(
+        op="addmm",
+        template="matmul",
+        template_hash=render_mod.template_hash("matmul"),
+        dtype="bfloat16",
+        layout_a="row",
+        layout_b="col",
+        operands=(OperandSpec("bias", "bfloat16", "vector"),),
+        epilogue=ep,
+        shape=shape or Shape(1, 4096, 4096, 4096),
+    )
+    fields.update(changes)
+    return Problem(**fields)
+
+
+# ------------------------------------------------------------------- Config
+
+
+def test_config_round_trip_and_every_choice_is_valid():
+    c = Config(128, 64, 32, GROUP_M=4, num_warps=8, num_stages=4)
+    assert Config.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    for name, values in CHOICES.items():
+        for v in values:
+            Config.from_dict({**Config(16, 16, 16).to_dict(), name: v})
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("BLOCK_M", 0),
+        ("BLOCK_N", 100),
+        ("BLOCK_K", "64"),
+        ("GROUP_M", True),
+        ("num_stages", 0),
+        ("variant", "__import__('os')"),
+    ],
+)
+def test_config_rejects_values_outside_the_space(field, value):
+    with pytest.raises(ValueError, match=f"{field}="):
+        Config.from_dict({**Config(16, 16, 16).to_dict(), field: value})
+
+
+def test_config_from_dict_needs_blocks():
+    with pytest.raises(ValueError, match="incomplete config"):
+        Config.from_dict({"BLOCK_M": 16})
+
+
+# ------------------------------------------------------------------ Problem
+
+
+def test_problem_key_is_canonical_and_round_trips():
+    p = _problem()
+    again = Problem.from_json(p.to_json())
+    assert again == p and again.key == p.key and len(p.key) == 64
+    assert _problem(shape=Shape(1, 4096, 4096, 2048)).key != p.key
+    assert _problem(layout_b="row").key != p.key
+
+
+def test_problem_with_symbolic_shape_round_trips():
+    s0, s1 = symbol("s0"), symbol("s1")
+    p = _problem(shape=Shape(1, 2 * s0 * s1 + 3, 4096, 64 * s1))
+    again = Problem.from_json(p.to_json())
+    assert again.shape == p.shape and again.key == p.key
+    assert not p.shape.is_static()
+
+
+@pytest.mark.parametrize("dim", ["__import__('os').system('true')", "s0**2", "s0 / 2", "lambda: 1", "", "-"])
+def test_symbolic_dims_are_parsed_never_evaluated(dim):
+    d = _problem().to_dict()
+    d["shape"]["m"] = dim
+    with pytest.raises(ValueError):
+        Problem.from_dict(d)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"op": "conv"}, "op 'conv'"),
+        ({"dtype": "float64"}, "input dtype"),
+        ({"layout_a": "diag"}, "layout of A"),
+        ({"precision": "fp8"}, "precision"),
+        ({"operands": ()}, "do not match"),
+    ],
+)
+def test_problem_validation(change, match):
+    with pytest.raises(ValueError, match=match):
+        _problem(**change)
+
+
+def test_make_problem_reads_layouts_and_operands():
+    a = torch.randn(5, 7).t()  # [7, 5] column-major
+    b = torch.randn(5, 9)
+    ep = Epilogue.build([(acc() + operand("bias", "row"), "float32")])
+    p = make_problem(a, b, ep, {"bias": torch.randn(9, dtype=torch.bfloat16)})
+    assert (p.layout_a, p.layout_b, p.dtype) == ("col", "row", "float32")
+    assert p.operands == (OperandSpec("bias", "bfloat16", "vector"),)
+    assert p.shape == Shape(1, 7, 9, 5)
+
+
+# ------------------------------------------------------------------ render
+
+
+@pytest.mark.parametrize(
+    "k,block_k,even",
+    [
+        (4096, 64, True),
+        (4095, 64, False),
+        (64 * symbol("s0"), 64, True),
+        (64 * symbol("s0"), 128, False),
+        (symbol("s0"), 16, False),
+    ],
+)
+def test_even_k_is_decided_with_sympy(k, block_k, even):
+    assert render_mod.divides(block_k, k) is even
+    src = render_mod.render(_problem(shape=Shape(1, 128, 128, k)), Config(64, 64, block_k))
+    assert ("k_left = K - k * BLOCK_K" not in src) is even
+
+
+def test_rendered_source_reads_like_a_kernel():
+    src = render_mod.render(_problem(), Config(128, 128, 64, num_warps=8))
+    compile(src, "<rendered>", "exec")  # valid Python
+    assert "def epilab_matmul_add_gelu(" in src
+    assert "def tile_order(" in src and src.count("@triton.jit") == 2
+    assert "op_bias = tl.load(" in src and "tl.store(out0_ptr" in src
+    assert ".to(tl.float32)\n        b = b.to" not in src  # bf16 upcast is for the interpreter only
+    interp = render_mod.render(_problem(), Config(128, 128, 64), target="interpreter")
+    assert "a = a.to(tl.float32)" in interp
+
+
+def test_render_refuses_stale_problems_and_unknown_targets():
+    with pytest.raises(ValueError, match="another version of template"):
+        render_mod.render(_problem(template_hash="0" * 64), Config(64, 64, 64))
+    with pytest.raises(ValueError, match="target"):
+        render_mod.render(_problem(), Config(64, 64, 64), target="rocm")
+
+
+def test_template_hash_changes_when_a_template_file_changes(tmp_path, monkeypatch):
+    for name in render_mod.TEMPLATE_FILES["matmul"]:
+        shutil.copy(render_mod.TEMPLATE_DIR / name, tmp_path / name)
+    monkeypatch.setattr(render_mod, "TEMPLATE_DIR", tmp_path)
+    render_mod.template_hash.cache_clear()
+    try:
+        before = render_mod.template_hash("matmul")
+        (tmp_path / "matmul.py.jinja").write_text((tmp_path / "matmul.py.jinja").read_text() + "\n# edited\n")
+        render_mod.template_hash.cache_clear()
+        assert render_mod.template_hash("matmul") != before
+    finally:
+        render_mod.template_hash.cache_clear()
+
+
+# ------------------------------------------------------------------- build
+
+
+def test_build_writes_source_under_the_cache_dir_once(tmp_path):
+    src = "import triton\nimport triton.language as tl\n\nVALUE = 41 + 1\n"
+    with epilab_config.patch(cache_dir=tmp_path / "cache", debug_dir=tmp_path / "debug"):
+        m1 = build_mod.build(src, target="interpreter")
+        m2 = build_mod.build(src, target="interpreter")
+        files = list((tmp_path / "cache" / "kernels").rglob("*.py"))
+    assert m1 is m2 and m1.VALUE == 42
+    assert len(files) == 1 and files[0].read_text() == src
+    assert files[0].stem == build_mod.source_key(src, "interpreter")
+    assert len(list((tmp_path / "debug").glob("*.py"))) == 1
+    assert build_mod.source_key(src, "cuda") != build_mod.source_key(src, "interpreter")
+
+
+# ------------------------------------------------------------------ settings
+
+
+def test_settings_from_environment(tmp_path):
+    s = epilab_config.from_env(
+        {"XDG_CACHE_HOME": str(tmp_path), "EPILAB_INTERPRET": "yes", "EPILAB_LOG": "info"}
+    )
+    assert s.cache_dir == tmp_path / "epilab" and s.db == str(tmp_path / "epilab" / "tuning.db")
+    assert s.interpret and s.log_level == "INFO" and s.debug_dir is None
+    s = epilab_config.from_env({"EPILAB_CACHE_DIR": str(tmp_path / "c"), "EPILAB_DB": "postgresql://h/db"})
+    assert s.cache_dir == tmp_path / "c" and s.db == "postgresql://h/db" and not s.interpret
+    assert epilab_config.from_env({"TRITON_INTERPRET": "1"}).interpret
+
+
+@pytest.mark.parametrize(
+    "env,match", [({"EPILAB_INTERPRET": "maybe"}, "EPILAB_INTERPRET"), ({"EPILAB_LOG": "LOUD"}, "EPILAB_LOG")]
+)
+def test_settings_reject_bad_values(env, match):
+    with pytest.raises(ValueError, match=match):
+        epilab_config.from_env(env)
+
+
+def test_patch_restores_and_rejects_unknown_names(tmp_path):
+    before = epilab_config.settings()
+    with epilab_config.patch(cache_dir=tmp_path):
+        assert epilab_config.settings().cache_dir == tmp_path
+    assert epilab_config.settings() == before
+    with pytest.raises(TypeError, match="unknown setting"), epilab_config.patch(colour="blue"):
+        pass
+
+
+def test_symbols_carry_inductor_assumptions():
+    assert symbol("s0") == sympy.Symbol("s0", integer=True, positive=True)
