@@ -12,9 +12,10 @@ Columns:
 Method (METHOD.md): floors from FLOPs and bytes against ceilings measured in the
 same run (a 2 GiB device copy, an 8192^3 bf16 cuBLAS matmul); every version is
 checked against a float64 reference before it is timed; random inputs; times are
-medians (p20-p80 in the JSON) of CUDA-event timings after warm-up with L2 flushed
-before each call (triton.testing.do_bench), and for small problems also the
-per-call time of CUDA-graph replay over rotating input sets larger than L2.
+medians of CUDA-event timings after warm-up, two ways: (1) per-call time of
+CUDA-graph replay over rotating input sets larger than L2 (kernel time without
+launch gaps); (2) one call at a time from Python with L2 flushed before each
+(triton.testing.do_bench; p20-p80 in the JSON), which includes launch cost.
 ``--probe`` also times a few other configs of the epilab kernel, to judge the
 default heuristic.
 """
@@ -38,12 +39,15 @@ from epilab.templates.problem import Config
 
 SHAPES = [(4096, 4096, 4096), (8192, 14336, 4096), (2048, 4096, 4096), (128, 4096, 4096)]
 PROBE = [
-    Config(128, 128, 64, 8, num_warps=8, num_stages=3),
-    Config(128, 128, 64, 8, num_warps=4, num_stages=4),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=4),
+    Config(256, 128, 64, 8, num_warps=8, num_stages=3),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4),
+    Config(128, 128, 64, 8, num_warps=8, num_stages=3),
     Config(64, 128, 64, 8, num_warps=4, num_stages=4),
-    Config(128, 128, 32, 8, num_warps=4, num_stages=4),
-    Config(64, 256, 64, 8, num_warps=8, num_stages=3),
+    Config(64, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(32, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(32, 64, 128, 8, num_warps=4, num_stages=4),
 ]
 
 
@@ -142,8 +146,7 @@ def run_shape(m: int, n: int, k: int, ceil: dict[str, float], probe: bool) -> di
         t = bench(lambda fn=fn: fn(a, b, bias, res))
         row[name] = t
         row[f"{name}_tflops"] = flops / (t["ms"] * 1e9)
-        if floor_ms < 0.2:
-            row[f"{name}_graph_ms"] = bench_graph([lambda fn=fn, x=x: fn(*x) for x in inputs])
+        row[f"{name}_graph_ms"] = bench_graph([lambda fn=fn, x=x: fn(*x) for x in inputs])
     if probe:
         row["probe"] = []
         for c in PROBE:
@@ -151,8 +154,15 @@ def run_shape(m: int, n: int, k: int, ceil: dict[str, float], probe: bool) -> di
                 outs = tuple(torch.full((m, n), float("nan"), device="cuda", dtype=dt) for _ in ep.outputs)
                 launch(problem, c, a, b, operands, out=outs)
                 err = rel_error(outs[0], ref)
-                t = bench(lambda c=c: launch(problem, c, a, b, operands))
-                row["probe"].append({"config": c.short(), "ms": t["ms"], "err": err})
+                ms = bench_graph(
+                    [
+                        lambda c=c, x=x: launch(
+                            problem, c, x[0], x[1], dict(zip(operands, x[2:], strict=True))
+                        )
+                        for x in inputs
+                    ]
+                )
+                row["probe"].append({"config": c.short(), "ms": ms, "err": err})
             except Exception as e:  # out of resources etc.: report and go on
                 row["probe"].append({"config": c.short(), "error": f"{type(e).__name__}: {e}"[:200]})
     return row
@@ -182,29 +192,27 @@ def main() -> None:
             json.dump({"env": env, "ceilings": ceil, "rows": rows}, f, indent=1)
     print(f"\n{env}")
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 cuBLAS mm {ceil['bf16_mm_TFLOPs']:.0f} TFLOP/s")
-    print("gelu_tanh(A @ B + bias) + residual, bf16; median ms (TFLOP/s), L2 flushed before each call")
+    versions = ("epilab", "mm", "eager", "inductor")
     head = (
-        f"{'M':>5} {'N':>6} {'K':>5} | {'floor':>6} | {'epilab':>15} | {'mm (cuBLAS)':>15} | "
-        f"{'eager 3 ops':>15} | {'inductor':>15} | epilab config"
+        f"{'M':>5} {'N':>6} {'K':>5} | {'floor':>6} | {'epilab':>14} | {'mm (cuBLAS)':>14} | "
+        f"{'eager 3 ops':>14} | {'inductor':>14}"
     )
+    print("\ngelu_tanh(A @ B + bias) + residual, bf16: per-call ms (TFLOP/s)")
+    print("1) CUDA-graph replay over rotating input sets larger than L2 (kernel time, no launch gaps)")
     print(head)
     print("-" * len(head))
     for r in rows:
-        cells = [
-            f"{r[v]['ms']:7.3f} ({r[v + '_tflops']:4.0f})" for v in ("epilab", "mm", "eager", "inductor")
-        ]
-        c = Config.from_dict(r["config"]).short()
-        print(
-            f"{r['M']:>5} {r['N']:>6} {r['K']:>5} | {r['floor_ms']:6.3f} | " + " | ".join(cells) + f" | {c}"
-        )
-    small = [r for r in rows if "epilab_graph_ms" in r]
-    if small:
-        print("\nCUDA-graph replay, per call over rotating input sets (ms):")
-        for r in small:
-            print(
-                f"{r['M']:>5} {r['N']:>6} {r['K']:>5} | "
-                + " | ".join(f"{v} {r[v + '_graph_ms']:.4f}" for v in ("epilab", "mm", "eager", "inductor"))
-            )
+        flops = r["GFLOP"] * 1e9
+        cells = [f"{r[v + '_graph_ms']:6.3f} ({flops / (r[v + '_graph_ms'] * 1e9):4.0f})" for v in versions]
+        print(f"{r['M']:>5} {r['N']:>6} {r['K']:>5} | {r['floor_ms']:6.3f} | " + " | ".join(cells))
+    print("2) one call at a time from Python, L2 flushed before each (do_bench median; includes launch cost)")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        cells = [f"{r[v]['ms']:6.3f} ({r[v + '_tflops']:4.0f})" for v in versions]
+        print(f"{r['M']:>5} {r['N']:>6} {r['K']:>5} | {r['floor_ms']:6.3f} | " + " | ".join(cells))
+    configs = [f"{r['M']}x{r['N']}x{r['K']}: {Config.from_dict(r['config']).short()}" for r in rows]
+    print("epilab configs (default heuristic): " + "; ".join(configs))
     print(
         "\nerror ||out-ref||/||ref|| vs float64: "
         + "; ".join(
@@ -214,7 +222,7 @@ def main() -> None:
         )
     )
     if args.probe:
-        print("\nconfig probe (median ms, L2 flushed):")
+        print("\nconfig probe (graph replay ms per call, rotating inputs):")
         for r in rows:
             print(
                 f"{r['M']}x{r['N']}x{r['K']}: "

@@ -197,14 +197,22 @@ def make_problem(
 # ------------------------------------------------------------- default config
 
 
-def default_config(problem: Problem, target: Target = "cuda") -> Config:
+H100_SMS = 132  # H100 SXM and H200: the default when no device is at hand
+
+
+def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int = H100_SMS) -> Config:
     """The documented heuristic used when no config is given (untuned).
 
     Interpreter: tiles just large enough for the problem (16..64 per dim), since
-    the interpreter's cost is per program and per op. CUDA: 128x128 tiles with
-    BLOCK_K=64 (32 for fp32), 8 warps, 3 stages, GROUP_M=8; M is shrunk to the
-    next power of two (at least 16) for skinny problems so few rows are wasted,
-    and N likewise down to 64.
+    the interpreter's cost is per program and per op.
+
+    CUDA: start from 128x256 tiles (128x128 for fp32) with BLOCK_K=64 (32 for
+    fp32), no larger than the problem needs; then, while there are fewer tiles
+    than multiprocessors, halve BLOCK_N (down to 64) and then BLOCK_M (down to
+    32) so that small problems still fill the chip. 8 warps and 3 stages for
+    tiles of 128x256 or more, else 4 warps and 4 stages; GROUP_M=8. (The 128x256
+    start came from benchmarks/matmul_quick.py --probe on an H200: see
+    benchmarks/RESULTS.md.) Symbolic dims count as large.
     """
     s = problem.shape
 
@@ -214,14 +222,24 @@ def default_config(problem: Problem, target: Target = "cuda") -> Config:
         return max(lo, min(hi, triton.next_power_of_2(max(dim, 1))))
 
     if target == "interpreter":
-        return Config(
-            fit(s.m, 16, 64), fit(s.n, 16, 64), fit(s.k, 16, 64), GROUP_M=4, num_warps=4, num_stages=1
-        )
-    block_k = 32 if problem.dtype == "float32" else 64
+        blocks = (fit(s.m, 16, 64), fit(s.n, 16, 64), fit(s.k, 16, 64))
+        return Config(*blocks, GROUP_M=4, num_warps=4, num_stages=1)
+    wide = problem.dtype != "float32"
+    block_k = 64 if wide else 32
     block_m = fit(s.m, 16, 128)
-    block_n = fit(s.n, 64, 128)
-    warps = 8 if block_m * block_n >= 128 * 128 else 4
-    return Config(block_m, block_n, block_k, GROUP_M=8, num_warps=warps, num_stages=3)
+    block_n = fit(s.n, 64, 256 if wide else 128)
+
+    def tiles(bm: int, bn: int) -> int:
+        dims = [d if isinstance(d, int) else 1 << 20 for d in (s.batch, s.m, s.n)]
+        return dims[0] * triton.cdiv(dims[1], bm) * triton.cdiv(dims[2], bn)
+
+    while tiles(block_m, block_n) < sm_count and (block_n > 64 or block_m > 32):
+        if block_n > 64:
+            block_n //= 2
+        else:
+            block_m //= 2
+    big = block_m * block_n >= 128 * 256
+    return Config(block_m, block_n, block_k, GROUP_M=8, num_warps=8 if big else 4, num_stages=3 if big else 4)
 
 
 # ------------------------------------------------------------------- launch
@@ -260,6 +278,18 @@ def launch(
     """
     if make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision) != problem:
         raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
+    return _run(problem, config, a, b, operands, out)
+
+
+def _run(
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """``launch`` for tensors already checked against ``problem`` by ``make_problem``."""
     bt = _check_inputs(a, b)
     ep = problem.epilogue
     outs = _outputs(problem, bt.out_shape, a.device, out)
@@ -412,11 +442,18 @@ def matmul(
         )
     problem = make_problem(a, b, epilogue, tensors, precision="tf32" if allow_tf32 else "ieee")
     if config is None:
-        config = default_config(problem, _target(a.device))
+        config = default_config(problem, _target(a.device), sm_count=_sm_count(a.device))
     if not isinstance(config, Config):
         raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
-    outs = launch(problem, config, a, b, tensors)
+    outs = _run(problem, config, a, b, tensors)
     return outs[0] if len(outs) == 1 else outs
+
+
+@lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H100_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def simple_epilogue(
