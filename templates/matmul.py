@@ -208,11 +208,11 @@ def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int =
 
     CUDA: start from 128x256 tiles (128x128 for fp32) with BLOCK_K=64 (32 for
     fp32), no larger than the problem needs; then, while there are fewer tiles
-    than multiprocessors, halve BLOCK_N (down to 64) and then BLOCK_M (down to
-    32) so that small problems still fill the chip. 8 warps and 3 stages for
-    tiles of 128x256 or more, else 4 warps and 4 stages; GROUP_M=8. (The 128x256
-    start came from benchmarks/matmul_quick.py --probe on an H200: see
-    benchmarks/RESULTS.md.) Symbolic dims count as large.
+    than 90% of the multiprocessors, halve BLOCK_N (down to 64) and then BLOCK_M
+    (down to 32) so that small problems still fill the chip. 8 warps for tiles
+    of 128x256 or more, else 4; 4 stages; GROUP_M=8. (These choices come from
+    benchmarks/matmul_quick.py --probe on an H200: see benchmarks/RESULTS.md.)
+    Symbolic dims count as large.
     """
     s = problem.shape
 
@@ -233,13 +233,13 @@ def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int =
         dims = [d if isinstance(d, int) else 1 << 20 for d in (s.batch, s.m, s.n)]
         return dims[0] * triton.cdiv(dims[1], bm) * triton.cdiv(dims[2], bn)
 
-    while tiles(block_m, block_n) < sm_count and (block_n > 64 or block_m > 32):
+    while 10 * tiles(block_m, block_n) < 9 * sm_count and (block_n > 64 or block_m > 32):
         if block_n > 64:
             block_n //= 2
         else:
             block_m //= 2
     big = block_m * block_n >= 128 * 256
-    return Config(block_m, block_n, block_k, GROUP_M=8, num_warps=8 if big else 4, num_stages=3 if big else 4)
+    return Config(block_m, block_n, block_k, GROUP_M=8, num_warps=8 if big else 4, num_stages=4)
 
 
 # ------------------------------------------------------------------- launch
