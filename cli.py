@@ -7,11 +7,12 @@ import time
 import warnings
 from typing import Annotated
 
-import epilab
 import typer
-from epilab import config
 from rich.console import Console
 from rich.table import Table
+
+import epilab
+from epilab import config
 
 app = typer.Typer(
     name="epilab",

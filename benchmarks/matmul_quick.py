@@ -28,11 +28,12 @@ import platform
 import statistics
 from collections.abc import Callable
 
-import epilab
 import torch
 import torch.nn.functional as F
 import triton
 import triton.testing
+
+import epilab
 from epilab.templates.check import rel_error
 from epilab.templates.matmul import default_config, launch, make_problem, reference, simple_epilogue
 from epilab.templates.problem import Config

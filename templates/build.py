@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 import triton
+
 from epilab.config import settings
 from epilab.templates.render import TARGETS, Target
 

@@ -32,6 +32,7 @@ from functools import cached_property
 from typing import Any
 
 import torch
+
 from epilab.templates.rules import DTYPES, RULES, STRING_ATTRS, Kind, literal, result_kind
 
 AttrValue = float | bool | str

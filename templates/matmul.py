@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import torch
 import triton
+
 from epilab.config import settings
 from epilab.templates.build import build, interpreter_active
 from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import sympy
+
 from epilab.templates.epilogue import Epilogue
 
 DTYPES = ("float16", "bfloat16", "float32")  # A and B

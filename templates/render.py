@@ -18,6 +18,7 @@ from typing import Literal
 
 import jinja2
 import sympy
+
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import TRITON_DTYPES
 

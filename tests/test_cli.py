@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from epilab.cli import app
 from typer.testing import CliRunner
+
+from epilab.cli import app
 
 runner = CliRunner()
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+
 from epilab.templates.check import rel_error
 from epilab.templates.epilogue import Epilogue, Node, Output, acc, apply, const, operand, ops
 from epilab.templates.matmul import default_config, launch, make_problem

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import epilab
 import pytest
 import torch
+
+import epilab
 from epilab.templates.check import poisoned_like, rel_error, tolerance
 from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
 from epilab.templates.matmul import default_config, launch, make_problem, reference

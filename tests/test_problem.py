@@ -9,6 +9,7 @@ import shutil
 import pytest
 import sympy
 import torch
+
 from epilab import config as epilab_config
 from epilab.templates import build as build_mod
 from epilab.templates import render as render_mod
