@@ -34,7 +34,7 @@ enable_interpreter_if_asked()
 
 def __getattr__(name: str) -> Any:
     if name == "matmul":
-        from epilab.templates.matmul import matmul
+        from epilab.templates.matmul_api import matmul
 
         return matmul
     raise AttributeError(f"module 'epilab' has no attribute {name!r}")

@@ -69,7 +69,8 @@ def demo(
             raise typer.BadParameter(f"must be positive, got {v}", param_hint=name)
 
     from epilab.templates.check import rel_error, tolerance
-    from epilab.templates.matmul import default_config, make_problem, reference, simple_epilogue
+    from epilab.templates.matmul import default_config, make_problem, reference
+    from epilab.templates.matmul_api import simple_epilogue
 
     if not cuda:  # numpy warns about padded lanes, which the store masks out
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")

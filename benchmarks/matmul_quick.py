@@ -35,7 +35,8 @@ import triton.testing
 
 import epilab
 from epilab.templates.check import rel_error
-from epilab.templates.matmul import default_config, launch, make_problem, reference, simple_epilogue
+from epilab.templates.matmul import default_config, launch, make_problem, reference
+from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
 
 SHAPES = [(4096, 4096, 4096), (8192, 14336, 4096), (2048, 4096, 4096), (128, 4096, 4096)]

@@ -1,5 +1,5 @@
 """The matmul template's Python half: problems from tensors, a default config,
-the launcher, the float64 reference, and the public ``epilab.matmul``.
+the launcher and the float64 reference (``epilab.matmul`` is in matmul_api.py).
 
     C[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n], operands)
 
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import triton
 
 from epilab.config import settings
 from epilab.templates.build import build, interpreter_active
-from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops
+from epilab.templates.epilogue import Epilogue
 from epilab.templates.problem import (
     DTYPES,
     OPERAND_DTYPES,
@@ -30,7 +29,6 @@ from epilab.templates.problem import (
 from epilab.templates.render import Target, kernel_name, render, template_hash
 from epilab.templates.rules import DTYPES as TORCH_DTYPES
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _GRID_Y_MAX = 65535
 _INT32_MAX = 2**31 - 1
@@ -63,7 +61,7 @@ def _as_3d(t: torch.Tensor, batch: int) -> tuple[tuple[int, int, int], tuple[int
     return (batch, t.shape[1], t.shape[2]), (stride_b, t.stride(1), t.stride(2))
 
 
-def _check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
+def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -127,7 +125,7 @@ def _operand_layout(kind: str, t: torch.Tensor) -> str:
     return _layout(tuple(t.shape), tuple(t.stride())) if t.dim() >= 2 else "row"
 
 
-def _target(device: torch.device) -> Target:
+def target_for(device: torch.device) -> Target:
     """Where kernels run: compiled for CUDA, or in Triton's interpreter when it is on."""
     if device.type not in ("cpu", "cuda"):
         raise ValueError(
@@ -158,8 +156,8 @@ def make_problem(
     precision: str = "ieee",
 ) -> Problem:
     """The Problem that ``launch`` would run for these tensors (checks them all)."""
-    bt = _check_inputs(a, b)
-    _target(a.device)
+    bt = check_inputs(a, b)
+    target_for(a.device)
     declared = dict(epilogue.operands)
     missing = sorted(set(declared) - set(operands))
     extra = sorted(set(operands) - set(declared))
@@ -279,10 +277,10 @@ def launch(
     """
     if make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision) != problem:
         raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
-    return _run(problem, config, a, b, operands, out)
+    return launch_unchecked(problem, config, a, b, operands, out)
 
 
-def _run(
+def launch_unchecked(
     problem: Problem,
     config: Config,
     a: torch.Tensor,
@@ -291,7 +289,7 @@ def _run(
     out: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``launch`` for tensors already checked against ``problem`` by ``make_problem``."""
-    bt = _check_inputs(a, b)
+    bt = check_inputs(a, b)
     ep = problem.epilogue
     outs = _outputs(problem, bt.out_shape, a.device, out)
     batch, m, n, k = bt.batch, bt.a[0][1], bt.b[0][2], bt.a[0][2]
@@ -302,7 +300,7 @@ def _run(
         for o, v in zip(outs, ep.evaluate(zero, operands), strict=True):
             o.copy_(v)
         return outs
-    target = _target(a.device)
+    target = target_for(a.device)
     tensors = [a, b, *outs, *operands.values()]
     index_64 = any(_extent(t) > _INT32_MAX for t in tensors) or batch * m * n > _INT32_MAX
     grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N), batch)
@@ -381,141 +379,3 @@ def reference(
     """The outputs computed in float64 (on the inputs' device), before output rounding."""
     acc64 = torch.matmul(a.double(), b.double())
     return epilogue.evaluate(acc64, {k: v.double() for k, v in operands.items()})
-
-
-# --------------------------------------------------------------- public API
-
-
-def matmul(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    out_dtype: torch.dtype | None = None,
-    epilogue: Epilogue | None = None,
-    operands: Mapping[str, torch.Tensor] | None = None,
-    config: Config | None = None,
-    allow_tf32: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """One fused matmul: ``act(alpha * a @ b + beta * bias) + residual``.
-
-    ``a``: [M, K] or [batch, M, K]; ``b``: [K, N] or [batch, K, N]; fp16, bf16 or
-    fp32 (fp32 dots are IEEE unless ``allow_tf32``). ``bias`` broadcasts to the
-    output ([N] per column, [M, 1] per row, [M, N], or one element); ``residual``
-    too. ``activation`` is one of relu, gelu, gelu_tanh, silu, sigmoid, tanh.
-    The output dtype is ``out_dtype`` or the inputs' dtype.
-
-    For any other epilogue pass ``epilogue`` (an ``Epilogue``) and the tensors
-    it reads as ``operands``; the result is one tensor per epilogue output.
-    ``config`` picks the tiling; without one ``default_config`` chooses.
-    """
-    _check_inputs(a, b)
-    if epilogue is not None:
-        if (
-            bias is not None
-            or activation is not None
-            or residual is not None
-            or alpha != 1.0
-            or beta != 1.0
-            or out_dtype is not None
-        ):
-            raise ValueError(
-                "pass either epilogue= (with operands=) or bias/activation/residual/"
-                "alpha/beta/out_dtype, not both"
-            )
-        tensors = dict(operands or {})
-    else:
-        if operands:
-            raise ValueError("operands= is only used together with epilogue=")
-        epilogue, tensors = simple_epilogue(
-            a,
-            b,
-            bias=bias,
-            activation=activation,
-            residual=residual,
-            alpha=alpha,
-            beta=beta,
-            out_dtype=out_dtype,
-        )
-    problem = make_problem(a, b, epilogue, tensors, precision="tf32" if allow_tf32 else "ieee")
-    if config is None:
-        config = default_config(problem, _target(a.device), sm_count=_sm_count(a.device))
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
-    outs = _run(problem, config, a, b, tensors)
-    return outs[0] if len(outs) == 1 else outs
-
-
-@lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return H100_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def simple_epilogue(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    out_dtype: torch.dtype | None = None,
-) -> tuple[Epilogue, dict[str, torch.Tensor]]:
-    """The epilogue ``matmul(a, b, bias=..., ...)`` runs, and its operand tensors."""
-    out_shape = _check_inputs(a, b).out_shape
-    for name, v in (("alpha", alpha), ("beta", beta)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"{name} must be a number, got {v!r}")
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-    dtype = dtype_name(out_dtype) if out_dtype is not None else dtype_name(a.dtype)
-    if dtype == "bool":
-        raise TypeError("out_dtype must be a floating dtype")
-    bias_kind = None if bias is None else _kind_of(bias, out_shape, "bias")
-    residual_kind = None if residual is None else _kind_of(residual, out_shape, "residual")
-    tensors = {name: t for name, t in (("bias", bias), ("residual", residual)) if t is not None}
-    return _build_simple(bias_kind, activation, residual_kind, float(alpha), float(beta), dtype), tensors
-
-
-@lru_cache(maxsize=256)
-def _build_simple(
-    bias_kind: str | None,
-    activation: str | None,
-    residual_kind: str | None,
-    alpha: float,
-    beta: float,
-    dtype: str,
-) -> Epilogue:
-    x: Expr = acc() if alpha == 1.0 else const(alpha) * acc()
-    if bias_kind is not None:
-        term = operand("bias", bias_kind)
-        x = x + (term if beta == 1.0 else const(beta) * term)
-    if activation is not None:
-        x = getattr(ops, activation)(x)
-    if residual_kind is not None:
-        x = x + operand("residual", residual_kind)
-    return Epilogue.build([(x, dtype)])
-
-
-def _kind_of(t: torch.Tensor, out_shape: tuple[int, ...], name: str) -> str:
-    """row / col / tile / scalar: how a tensor broadcast to C is indexed."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-    if t.numel() == 1 and t.dim() <= len(out_shape):
-        return "scalar"
-    sizes = [1] * (3 - t.dim()) + list(t.shape)
-    if t.dim() > 3:
-        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to {out_shape}")
-    m_bcast, n_bcast = sizes[-2] == 1, sizes[-1] == 1
-    if m_bcast and not n_bcast:
-        return "row"
-    if n_bcast and not m_bcast:
-        return "col"
-    return "tile"

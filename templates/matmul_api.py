@@ -1,0 +1,165 @@
+"""``epilab.matmul``: one fused matmul for users and tests.
+
+    act(alpha * a @ b + beta * bias) + residual      (or any IR epilogue)
+
+Builds the epilogue (cached per signature), the Problem, a default config when
+none is given, and launches the matmul template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+
+import torch
+
+from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops
+from epilab.templates.matmul import (
+    H100_SMS,
+    check_inputs,
+    default_config,
+    dtype_name,
+    launch_unchecked,
+    make_problem,
+    target_for,
+)
+from epilab.templates.problem import Config
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+
+@lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H100_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    out_dtype: torch.dtype | None = None,
+    epilogue: Epilogue | None = None,
+    operands: Mapping[str, torch.Tensor] | None = None,
+    config: Config | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """One fused matmul: ``act(alpha * a @ b + beta * bias) + residual``.
+
+    ``a``: [M, K] or [batch, M, K]; ``b``: [K, N] or [batch, K, N]; fp16, bf16 or
+    fp32 (fp32 dots are IEEE unless ``allow_tf32``). ``bias`` broadcasts to the
+    output ([N] per column, [M, 1] per row, [M, N], or one element); ``residual``
+    too. ``activation`` is one of relu, gelu, gelu_tanh, silu, sigmoid, tanh.
+    The output dtype is ``out_dtype`` or the inputs' dtype.
+
+    For any other epilogue pass ``epilogue`` (an ``Epilogue``) and the tensors
+    it reads as ``operands``; the result is one tensor per epilogue output.
+    ``config`` picks the tiling; without one ``default_config`` chooses.
+    """
+    check_inputs(a, b)
+    if epilogue is not None:
+        if (
+            bias is not None
+            or activation is not None
+            or residual is not None
+            or alpha != 1.0
+            or beta != 1.0
+            or out_dtype is not None
+        ):
+            raise ValueError(
+                "pass either epilogue= (with operands=) or bias/activation/residual/"
+                "alpha/beta/out_dtype, not both"
+            )
+        tensors = dict(operands or {})
+    else:
+        if operands:
+            raise ValueError("operands= is only used together with epilogue=")
+        epilogue, tensors = simple_epilogue(
+            a,
+            b,
+            bias=bias,
+            activation=activation,
+            residual=residual,
+            alpha=alpha,
+            beta=beta,
+            out_dtype=out_dtype,
+        )
+    batched = a.dim() == 3 or b.dim() == 3
+    op = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
+    problem = make_problem(a, b, epilogue, tensors, op=op, precision="tf32" if allow_tf32 else "ieee")
+    if config is None:
+        config = default_config(problem, target_for(a.device), sm_count=_sm_count(a.device))
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
+    outs = launch_unchecked(problem, config, a, b, tensors)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def simple_epilogue(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[Epilogue, dict[str, torch.Tensor]]:
+    """The epilogue ``matmul(a, b, bias=..., ...)`` runs, and its operand tensors."""
+    out_shape = check_inputs(a, b).out_shape
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number, got {v!r}")
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
+    dtype = dtype_name(out_dtype) if out_dtype is not None else dtype_name(a.dtype)
+    if dtype == "bool":
+        raise TypeError("out_dtype must be a floating dtype")
+    bias_kind = None if bias is None else _kind_of(bias, out_shape, "bias")
+    residual_kind = None if residual is None else _kind_of(residual, out_shape, "residual")
+    tensors = {name: t for name, t in (("bias", bias), ("residual", residual)) if t is not None}
+    return _build_simple(bias_kind, activation, residual_kind, float(alpha), float(beta), dtype), tensors
+
+
+@lru_cache(maxsize=256)
+def _build_simple(
+    bias_kind: str | None,
+    activation: str | None,
+    residual_kind: str | None,
+    alpha: float,
+    beta: float,
+    dtype: str,
+) -> Epilogue:
+    x: Expr = acc() if alpha == 1.0 else const(alpha) * acc()
+    if bias_kind is not None:
+        term = operand("bias", bias_kind)
+        x = x + (term if beta == 1.0 else const(beta) * term)
+    if activation is not None:
+        x = getattr(ops, activation)(x)
+    if residual_kind is not None:
+        x = x + operand("residual", residual_kind)
+    return Epilogue.build([(x, dtype)])
+
+
+def _kind_of(t: torch.Tensor, out_shape: tuple[int, ...], name: str) -> str:
+    """row / col / tile / scalar: how a tensor broadcast to C is indexed."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.numel() == 1 and t.dim() <= len(out_shape):
+        return "scalar"
+    sizes = [1] * (3 - t.dim()) + list(t.shape)
+    if t.dim() > 3:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to {out_shape}")
+    m_bcast, n_bcast = sizes[-2] == 1, sizes[-1] == 1
+    if m_bcast and not n_bcast:
+        return "row"
+    if n_bcast and not m_bcast:
+        return "col"
+    return "tile"
