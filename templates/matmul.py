@@ -178,7 +178,7 @@ def make_problem(
         _operand_strides(name, kind, t, bt.out_shape)
         specs.append(OperandSpec(name, dtype_name(t.dtype), _operand_layout(kind, t)))
     (batch, m, k), a_strides = bt.a
-    _, n = bt.b[0][1], bt.b[0][2]
+    n = bt.b[0][2]
     return Problem(
         op=op,
         template="matmul",
