@@ -110,5 +110,265 @@ def demo(
     console.print("[green]OK[/green]: epilab matches the float64 reference")
 
 
+# ------------------------------------------------------------------ epilab db
+
+db_app = typer.Typer(help="Inspect and maintain the tuning database.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", help="database path or SQLAlchemy URL (default: EPILAB_DB or the cache dir)"),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON for scripts instead of tables")]
+
+
+def _open_db(target: str | None):  # -> TuningDB
+    from epilab.db import DatabaseOpenError, TuningDB
+
+    try:
+        return TuningDB.open(target)
+    except DatabaseOpenError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+
+
+def _fail(e: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {e}")
+    return typer.Exit(1)
+
+
+def _current_hashes() -> dict[str, str]:
+    from epilab.templates.render import TEMPLATE_FILES, template_hash
+
+    return {name: template_hash(name) for name in TEMPLATE_FILES}
+
+
+def _print_json(obj: object) -> None:
+    import dataclasses
+    import json
+    from datetime import datetime
+
+    def default(o: object) -> object:
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return dataclasses.asdict(o)
+        if isinstance(o, datetime):
+            return o.isoformat()
+        raise TypeError(type(o).__name__)
+
+    typer.echo(json.dumps(obj, default=default, indent=1))
+
+
+def _shape_text(shape: list) -> str:
+    b, m, n, k = ("?" if d is None else d for d in shape)
+    return f"{m}x{n}x{k}" if b == 1 else f"{b}x{m}x{n}x{k}"
+
+
+def _config_text(config: dict | None) -> str:
+    if not config:
+        return ""
+    return (
+        f"{config.get('BLOCK_M')}x{config.get('BLOCK_N')}x{config.get('BLOCK_K')} g{config.get('GROUP_M')} "
+        f"s{config.get('SPLIT_K')} w{config.get('num_warps')} st{config.get('num_stages')}"
+    )
+
+
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v:.4f}"
+
+
+@db_app.command("stats")
+def db_stats(db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Counts of devices, problems, records by status, baselines, and stale records."""
+    with _open_db(db) as store:
+        stats = store.stats(_current_hashes())
+    if as_json:
+        _print_json(stats)
+        return
+    table = Table(title=f"epilab tuning database: {stats.url} (schema {stats.revision})")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("devices", str(stats.devices))
+    table.add_row("problems", str(stats.problems))
+    for status, n in stats.trials_by_status.items():
+        table.add_row(f"trial records: {status}", str(n))
+    table.add_row("baselines", str(stats.baselines))
+    table.add_row("stale problems (template changed)", str(stats.stale_problems))
+    table.add_row("stale trial records", str(stats.stale_trials))
+    for template, n in stats.stale_by_template.items():
+        table.add_row(f"  stale problems of template {template}", str(n))
+    console.print(table)
+    if stats.stale_problems:
+        console.print("Stale records are never used; remove them with [bold]epilab db prune --stale[/bold].")
+
+
+@db_app.command("list")
+def db_list(
+    op: Annotated[str | None, typer.Option(help="only this op (mm, addmm, bmm, baddbmm, ...)")] = None,
+    device: Annotated[str | None, typer.Option(help="only devices whose name contains this")] = None,
+    status: Annotated[str | None, typer.Option(help="only this status (ok, incorrect, ...)")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="at most this many rows")] = 50,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Trial records, newest first, with their problems."""
+    with _open_db(db) as store:
+        try:
+            rows = store.list_records(op=op, device=device, status=status, limit=limit)
+        except ValueError as e:
+            raise _fail(e) from None
+    if as_json:
+        _print_json([{"problem": p, "record": r} for p, r in rows])
+        return
+    table = Table(title=f"{len(rows)} trial record(s), newest first")
+    for col in (
+        "key",
+        "op",
+        "shape",
+        "dtype",
+        "epilogue",
+        "device",
+        "status",
+        "config",
+        "median ms",
+        "TFLOP/s",
+    ):
+        table.add_column(col, justify="right" if col in ("median ms", "TFLOP/s") else "left", overflow="fold")
+    for p, r in rows:
+        ops_ = " ".join(
+            t.split(" = ")[1].split("[")[0].split(" ")[0]
+            for t in p["epilogue"].split("; ")
+            if " = " in t and not t.split(" = ")[1].startswith(("acc", "operand", "const"))
+        )
+        table.add_row(
+            p["key"][:12],
+            p["op"],
+            _shape_text(p["shape"]),
+            p["dtype"],
+            ops_ or "-",
+            r.device.name,
+            r.status,
+            _config_text(r.config),
+            _ms(r.median_ms),
+            "" if r.tflops is None else f"{r.tflops:.0f}",
+        )
+    console.print(table)
+
+
+@db_app.command("show")
+def db_show(
+    key: Annotated[str, typer.Argument(help="problem key (or its first 6+ characters)")],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One problem: its JSON, every trial record and every baseline."""
+    import json
+
+    with _open_db(db) as store:
+        try:
+            found = store.problem_json(key)
+        except ValueError as e:
+            raise _fail(e) from None
+        if found is None:
+            raise _fail(ValueError(f"no problem with key {key!r}"))
+        full_key, text = found
+        records, baselines = store.records(full_key), store.baselines(full_key)
+    if as_json:
+        _print_json(
+            {"key": full_key, "problem": json.loads(text), "records": records, "baselines": baselines}
+        )
+        return
+    console.print(f"[bold]problem[/bold] {full_key}")
+    console.print_json(text)
+    table = Table(title="records (fastest ok first) and baselines")
+    for col in (
+        "kind",
+        "device",
+        "status",
+        "config / library",
+        "median ms",
+        "p20-p80 ms",
+        "TFLOP/s",
+        "max err",
+        "torch",
+        "triton",
+        "created",
+    ):
+        table.add_column(col, overflow="fold")
+    for r in [*records, *baselines]:
+        spread = "" if r.p20_ms is None else f"{r.p20_ms:.4f}-{r.p80_ms:.4f}"
+        table.add_row(
+            "trial" if r.config is not None else "baseline",
+            r.device.name,
+            r.status,
+            _config_text(r.config) or (r.library or ""),
+            _ms(r.median_ms),
+            spread,
+            "" if r.tflops is None else f"{r.tflops:.0f}",
+            "" if r.max_rel_error is None else f"{r.max_rel_error:.1e}",
+            r.versions.torch,
+            r.versions.triton,
+            r.created_at.strftime("%Y-%m-%d %H:%M"),
+        )
+    console.print(table)
+
+
+@db_app.command("export")
+def db_export(file: Annotated[str, typer.Argument(help="JSON file to write")], db: DbOption = None) -> None:
+    """Write the whole database as JSON (for sharing, or import elsewhere)."""
+    from epilab.db.transfer import export_json
+
+    with _open_db(db) as store:
+        counts = export_json(store, file)
+    console.print(
+        f"exported {counts['problems']} problems, {counts['trials']} trial records and "
+        f"{counts['baselines']} baselines to {file}"
+    )
+
+
+@db_app.command("import")
+def db_import(
+    file: Annotated[str, typer.Argument(help="JSON file from `epilab db export`")], db: DbOption = None
+) -> None:
+    """Merge an export into the database: all rows are checked first; the newer record wins."""
+    from epilab.db.transfer import import_json
+    from epilab.templates.problem import Config, Problem
+
+    def parse_problem(text: str) -> tuple[str, str]:
+        problem = Problem.from_json(text)
+        if problem.to_json() != text:
+            raise ValueError("problem JSON is not in epilab's canonical form")
+        return problem.key, problem.epilogue.text()
+
+    with _open_db(db) as store:
+        try:
+            report = import_json(
+                store,
+                file,
+                parse_problem=parse_problem,
+                validate_config=lambda d: Config.from_dict(d).to_dict(),
+            )
+        except (ValueError, OSError) as e:
+            raise _fail(e) from None
+    console.print(
+        f"imported {report.problems} problems, {report.trials} trial records and "
+        f"{report.baselines} baselines from {file} (newer records win)"
+    )
+
+
+@db_app.command("prune")
+def db_prune(
+    stale: Annotated[
+        bool, typer.Option("--stale", help="remove records of templates that have changed since")
+    ] = False,
+    db: DbOption = None,
+) -> None:
+    """Remove records that can no longer be used."""
+    if not stale:
+        raise _fail(ValueError("say what to prune: --stale (records made for other template versions)"))
+    with _open_db(db) as store:
+        removed = store.prune_stale(_current_hashes())
+    console.print(f"removed {removed} stale problem(s) with their records")
+
+
 if __name__ == "__main__":
     app()

@@ -1,2 +1,8 @@
-"""The tuning database (SQLAlchemy): devices, problems, trial records, baselines.
-Built by the database issue."""
+"""The tuning database (SQLAlchemy 2.0 ORM, alembic migrations): devices,
+problems, trial records and baselines. ``TuningDB.open(path_or_url)`` is the
+entry point; ``epilab db`` is its command line."""
+
+from epilab.db.schema import DatabaseOpenError
+from epilab.db.store import DeviceInfo, Lookup, Record, Stats, Timing, TuningDB, Versions
+
+__all__ = ["DatabaseOpenError", "DeviceInfo", "Lookup", "Record", "Stats", "Timing", "TuningDB", "Versions"]

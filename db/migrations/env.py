@@ -1,0 +1,11 @@
+"""Alembic environment: epilab runs migrations on a connection it opened itself
+(``TuningDB.open``), inside that connection's transaction."""
+
+from alembic import context
+
+from epilab.db.models import Base
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+with context.begin_transaction():
+    context.run_migrations()

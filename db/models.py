@@ -1,0 +1,124 @@
+"""SQLAlchemy 2.0 typed ORM models of the tuning database (schema at head).
+
+Two concepts kept apart, as TVM keeps Workload and TuningRecord: a *problem*
+(what is computed: key = sha256 of its canonical JSON, plus readable columns)
+and the *measurements* of it on a device (trial records of our configs, and
+baselines of libraries). The db stores problems as JSON and readable columns
+without importing epilab's Problem type. Every change here needs a migration in
+``db/migrations/versions``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+STATUSES = ("ok", "compile_error", "out_of_resources", "incorrect", "timeout", "crashed")
+LIBRARIES = ("cublas", "cublaslt", "cudnn", "eager", "inductor", "inductor-max-autotune")
+
+# bounds on strings (checked on import and write; the columns are sized to them)
+NAME_LEN = 128
+VERSION_LEN = 64
+METHOD_LEN = 64
+STUDY_LEN = 128
+DETAIL_LEN = 2000
+KEY_LEN = 64
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    capability: Mapped[str] = mapped_column(String(16))  # "9.0"
+    sm_count: Mapped[int] = mapped_column(Integer)
+    __table_args__ = (UniqueConstraint("name", "capability", "sm_count", name="uq_devices_identity"),)
+
+
+class ProblemRow(Base):
+    __tablename__ = "problems"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(KEY_LEN), unique=True)
+    # key without M (revision 0002; nullable in the schema because it was added to existing rows)
+    family: Mapped[str] = mapped_column(String(KEY_LEN), index=True, nullable=True)
+    json: Mapped[str] = mapped_column(Text)
+    op: Mapped[str] = mapped_column(String(32))
+    template: Mapped[str] = mapped_column(String(64))
+    template_hash: Mapped[str] = mapped_column(String(KEY_LEN))
+    dtype: Mapped[str] = mapped_column(String(16))
+    layout_a: Mapped[str] = mapped_column(String(16))
+    layout_b: Mapped[str] = mapped_column(String(16))
+    precision: Mapped[str] = mapped_column(String(16))
+    epilogue: Mapped[str] = mapped_column(Text)  # canonical text
+    batch: Mapped[int | None] = mapped_column(Integer)  # None where the dim is symbolic
+    m: Mapped[int | None] = mapped_column(Integer)
+    n: Mapped[int | None] = mapped_column(Integer)
+    k: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    trials: Mapped[list[TrialRecord]] = relationship(back_populates="problem", cascade="all, delete-orphan")
+    baselines: Mapped[list[BaselineRecord]] = relationship(
+        back_populates="problem", cascade="all, delete-orphan"
+    )
+
+
+class _Timed:
+    """Columns shared by trial records and baselines."""
+
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    p20_ms: Mapped[float | None] = mapped_column(Float)
+    p80_ms: Mapped[float | None] = mapped_column(Float)
+    tflops: Mapped[float | None] = mapped_column(Float)
+    gbps: Mapped[float | None] = mapped_column(Float)
+    max_rel_error: Mapped[float | None] = mapped_column(Float)
+    timing_method: Mapped[str] = mapped_column(String(METHOD_LEN))
+    torch_version: Mapped[str] = mapped_column(String(VERSION_LEN))
+    triton_version: Mapped[str] = mapped_column(String(VERSION_LEN))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TrialRecord(_Timed, Base):
+    __tablename__ = "trials"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    config: Mapped[str] = mapped_column(Text)  # canonical JSON of a validated Config
+    status: Mapped[str] = mapped_column(String(20))
+    study: Mapped[str] = mapped_column(String(STUDY_LEN))
+    trial_number: Mapped[int | None] = mapped_column(Integer)
+    detail: Mapped[str | None] = mapped_column(Text)  # error text of a failed trial
+
+    problem: Mapped[ProblemRow] = relationship(back_populates="trials")
+    device: Mapped[Device] = relationship()
+    __table_args__ = (
+        UniqueConstraint(
+            "problem_id", "device_id", "config", "torch_version", "triton_version", name="uq_trials_identity"
+        ),
+        Index("ix_trials_lookup", "problem_id", "device_id", "status", "median_ms"),
+    )
+
+
+class BaselineRecord(_Timed, Base):
+    __tablename__ = "baselines"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    library: Mapped[str] = mapped_column(String(32))
+
+    problem: Mapped[ProblemRow] = relationship(back_populates="baselines")
+    device: Mapped[Device] = relationship()
+    __table_args__ = (
+        UniqueConstraint(
+            "problem_id",
+            "device_id",
+            "library",
+            "torch_version",
+            "triton_version",
+            name="uq_baselines_identity",
+        ),
+    )

@@ -1,0 +1,128 @@
+"""Opening a database safely: what a file is, which schema revision it holds,
+and migrating it to ours with alembic.
+
+A database is one of: new (no tables), ours at a revision we know (migrated in
+place to head, every row kept), ours from a newer epilab (refused), or
+something else (refused). Refusals happen after reading only, so the file is
+left exactly as it was. SQLite files are inspected through a read-only
+connection before anything (WAL mode included) may write to them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import Connection, inspect, text
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+TABLES = frozenset({"devices", "problems", "trials", "baselines"})
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class DatabaseOpenError(RuntimeError):
+    """The target cannot be used as an epilab database; it was not modified."""
+
+
+def _alembic_config(connection: Connection | None = None) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def known_revisions() -> set[str]:
+    return {s.revision for s in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+
+
+def classify(where: str, tables: set[str], revision: str | None) -> str:
+    """'new', 'current' or 'old' (to migrate); raises DatabaseOpenError otherwise."""
+    others = tables - TABLES - {"alembic_version"}
+    if revision is None:
+        if tables - {"alembic_version"}:
+            raise DatabaseOpenError(
+                f"{where} is not an epilab database (it has tables {sorted(tables)} but no epilab "
+                "schema version); it was left untouched"
+            )
+        return "new"
+    if revision not in known_revisions():
+        raise DatabaseOpenError(
+            f"{where} was written by a newer epilab (schema revision {revision!r}; this epilab knows up "
+            f"to {head_revision()!r}); upgrade epilab to use it. The database was left untouched"
+        )
+    if others or (revision == head_revision() and not tables >= TABLES):
+        raise DatabaseOpenError(
+            f"{where} has an epilab schema version but unexpected tables {sorted(tables)}; "
+            "it was left untouched"
+        )
+    return "current" if revision == head_revision() else "old"
+
+
+def check_sqlite_file(path: Path) -> None:
+    """Refuse files that are not SQLite, are truncated, or hold someone else's schema."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    if path.is_dir():
+        raise DatabaseOpenError(f"{path} is a directory, not a database file")
+    with path.open("rb") as f:
+        header = f.read(100)
+    if not header.startswith(SQLITE_MAGIC):
+        raise DatabaseOpenError(
+            f"{path} is not an SQLite database (it does not start with the SQLite header); "
+            "it was left untouched"
+        )
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    size_valid = header[24:28] == header[92:96]
+    if len(header) < 100 or (size_valid and path.stat().st_size < pages * page_size):
+        raise DatabaseOpenError(
+            f"{path} is a truncated SQLite file ({path.stat().st_size} bytes, its header says "
+            f"{pages * page_size}); it was left untouched"
+        )
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            revision = None
+            if "alembic_version" in tables:
+                row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+                revision = row[0] if row else None
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise DatabaseOpenError(f"{path} is damaged or not a database ({e}); it was left untouched") from e
+    classify(str(path), tables, revision)
+
+
+def prepare(conn: Connection, where: str) -> str:
+    """Create or migrate the schema on ``conn`` (inside its transaction); returns the revision."""
+    if conn.dialect.name == "postgresql":  # one creator/migrator at a time
+        conn.execute(text("SELECT pg_advisory_xact_lock(7140514)"))
+    tables = set(inspect(conn).get_table_names())
+    revision = None
+    if "alembic_version" in tables:
+        revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    state = classify(where, tables, revision)
+    if state != "current":
+        try:
+            command.upgrade(_alembic_config(conn), "head")
+        except CommandError as e:
+            raise DatabaseOpenError(f"could not migrate {where}: {e}") from e
+    return head_revision()
+
+
+def stamp_and_upgrade_to(conn: Connection, revision: str) -> None:
+    """Migrate ``conn`` to a given revision (tests build old databases with this)."""
+    command.upgrade(_alembic_config(conn), revision)

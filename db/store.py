@@ -1,0 +1,680 @@
+"""``TuningDB``: the one entry point to the tuning database.
+
+    db = TuningDB.open()                  # EPILAB_DB, else <cache dir>/tuning.db
+    db = TuningDB.open("tuned.db")        # a path: SQLite
+    db = TuningDB.open("postgresql+psycopg://user@host/epilab")   # any SQLAlchemy URL
+
+SQLite runs in WAL mode with a busy timeout; every write is one short
+transaction that takes the write lock up front (``BEGIN IMMEDIATE``), so
+concurrent writers queue instead of failing and readers never block writers.
+Writes are upserts. Results come back as plain frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import Engine, create_engine, delete, event, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.orm import Session
+
+from epilab.config import settings
+from epilab.db.keys import canonical, family_key, problem_key
+from epilab.db.models import (
+    DETAIL_LEN,
+    LIBRARIES,
+    METHOD_LEN,
+    NAME_LEN,
+    STATUSES,
+    STUDY_LEN,
+    VERSION_LEN,
+    BaselineRecord,
+    Device,
+    ProblemRow,
+    TrialRecord,
+)
+from epilab.db.schema import DatabaseOpenError, check_sqlite_file, prepare
+
+T = TypeVar("T")
+BUSY_TIMEOUT_MS = 60_000
+
+
+class ProblemLike(Protocol):
+    """What the db needs of a problem (epilab.templates.problem.Problem fits)."""
+
+    @property
+    def key(self) -> str: ...
+
+    def to_json(self) -> str: ...
+
+    @property
+    def epilogue(self) -> Any: ...  # has .text()
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    capability: str  # "9.0"
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A measured time: median and spread in ms, and how it was measured."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    method: str
+    tflops: float | None = None
+    gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Versions:
+    torch: str
+    triton: str
+
+
+@dataclass(frozen=True)
+class Record:
+    """A trial record (``config`` set) or a baseline (``library`` set), as read back."""
+
+    problem_key: str
+    device: DeviceInfo
+    status: str
+    config: dict[str, Any] | None
+    library: str | None
+    median_ms: float | None
+    p20_ms: float | None
+    p80_ms: float | None
+    tflops: float | None
+    gbps: float | None
+    max_rel_error: float | None
+    timing_method: str
+    versions: Versions
+    study: str | None
+    trial_number: int | None
+    detail: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The answer to 'what is best for this problem': exact, or a fallback from the family."""
+
+    record: Record
+    exact: bool  # False: taken from the same family at another M
+    m: int | None  # M of the problem the record belongs to
+    same_versions: bool
+
+    @property
+    def fallback(self) -> bool:
+        return not self.exact
+
+
+@dataclass(frozen=True)
+class Stats:
+    url: str
+    revision: str
+    devices: int
+    problems: int
+    trials_by_status: dict[str, int]
+    baselines: int
+    stale_problems: int
+    stale_trials: int
+    stale_by_template: dict[str, int]
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _check_str(name: str, value: object, limit: int) -> str:
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise ValueError(
+            f"{name} must be a non-empty string of at most {limit} characters, got {value!r:.80}"
+        )
+    return value
+
+
+def _check_num(name: str, value: object, *, optional: bool = True) -> float | None:
+    if value is None and optional:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r:.80}")
+    return float(value)
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
+
+
+def resolve_url(target: str | Path | None) -> tuple[str, Path | None]:
+    """(SQLAlchemy URL, SQLite path or None) for a path or URL; None means the default."""
+    target = settings().db if target is None else target
+    text = str(target)
+    if "://" in text:
+        try:
+            url = make_url(text)
+        except (ArgumentError, ValueError) as e:
+            raise DatabaseOpenError(f"{text!r} is not a database URL ({e})") from e
+        path = (
+            Path(url.database).expanduser() if url.get_backend_name() == "sqlite" and url.database else None
+        )
+        return url.render_as_string(hide_password=False), path
+    path = Path(text).expanduser().resolve()
+    return f"sqlite:///{path}", path
+
+
+class TuningDB:
+    """Devices, problems, trial records and baselines, in SQLite or any SQLAlchemy database."""
+
+    def __init__(self, engine: Engine, url: str, revision: str) -> None:
+        self.engine = engine
+        self._writer = engine.execution_options(epilab_write=True)
+        self.url = url
+        self.revision = revision
+
+    # ------------------------------------------------------------------ open
+    @classmethod
+    def open(cls, target: str | Path | None = None) -> TuningDB:
+        """Open (creating or migrating) the database at a path or URL; see the module doc."""
+        url, path = resolve_url(target)
+        if path is not None:
+            check_sqlite_file(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = _engine(url)
+        shown = make_url(url).render_as_string(hide_password=True)
+        try:
+            with engine.execution_options(epilab_write=True).begin() as conn:
+                revision = prepare(conn, str(path) if path else shown)
+        except OperationalError as e:
+            engine.dispose()
+            raise DatabaseOpenError(f"cannot open {shown}: {e.orig}") from e
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, shown, revision)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> TuningDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- sessions
+    @contextmanager
+    def session(self, *, write: bool = False) -> Iterator[Session]:
+        """A session whose transaction commits on success and rolls back on error."""
+        with Session(self._writer if write else self.engine, expire_on_commit=False) as s:
+            try:
+                yield s
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+    def write(self, fn: Callable[[Session], T], *, attempts: int = 5) -> T:
+        """Run ``fn`` in one write transaction, retrying if the database stays busy."""
+        for attempt in range(attempts):
+            try:
+                with self.session(write=True) as s:
+                    return fn(s)
+            except OperationalError as e:
+                if attempt + 1 == attempts or not _is_busy(e):
+                    raise
+                time.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    # ---------------------------------------------------------------- writes
+    def put_problem(self, problem: ProblemLike) -> None:
+        self.write(lambda s: self._problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key))
+
+    def record_trial(
+        self,
+        problem: ProblemLike,
+        device: DeviceInfo,
+        *,
+        config: Mapping[str, Any],
+        status: str,
+        timing: Timing | None,
+        max_rel_error: float | None,
+        versions: Versions,
+        study: str,
+        trial_number: int | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """Record one measured (or failed) config; the newest measurement of a config wins."""
+        row = trial_values(
+            config=dict(config),
+            status=status,
+            timing=timing,
+            max_rel_error=max_rel_error,
+            versions=versions,
+            study=study,
+            trial_number=trial_number,
+            detail=detail,
+            created_at=_now(),
+        )
+
+        def run(s: Session) -> None:
+            pid = self._problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
+            self._upsert_trial(s, {**row, "problem_id": pid, "device_id": self._device_id(s, device)})
+
+        self.write(run)
+
+    def record_baseline(
+        self,
+        problem: ProblemLike,
+        device: DeviceInfo,
+        *,
+        library: str,
+        timing: Timing,
+        max_rel_error: float | None,
+        versions: Versions,
+    ) -> None:
+        row = baseline_values(
+            library=library, timing=timing, max_rel_error=max_rel_error, versions=versions, created_at=_now()
+        )
+
+        def run(s: Session) -> None:
+            pid = self._problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
+            self._upsert_baseline(s, {**row, "problem_id": pid, "device_id": self._device_id(s, device)})
+
+        self.write(run)
+
+    def prune_stale(self, current_hashes: Mapping[str, str]) -> int:
+        """Delete problems made for other template versions (with their records); returns how many."""
+
+        def run(s: Session) -> int:
+            ids = [p.id for p in s.scalars(select(ProblemRow)) if _is_stale(p, current_hashes)]
+            for chunk in range(0, len(ids), 500):
+                part = ids[chunk : chunk + 500]
+                s.execute(delete(TrialRecord).where(TrialRecord.problem_id.in_(part)))
+                s.execute(delete(BaselineRecord).where(BaselineRecord.problem_id.in_(part)))
+                s.execute(delete(ProblemRow).where(ProblemRow.id.in_(part)))
+            return len(ids)
+
+        return self.write(run)
+
+    # ------------------------------------------------------------- upserts
+    def _insert(self, s: Session, model: type) -> Any:
+        return (sqlite_insert if s.get_bind().dialect.name == "sqlite" else pg_insert)(model)
+
+    def _device_id(self, s: Session, device: DeviceInfo) -> int:
+        _check_str("device name", device.name, NAME_LEN)
+        _check_str("device capability", device.capability, 16)
+        if isinstance(device.sm_count, bool) or not isinstance(device.sm_count, int) or device.sm_count <= 0:
+            raise ValueError(f"device sm_count must be a positive int, got {device.sm_count!r}")
+        values = {"name": device.name, "capability": device.capability, "sm_count": device.sm_count}
+        s.execute(
+            self._insert(s, Device)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["name", "capability", "sm_count"])
+        )
+        return s.scalars(select(Device.id).filter_by(**values)).one()
+
+    def _problem_id(self, s: Session, problem_json: str, epilogue_text: str, key: str | None = None) -> int:
+        values = problem_values(problem_json, epilogue_text, key)
+        s.execute(
+            self._insert(s, ProblemRow)
+            .values(**values, created_at=_now())
+            .on_conflict_do_nothing(index_elements=["key"])
+        )
+        return s.scalars(select(ProblemRow.id).where(ProblemRow.key == values["key"])).one()
+
+    def _upsert_trial(self, s: Session, row: dict[str, Any], *, newer_only: bool = False) -> None:
+        stmt = self._insert(s, TrialRecord).values(**row)
+        keys = ["problem_id", "device_id", "config", "torch_version", "triton_version"]
+        update = {c: stmt.excluded[c] for c in row if c not in keys}
+        where = TrialRecord.created_at < stmt.excluded.created_at if newer_only else None
+        s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=update, where=where))
+
+    def _upsert_baseline(self, s: Session, row: dict[str, Any], *, newer_only: bool = False) -> None:
+        stmt = self._insert(s, BaselineRecord).values(**row)
+        keys = ["problem_id", "device_id", "library", "torch_version", "triton_version"]
+        update = {c: stmt.excluded[c] for c in row if c not in keys}
+        where = BaselineRecord.created_at < stmt.excluded.created_at if newer_only else None
+        s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=update, where=where))
+
+    # --------------------------------------------------------------- queries
+    def best(self, key: str, device: DeviceInfo, versions: Versions | None = None) -> Lookup | None:
+        """The fastest ok record of problem ``key`` on ``device``, preferring records made
+        with the same torch and triton versions."""
+        with self.session() as s:
+            rows = s.execute(
+                _records_query(TrialRecord, device).where(
+                    ProblemRow.key == key, TrialRecord.status == "ok", TrialRecord.median_ms.is_not(None)
+                )
+            ).all()
+            return _pick(rows, versions, exact=True)
+
+    def lookup(
+        self, problem: ProblemLike, device: DeviceInfo, versions: Versions | None = None, m: int | None = None
+    ) -> Lookup | None:
+        """``best`` for the problem, else the nearest M of its family (log2 distance),
+        marked as a fallback. ``m`` is the M to aim for when the problem's M is symbolic."""
+        exact = self.best(problem.key, device, versions)
+        if exact is not None:
+            return exact
+        text = problem.to_json()
+        want = m if m is not None else _static_m(text)
+        if want is None or want <= 0:
+            return None
+        with self.session() as s:
+            rows = s.execute(
+                _records_query(TrialRecord, device).where(
+                    ProblemRow.family == family_key(text),
+                    ProblemRow.m.is_not(None),
+                    ProblemRow.m > 0,
+                    TrialRecord.status == "ok",
+                    TrialRecord.median_ms.is_not(None),
+                )
+            ).all()
+        if not rows:
+            return None
+        nearest = min(abs(math.log2(r.ProblemRow.m) - math.log2(want)) for r in rows)
+        close = [r for r in rows if abs(math.log2(r.ProblemRow.m) - math.log2(want)) == nearest]
+        return _pick(close, versions, exact=False)
+
+    def records(self, key: str) -> list[Record]:
+        """Every trial record of a problem, fastest ok first, then failures."""
+        with self.session() as s:
+            rows = s.execute(_records_query(TrialRecord).where(ProblemRow.key == key)).all()
+        out = [_record(r) for r in rows]
+        return sorted(out, key=lambda r: (r.status != "ok", r.median_ms or math.inf))
+
+    def baselines(self, key: str) -> list[Record]:
+        with self.session() as s:
+            rows = s.execute(_records_query(BaselineRecord).where(ProblemRow.key == key)).all()
+        return sorted((_record(r) for r in rows), key=lambda r: r.median_ms or math.inf)
+
+    def problem_json(self, key_or_prefix: str) -> tuple[str, str] | None:
+        """(key, JSON) of the one problem whose key starts with ``key_or_prefix``."""
+        if len(key_or_prefix) < 6:
+            raise ValueError("give at least 6 characters of the problem key")
+        with self.session() as s:
+            rows = s.execute(
+                select(ProblemRow.key, ProblemRow.json)
+                .where(ProblemRow.key.startswith(key_or_prefix.lower(), autoescape=True))
+                .limit(2)
+            ).all()
+        if len(rows) > 1:
+            raise ValueError(f"{key_or_prefix!r} matches more than one problem; give more characters")
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def list_records(
+        self, *, op: str | None = None, device: str | None = None, status: str | None = None, limit: int = 50
+    ) -> list[tuple[dict[str, Any], Record]]:
+        """Trial records with their problem's readable columns, newest first."""
+        q = _records_query(TrialRecord)
+        if op:
+            q = q.where(ProblemRow.op == op)
+        if device:
+            q = q.where(Device.name.contains(device, autoescape=True))
+        if status:
+            if status not in STATUSES:
+                raise ValueError(f"status {status!r} is not one of {STATUSES}")
+            q = q.where(TrialRecord.status == status)
+        with self.session() as s:
+            rows = s.execute(
+                q.order_by(TrialRecord.created_at.desc(), TrialRecord.id.desc()).limit(limit)
+            ).all()
+        return [(_problem_summary(r.ProblemRow), _record(r)) for r in rows]
+
+    def stats(self, current_hashes: Mapping[str, str]) -> Stats:
+        with self.session() as s:
+            by_status = dict(
+                s.execute(select(TrialRecord.status, func.count()).group_by(TrialRecord.status)).all()
+            )
+            problems = s.execute(select(ProblemRow.id, ProblemRow.template, ProblemRow.template_hash)).all()
+            stale_ids = {p.id for p in problems if _is_stale(p, current_hashes)}
+            stale_trials = 0
+            if stale_ids:
+                per_problem = s.execute(
+                    select(TrialRecord.problem_id, func.count()).group_by(TrialRecord.problem_id)
+                ).all()
+                stale_trials = sum(n for pid, n in per_problem if pid in stale_ids)
+            stale_by_template: dict[str, int] = {}
+            for p in problems:
+                if p.id in stale_ids:
+                    stale_by_template[p.template] = stale_by_template.get(p.template, 0) + 1
+            return Stats(
+                url=self.url,
+                revision=self.revision,
+                devices=s.scalar(select(func.count()).select_from(Device)) or 0,
+                problems=len(problems),
+                trials_by_status={k: int(v) for k, v in sorted(by_status.items())},
+                baselines=s.scalar(select(func.count()).select_from(BaselineRecord)) or 0,
+                stale_problems=len(stale_ids),
+                stale_trials=stale_trials,
+                stale_by_template=stale_by_template,
+            )
+
+
+# ---------------------------------------------------------------- row values
+
+
+def problem_values(problem_json: str, epilogue_text: str, key: str | None = None) -> dict[str, Any]:
+    """Columns of a problem row from its canonical JSON; checks the key matches."""
+    import json
+
+    d = json.loads(problem_json)
+    if canonical(d) != problem_json:
+        raise ValueError("problem JSON is not in canonical form (sorted keys, no spaces)")
+    computed = problem_key(problem_json)
+    if key is not None and key != computed:
+        raise ValueError(f"problem key {key[:16]}... does not match its JSON (sha256 {computed[:16]}...)")
+    shape = d["shape"]
+    return {
+        "key": computed,
+        "family": family_key(problem_json),
+        "json": problem_json,
+        "op": _check_str("op", d["op"], 32),
+        "template": _check_str("template", d["template"], 64),
+        "template_hash": _check_str("template_hash", d["template_hash"], 64),
+        "dtype": _check_str("dtype", d["dtype"], 16),
+        "layout_a": _check_str("layout_a", d["layout_a"], 16),
+        "layout_b": _check_str("layout_b", d["layout_b"], 16),
+        "precision": _check_str("precision", d.get("precision", "ieee"), 16),
+        "epilogue": _check_str("epilogue", epilogue_text, 20_000),
+        **{dim: shape[dim] if isinstance(shape[dim], int) else None for dim in ("batch", "m", "n", "k")},
+    }
+
+
+def trial_values(
+    *,
+    config: dict[str, Any],
+    status: str,
+    timing: Timing | None,
+    max_rel_error: float | None,
+    versions: Versions,
+    study: str,
+    trial_number: int | None,
+    detail: str | None,
+    created_at: datetime,
+) -> dict[str, Any]:
+    """Checked columns of a trial record (config must already be validated by its template)."""
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} is not one of {STATUSES}")
+    if status == "ok" and (timing is None or max_rel_error is None):
+        raise ValueError("an ok trial needs its timing and its error against the reference")
+    if trial_number is not None and (
+        isinstance(trial_number, bool) or not isinstance(trial_number, int) or trial_number < 0
+    ):
+        raise ValueError(f"trial_number must be an int >= 0, got {trial_number!r}")
+    if detail is not None:
+        if not isinstance(detail, str):
+            raise ValueError(f"detail must be a string, got {type(detail).__name__}")
+        detail = detail[:DETAIL_LEN]  # error text: keep its start
+    return {
+        "config": canonical(config),
+        "status": status,
+        "study": _check_str("study", study, STUDY_LEN),
+        "trial_number": trial_number,
+        "detail": detail,
+        **_timed_values(timing, max_rel_error, versions, created_at),
+    }
+
+
+def baseline_values(
+    *, library: str, timing: Timing, max_rel_error: float | None, versions: Versions, created_at: datetime
+) -> dict[str, Any]:
+    if library not in LIBRARIES:
+        raise ValueError(f"library {library!r} is not one of {LIBRARIES}")
+    if timing is None:
+        raise ValueError("a baseline needs its timing")
+    return {"library": library, **_timed_values(timing, max_rel_error, versions, created_at)}
+
+
+def _timed_values(
+    timing: Timing | None, max_rel_error: float | None, versions: Versions, created_at: datetime
+) -> dict[str, Any]:
+    t = timing
+    return {
+        "median_ms": _check_num("median_ms", t.median_ms if t else None),
+        "p20_ms": _check_num("p20_ms", t.p20_ms if t else None),
+        "p80_ms": _check_num("p80_ms", t.p80_ms if t else None),
+        "tflops": _check_num("tflops", t.tflops if t else None),
+        "gbps": _check_num("gbps", t.gbps if t else None),
+        "max_rel_error": _check_num("max_rel_error", max_rel_error),
+        "timing_method": _check_str("timing method", t.method if t else "none", METHOD_LEN),
+        "torch_version": _check_str("torch version", versions.torch, VERSION_LEN),
+        "triton_version": _check_str("triton version", versions.triton, VERSION_LEN),
+        "created_at": _aware(created_at).astimezone(timezone.utc),
+    }
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _engine(url: str) -> Engine:
+    is_sqlite = make_url(url).get_backend_name() == "sqlite"
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000} if is_sqlite else {})
+    if is_sqlite:
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # transactions are begun below, not by the driver
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA synchronous = NORMAL")
+            cur.execute("PRAGMA foreign_keys = ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            write = conn.get_execution_options().get("epilab_write", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _is_busy(e: OperationalError) -> bool:
+    text = str(e.orig).lower()
+    return "locked" in text or "busy" in text or "deadlock" in text or "could not serialize" in text
+
+
+def _is_stale(p: Any, current_hashes: Mapping[str, str]) -> bool:
+    return current_hashes.get(p.template) != p.template_hash
+
+
+def _static_m(problem_json: str) -> int | None:
+    import json
+
+    m = json.loads(problem_json)["shape"]["m"]
+    return m if isinstance(m, int) else None
+
+
+def _records_query(model: type, device: DeviceInfo | None = None) -> Any:
+    q = (
+        select(model, ProblemRow, Device)
+        .join(ProblemRow, model.problem_id == ProblemRow.id)
+        .join(Device, model.device_id == Device.id)
+    )
+    if device is not None:
+        q = q.where(
+            Device.name == device.name,
+            Device.capability == device.capability,
+            Device.sm_count == device.sm_count,
+        )
+    return q
+
+
+def _record(row: Any) -> Record:
+    import json
+
+    r, p, d = row
+    is_trial = isinstance(r, TrialRecord)
+    return Record(
+        problem_key=p.key,
+        device=DeviceInfo(d.name, d.capability, d.sm_count),
+        status=r.status if is_trial else "ok",
+        config=json.loads(r.config) if is_trial else None,
+        library=None if is_trial else r.library,
+        median_ms=r.median_ms,
+        p20_ms=r.p20_ms,
+        p80_ms=r.p80_ms,
+        tflops=r.tflops,
+        gbps=r.gbps,
+        max_rel_error=r.max_rel_error,
+        timing_method=r.timing_method,
+        versions=Versions(r.torch_version, r.triton_version),
+        study=r.study if is_trial else None,
+        trial_number=r.trial_number if is_trial else None,
+        detail=r.detail if is_trial else None,
+        created_at=_aware(r.created_at),
+    )
+
+
+def _pick(rows: list[Any], versions: Versions | None, *, exact: bool) -> Lookup | None:
+    if not rows:
+        return None
+
+    def same(row: Any) -> bool:
+        r = row[0]
+        return versions is not None and (r.torch_version, r.triton_version) == (
+            versions.torch,
+            versions.triton,
+        )
+
+    best = min(rows, key=lambda row: (not same(row), row[0].median_ms, row[0].id))
+    return Lookup(record=_record(best), exact=exact, m=best.ProblemRow.m, same_versions=same(best))
+
+
+def _problem_summary(p: ProblemRow) -> dict[str, Any]:
+    return {
+        "key": p.key,
+        "op": p.op,
+        "template": p.template,
+        "dtype": p.dtype,
+        "layouts": f"{p.layout_a}/{p.layout_b}",
+        "shape": [p.batch, p.m, p.n, p.k],
+        "epilogue": p.epilogue,
+        "template_hash": p.template_hash,
+    }
+
+
+def describe_error(e: Exception) -> str:
+    """One line for the CLI."""
+    return str(e) if isinstance(e, (DatabaseOpenError, ValueError)) else f"{type(e).__name__}: {e}"

@@ -1,0 +1,304 @@
+"""Export and import of a tuning database as JSON.
+
+Format (``format: "epilab-tuning-db"``, ``version: 1``)::
+
+    {"format": ..., "version": 1, "exported_at": ISO time, "schema_revision": ...,
+     "problems": [{"key", "json", "epilogue"}],
+     "trials":   [{"problem", "device": {"name", "capability", "sm_count"}, "config", "status",
+                   "median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "max_rel_error",
+                   "timing_method", "torch_version", "triton_version", "study", "trial_number",
+                   "detail", "created_at"}],
+     "baselines": [{"problem", "device", "library", <the same timing fields>, "created_at"}]}
+
+Import validates every row before writing any (problem JSON through the caller's
+parser, which recomputes the key; configs through the caller's validator, which
+admits only values of the search space; known statuses and libraries; bounded
+strings; finite non-negative numbers; no unknown keys). Invalid input raises a
+ValueError naming each bad row and writes nothing. Valid rows are merged in one
+transaction. Merge rule: a record is identified by (problem, device, config or
+library, torch version, triton version); when both sides have it, the one with
+the later ``created_at`` wins, and on a tie the existing row stays. Re-importing
+the same file is therefore a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from epilab.db.keys import canonical
+from epilab.db.models import BaselineRecord, Device, ProblemRow, TrialRecord
+from epilab.db.store import (
+    DeviceInfo,
+    Timing,
+    TuningDB,
+    Versions,
+    baseline_values,
+    problem_values,
+    trial_values,
+)
+
+FORMAT = "epilab-tuning-db"
+VERSION = 1
+MAX_FILE_BYTES = 512 * 2**20
+MAX_ERRORS_SHOWN = 20
+
+_TIMED = (
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "tflops",
+    "gbps",
+    "max_rel_error",
+    "timing_method",
+    "torch_version",
+    "triton_version",
+    "created_at",
+)
+TRIAL_FIELDS = frozenset(
+    ("problem", "device", "config", "status", "study", "trial_number", "detail", *_TIMED)
+)
+BASELINE_FIELDS = frozenset(("problem", "device", "library", *_TIMED))
+PROBLEM_FIELDS = frozenset(("key", "json", "epilogue"))
+
+# (problem JSON) -> (key, canonical epilogue text); raises ValueError when invalid
+ProblemParser = Callable[[str], tuple[str, str]]
+# (config dict) -> canonical config dict; raises ValueError when invalid
+ConfigValidator = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    problems: int
+    trials: int
+    baselines: int
+
+
+def export_json(db: TuningDB, path: str | Path) -> dict[str, int]:
+    """Write the whole database to ``path``; returns the row counts."""
+    with db.session() as s:
+        problems = [
+            {"key": p.key, "json": p.json, "epilogue": p.epilogue}
+            for p in s.scalars(select(ProblemRow).order_by(ProblemRow.key))
+        ]
+        trials = [
+            _row_out(r, p, d)
+            for r, p, d in s.execute(
+                select(TrialRecord, ProblemRow, Device).join(ProblemRow).join(Device).order_by(TrialRecord.id)
+            )
+        ]
+        baselines = [
+            _row_out(r, p, d)
+            for r, p, d in s.execute(
+                select(BaselineRecord, ProblemRow, Device)
+                .join(ProblemRow)
+                .join(Device)
+                .order_by(BaselineRecord.id)
+            )
+        ]
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "exported_at": datetime.now(timezone.utc).isoformat(),
+        "schema_revision": db.revision,
+        "problems": problems,
+        "trials": trials,
+        "baselines": baselines,
+    }
+    tmp = Path(path).with_suffix(Path(path).suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
+    tmp.replace(path)
+    return {"problems": len(problems), "trials": len(trials), "baselines": len(baselines)}
+
+
+def import_json(
+    db: TuningDB, path: str | Path, *, parse_problem: ProblemParser, validate_config: ConfigValidator
+) -> ImportReport:
+    """Validate all of ``path``, then merge it in one transaction (see the module doc)."""
+    path = Path(path)
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB; refusing to import it")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an epilab export (format must be {FORMAT!r})")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"{path} has export version {doc.get('version')!r}; this epilab reads {VERSION}")
+    errors: list[str] = []
+    problems = _checked_problems(doc.get("problems"), parse_problem, errors)
+    trials = _checked_rows(
+        doc.get("trials"), "trials", TRIAL_FIELDS, problems, errors, lambda r: _trial(r, validate_config)
+    )
+    baselines = _checked_rows(doc.get("baselines"), "baselines", BASELINE_FIELDS, problems, errors, _baseline)
+    if errors:
+        shown = "\n  ".join(errors[:MAX_ERRORS_SHOWN])
+        more = f"\n  ... and {len(errors) - MAX_ERRORS_SHOWN} more" if len(errors) > MAX_ERRORS_SHOWN else ""
+        raise ValueError(f"{path}: {len(errors)} invalid row(s); nothing was imported:\n  {shown}{more}")
+
+    def run(s: Session) -> ImportReport:
+        ids = {
+            key: db._problem_id(s, values["json"], values["epilogue"], key)
+            for key, values in problems.items()
+        }
+        for device, key, row in trials:
+            db._upsert_trial(
+                s, {**row, "problem_id": ids[key], "device_id": db._device_id(s, device)}, newer_only=True
+            )
+        for device, key, row in baselines:
+            db._upsert_baseline(
+                s, {**row, "problem_id": ids[key], "device_id": db._device_id(s, device)}, newer_only=True
+            )
+        return ImportReport(len(problems), len(trials), len(baselines))
+
+    return db.write(run)
+
+
+# ------------------------------------------------------------------ checking
+
+
+def _checked_problems(items: Any, parse: ProblemParser, errors: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(items, list):
+        errors.append("problems: must be a list")
+        return out
+    for i, item in enumerate(items):
+        where = f"problems[{i}]"
+        try:
+            _check_keys(item, PROBLEM_FIELDS, where)
+            if not isinstance(item["json"], str) or len(item["json"]) > 200_000:
+                raise ValueError("json must be a string of at most 200000 characters")
+            key, text = parse(item["json"])
+            if key != item["key"]:
+                raise ValueError(
+                    f"key {str(item['key'])[:16]!r}... does not match its JSON (sha256 {key[:16]}...)"
+                )
+            values = problem_values(item["json"], text, key)
+            out[key] = values
+        except (ValueError, TypeError, KeyError) as e:
+            errors.append(f"{where}: {e}")
+    return out
+
+
+def _checked_rows(
+    items: Any,
+    name: str,
+    fields: frozenset[str],
+    problems: Mapping[str, Any],
+    errors: list[str],
+    convert: Callable[[dict[str, Any]], dict[str, Any]],
+) -> list[tuple[DeviceInfo, str, dict[str, Any]]]:
+    out = []
+    if not isinstance(items, list):
+        errors.append(f"{name}: must be a list")
+        return out
+    for i, item in enumerate(items):
+        where = f"{name}[{i}]"
+        try:
+            _check_keys(item, fields, where)
+            if item["problem"] not in problems:
+                raise ValueError(
+                    f"problem {str(item['problem'])[:16]!r} is not among the file's valid problems"
+                )
+            out.append((_device(item["device"]), item["problem"], convert(item)))
+        except (ValueError, TypeError, KeyError) as e:
+            errors.append(f"{where}: {e}")
+    return out
+
+
+def _check_keys(item: Any, fields: frozenset[str], where: str) -> None:
+    if not isinstance(item, dict):
+        raise ValueError("must be an object")
+    extra, missing = set(item) - fields, fields - set(item)
+    if extra or missing:
+        raise ValueError(f"unexpected keys {sorted(extra)[:5]}, missing keys {sorted(missing)[:5]}")
+
+
+def _device(d: Any) -> DeviceInfo:
+    if not isinstance(d, dict) or set(d) != {"name", "capability", "sm_count"}:
+        raise ValueError("device must be {name, capability, sm_count}")
+    if (
+        isinstance(d["sm_count"], bool)
+        or not isinstance(d["sm_count"], int)
+        or not 0 < d["sm_count"] < 100_000
+    ):
+        raise ValueError(f"device sm_count must be a positive int, got {d['sm_count']!r:.40}")
+    for k in ("name", "capability"):
+        if not isinstance(d[k], str) or not d[k] or len(d[k]) > 128:
+            raise ValueError(f"device {k} must be a short non-empty string")
+    return DeviceInfo(d["name"], d["capability"], d["sm_count"])
+
+
+def _timing(r: dict[str, Any]) -> Timing | None:
+    if r["median_ms"] is None:
+        return None
+    return Timing(r["median_ms"], r["p20_ms"], r["p80_ms"], r["timing_method"], r["tflops"], r["gbps"])
+
+
+def _created(r: dict[str, Any]) -> datetime:
+    if not isinstance(r["created_at"], str) or len(r["created_at"]) > 40:
+        raise ValueError("created_at must be an ISO 8601 time")
+    return datetime.fromisoformat(r["created_at"])
+
+
+def _trial(r: dict[str, Any], validate_config: ConfigValidator) -> dict[str, Any]:
+    if not isinstance(r["config"], dict):
+        raise ValueError("config must be an object")
+    config = dict(validate_config(r["config"]))
+    return trial_values(
+        config=config,
+        status=r["status"],
+        timing=_timing(r),
+        max_rel_error=r["max_rel_error"],
+        versions=Versions(r["torch_version"], r["triton_version"]),
+        study=r["study"],
+        trial_number=r["trial_number"],
+        detail=r["detail"],
+        created_at=_created(r),
+    )
+
+
+def _baseline(r: dict[str, Any]) -> dict[str, Any]:
+    timing = _timing(r)
+    if timing is None:
+        raise ValueError("a baseline needs median_ms")
+    return baseline_values(
+        library=r["library"],
+        timing=timing,
+        max_rel_error=r["max_rel_error"],
+        versions=Versions(r["torch_version"], r["triton_version"]),
+        created_at=_created(r),
+    )
+
+
+def _row_out(r: Any, p: ProblemRow, d: Device) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "problem": p.key,
+        "device": {"name": d.name, "capability": d.capability, "sm_count": d.sm_count},
+    }
+    if isinstance(r, TrialRecord):
+        out.update(
+            config=json.loads(r.config),
+            status=r.status,
+            study=r.study,
+            trial_number=r.trial_number,
+            detail=r.detail,
+        )
+    else:
+        out["library"] = r.library
+    for f in _TIMED:
+        out[f] = getattr(r, f)
+    created = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=timezone.utc)
+    out["created_at"] = created.isoformat()
+    return out
+
+
+__all__ = ["FORMAT", "ImportReport", "canonical", "export_json", "import_json"]
