@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import epilab
@@ -172,6 +173,11 @@ def _config_text(config: dict | None) -> str:
     )
 
 
+def _add_row(table: Table, *cells: object) -> None:
+    """Strings from a database are data: escape rich markup in them."""
+    table.add_row(*(escape(str(c)) for c in cells))
+
+
 def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.4f}"
 
@@ -239,7 +245,8 @@ def db_list(
             for t in p["epilogue"].split("; ")
             if " = " in t and not t.split(" = ")[1].startswith(("acc", "operand", "const"))
         )
-        table.add_row(
+        _add_row(
+            table,
             p["key"][:12],
             p["op"],
             _shape_text(p["shape"]),
@@ -296,7 +303,8 @@ def db_show(
         table.add_column(col, overflow="fold")
     for r in [*records, *baselines]:
         spread = "" if r.p20_ms is None else f"{r.p20_ms:.4f}-{r.p80_ms:.4f}"
-        table.add_row(
+        _add_row(
+            table,
             "trial" if r.config is not None else "baseline",
             r.device.name,
             r.status,

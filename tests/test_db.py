@@ -542,3 +542,14 @@ def test_default_location_follows_epilab_db(tmp_path, monkeypatch):
     with config.patch(db=str(tmp_path / "via-env.db")), TuningDB.open() as db:
         assert db.url.endswith("via-env.db")
     assert (tmp_path / "via-env.db").exists()
+
+
+def test_cli_shows_database_strings_as_data(tmp_path, monkeypatch):
+    import epilab.cli
+
+    monkeypatch.setattr(epilab.cli.console, "width", 200)
+    path = str(tmp_path / "t.db")
+    with TuningDB.open(path) as db:
+        ok(db, problem(), 0.1, cfg(), device=DeviceInfo("[bold red]GPU[/]", "9.0", 1))
+    result = runner.invoke(app, ["db", "list", "--db", path])
+    assert result.exit_code == 0 and "[bold red]GPU[/]" in result.output
