@@ -215,9 +215,13 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_database_from_the_first_revision_is_migrated_keeping_rows(tmp_path):
-    path = tmp_path / "old.db"
-    engine = sa.create_engine(f"sqlite:///{path}")
+def _url(target: str) -> str:
+    return target if "://" in target else f"sqlite:///{target}"
+
+
+def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
+    path = db_target
+    engine = sa.create_engine(_url(db_target))
     p = problem(m=512)
     with engine.begin() as conn:
         db_schema.stamp_and_upgrade_to(conn, "0001")
@@ -262,18 +266,26 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(tmp_path):
         assert len(db.records(p.key)) == 2
 
 
-def test_database_from_a_newer_epilab_is_refused_untouched(tmp_path):
-    path = tmp_path / "future.db"
-    with TuningDB.open(path) as db:
+def test_database_from_a_newer_epilab_is_refused_untouched(db_target):
+    with TuningDB.open(db_target) as db:
         ok(db, problem(), 0.1, cfg())
-    con = __import__("sqlite3").connect(path)
-    con.execute("UPDATE alembic_version SET version_num = '0099_from_the_future'")
-    con.commit()
-    con.close()
-    before = _sha(path)
+    engine = sa.create_engine(_url(db_target))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0099_from_the_future'"))
+    engine.dispose()
+    before = _sha(Path(db_target)) if "://" not in db_target else None
     with pytest.raises(DatabaseOpenError, match="newer epilab"):
-        TuningDB.open(path)
-    assert _sha(path) == before
+        TuningDB.open(db_target)
+    if before is not None:
+        assert _sha(Path(db_target)) == before
+    engine = sa.create_engine(_url(db_target))
+    with engine.connect() as conn:
+        assert (
+            conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+            == "0099_from_the_future"
+        )
+        assert conn.execute(sa.text("SELECT count(*) FROM trials")).scalar() == 1
+    engine.dispose()
 
 
 def test_files_that_are_not_epilab_databases_are_refused_untouched(tmp_path):
