@@ -46,6 +46,11 @@ from epilab.db.models import (
 from epilab.db.schema import DatabaseOpenError, check_sqlite_file, prepare
 
 T = TypeVar("T")
+# what identifies a measurement (the unique constraints of models.py)
+IDENTITY: dict[type, tuple[str, ...]] = {
+    TrialRecord: ("problem_id", "device_id", "config", "torch_version", "triton_version"),
+    BaselineRecord: ("problem_id", "device_id", "library", "torch_version", "triton_version"),
+}
 BUSY_TIMEOUT_MS = 60_000
 
 
@@ -247,7 +252,7 @@ class TuningDB:
 
     # ---------------------------------------------------------------- writes
     def put_problem(self, problem: ProblemLike) -> None:
-        self.write(lambda s: self._problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key))
+        self.write(lambda s: self.problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key))
 
     def record_trial(
         self,
@@ -277,8 +282,10 @@ class TuningDB:
         )
 
         def run(s: Session) -> None:
-            pid = self._problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
-            self._upsert_trial(s, {**row, "problem_id": pid, "device_id": self._device_id(s, device)})
+            pid = self.problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
+            self.upsert_measurement(
+                s, TrialRecord, {**row, "problem_id": pid, "device_id": self.device_id(s, device)}
+            )
 
         self.write(run)
 
@@ -297,8 +304,10 @@ class TuningDB:
         )
 
         def run(s: Session) -> None:
-            pid = self._problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
-            self._upsert_baseline(s, {**row, "problem_id": pid, "device_id": self._device_id(s, device)})
+            pid = self.problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
+            self.upsert_measurement(
+                s, BaselineRecord, {**row, "problem_id": pid, "device_id": self.device_id(s, device)}
+            )
 
         self.write(run)
 
@@ -320,7 +329,7 @@ class TuningDB:
     def _insert(self, s: Session, model: type) -> Any:
         return (sqlite_insert if s.get_bind().dialect.name == "sqlite" else pg_insert)(model)
 
-    def _device_id(self, s: Session, device: DeviceInfo) -> int:
+    def device_id(self, s: Session, device: DeviceInfo) -> int:
         _check_str("device name", device.name, NAME_LEN)
         _check_str("device capability", device.capability, 16)
         if isinstance(device.sm_count, bool) or not isinstance(device.sm_count, int) or device.sm_count <= 0:
@@ -333,7 +342,7 @@ class TuningDB:
         )
         return s.scalars(select(Device.id).filter_by(**values)).one()
 
-    def _problem_id(self, s: Session, problem_json: str, epilogue_text: str, key: str | None = None) -> int:
+    def problem_id(self, s: Session, problem_json: str, epilogue_text: str, key: str | None = None) -> int:
         values = problem_values(problem_json, epilogue_text, key)
         s.execute(
             self._insert(s, ProblemRow)
@@ -342,19 +351,16 @@ class TuningDB:
         )
         return s.scalars(select(ProblemRow.id).where(ProblemRow.key == values["key"])).one()
 
-    def _upsert_trial(self, s: Session, row: dict[str, Any], *, newer_only: bool = False) -> None:
-        stmt = self._insert(s, TrialRecord).values(**row)
-        keys = ["problem_id", "device_id", "config", "torch_version", "triton_version"]
+    def upsert_measurement(
+        self, s: Session, model: type, row: dict[str, Any], *, newer_only: bool = False
+    ) -> None:
+        """Insert a trial record or baseline, or update the one with the same identity
+        (always, or only when ``row`` is newer: the import merge rule)."""
+        stmt = self._insert(s, model).values(**row)
+        keys = IDENTITY[model]
         update = {c: stmt.excluded[c] for c in row if c not in keys}
-        where = TrialRecord.created_at < stmt.excluded.created_at if newer_only else None
-        s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=update, where=where))
-
-    def _upsert_baseline(self, s: Session, row: dict[str, Any], *, newer_only: bool = False) -> None:
-        stmt = self._insert(s, BaselineRecord).values(**row)
-        keys = ["problem_id", "device_id", "library", "torch_version", "triton_version"]
-        update = {c: stmt.excluded[c] for c in row if c not in keys}
-        where = BaselineRecord.created_at < stmt.excluded.created_at if newer_only else None
-        s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=update, where=where))
+        where = model.created_at < stmt.excluded.created_at if newer_only else None
+        s.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update, where=where))
 
     # --------------------------------------------------------------- queries
     def best(self, key: str, device: DeviceInfo, versions: Versions | None = None) -> Lookup | None:

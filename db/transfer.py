@@ -146,17 +146,12 @@ def import_json(
 
     def run(s: Session) -> ImportReport:
         ids = {
-            key: db._problem_id(s, values["json"], values["epilogue"], key)
-            for key, values in problems.items()
+            key: db.problem_id(s, values["json"], values["epilogue"], key) for key, values in problems.items()
         }
-        for device, key, row in trials:
-            db._upsert_trial(
-                s, {**row, "problem_id": ids[key], "device_id": db._device_id(s, device)}, newer_only=True
-            )
-        for device, key, row in baselines:
-            db._upsert_baseline(
-                s, {**row, "problem_id": ids[key], "device_id": db._device_id(s, device)}, newer_only=True
-            )
+        for model, rows in ((TrialRecord, trials), (BaselineRecord, baselines)):
+            for device, key, row in rows:
+                full = {**row, "problem_id": ids[key], "device_id": db.device_id(s, device)}
+                db.upsert_measurement(s, model, full, newer_only=True)
         return ImportReport(len(problems), len(trials), len(baselines))
 
     return db.write(run)
