@@ -12,6 +12,7 @@ Writes are upserts. Results come back as plain frozen dataclasses.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -482,8 +483,6 @@ class TuningDB:
 
 def problem_values(problem_json: str, epilogue_text: str, key: str | None = None) -> dict[str, Any]:
     """Columns of a problem row from its canonical JSON; checks the key matches."""
-    import json
-
     d = json.loads(problem_json)
     if canonical(d) != problem_json:
         raise ValueError("problem JSON is not in canonical form (sorted keys, no spaces)")
@@ -606,8 +605,6 @@ def _is_stale(p: Any, current_hashes: Mapping[str, str]) -> bool:
 
 
 def _static_m(problem_json: str) -> int | None:
-    import json
-
     m = json.loads(problem_json)["shape"]["m"]
     return m if isinstance(m, int) else None
 
@@ -628,8 +625,6 @@ def _records_query(model: type, device: DeviceInfo | None = None) -> Any:
 
 
 def _record(row: Any) -> Record:
-    import json
-
     r, p, d = row
     is_trial = isinstance(r, TrialRecord)
     return Record(
@@ -679,8 +674,3 @@ def _problem_summary(p: ProblemRow) -> dict[str, Any]:
         "epilogue": p.epilogue,
         "template_hash": p.template_hash,
     }
-
-
-def describe_error(e: Exception) -> str:
-    """One line for the CLI."""
-    return str(e) if isinstance(e, (DatabaseOpenError, ValueError)) else f"{type(e).__name__}: {e}"
