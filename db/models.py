@@ -32,16 +32,16 @@ class Base(DeclarativeBase):
 
 
 class Device(Base):
-    __tablename__ = "devices"
+    __tablename__ = "epilab_devices"
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LEN))
     capability: Mapped[str] = mapped_column(String(16))  # "9.0"
     sm_count: Mapped[int] = mapped_column(Integer)
-    __table_args__ = (UniqueConstraint("name", "capability", "sm_count", name="uq_devices_identity"),)
+    __table_args__ = (UniqueConstraint("name", "capability", "sm_count", name="uq_epilab_devices_identity"),)
 
 
 class ProblemRow(Base):
-    __tablename__ = "problems"
+    __tablename__ = "epilab_problems"
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(KEY_LEN), unique=True)
     # key without M (revision 0002; nullable in the schema because it was added to existing rows)
@@ -83,10 +83,10 @@ class _Timed:
 
 
 class TrialRecord(_Timed, Base):
-    __tablename__ = "trials"
+    __tablename__ = "epilab_trials"
     id: Mapped[int] = mapped_column(primary_key=True)
-    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("epilab_problems.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
     config: Mapped[str] = mapped_column(Text)  # canonical JSON of a validated Config
     status: Mapped[str] = mapped_column(String(20))
     study: Mapped[str] = mapped_column(String(STUDY_LEN))
@@ -97,17 +97,22 @@ class TrialRecord(_Timed, Base):
     device: Mapped[Device] = relationship()
     __table_args__ = (
         UniqueConstraint(
-            "problem_id", "device_id", "config", "torch_version", "triton_version", name="uq_trials_identity"
+            "problem_id",
+            "device_id",
+            "config",
+            "torch_version",
+            "triton_version",
+            name="uq_epilab_trials_identity",
         ),
-        Index("ix_trials_lookup", "problem_id", "device_id", "status", "median_ms"),
+        Index("ix_epilab_trials_lookup", "problem_id", "device_id", "status", "median_ms"),
     )
 
 
 class BaselineRecord(_Timed, Base):
-    __tablename__ = "baselines"
+    __tablename__ = "epilab_baselines"
     id: Mapped[int] = mapped_column(primary_key=True)
-    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("epilab_problems.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
     library: Mapped[str] = mapped_column(String(32))
 
     problem: Mapped[ProblemRow] = relationship(back_populates="baselines")
@@ -119,6 +124,6 @@ class BaselineRecord(_Timed, Base):
             "library",
             "torch_version",
             "triton_version",
-            name="uq_baselines_identity",
+            name="uq_epilab_baselines_identity",
         ),
     )

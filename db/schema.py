@@ -20,7 +20,10 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, inspect, text
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-TABLES = frozenset({"devices", "problems", "trials", "baselines"})
+TABLES = frozenset({"epilab_devices", "epilab_problems", "epilab_trials", "epilab_baselines"})
+# Our own alembic version table, so that optuna's storage (which keeps its studies
+# in the same database, with an alembic_version table of its own) can live beside us.
+VERSION_TABLE = "epilab_alembic_version"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -47,12 +50,16 @@ def known_revisions() -> set[str]:
 
 
 def classify(where: str, tables: set[str], revision: str | None) -> str:
-    """'new', 'current' or 'old' (to migrate); raises DatabaseOpenError otherwise."""
-    others = tables - TABLES - {"alembic_version"}
+    """'new', 'current' or 'old' (to migrate); raises DatabaseOpenError otherwise.
+
+    Tables of others (optuna's studies, for one) may share a database with ours
+    once ours exist; a database that has tables but no epilab schema version is
+    someone else's and is refused.
+    """
     if revision is None:
-        if tables - {"alembic_version"}:
+        if tables:
             raise DatabaseOpenError(
-                f"{where} is not an epilab database (it has tables {sorted(tables)} but no epilab "
+                f"{where} is not an epilab database (it has tables {sorted(tables)[:8]} but no epilab "
                 "schema version); it was left untouched"
             )
         return "new"
@@ -61,9 +68,9 @@ def classify(where: str, tables: set[str], revision: str | None) -> str:
             f"{where} was written by a newer epilab (schema revision {revision!r}; this epilab knows up "
             f"to {head_revision()!r}); upgrade epilab to use it. The database was left untouched"
         )
-    if others or (revision == head_revision() and not tables >= TABLES):
+    if revision == head_revision() and not tables >= TABLES:
         raise DatabaseOpenError(
-            f"{where} has an epilab schema version but unexpected tables {sorted(tables)}; "
+            f"{where} has epilab schema {revision!r} but lacks tables {sorted(TABLES - tables)}; "
             "it was left untouched"
         )
     return "current" if revision == head_revision() else "old"
@@ -99,8 +106,8 @@ def check_sqlite_file(path: Path) -> None:
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             revision = None
-            if "alembic_version" in tables:
-                row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            if VERSION_TABLE in tables:
+                row = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone()
                 revision = row[0] if row else None
         finally:
             conn.close()
@@ -115,8 +122,8 @@ def prepare(conn: Connection, where: str) -> str:
         conn.execute(text("SELECT pg_advisory_xact_lock(7140514)"))
     tables = set(inspect(conn).get_table_names())
     revision = None
-    if "alembic_version" in tables:
-        revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    if VERSION_TABLE in tables:
+        revision = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
     state = classify(where, tables, revision)
     if state != "current":
         try:

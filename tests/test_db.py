@@ -74,9 +74,9 @@ def ok(db: TuningDB, p: Problem, ms: float, config: dict, device=H200, versions=
 
 def _reset_postgres(url: str) -> None:
     engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        for table in ("baselines", "trials", "problems", "devices", "alembic_version"):
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table} CASCADE"))
+    with engine.begin() as conn:  # ours and optuna's tables alike
+        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA public"))
     engine.dispose()
 
 
@@ -225,17 +225,17 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
     p = problem(m=512)
     with engine.begin() as conn:
         db_schema.stamp_and_upgrade_to(conn, "0001")
-        cols = {c["name"] for c in sa.inspect(conn).get_columns("problems")}
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("epilab_problems")}
         assert "family" not in cols
         now = datetime(2026, 1, 2, tzinfo=timezone.utc)
         conn.execute(
             sa.text(
-                "INSERT INTO devices (id, name, capability, sm_count) VALUES (1, 'NVIDIA H200', '9.0', 132)"
+                "INSERT INTO epilab_devices (id, name, capability, sm_count) VALUES (1, 'NVIDIA H200', '9.0', 132)"
             )
         )
         conn.execute(
             sa.text(
-                "INSERT INTO problems (id, key, json, op, template, template_hash, dtype, layout_a, layout_b, precision,"
+                "INSERT INTO epilab_problems (id, key, json, op, template, template_hash, dtype, layout_a, layout_b, precision,"
                 " epilogue, batch, m, n, k, created_at) VALUES (1, :key, :json, 'addmm', 'matmul', :h, 'bfloat16',"
                 " 'row', 'col', 'ieee', :ep, 1, 512, 4096, 4096, :now)"
             ),
@@ -244,7 +244,7 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
         for i, ms in enumerate((0.3, 0.2)):
             conn.execute(
                 sa.text(
-                    "INSERT INTO trials (problem_id, device_id, config, status, study, trial_number, median_ms, p20_ms,"
+                    "INSERT INTO epilab_trials (problem_id, device_id, config, status, study, trial_number, median_ms, p20_ms,"
                     " p80_ms, max_rel_error, timing_method, torch_version, triton_version, created_at) VALUES (1, 1,"
                     " :config, 'ok', 'old', :i, :ms, :ms, :ms, 0.001, 'events', '2.10', '3.5', :now)"
                 ),
@@ -271,7 +271,7 @@ def test_database_from_a_newer_epilab_is_refused_untouched(db_target):
         ok(db, problem(), 0.1, cfg())
     engine = sa.create_engine(_url(db_target))
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0099_from_the_future'"))
+        conn.execute(sa.text("UPDATE epilab_alembic_version SET version_num = '0099_from_the_future'"))
     engine.dispose()
     before = _sha(Path(db_target)) if "://" not in db_target else None
     with pytest.raises(DatabaseOpenError, match="newer epilab"):
@@ -281,10 +281,10 @@ def test_database_from_a_newer_epilab_is_refused_untouched(db_target):
     engine = sa.create_engine(_url(db_target))
     with engine.connect() as conn:
         assert (
-            conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+            conn.execute(sa.text("SELECT version_num FROM epilab_alembic_version")).scalar()
             == "0099_from_the_future"
         )
-        assert conn.execute(sa.text("SELECT count(*) FROM trials")).scalar() == 1
+        assert conn.execute(sa.text("SELECT count(*) FROM epilab_trials")).scalar() == 1
     engine.dispose()
 
 
@@ -312,6 +312,19 @@ def test_files_that_are_not_epilab_databases_are_refused_untouched(tmp_path):
         assert _sha(path) == before, path
     with pytest.raises(DatabaseOpenError, match="not a database URL"):
         TuningDB.open("postgresql+psycopg://user@host:notaport/x")
+
+
+def test_optuna_studies_can_share_the_database(db_target):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with TuningDB.open(db_target) as db:
+        ok(db, problem(), 0.1, cfg())
+    study = optuna.create_study(study_name="s", storage=_url(db_target))
+    study.optimize(lambda trial: trial.suggest_int("x", 0, 3), n_trials=2)
+    with TuningDB.open(db_target) as db:  # optuna's tables (and its alembic_version) beside ours
+        assert len(db.records(problem().key)) == 1
+    assert len(optuna.load_study(study_name="s", storage=_url(db_target)).trials) == 2
 
 
 # ------------------------------------------------------------------ concurrency

@@ -30,15 +30,15 @@ def _timed_columns() -> list[sa.Column]:
 
 def upgrade() -> None:
     op.create_table(
-        "devices",
+        "epilab_devices",
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("name", sa.String(128), nullable=False),
         sa.Column("capability", sa.String(16), nullable=False),
         sa.Column("sm_count", sa.Integer(), nullable=False),
-        sa.UniqueConstraint("name", "capability", "sm_count", name="uq_devices_identity"),
+        sa.UniqueConstraint("name", "capability", "sm_count", name="uq_epilab_devices_identity"),
     )
     op.create_table(
-        "problems",
+        "epilab_problems",
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("key", sa.String(64), nullable=False, unique=True),
         sa.Column("json", sa.Text(), nullable=False),
@@ -57,12 +57,17 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     )
     op.create_table(
-        "trials",
+        "epilab_trials",
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column(
-            "problem_id", sa.Integer(), sa.ForeignKey("problems.id", ondelete="CASCADE"), nullable=False
+            "problem_id",
+            sa.Integer(),
+            sa.ForeignKey("epilab_problems.id", ondelete="CASCADE"),
+            nullable=False,
         ),
-        sa.Column("device_id", sa.Integer(), sa.ForeignKey("devices.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "device_id", sa.Integer(), sa.ForeignKey("epilab_devices.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("config", sa.Text(), nullable=False),
         sa.Column("status", sa.String(20), nullable=False),
         sa.Column("study", sa.String(128), nullable=False),
@@ -70,17 +75,29 @@ def upgrade() -> None:
         sa.Column("detail", sa.Text(), nullable=True),
         *_timed_columns(),
         sa.UniqueConstraint(
-            "problem_id", "device_id", "config", "torch_version", "triton_version", name="uq_trials_identity"
+            "problem_id",
+            "device_id",
+            "config",
+            "torch_version",
+            "triton_version",
+            name="uq_epilab_trials_identity",
         ),
     )
-    op.create_index("ix_trials_lookup", "trials", ["problem_id", "device_id", "status", "median_ms"])
+    op.create_index(
+        "ix_epilab_trials_lookup", "epilab_trials", ["problem_id", "device_id", "status", "median_ms"]
+    )
     op.create_table(
-        "baselines",
+        "epilab_baselines",
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column(
-            "problem_id", sa.Integer(), sa.ForeignKey("problems.id", ondelete="CASCADE"), nullable=False
+            "problem_id",
+            sa.Integer(),
+            sa.ForeignKey("epilab_problems.id", ondelete="CASCADE"),
+            nullable=False,
         ),
-        sa.Column("device_id", sa.Integer(), sa.ForeignKey("devices.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "device_id", sa.Integer(), sa.ForeignKey("epilab_devices.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("library", sa.String(32), nullable=False),
         *_timed_columns(),
         sa.UniqueConstraint(
@@ -89,14 +106,14 @@ def upgrade() -> None:
             "library",
             "torch_version",
             "triton_version",
-            name="uq_baselines_identity",
+            name="uq_epilab_baselines_identity",
         ),
     )
 
 
 def downgrade() -> None:
-    op.drop_table("baselines")
-    op.drop_index("ix_trials_lookup", table_name="trials")
-    op.drop_table("trials")
-    op.drop_table("problems")
-    op.drop_table("devices")
+    op.drop_table("epilab_baselines")
+    op.drop_index("ix_epilab_trials_lookup", table_name="epilab_trials")
+    op.drop_table("epilab_trials")
+    op.drop_table("epilab_problems")
+    op.drop_table("epilab_devices")
