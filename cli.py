@@ -111,6 +111,172 @@ def demo(
     console.print("[green]OK[/green]: epilab matches the float64 reference")
 
 
+# ------------------------------------------------------------------ epilab tune
+
+
+@app.command()
+def tune(
+    suite: Annotated[str | None, typer.Option(help="built-in suite: smoke, quick, llm, square")] = None,
+    shapes: Annotated[
+        str | None, typer.Option(help="JSON or JSON Lines file of problems (see tuner/suites.py)")
+    ] = None,
+    trials: Annotated[int, typer.Option(min=1, max=10_000, help="trial budget per problem")] = 64,
+    time_budget: Annotated[float, typer.Option(min=1, help="seconds of search per problem")] = 90.0,
+    patience: Annotated[
+        int, typer.Option(min=1, help="stop after this many trials without a better one")
+    ] = 24,
+    baselines: Annotated[
+        str, typer.Option(help="comma list of cublas, cublaslt, inductor, inductor-max-autotune")
+    ] = "cublas",
+    db: DbOption = None,
+    device: Annotated[str, typer.Option(help="CUDA device to tune on")] = "cuda:0",
+    resume: Annotated[
+        bool, typer.Option("--resume/--restart", help="continue each problem's study, or start over")
+    ] = True,
+    jobs: Annotated[
+        int, typer.Option(min=0, max=64, help="parallel compile processes (0: compile in the worker)")
+    ] = 8,
+    interpret: Annotated[
+        bool, typer.Option("--interpret", help="no GPU: correctness-only dry run in Triton's interpreter")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="seed of the sampler and of the random inputs")] = 0,
+) -> None:
+    """Tune problems: search configs with optuna, check and time each on the GPU, record it all."""
+    import torch
+
+    if (suite is None) == (shapes is None):
+        raise _fail(ValueError("give exactly one of --suite NAME or --shapes FILE"))
+    if interpret:
+        os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
+    elif not torch.cuda.is_available():
+        raise _fail(
+            ValueError(
+                "no CUDA device: epilab tune times kernels on a GPU. Use --interpret for a "
+                "correctness-only dry run in Triton's interpreter (timings are not GPU times)"
+            )
+        )
+    from epilab.tuner.search import Budget
+    from epilab.tuner.suites import load_shapes
+    from epilab.tuner.suites import suite as builtin_suite
+    from epilab.tuner.tune import TuneOptions, Tuner
+
+    try:
+        specs = builtin_suite(suite) if suite is not None else load_shapes(shapes)
+        if only is not None:
+            specs = [specs[i] for i in _indices(only, len(specs))]
+        device_index = 0 if interpret else torch.device(device).index or 0
+        if not interpret and device_index >= torch.cuda.device_count():
+            raise ValueError(f"{device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
+        options = TuneOptions(
+            budget=Budget(trials=trials, seconds=time_budget, patience=patience),
+            baselines=tuple(b for b in baselines.split(",") if b),
+            restart=not resume,
+            jobs=0 if interpret else jobs,
+            device_index=device_index,
+            interpret=interpret,
+            seed=seed,
+        )
+    except (ValueError, OSError, RuntimeError) as e:
+        raise _fail(e) from None
+    store = _open_db(db)
+    results = []
+    interrupted = False
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with (
+        config.patch(interpret=interpret),
+        Tuner(store, options) as tuner,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress,
+    ):
+        overall = progress.add_task(
+            f"tuning {len(specs)} problem(s) on {tuner.device.name}", total=len(specs)
+        )
+        try:
+            for i, spec in enumerate(specs, 1):
+                task = progress.add_task(f"[{i}/{len(specs)}] {spec.label()}", total=trials)
+
+                def on_trial(done, cfg, outcome, best_ms, task=task, i=i, spec=spec) -> None:
+                    best = "-" if best_ms is None else f"{best_ms:.4f} ms"
+                    progress.update(
+                        task,
+                        completed=min(done, trials),
+                        description=f"[{i}/{len(specs)}] {spec.label()}  best {best}",
+                    )
+
+                result = tuner.tune(spec, on_trial)
+                base = result.baselines.get("cublas")
+                vs = f" vs cuBLAS+eager {base:.4f} ms" if base else ""
+                best = "none" if result.best_ms is None else f"{result.best_ms:.4f} ms"
+                progress.update(
+                    task, completed=trials, description=f"[{i}/{len(specs)}] {spec.label()}  best {best}{vs}"
+                )
+                progress.advance(overall)
+                results.append(result)
+        except KeyboardInterrupt:
+            interrupted = True
+    store.close()
+    _tune_summary(results, interpret)
+    if interrupted:
+        console.print(
+            "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
+            "run the same command again to resume"
+        )
+        raise typer.Exit(130)
+
+
+def _indices(text: str, count: int) -> list[int]:
+    """0-based indices from a 1-based selection like '1-3,7'."""
+    picked: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"--only {text!r}: use 1-based numbers and ranges such as 1-3,7")
+        first, last = int(lo), int(hi or lo)
+        if not 1 <= first <= last <= count:
+            raise ValueError(f"--only {text!r}: the list has problems 1..{count}")
+        picked += [i - 1 for i in range(first, last + 1) if i - 1 not in picked]
+    return picked
+
+
+def _tune_summary(results: list, interpret: bool) -> None:
+    unit = "interpreter ms (not GPU time)" if interpret else "ms"
+    table = Table(title=f"epilab tune: best config per problem ({unit})")
+    for col in (
+        "problem",
+        "best config",
+        "best",
+        "TFLOP/s",
+        "cuBLAS+eager",
+        "speedup",
+        "trials",
+        "failed",
+        "wall s",
+    ):
+        table.add_column(col, justify="left" if col in ("problem", "best config") else "right")
+    for r in results:
+        failed = sum(n for s, n in r.statuses.items() if s != "ok")
+        base = r.baselines.get("cublas")
+        table.add_row(
+            r.label,
+            "-" if r.best is None else r.best.short().replace(" default", ""),
+            _ms(r.best_ms),
+            "" if r.tflops is None or interpret else f"{r.tflops:.0f}",
+            _ms(base),
+            "" if r.speedup is None else f"{r.speedup:.2f}x",
+            str(r.evaluated),
+            str(failed),
+            f"{r.seconds:.0f}",
+        )
+    console.print(table)
+
+
 # ------------------------------------------------------------------ epilab db
 
 db_app = typer.Typer(help="Inspect and maintain the tuning database.", no_args_is_help=True)

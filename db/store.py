@@ -191,10 +191,11 @@ def resolve_url(target: str | Path | None) -> tuple[str, Path | None]:
 class TuningDB:
     """Devices, problems, trial records and baselines, in SQLite or any SQLAlchemy database."""
 
-    def __init__(self, engine: Engine, url: str, revision: str) -> None:
+    def __init__(self, engine: Engine, url: str, revision: str, storage_url: str) -> None:
         self.engine = engine
         self._writer = engine.execution_options(epilab_write=True)
-        self.url = url
+        self.url = url  # for display: password hidden
+        self.storage_url = storage_url  # full URL, for optuna's storage in the same database
         self.revision = revision
 
     # ------------------------------------------------------------------ open
@@ -216,7 +217,7 @@ class TuningDB:
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, shown, revision)
+        return cls(engine, shown, revision, url)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -9,7 +9,7 @@ by every batch), any strides. Operands broadcast to C's shape.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -289,17 +289,45 @@ def launch_unchecked(
     out: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``launch`` for tensors already checked against ``problem`` by ``make_problem``."""
+    bound = bind(problem, config, a, b, operands, out)
+    bound.run()
+    return bound.outs
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A launch with every argument fixed: ``run()`` launches it again (for timing and
+    CUDA graphs, with no per-call Python beyond Triton's launcher); ``compile()``
+    compiles it without launching."""
+
+    outs: tuple[torch.Tensor, ...]
+    run: Callable[[], None]
+    compile: Callable[[], None]
+
+
+def bind(
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+) -> Bound:
+    """Everything ``launch_unchecked`` does up to the launch itself."""
     bt = check_inputs(a, b)
     ep = problem.epilogue
     outs = _outputs(problem, bt.out_shape, a.device, out)
     batch, m, n, k = bt.batch, bt.a[0][1], bt.b[0][2], bt.a[0][2]
     if batch == 0 or m == 0 or n == 0:
-        return outs
+        return Bound(outs, lambda: None, lambda: None)
     if k == 0:  # empty sum: the epilogue of a zero accumulator, no kernel needed
-        zero = torch.zeros(bt.out_shape, dtype=torch.float32, device=a.device)
-        for o, v in zip(outs, ep.evaluate(zero, operands), strict=True):
-            o.copy_(v)
-        return outs
+
+        def zero_k() -> None:
+            zero = torch.zeros(bt.out_shape, dtype=torch.float32, device=a.device)
+            for o, v in zip(outs, ep.evaluate(zero, operands), strict=True):
+                o.copy_(v)
+
+        return Bound(outs, zero_k, lambda: None)
     target = target_for(a.device)
     tensors = [a, b, *outs, *operands.values()]
     index_64 = any(_extent(t) > _INT32_MAX for t in tensors) or batch * m * n > _INT32_MAX
@@ -341,9 +369,7 @@ def launch_unchecked(
                 f"out{i}_stride_n": o3.stride(2),
             }
         )
-    kernel = _kernel(problem, config, target, index_64)
-    kernel[grid](
-        **args,
+    args.update(
         BLOCK_M=config.BLOCK_M,
         BLOCK_N=config.BLOCK_N,
         BLOCK_K=config.BLOCK_K,
@@ -351,7 +377,14 @@ def launch_unchecked(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    return outs
+    kernel = _kernel(problem, config, target, index_64)
+    launcher = kernel[grid]
+
+    def compile_only() -> None:
+        if target != "interpreter":  # the interpreter has nothing to compile
+            kernel.warmup(grid=grid, **args)
+
+    return Bound(outs, lambda: launcher(**args), compile_only)
 
 
 def _outputs(

@@ -174,6 +174,8 @@ class Problem:
     precision: str = "ieee"
 
     def __post_init__(self) -> None:
+        # operands are a set keyed by name: keep them sorted so equality ignores their order
+        object.__setattr__(self, "operands", tuple(sorted(self.operands, key=lambda o: o.name)))
         if self.op not in OPS:
             raise ValueError(f"op {self.op!r} is not one of {OPS}")
         if self.dtype not in DTYPES:

@@ -1,0 +1,351 @@
+"""The tuner on the CPU: search space feasibility, the optuna loop against an
+injected cost model (a test double, not a product code path), resume and
+budgets, worker isolation (a hook that crashes or hangs the worker), suites and
+shapes files, and `epilab tune --interpret` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from epilab.cli import app
+from epilab.db import TuningDB
+from epilab.templates.problem import Config
+from epilab.tuner.evaluate import make_inputs
+from epilab.tuner.search import Budget, Outcome, make_study, search
+from epilab.tuner.space import HOPPER, SPACE, DeviceLimits, configs, infeasible, space_for
+from epilab.tuner.suites import SUITES, Spec, load_shapes
+from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes
+from epilab.tuner.worker import Worker
+
+BIG = Spec(4096, 4096, 4096, epilogue="bias_gelu_tanh").problem()
+SMALL = Spec(40, 24, 72, epilogue="bias_relu").problem()
+
+# ------------------------------------------------------------------ space
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [BIG, SMALL, Spec(1, 4096, 4096, dtype="float32").problem()],
+    ids=["4096-bf16", "small", "gemv-fp32"],
+)
+def test_every_config_of_the_space_is_feasible(problem):
+    found = configs(problem, HOPPER)
+    assert found and all(infeasible(problem, c, HOPPER) is None for c in found)
+    assert len(set(found)) == len(found)
+    trimmed = space_for(problem)
+    assert all(getattr(c, name) in values for c in found for name, values in trimmed.items())
+
+
+@pytest.mark.parametrize(
+    "config,reason",
+    [
+        (Config(256, 256, 128, num_warps=8, num_stages=3), "shared memory"),
+        (Config(256, 256, 32, num_warps=4, num_stages=1), "registers per thread"),
+        (Config(16, 16, 16, num_warps=8, num_stages=1), "idle"),
+        (Config(64, 64, 64, GROUP_M=2), "outside"),
+        (Config(64, 64, 64, num_warps=16), "outside"),
+        (Config(64, 64, 64, SPLIT_K=2), "split-K"),
+    ],
+)
+def test_infeasible_configs_say_why(config, reason):
+    assert reason in infeasible(BIG, config, HOPPER)
+
+
+def test_blocks_larger_than_the_padded_problem_are_infeasible():
+    assert "padded" in infeasible(SMALL, Config(128, 32, 32), HOPPER)
+    assert infeasible(SMALL, Config(64, 32, 128, num_warps=2), HOPPER) is None  # 40->64, 24->32, 72->128
+    smaller = DeviceLimits("small", "8.0", 10, 48 * 1024)
+    assert "shared memory" in infeasible(BIG, Config(128, 128, 64, num_stages=2), smaller)
+
+
+# ------------------------------------------------------------------ search
+
+
+def cost_model(config: Config) -> float:
+    """A known landscape: the optimum is 128x128x64, 4 warps, 4 stages, GROUP_M 8 at 1.0 ms."""
+    return (
+        1.0
+        + abs(math.log2(config.BLOCK_M) - 7) * 0.5
+        + abs(math.log2(config.BLOCK_N) - 7) * 0.4
+        + abs(math.log2(config.BLOCK_K) - 6) * 0.3
+        + (config.num_warps != 4) * 0.2
+        + abs(config.num_stages - 4) * 0.05
+        + (config.GROUP_M != 8) * 0.02
+    )
+
+
+class Counted:
+    """evaluate() double: the cost model, remembering every config it was asked about."""
+
+    def __init__(self, fail: set[Config] = frozenset()) -> None:
+        self.asked: list[Config] = []
+        self.fail = fail
+
+    def __call__(self, batch: list[Config]) -> list[Outcome]:
+        self.asked += batch
+        return [Outcome("compile_error") if c in self.fail else Outcome("ok", cost_model(c)) for c in batch]
+
+
+def _run(study, evaluate, budget, **kw):
+    return search(
+        study,
+        space_for(BIG),
+        evaluate=evaluate,
+        infeasible=lambda c: infeasible(BIG, c, HOPPER),
+        budget=budget,
+        **kw,
+    )
+
+
+def test_search_finds_the_optimum_of_a_known_landscape_within_budget():
+    optimum = min(configs(BIG, HOPPER), key=cost_model)
+    evaluate = Counted()
+    result = _run(
+        make_study("landscape", None, restart=False, seed=0),
+        evaluate,
+        Budget(trials=64, seconds=1e9, patience=64),
+    )
+    assert result.evaluated == 64 == len(evaluate.asked) == len(set(evaluate.asked))
+    assert result.best_ms <= cost_model(optimum) * 1.03, (result.best, optimum)
+    assert all(infeasible(BIG, c, HOPPER) is None for c in evaluate.asked)  # nothing infeasible evaluated
+
+
+def test_seeds_are_tried_first_and_failures_are_never_best():
+    seeds = [Config(64, 64, 64, num_stages=4), Config(128, 128, 64, num_warps=4, num_stages=4)]
+    evaluate = Counted(fail={seeds[1]})
+    result = _run(
+        make_study("seeded", None, restart=False),
+        evaluate,
+        Budget(trials=8, seconds=1e9, batch=4),
+        seeds=seeds,
+    )
+    assert evaluate.asked[:2] == seeds
+    assert result.best != seeds[1] and result.best_ms is not None
+
+
+def test_budgets_are_respected():
+    ticks = iter(range(10_000))
+    timed = _run(
+        make_study("time", None, restart=False),
+        Counted(),
+        Budget(trials=64, seconds=3, batch=1),
+        clock=lambda: next(ticks),
+    )
+    assert timed.stopped_by == "time" and timed.new <= 3
+    flat = _run(
+        make_study("flat", None, restart=False),
+        lambda b: [Outcome("ok", 1.0) for _ in b],
+        Budget(trials=64, seconds=1e9, patience=5, batch=1),
+    )
+    assert flat.stopped_by == "patience" and flat.evaluated == 6
+
+
+def test_resume_continues_the_same_study(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    ticks = iter(range(10_000))
+    first = Counted()
+    r1 = _run(
+        make_study("resume", storage, restart=False),
+        first,
+        Budget(trials=20, seconds=6, batch=2),
+        clock=lambda: next(ticks),
+    )
+    assert r1.stopped_by == "time" and 0 < r1.evaluated < 20
+    second = Counted()
+    r2 = _run(make_study("resume", storage, restart=False), second, Budget(trials=20, seconds=1e9, batch=2))
+    assert r2.evaluated == 20 and r2.new == 20 - r1.evaluated
+    assert not set(first.asked) & set(second.asked)  # nothing measured twice
+    assert r2.best_ms <= r1.best_ms
+    again = _run(
+        make_study("resume", storage, restart=True), Counted(), Budget(trials=4, seconds=1e9, batch=2)
+    )
+    assert again.evaluated == 4  # --restart starts over
+
+
+# ------------------------------------------------------------------ isolation
+
+HOOK = textwrap.dedent("""
+    import os, time
+
+    def hook(task):
+        if task.get("kind") != "candidate":
+            return
+        if task["config"]["BLOCK_M"] == 32:
+            os._exit(11)  # as a kernel with an illegal address takes its process down
+        if task["config"]["BLOCK_M"] == 64:
+            time.sleep(600)  # as a deadlocked kernel never returns
+""")
+
+
+def test_crashing_and_hanging_candidates_cost_one_trial_each(tmp_path):
+    hook_file = tmp_path / "hook.py"
+    hook_file.write_text(HOOK)
+    problem = SMALL.to_json()
+    with Worker(timeout_s=20, hook=(str(hook_file), "hook")) as worker:
+
+        def run(bm):
+            return worker.run(
+                {
+                    "kind": "candidate",
+                    "problem": problem,
+                    "seed": 1,
+                    "config": Config(bm, 32, 32, num_warps=2, num_stages=1).to_dict(),
+                }
+            )
+
+        assert run(16)["status"] == "ok"
+        crashed = run(32)
+        assert crashed["status"] == "crashed" and "exit code 11" in crashed["detail"]
+        hung = run(64)
+        assert hung["status"] == "timeout"
+        assert run(16)["status"] == "ok"  # a fresh worker carries on
+        assert worker.restarts == 2
+
+
+def test_a_tuning_run_goes_on_past_a_crashing_config(tmp_path):
+    hook_file = tmp_path / "hook.py"
+    hook_file.write_text(HOOK.replace("== 64", "== 12345"))
+    with TuningDB.open(tmp_path / "t.db") as db:
+        options = TuneOptions(
+            budget=Budget(trials=6, seconds=600, batch=3), interpret=True, jobs=0, baselines=()
+        )
+        with Tuner(db, options, hook=(str(hook_file), "hook")) as tuner:
+            spec = Spec(40, 24, 72, epilogue="bias_relu")
+            result = tuner.tune(spec)
+        assert result.evaluated == 6 and result.best_ms is not None
+        records = db.records(spec.problem().key)
+        assert len(records) == 6
+        statuses = {r.status for r in records}
+        assert statuses <= {"ok", "crashed"}
+        for r in records:
+            assert (r.status == "crashed") == (r.config["BLOCK_M"] == 32)
+
+
+# ------------------------------------------------------------------ inputs, suites, shapes files
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        *SUITES["smoke"],
+        Spec(17, 9, 33, layout="TT", epilogue="bias_gelu_tanh_residual"),
+        Spec(9, 40, 24, batch=3, layout="TN", dtype="float32", epilogue="bias_residual"),
+    ],
+    ids=lambda s: s.label().replace(" ", "-"),
+)
+def test_inputs_match_their_problem(spec):
+    import torch
+
+    problem = spec.problem()
+    a, _, _ = make_inputs(problem, torch.device("cpu"), seed=3)  # raises if they did not match
+    assert a.dtype == getattr(torch, spec.dtype) and not torch.equal(a, torch.zeros_like(a))
+    assert problem_bytes(problem) >= a.numel() * a.element_size()
+
+
+def test_builtin_suites_build_valid_problems():
+    assert {k: len(v) for k, v in SUITES.items()} == {"smoke": 3, "quick": 10, "llm": 15, "square": 4}
+    for specs in SUITES.values():
+        for spec in specs:
+            assert spec.problem().template == "matmul"
+    ms = sorted({s.m for s in SUITES["llm"]})
+    assert ms == [1, 16, 128, 2048, 8192]
+
+
+def test_shapes_files_in_json_and_json_lines(tmp_path):
+    listed = tmp_path / "shapes.json"
+    listed.write_text(
+        '[\n  {"m": 128, "n": 256, "k": 64},\n  {"m": 8, "n": 8, "k": 8, "epilogue": "bias_relu",'
+        ' "dtype": "float16", "layout": "NN", "batch": 2}\n]\n'
+    )
+    assert load_shapes(listed) == [
+        Spec(128, 256, 64),
+        Spec(8, 8, 8, batch=2, dtype="float16", layout="NN", epilogue="bias_relu"),
+    ]
+    lines = tmp_path / "shapes.jsonl"
+    lines.write_text('# one problem a line\n{"m": 1, "n": 2, "k": 3}\n\n{"m": 4, "n": 5, "k": 6}\n')
+    assert [s.m for s in load_shapes(lines)] == [1, 4]
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ('[\n {"m": 1, "n": 2, "k": 3},\n {"m": 1, "n": 2, "k": 3, "dtype": "int8"}\n]', r":3: dtype 'int8'"),
+        ('[\n {"m": 1, "n": 2, "k": 3},\n\n {"m": 1, "n": 2}\n]', r":4: missing \['k'\]"),
+        ('{"m": 1, "n": 2, "k": 3}\n{"m": -4, "n": 2, "k": 3}\n', r":2: m must be"),
+        ('{"m": 1, "n": 2, "k": 3}\n{"m": 1, "n": 2, "k": 3, "shape": 1}\n', r":2: unknown keys \['shape'\]"),
+        (
+            '{"m": 1, "n": 2, "k": 3}\n{"m": 1, "n": 2, "k": 3, "epilogue": "softmax"}\n',
+            r":2: epilogue 'softmax'",
+        ),
+        ('[\n {"m": 1, "n": 2, "k": 3},\n {"m": 1 "n": 2}\n]', r":3: Expecting"),
+        ("", r"no problems"),
+    ],
+)
+def test_shapes_file_errors_name_the_line(tmp_path, text, match):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_shapes(path)
+
+
+# ------------------------------------------------------------------ epilab tune
+
+runner = CliRunner()
+
+
+def test_tune_smoke_suite_in_the_interpreter_end_to_end(tmp_path, monkeypatch):
+    import epilab.cli
+
+    monkeypatch.setattr(epilab.cli.console, "width", 200)
+    db_path = str(tmp_path / "tune.db")
+    result = runner.invoke(app, ["tune", "--suite", "smoke", "--interpret", "--trials", "3", "--db", db_path])
+    assert result.exit_code == 0, result.output
+    assert "interpreter ms (not GPU time)" in result.output and "64x64x64 float32 NT none" in result.output
+    with TuningDB.open(db_path) as db:
+        stats = db.stats({})
+        assert stats.trials_by_status == {"ok": 9} and stats.problems == 3
+        records = db.records(SUITES["smoke"][0].problem().key)
+        assert all(
+            r.timing_method.startswith("interpreter") and r.device.capability == "interpreter"
+            for r in records
+        )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    studies = optuna.get_all_study_names(storage=f"sqlite:///{db_path}")
+    assert len(studies) == 3  # the studies live in the same database
+    again = runner.invoke(app, ["tune", "--suite", "smoke", "--interpret", "--trials", "4", "--db", db_path])
+    assert again.exit_code == 0, again.output
+    with TuningDB.open(db_path) as db:
+        assert db.stats({}).trials_by_status == {"ok": 12}  # resumed: one more trial per problem
+
+
+def test_tune_refuses_without_cuda_and_explains(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = runner.invoke(app, ["tune", "--suite", "smoke", "--db", str(tmp_path / "x.db")])
+    assert result.exit_code == 1 and "--interpret" in result.output
+    both = runner.invoke(app, ["tune", "--suite", "smoke", "--shapes", "x.json", "--interpret"])
+    assert both.exit_code == 1 and "exactly one" in both.output
+    unknown = runner.invoke(app, ["tune", "--suite", "huge", "--interpret"])
+    assert unknown.exit_code == 1 and "unknown suite" in unknown.output
+    out_of_range = runner.invoke(app, ["tune", "--suite", "smoke", "--interpret", "--only", "2-5"])
+    assert out_of_range.exit_code == 1 and "problems 1..3" in out_of_range.output
+
+
+def test_space_definition_is_the_documented_one():
+    assert SPACE["matmul"] == {
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (16, 32, 64, 128, 256),
+        "BLOCK_K": (16, 32, 64, 128, 256),
+        "GROUP_M": (1, 4, 8, 16),
+        "num_warps": (2, 4, 8),
+        "num_stages": (1, 2, 3, 4, 5, 6),
+    }
+    json.dumps(SPACE)

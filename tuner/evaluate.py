@@ -1,0 +1,271 @@
+"""What a GPU worker does with one task: check a candidate against the float64
+reference on fresh random inputs (outputs poisoned with NaN first), then time it;
+or time a library baseline the same way.
+
+Only known failures become a failed trial: Triton compile errors, out of
+resources, wrong results, and CUDA errors (after which the worker must restart).
+Anything else propagates: it is a bug, not a bad config.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from epilab.templates.check import poisoned_like, rel_error, tolerance
+from epilab.templates.matmul import bind, make_problem, reference, target_for
+from epilab.templates.problem import Config, Problem
+from epilab.templates.rules import DTYPES
+from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
+
+GRAPH_BELOW_MS = 0.05  # also time kernels shorter than this by CUDA-graph replay
+BATCHED_OPS = ("bmm", "baddbmm")
+
+
+def device_for_tuning() -> torch.device:
+    return (
+        torch.device("cpu")
+        if target_for_is_interpreter()
+        else torch.device("cuda", torch.cuda.current_device())
+    )
+
+
+def target_for_is_interpreter() -> bool:
+    from epilab.templates.build import interpreter_active
+
+    return interpreter_active()
+
+
+def _tensor(
+    rows: int,
+    cols: int,
+    batch: int | None,
+    layout: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    lead = () if batch is None else (batch,)
+    if dtype == torch.bool:
+        return torch.rand((*lead, rows, cols), generator=gen, device=device) > 0.5
+    stored = {"col": (*lead, cols, rows), "strided": (*lead, rows, 2 * cols)}.get(layout, (*lead, rows, cols))
+    t = torch.randn(stored, generator=gen, device=device).to(dtype)
+    if layout == "col":
+        return t.transpose(-1, -2)
+    return t[..., ::2] if layout == "strided" else t
+
+
+def make_inputs(
+    problem: Problem, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Fresh random A, B and operands with exactly the problem's shapes, dtypes and layouts."""
+    s = problem.shape
+    if not s.is_static():
+        raise ValueError("tuning needs a static shape")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = DTYPES[problem.dtype]
+    batch = int(s.batch) if problem.op in BATCHED_OPS or s.batch != 1 else None
+    m, n, k = int(s.m), int(s.n), int(s.k)
+    a = _tensor(m, k, batch, problem.layout_a, dtype, device, gen)
+    b = _tensor(k, n, batch, problem.layout_b, dtype, device, gen)
+    kinds = dict(problem.epilogue.operands)
+    operands = {}
+    for spec in problem.operands:
+        odt, kind = DTYPES[spec.dtype], kinds[spec.name]
+        if kind == "row":
+            operands[spec.name] = _tensor(1, n, None, "row", odt, device, gen)[0]
+        elif kind == "col":
+            operands[spec.name] = _tensor(m, 1, None, "row", odt, device, gen)
+        elif kind == "scalar":
+            operands[spec.name] = _tensor(1, 1, None, "row", odt, device, gen)[0]
+        else:
+            operands[spec.name] = _tensor(m, n, batch, spec.layout, odt, device, gen)
+    made = make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision)
+    if made != problem:
+        raise ValueError("could not build inputs that match the problem")
+    return a, b, operands
+
+
+def _known_failure(e: BaseException) -> tuple[str, bool] | None:
+    """(status, worker must restart) for failures that are a property of the config."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    if isinstance(e, OutOfResources):
+        return "out_of_resources", False
+    if isinstance(e, CompilationError):
+        return "compile_error", False
+    text = str(e)
+    if "out of resource" in text.lower() or "shared memory" in text.lower():
+        return "out_of_resources", False
+    if isinstance(e, RuntimeError) and ("CUDA error" in text or "illegal" in text.lower()):
+        return "crashed", True
+    return None
+
+
+def _measure(run: Callable[[], object], interpreter: bool) -> tuple[Measured, Measured | None]:
+    if interpreter:
+        return time_wall(run), None
+    events = time_cuda(run)
+    return events, (time_graph(run) if events.median_ms < GRAPH_BELOW_MS else None)
+
+
+def _result(status: str, **fields: Any) -> dict[str, Any]:
+    return {"status": status, **fields}
+
+
+def _timed(events: Measured, graph: Measured | None, err: float) -> dict[str, Any]:
+    out = {
+        "median_ms": events.median_ms,
+        "p20_ms": events.p20_ms,
+        "p80_ms": events.p80_ms,
+        "method": events.method,
+        "max_rel_error": err,
+    }
+    if graph is not None:
+        out["graph_ms"] = graph.median_ms
+    return out
+
+
+def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Check, then time, one config; returns a result dict (status, timings, error, detail)."""
+    problem = Problem.from_json(problem_json)
+    cfg = Config.from_dict(config)
+    interpreter = target_for_is_interpreter()
+    device = torch.device("cpu") if interpreter else torch.device("cuda", torch.cuda.current_device())
+    a, b, operands = make_inputs(problem, device, seed)
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    outs = tuple(
+        poisoned_like(torch.empty(shape, dtype=DTYPES[o.dtype], device=device))
+        for o in problem.epilogue.outputs
+    )
+    try:
+        bound = bind(problem, cfg, a, b, operands, out=outs)
+        bound.run()
+        if not interpreter:
+            torch.cuda.synchronize()
+    except Exception as e:
+        known = _known_failure(e)
+        if known is None:
+            raise
+        return _result(known[0], detail=_short(e), restart=known[1])
+    refs = reference(problem.epilogue, a, b, operands)
+    errors = [rel_error(o, r) for o, r in zip(outs, refs, strict=True)]
+    bounds = [tolerance(problem.dtype, problem.precision, o.dtype) for o in problem.epilogue.outputs]
+    err = max(errors)
+    if any(not e <= bd for e, bd in zip(errors, bounds, strict=True)):
+        worst = max(range(len(errors)), key=lambda i: errors[i] / max(bounds[i], 1e-30))
+        return _result(
+            "incorrect",
+            max_rel_error=err if math.isfinite(err) else None,
+            detail=f"output {worst}: ||out-ref||/||ref|| = {errors[worst]:.3e} > {bounds[worst]:.0e}",
+        )
+    try:
+        events, graph = _measure(bound.run, interpreter)
+    except Exception as e:
+        known = _known_failure(e)
+        if known is None:
+            raise
+        return _result(known[0], detail=_short(e), restart=known[1])
+    return _result("ok", **_timed(events, graph, err))
+
+
+def baseline_fn(
+    problem: Problem, library: str, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
+) -> Callable[[], tuple[torch.Tensor, ...]] | None:
+    """A zero-argument function computing the problem with ``library``, or None where it does not apply.
+
+    cublas: torch.matmul (cuBLAS) then the epilogue in eager torch at the input dtype;
+    cublaslt: torch._addmm_activation (cuBLASLt epilogue) for bias + relu / gelu(tanh) on 2-D inputs;
+    inductor / inductor-max-autotune: torch.compile of the cublas function.
+    """
+    ep = problem.epilogue
+    out_dtypes = [DTYPES[o.dtype] for o in ep.outputs]
+
+    def eager() -> tuple[torch.Tensor, ...]:
+        acc = torch.matmul(a, b)
+        return tuple(v.to(dt) for v, dt in zip(ep.evaluate(acc, operands), out_dtypes, strict=True))
+
+    if library == "cublas":
+        return eager
+    if library == "cublaslt":
+        gelu = _bias_activation(problem)
+        if gelu is None or a.dim() != 2:
+            return None
+        bias = operands["bias"]
+        return lambda: (torch._addmm_activation(bias, a, b, use_gelu=gelu).to(out_dtypes[0]),)
+    if library in ("inductor", "inductor-max-autotune"):
+        mode = "max-autotune" if library == "inductor-max-autotune" else None
+        return torch.compile(eager, mode=mode, dynamic=False)
+    raise ValueError(f"unknown baseline library {library!r}")
+
+
+def _bias_activation(problem: Problem) -> bool | None:
+    """True (gelu tanh) / False (relu) when the epilogue is act(acc + row bias), else None."""
+    from epilab.templates.epilogue import Epilogue, acc, operand, ops
+
+    if [n for n, _ in problem.epilogue.operands] != ["bias"] or len(problem.epilogue.outputs) != 1:
+        return None
+    dtype = problem.epilogue.outputs[0].dtype
+    for act, gelu in (("relu", False), ("gelu_tanh", True)):
+        if problem.epilogue == Epilogue.build([(getattr(ops, act)(acc() + operand("bias", "row")), dtype)]):
+            return gelu
+    return None
+
+
+def evaluate_baseline(problem_json: str, library: str, seed: int) -> dict[str, Any]:
+    problem = Problem.from_json(problem_json)
+    interpreter = target_for_is_interpreter()
+    if interpreter:
+        return _result("skipped", detail="baselines are not timed in the interpreter")
+    device = torch.device("cuda", torch.cuda.current_device())
+    a, b, operands = make_inputs(problem, device, seed)
+    fn = baseline_fn(problem, library, a, b, operands)
+    if fn is None:
+        return _result("skipped", detail=f"{library} does not apply to this problem")
+    outs = fn()
+    torch.cuda.synchronize()
+    refs = reference(problem.epilogue, a, b, operands)
+    err = max(rel_error(o, r) for o, r in zip(outs, refs, strict=True))
+    events, graph = _measure(fn, False)
+    return _result("ok", **_timed(events, graph, err if math.isfinite(err) else 1e30))
+
+
+def _short(e: BaseException) -> str:
+    lines = traceback.format_exception_only(type(e), e)
+    return "".join(lines).strip()[-1500:]
+
+
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    """Entry point of a worker for one task (see worker.py)."""
+    kind = task["kind"]
+    if kind == "candidate":
+        return evaluate_candidate(task["problem"], task["config"], task["seed"])
+    if kind == "baseline":
+        return evaluate_baseline(task["problem"], task["library"], task["seed"])
+    if kind == "compile":
+        return compile_candidate(task["problem"], task["config"])
+    raise ValueError(f"unknown task kind {kind!r}")
+
+
+def compile_candidate(problem_json: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Compile (not launch) a candidate: what the parallel compile pool runs."""
+    problem = Problem.from_json(problem_json)
+    cfg = Config.from_dict(config)
+    device = device_for_tuning()
+    a, b, operands = make_inputs(problem, device, 0)
+    try:
+        bind(problem, cfg, a, b, operands).compile()
+    except Exception as e:
+        known = _known_failure(e)
+        if known is None:
+            raise
+        return _result(known[0], detail=_short(e))
+    return _result("compiled")
+
+
+__all__ = ["evaluate_baseline", "evaluate_candidate", "make_inputs", "run_task", "target_for"]

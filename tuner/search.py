@@ -1,0 +1,152 @@
+"""The search loop: an optuna study per (problem, device), asked in batches.
+
+Each dimension of the template's search space is an ordinal optuna parameter
+(the index into its tuple of values), sampled by multivariate TPE. Proposals
+that are infeasible never reach ``evaluate``: they are told a penalty so TPE
+learns to avoid them, and do not count as trials. Proposals already measured
+in this study are told their old value. The study is seeded with known-good
+configs (``enqueue_trial``) when it is new, and stops at the trial budget
+(counted over the whole study, so a resumed run finishes what an interrupted one
+began), the time budget, or after ``patience`` evaluated trials without a better
+one. ``evaluate`` is injected: the tuner passes GPU evaluation, tests pass a cost
+model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import optuna
+
+from epilab.templates.problem import Config
+
+PENALTY = 1e3  # told for infeasible and failed configs (objective is log10 of ms)
+STATUS_ATTR = "epilab_status"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # ok, compile_error, out_of_resources, incorrect, timeout, crashed
+    ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int = 64
+    seconds: float = 90.0
+    patience: int = 24
+    batch: int = 8
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Config | None
+    best_ms: float | None
+    evaluated: int  # trials evaluated in the whole study
+    new: int  # of those, evaluated by this call
+    stopped_by: str  # trials, time, patience, exhausted
+
+
+def _decode(space: dict[str, tuple[int, ...]], params: dict[str, int]) -> Config:
+    return Config(**{name: values[params[name]] for name, values in space.items()})
+
+
+def _encode(space: dict[str, tuple[int, ...]], config: Config) -> dict[str, int]:
+    return {name: values.index(getattr(config, name)) for name, values in space.items()}
+
+
+def search(
+    study: optuna.Study,
+    space: dict[str, tuple[int, ...]],
+    *,
+    evaluate: Callable[[list[Config]], list[Outcome]],
+    infeasible: Callable[[Config], str | None],
+    budget: Budget,
+    seeds: Sequence[Config] = (),
+    clock: Callable[[], float] = time.monotonic,
+    on_trial: Callable[[Config, Outcome, Config | None, float | None], None] | None = None,
+) -> SearchResult:
+    """Run (or resume) ``study`` until a budget is spent; see the module doc."""
+    distributions = {
+        name: optuna.distributions.IntDistribution(0, len(values) - 1) for name, values in space.items()
+    }
+    seen: dict[Config, float] = {}
+    best: Config | None = None
+    best_value = math.inf
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.user_attrs.get(STATUS_ATTR) in (None, "infeasible", "repeat"):
+            continue
+        config = _decode(space, t.params)
+        seen[config] = t.value
+        if t.value < best_value:
+            best, best_value = config, t.value
+    if not study.trials:
+        for c in seeds:
+            if infeasible(c) is None:
+                study.enqueue_trial(_encode(space, c), skip_if_exists=True)
+    start = clock()
+    new = 0
+    since_best = 0
+    stopped_by = "trials"
+    while True:
+        if len(seen) >= budget.trials:
+            stopped_by = "trials"
+            break
+        if clock() - start >= budget.seconds:
+            stopped_by = "time"
+            break
+        if since_best >= budget.patience:
+            stopped_by = "patience"
+            break
+        batch: list[tuple[optuna.Trial, Config]] = []
+        proposals = 0
+        want = min(budget.batch, budget.trials - len(seen))
+        while len(batch) < want and proposals < 50 * budget.batch:
+            proposals += 1
+            trial = study.ask(distributions)
+            config = _decode(space, trial.params)
+            if infeasible(config) is not None:
+                trial.set_user_attr(STATUS_ATTR, "infeasible")
+                study.tell(trial, PENALTY)
+            elif config in seen or any(config == c for _, c in batch):
+                trial.set_user_attr(STATUS_ATTR, "repeat")
+                study.tell(trial, seen.get(config, PENALTY))
+            else:
+                batch.append((trial, config))
+        if not batch:
+            stopped_by = "exhausted"
+            break
+        outcomes = evaluate([c for _, c in batch])
+        for (trial, config), outcome in zip(batch, outcomes, strict=True):
+            ok = outcome.status == "ok" and outcome.ms is not None and outcome.ms > 0
+            value = math.log10(outcome.ms) if ok else PENALTY
+            trial.set_user_attr(STATUS_ATTR, outcome.status)
+            study.tell(trial, value)
+            seen[config] = value
+            new += 1
+            if value < best_value:
+                best, best_value, since_best = config, value, 0
+            else:
+                since_best += 1
+            if on_trial is not None:
+                on_trial(config, outcome, best, None if best is None else 10**best_value)
+    best_ms = None if best is None or best_value >= PENALTY else 10**best_value
+    return SearchResult(best if best_ms is not None else None, best_ms, len(seen), new, stopped_by)
+
+
+def make_study(
+    name: str, storage: str | optuna.storages.BaseStorage | None, *, restart: bool, seed: int = 0
+) -> optuna.Study:
+    """Create or load the study ``name``; ``restart`` deletes an existing one first."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if restart and storage is not None:
+        with contextlib.suppress(KeyError):  # nothing to delete
+            optuna.delete_study(study_name=name, storage=storage)
+    sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, n_startup_trials=8, constant_liar=True)
+    return optuna.create_study(
+        study_name=name, storage=storage, sampler=sampler, direction="minimize", load_if_exists=True
+    )

@@ -1,0 +1,115 @@
+"""Search spaces: one flat, documented definition per template, and the rules
+that keep infeasible configs from ever being compiled.
+
+    SPACE["matmul"]: BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
+                     GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
+                     num_stages in 1..6 (the matmul template has no split-K)
+
+A config is feasible for a problem on a device when
+- its pipelined tiles fit the device's shared memory:
+  num_stages * (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * element size <= limit;
+- no block is larger than the padded problem (next power of two, at least 16);
+- the fp32 accumulator fits the register file: BLOCK_M * BLOCK_N / (32 * num_warps)
+  <= 128 registers per thread (half of the 255 a thread may have), and each
+  thread holds at least 4 accumulator elements (fewer wastes warps).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import triton
+
+from epilab.templates.problem import Config, Problem
+
+SPACE: dict[str, dict[str, tuple[int, ...]]] = {
+    "matmul": {
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (16, 32, 64, 128, 256),
+        "BLOCK_K": (16, 32, 64, 128, 256),
+        "GROUP_M": (1, 4, 8, 16),
+        "num_warps": (2, 4, 8),
+        "num_stages": (1, 2, 3, 4, 5, 6),
+    },
+}
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+MAX_ACC_REGS = 128
+MIN_ACC_PER_THREAD = 4
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What feasibility needs to know of a device."""
+
+    name: str
+    capability: str
+    sm_count: int
+    smem_bytes: int  # opt-in shared memory per block
+
+    @classmethod
+    def of(cls, device: object) -> DeviceLimits:
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        smem = getattr(props, "shared_memory_per_block_optin", 0) or 232_448
+        return cls(props.name, f"{props.major}.{props.minor}", props.multi_processor_count, int(smem))
+
+
+# What the interpreter dry run assumes: an H100/H200 (sm_90: 227 KiB per block).
+HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448)
+
+
+def _padded(dim: object) -> int:
+    return 1 << 30 if not isinstance(dim, int) else max(16, triton.next_power_of_2(max(dim, 1)))
+
+
+def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | None:
+    """Why ``config`` cannot run ``problem`` on the device, or None when it can."""
+    space = SPACE.get(problem.template)
+    if space is None:
+        return f"no search space for template {problem.template!r}"
+    for name, values in space.items():
+        if getattr(config, name) not in values:
+            return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
+    if config.SPLIT_K != 1 or config.variant != "default":
+        return "the matmul template has no split-K or variants"
+    s = problem.shape
+    for name, block, dim in (
+        ("BLOCK_M", config.BLOCK_M, s.m),
+        ("BLOCK_N", config.BLOCK_N, s.n),
+        ("BLOCK_K", config.BLOCK_K, s.k),
+    ):
+        if block > _padded(dim):
+            return f"{name}={block} is larger than the padded dimension {_padded(dim)}"
+    esize = ELEMENT_BYTES[problem.dtype]
+    smem = config.num_stages * (config.BLOCK_M * config.BLOCK_K + config.BLOCK_K * config.BLOCK_N) * esize
+    if smem > limits.smem_bytes:
+        return f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
+    per_thread = config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
+    if per_thread > MAX_ACC_REGS:
+        return f"the accumulator needs {per_thread} registers per thread (at most {MAX_ACC_REGS})"
+    if per_thread < MIN_ACC_PER_THREAD:
+        return f"{config.num_warps} warps for a {config.BLOCK_M}x{config.BLOCK_N} tile leave threads idle"
+    return None
+
+
+def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """The template's space with block sizes cut at the padded problem dims, so the
+    sampler never proposes blocks the problem cannot use."""
+    s = problem.shape
+    caps = {"BLOCK_M": _padded(s.m), "BLOCK_N": _padded(s.n), "BLOCK_K": _padded(s.k)}
+    return {
+        name: tuple(v for v in values if v <= caps.get(name, v))
+        for name, values in SPACE[problem.template].items()
+    }
+
+
+def configs(problem: Problem, limits: DeviceLimits) -> list[Config]:
+    """Every feasible config of the problem's template, in a stable order."""
+    space = SPACE[problem.template]
+    return [
+        c
+        for values in itertools.product(*space.values())
+        if infeasible(problem, c := Config(**dict(zip(space, values, strict=True))), limits) is None
+    ]

@@ -1,0 +1,190 @@
+"""Problem suites: built-in ones and shapes files.
+
+A problem is written as a small spec: ``{"m": 2048, "n": 4096, "k": 4096}``
+plus optional ``batch`` (a batched bmm), ``dtype`` (float16, bfloat16, float32;
+default bfloat16), ``layout`` (NN, NT, TN, TT: whether A and B are stored
+transposed; default NT, the layout of ``x @ W.T`` in a linear layer) and
+``epilogue`` (one of ``EPILOGUES``; default none). A shapes file is a JSON list
+of such objects, or JSON Lines (one object per line); its errors name the line.
+
+Built-in suites:
+- ``smoke``: 3 tiny problems (for the interpreter dry run and CI);
+- ``quick``: 10 problems across sizes, epilogues and dtypes;
+- ``llm``: M in {1, 16, 128, 2048, 8192} x the three projections of a 4096-wide
+  transformer layer in bf16: (N, K) = (14336, 4096) up-projection with
+  bias + gelu(tanh), (4096, 14336) down-projection with a residual add, and
+  (4096, 4096) with bias + residual;
+- ``square``: bf16 cubes 1024, 2048, 4096, 8192 with no epilogue.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
+from epilab.templates.problem import DTYPES, OperandSpec, Problem, Shape
+from epilab.templates.render import template_hash
+
+
+def _bias() -> Expr:
+    return acc() + operand("bias", "row")
+
+
+# name -> (epilogue expression, operand kinds); each output is stored in the input dtype
+EPILOGUES: dict[str, Callable[[], Expr]] = {
+    "none": acc,
+    "bias": _bias,
+    "bias_relu": lambda: ops.relu(_bias()),
+    "bias_gelu": lambda: ops.gelu(_bias()),
+    "bias_gelu_tanh": lambda: ops.gelu_tanh(_bias()),
+    "bias_silu": lambda: ops.silu(_bias()),
+    "residual": lambda: acc() + operand("residual", "tile"),
+    "bias_residual": lambda: _bias() + operand("residual", "tile"),
+    "bias_gelu_tanh_residual": lambda: ops.gelu_tanh(_bias()) + operand("residual", "tile"),
+}
+SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue"}
+LAYOUTS = ("NN", "NT", "TN", "TT")
+
+
+@dataclass(frozen=True)
+class Spec:
+    m: int
+    n: int
+    k: int
+    batch: int | None = None
+    dtype: str = "bfloat16"
+    layout: str = "NT"
+    epilogue: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 20:
+                raise ValueError(f"{name} must be an int in 1..{1 << 20}, got {v!r}")
+        if self.batch is not None and (
+            isinstance(self.batch, bool) or not isinstance(self.batch, int) or not 0 < self.batch <= 65535
+        ):
+            raise ValueError(f"batch must be an int in 1..65535, got {self.batch!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} is not one of {LAYOUTS}")
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue {self.epilogue!r} is not one of {sorted(EPILOGUES)}")
+
+    def problem(self) -> Problem:
+        ep = Epilogue.build([(EPILOGUES[self.epilogue](), self.dtype)])
+        has_bias = any(name == "bias" for name, _ in ep.operands)
+        op = ("baddbmm" if has_bias else "bmm") if self.batch else ("addmm" if has_bias else "mm")
+        operands = tuple(
+            OperandSpec(name, self.dtype, "vector" if kind in ("row", "col") else "row")
+            for name, kind in ep.operands
+        )
+        return Problem(
+            op=op,
+            template="matmul",
+            template_hash=template_hash("matmul"),
+            dtype=self.dtype,
+            layout_a="col" if self.layout[0] == "T" else "row",
+            layout_b="col" if self.layout[1] == "T" else "row",
+            operands=operands,
+            epilogue=ep,
+            shape=Shape(self.batch or 1, self.m, self.n, self.k),
+        )
+
+    def label(self) -> str:
+        shape = (
+            f"{self.m}x{self.n}x{self.k}"
+            if self.batch is None
+            else f"{self.batch}x{self.m}x{self.n}x{self.k}"
+        )
+        return f"{shape} {self.dtype} {self.layout} {self.epilogue}"
+
+    def flops(self) -> int:
+        return 2 * (self.batch or 1) * self.m * self.n * self.k
+
+
+_LLM_PROJECTIONS = ((14336, 4096, "bias_gelu_tanh"), (4096, 14336, "residual"), (4096, 4096, "bias_residual"))
+
+SUITES: dict[str, list[Spec]] = {
+    "smoke": [
+        Spec(64, 64, 64, dtype="float32"),
+        Spec(33, 47, 29, epilogue="bias_relu"),
+        Spec(16, 32, 48, batch=2, dtype="float16", layout="NN", epilogue="residual"),
+    ],
+    "quick": [
+        Spec(4096, 4096, 4096, epilogue="bias_gelu_tanh_residual"),
+        Spec(8192, 14336, 4096, epilogue="bias_gelu_tanh"),
+        Spec(2048, 4096, 14336, epilogue="residual"),
+        Spec(2048, 4096, 4096, epilogue="bias_residual"),
+        Spec(128, 4096, 4096, epilogue="bias_gelu_tanh_residual"),
+        Spec(16, 4096, 4096, epilogue="bias"),
+        Spec(1024, 1024, 1024),
+        Spec(512, 512, 512, dtype="float16", layout="NN", epilogue="bias_relu"),
+        Spec(512, 512, 512, batch=8, layout="NN"),
+        Spec(3000, 1000, 777, dtype="float16", epilogue="bias_gelu"),
+    ],
+    "llm": [Spec(m, n, k, epilogue=ep) for m in (1, 16, 128, 2048, 8192) for n, k, ep in _LLM_PROJECTIONS],
+    "square": [Spec(s, s, s, layout="NN") for s in (1024, 2048, 4096, 8192)],
+}
+
+
+def spec_from_dict(d: Any) -> Spec:
+    if not isinstance(d, dict):
+        raise ValueError(
+            f'a problem must be an object like {{"m": 128, "n": 4096, "k": 4096}}, got {d!r:.60}'
+        )
+    unknown = set(d) - SPEC_KEYS
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}; known: {sorted(SPEC_KEYS)}")
+    missing = {"m", "n", "k"} - set(d)
+    if missing:
+        raise ValueError(f"missing {sorted(missing)}")
+    return Spec(**d)
+
+
+def load_shapes(path: str | Path) -> list[Spec]:
+    """Specs from a JSON list or JSON Lines file; a ValueError names the bad line."""
+    path = Path(path)
+    text = path.read_text()
+    specs: list[Spec] = []
+    if text.lstrip().startswith("["):
+        decoder = json.JSONDecoder()
+        pos = text.index("[") + 1
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(text):
+                raise ValueError(f"{path}: the list is not closed with ']'")
+            if text[pos] == "]":
+                break
+            line = text.count("\n", 0, pos) + 1
+            try:
+                obj, pos = decoder.raw_decode(text, pos)
+                specs.append(spec_from_dict(obj))
+            except (json.JSONDecodeError, ValueError, TypeError) as e:
+                raise ValueError(f"{path}:{line}: {e}") from None
+    else:
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                specs.append(spec_from_dict(json.loads(line)))
+            except (json.JSONDecodeError, ValueError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: {e}") from None
+    if not specs:
+        raise ValueError(f"{path}: no problems in the file")
+    return specs
+
+
+def suite(name: str) -> list[Spec]:
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; built-in suites: {sorted(SUITES)}")
+    return SUITES[name]
+
+
+__all__ = ["EPILOGUES", "SUITES", "Spec", "load_shapes", "suite"]

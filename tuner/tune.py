@@ -1,0 +1,273 @@
+"""Tuning problems end to end: search, evaluate in isolation, record everything.
+
+``Tuner.tune(spec)`` runs one optuna study (kept in the tuning database's URL
+through optuna's RDB storage, so it resumes where it stopped), evaluates each
+batch of proposals (parallel compile, then check-and-time in the GPU worker),
+records every trial in the database (failed ones with their status), then times
+and records the requested baselines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import triton
+
+from epilab.db import DeviceInfo, Timing, TuningDB, Versions
+from epilab.templates.matmul import default_config
+from epilab.templates.problem import Config, Problem
+from epilab.templates.rules import DTYPES
+from epilab.tuner.search import Budget, Outcome, make_study, search
+from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, space_for
+from epilab.tuner.suites import Spec
+from epilab.tuner.worker import CompilePool, Worker
+
+KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the default config
+    Config(128, 256, 64, 8, num_warps=8, num_stages=4),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4),
+    Config(64, 128, 64, 8, num_warps=4, num_stages=4),
+    Config(64, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(128, 128, 32, 8, num_warps=4, num_stages=4),
+    Config(32, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(16, 64, 128, 1, num_warps=2, num_stages=4),
+]
+LIBRARIES = ("cublas", "cublaslt", "inductor", "inductor-max-autotune")
+INTERPRETER_DEVICE = DeviceInfo("Triton interpreter (CPU)", "interpreter", 1)
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    budget: Budget = field(default_factory=Budget)
+    baselines: tuple[str, ...] = ("cublas",)
+    restart: bool = False
+    jobs: int = 8
+    device_index: int = 0
+    interpret: bool = False
+    worker_timeout_s: float = 180.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.baselines) - set(LIBRARIES)
+        if unknown:
+            raise ValueError(f"unknown baseline(s) {sorted(unknown)}; choose from {LIBRARIES}")
+
+
+@dataclass(frozen=True)
+class ProblemResult:
+    label: str
+    key: str
+    best: Config | None
+    best_ms: float | None
+    tflops: float | None
+    baselines: dict[str, float]
+    evaluated: int
+    new: int
+    stopped_by: str
+    statuses: dict[str, int]
+    seconds: float
+
+    @property
+    def speedup(self) -> float | None:
+        base = self.baselines.get("cublas")
+        return None if base is None or self.best_ms is None else base / self.best_ms
+
+
+def problem_bytes(problem: Problem) -> int:
+    """Fewest bytes a kernel must move: A and B read, operands read, outputs written."""
+    s = problem.shape
+    esize = DTYPES[problem.dtype].itemsize
+    batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
+    b_batch = batch if problem.op in ("bmm", "baddbmm") else 1
+    total = esize * (batch * m * k + b_batch * k * n)
+    kinds = dict(problem.epilogue.operands)
+    for spec in problem.operands:
+        count = {"row": n, "col": m, "scalar": 1}.get(kinds[spec.name], batch * m * n)
+        total += count * DTYPES[spec.dtype].itemsize
+    total += sum(batch * m * n * DTYPES[o.dtype].itemsize for o in problem.epilogue.outputs)
+    return total
+
+
+def study_name(problem: Problem, device: DeviceInfo) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device.name).strip("-")
+    return f"epilab-{problem.template}-{problem.key[:24]}-{slug}-sm{device.capability}-{device.sm_count}"
+
+
+class Tuner:
+    """Tunes problems one after another with one GPU worker (and a compile pool)."""
+
+    def __init__(self, db: TuningDB, options: TuneOptions, *, hook: tuple[str, str] | None = None) -> None:
+        self.db = db
+        self.options = options
+        if options.interpret:
+            self.device, self.limits = INTERPRETER_DEVICE, HOPPER
+        else:
+            self.limits = DeviceLimits.of(options.device_index)
+            self.device = DeviceInfo(self.limits.name, self.limits.capability, self.limits.sm_count)
+        self.versions = Versions(torch.__version__, triton.__version__)
+        self.worker = Worker(
+            timeout_s=options.worker_timeout_s,
+            device_index=-1 if options.interpret else options.device_index,
+            hook=hook,
+        )
+        self.pool = (
+            CompilePool(options.jobs, options.device_index)
+            if options.jobs > 0 and not options.interpret
+            else None
+        )
+        self._seeds = itertools.count(options.seed * 1_000_003 + 1)
+        self._trial_numbers = itertools.count()
+
+    def close(self) -> None:
+        self.worker.close()
+        if self.pool is not None:
+            self.pool.close()
+
+    def __enter__(self) -> Tuner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def evaluate(
+        self,
+        problem: Problem,
+        configs: list[Config],
+        *,
+        study: str,
+        on_result: Callable[[Config, dict], None] | None = None,
+    ) -> list[Outcome]:
+        """Compile ``configs`` in parallel, then check and time each in the worker;
+        every one is recorded in the database as a trial of ``study``."""
+        problem_json = problem.to_json()
+        flops, nbytes = problem.shape.flops(), problem_bytes(problem)
+        compiled = (
+            self.pool.compile(problem_json, [c.to_dict() for c in configs])
+            if self.pool
+            else [{"status": "compiled"}] * len(configs)
+        )
+        outcomes = []
+        for config, pre in zip(configs, compiled, strict=True):
+            if pre["status"] in ("compile_error", "out_of_resources"):
+                result = pre
+            else:
+                result = self.worker.run(
+                    {
+                        "kind": "candidate",
+                        "problem": problem_json,
+                        "config": config.to_dict(),
+                        "seed": next(self._seeds),
+                    }
+                )
+            status, ms = result["status"], result.get("median_ms")
+            timing = None
+            if ms is not None:
+                timing = Timing(
+                    ms,
+                    result["p20_ms"],
+                    result["p80_ms"],
+                    result["method"],
+                    tflops=flops / (ms * 1e9),
+                    gbps=nbytes / (ms * 1e6),
+                )
+            self.db.record_trial(
+                problem,
+                self.device,
+                config=config.to_dict(),
+                status=status,
+                timing=timing,
+                max_rel_error=result.get("max_rel_error"),
+                versions=self.versions,
+                study=study,
+                trial_number=next(self._trial_numbers),
+                detail=result.get("detail"),
+            )
+            if on_result is not None:
+                on_result(config, result)
+            outcomes.append(Outcome(status, ms if status == "ok" else None))
+        return outcomes
+
+    def seeds(self, problem: Problem) -> list[Config]:
+        """Known-good configs a new study tries first: the default heuristic's, then KNOWN_GOOD."""
+        target = "interpreter" if self.options.interpret else "cuda"
+        return [default_config(problem, target, sm_count=self.limits.sm_count), *KNOWN_GOOD]
+
+    def tune(
+        self, spec: Spec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
+    ) -> ProblemResult:
+        """Search ``spec``'s problem, record every trial, time the baselines."""
+        started = time.monotonic()
+        problem = spec.problem()
+        self.db.put_problem(problem)
+        name = study_name(problem, self.device)
+        study = make_study(name, self.db.storage_url, restart=self.options.restart, seed=self.options.seed)
+        statuses: Counter[str] = Counter()
+
+        def progress(config: Config, outcome: Outcome, best: Config | None, best_ms: float | None) -> None:
+            statuses[outcome.status] += 1
+            if on_trial is not None:
+                on_trial(sum(statuses.values()), config, outcome, best_ms)
+
+        result = search(
+            study,
+            space_for(problem),
+            evaluate=lambda configs: self.evaluate(problem, configs, study=name),
+            infeasible=lambda c: infeasible(problem, c, self.limits),
+            budget=self.options.budget,
+            seeds=self.seeds(problem),
+            on_trial=progress,
+        )
+        flops = spec.flops()
+        baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))
+        best_ms = result.best_ms
+        return ProblemResult(
+            label=spec.label(),
+            key=problem.key,
+            best=result.best,
+            best_ms=best_ms,
+            tflops=None if best_ms is None else flops / (best_ms * 1e9),
+            baselines=baselines,
+            evaluated=result.evaluated,
+            new=result.new,
+            stopped_by=result.stopped_by,
+            statuses=dict(statuses),
+            seconds=time.monotonic() - started,
+        )
+
+    def _baselines(self, problem: Problem, problem_json: str, flops: int, nbytes: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.options.interpret:
+            return out
+        for library in self.options.baselines:
+            result = self.worker.run(
+                {"kind": "baseline", "problem": problem_json, "library": library, "seed": next(self._seeds)},
+                timeout_s=max(600.0, self.options.worker_timeout_s),
+            )
+            if result["status"] != "ok":
+                continue
+            ms = result["median_ms"]
+            timing = Timing(
+                ms,
+                result["p20_ms"],
+                result["p80_ms"],
+                result["method"],
+                tflops=flops / (ms * 1e9),
+                gbps=nbytes / (ms * 1e6),
+            )
+            err = result.get("max_rel_error")
+            self.db.record_baseline(
+                problem,
+                self.device,
+                library=library,
+                timing=timing,
+                max_rel_error=err if err is not None and math.isfinite(err) else None,
+                versions=self.versions,
+            )
+            out[library] = ms
+        return out

@@ -1,0 +1,198 @@
+"""Isolation: candidates run in a worker process that is restarted when it dies.
+
+A ``Worker`` owns one spawned process holding the GPU (or Triton's interpreter).
+Tasks go over a pipe; if the process dies (an illegal address, a segfault) the
+task comes back as ``crashed``, and if it does not answer within the timeout it
+is killed and the task comes back as ``timeout``; either way a fresh process is
+started for the next task. A ``hook`` (a file path and function name) runs in
+the worker before each task: tests use it to make a worker crash or hang.
+
+``compile_in_parallel`` runs the CPU-bound compiles of a batch of candidates in
+a process pool first, so the GPU worker mostly launches cached kernels.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class TuningBug(RuntimeError):
+    """A task failed in a way no config should cause: stop the run and report it."""
+
+
+def _load_hook(hook: tuple[str, str] | None) -> Any:
+    if hook is None:
+        return None
+    import importlib.util
+
+    path, name = hook
+    spec = importlib.util.spec_from_file_location("epilab_worker_hook", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _serve(conn: Connection, env: dict[str, str], hook: tuple[str, str] | None, device_index: int) -> None:
+    os.environ.update(env)  # before anything imports triton
+    import traceback
+
+    import epilab  # noqa: F401  (turns EPILAB_INTERPRET into TRITON_INTERPRET)
+    from epilab.tuner.evaluate import run_task
+
+    if device_index >= 0:
+        import torch
+
+        torch.cuda.set_device(device_index)
+    hook_fn = _load_hook(hook)
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        try:
+            if hook_fn is not None:
+                hook_fn(task)
+            result = run_task(task)
+        except BaseException:  # a bug: the parent raises TuningBug with this text
+            result = {"status": "bug", "detail": traceback.format_exc()[-4000:]}
+        conn.send(result)
+
+
+def _env() -> dict[str, str]:
+    keys = ("EPILAB_INTERPRET", "TRITON_INTERPRET", "EPILAB_CACHE_DIR", "TRITON_CACHE_DIR", "EPILAB_DB")
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+class Worker:
+    """One isolated process that evaluates tasks; see the module doc."""
+
+    def __init__(
+        self, *, timeout_s: float = 180.0, device_index: int = -1, hook: tuple[str, str] | None = None
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.device_index = device_index
+        self.hook = hook
+        self.restarts = 0
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._start()
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_serve, args=(child, _env(), self.hook, self.device_index), daemon=True
+        )
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def _restart(self) -> None:
+        self.close(kill=True)
+        self.restarts += 1
+        self._start()
+
+    def run(self, task: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        """The task's result; ``crashed``/``timeout`` when the process dies or stalls."""
+        assert self._conn is not None
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        start = time.monotonic()
+        try:
+            self._conn.send(task)
+            ready = self._conn.poll(timeout)
+        except (BrokenPipeError, EOFError, OSError):
+            ready = True
+        if not ready:
+            self._restart()
+            return {"status": "timeout", "detail": f"no answer within {timeout:.0f} s; the worker was killed"}
+        try:
+            result = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(timeout=5)
+            code = self._proc.exitcode
+            self._restart()
+            return {"status": "crashed", "detail": f"the worker process died (exit code {code})"}
+        if result.get("status") == "bug":
+            raise TuningBug(f"evaluating {task.get('kind')} failed unexpectedly:\n{result['detail']}")
+        if result.pop("restart", False):
+            self._restart()
+        result["seconds"] = time.monotonic() - start
+        return result
+
+    def close(self, *, kill: bool = False) -> None:
+        if self._proc is None:
+            return
+        try:
+            if not kill and self._conn is not None:
+                self._conn.send(None)
+                self._proc.join(timeout=10)
+        except (BrokenPipeError, OSError):
+            pass
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = None
+        self._conn = None
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _compile_task(task: dict[str, Any]) -> dict[str, Any]:
+    import epilab  # noqa: F401
+    from epilab.tuner.evaluate import run_task
+
+    try:
+        return run_task(task)
+    except Exception as e:  # a compile pool failure is re-tried by the GPU worker, which classifies it
+        return {"status": "unknown", "detail": f"{type(e).__name__}: {e}"[:1500]}
+
+
+class CompilePool:
+    """Processes that compile candidates (no launches) ahead of the GPU worker."""
+
+    def __init__(self, jobs: int, device_index: int) -> None:
+        self.jobs = jobs
+        self.device_index = device_index
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=self.jobs,
+            mp_context=mp.get_context("spawn"),
+            initializer=_init_compile_worker,
+            initargs=(_env(), self.device_index),
+        )
+
+    def compile(self, problem_json: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        tasks = [{"kind": "compile", "problem": problem_json, "config": c} for c in configs]
+        try:
+            return list(self._pool.map(_compile_task, tasks))
+        except Exception as e:  # a compile took its process down: new pool; the GPU worker decides
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._new_pool()
+            return [{"status": "unknown", "detail": str(e)} for _ in configs]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _init_compile_worker(env: dict[str, str], device_index: int) -> None:
+    os.environ.update(env)
+    if device_index >= 0:
+        import torch
+
+        torch.cuda.set_device(device_index)
