@@ -128,6 +128,7 @@ def tune(
     baselines: Annotated[
         str, typer.Option(help="comma list of cublas, cublaslt, inductor, inductor-max-autotune")
     ] = "cublas",
+    only: Annotated[str | None, typer.Option(help="tune only these problems of the list, e.g. 1-3,7")] = None,
     db: DbOption = None,
     device: Annotated[str, typer.Option(help="CUDA device to tune on")] = "cuda:0",
     resume: Annotated[
