@@ -38,11 +38,11 @@ def main() -> None:
     parser.add_argument("--db", required=True)
     parser.add_argument("--sample", type=int, default=300)
     parser.add_argument("--json")
-    parser.add_argument("--problems", type=int, default=len(PROBLEMS))
+    parser.add_argument("--only", type=int, nargs="*", help="1-based indices of PROBLEMS to run")
     args = parser.parse_args()
     rows = []
     with TuningDB.open(args.db) as db, Tuner(db, TuneOptions(baselines=())) as tuner:
-        for spec in PROBLEMS[: args.problems]:
+        for spec in [PROBLEMS[i - 1] for i in args.only] if args.only else PROBLEMS:
             problem = spec.problem()
             db.put_problem(problem)
             feasible = configs(problem, tuner.limits)
