@@ -57,6 +57,14 @@ def test_infeasible_configs_say_why(config, reason):
     assert reason in infeasible(BIG, config, HOPPER)
 
 
+def test_the_known_triton_miscompile_is_avoided():
+    odd_k = Spec(3000, 1000, 777, dtype="float16", epilogue="bias_gelu").problem()
+    bad = Config(16, 128, 128, 16, num_warps=2, num_stages=4)
+    assert "miscompile" in infeasible(odd_k, bad, HOPPER)
+    assert infeasible(odd_k, Config(16, 128, 128, 16, num_warps=4, num_stages=4), HOPPER) is None
+    assert infeasible(Spec(3072, 1024, 768).problem(), bad, HOPPER) is None
+
+
 def test_blocks_larger_than_the_padded_problem_are_infeasible():
     assert "padded" in infeasible(SMALL, Config(128, 32, 32), HOPPER)
     assert infeasible(SMALL, Config(64, 32, 128, num_warps=2), HOPPER) is None  # 40->64, 24->32, 72->128

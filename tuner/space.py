@@ -11,7 +11,12 @@ A config is feasible for a problem on a device when
 - no block is larger than the padded problem (next power of two, at least 16);
 - the fp32 accumulator fits the register file: BLOCK_M * BLOCK_N / (32 * num_warps)
   <= 128 registers per thread (half of the 255 a thread may have), and each
-  thread holds at least 4 accumulator elements (fewer wastes warps).
+  thread holds at least 4 accumulator elements (fewer wastes warps);
+- it avoids a Triton 3.6 miscompile seen on an H200 (2026-11-21): 2 warps with
+  BLOCK_K >= 128 when K is not a multiple of 16 gave illegal memory accesses or
+  wrong results (K=777, B stored K-contiguous; 4 warps, or BLOCK_K=64, were right).
+  The tuner's check against float64 caught it first; this rule keeps the tuner
+  from spending trials on it.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
         return f"the accumulator needs {per_thread} registers per thread (at most {MAX_ACC_REGS})"
     if per_thread < MIN_ACC_PER_THREAD:
         return f"{config.num_warps} warps for a {config.BLOCK_M}x{config.BLOCK_N} tile leave threads idle"
+    if config.num_warps == 2 and config.BLOCK_K >= 128 and not (isinstance(s.k, int) and s.k % 16 == 0):
+        return "2 warps with BLOCK_K >= 128 and K not a multiple of 16 miscompile in Triton 3.6"
     return None
 
 
