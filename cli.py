@@ -357,7 +357,8 @@ def db_stats(db: DbOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         _print_json(stats)
         return
-    table = Table(title=f"epilab tuning database: {stats.url} (schema {stats.revision})")
+    console.print(f"epilab tuning database {escape(stats.url)} (schema {stats.revision})")
+    table = Table()
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_row("devices", str(stats.devices))
