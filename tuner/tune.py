@@ -94,6 +94,21 @@ def problem_bytes(problem: Problem) -> int:
     return total
 
 
+def _timing(result: dict, flops: int, nbytes: int) -> Timing | None:
+    """The database's Timing of a worker result (None when nothing was timed)."""
+    ms = result.get("median_ms")
+    if ms is None:
+        return None
+    return Timing(
+        ms,
+        result["p20_ms"],
+        result["p80_ms"],
+        result["method"],
+        tflops=flops / (ms * 1e9),
+        gbps=nbytes / (ms * 1e6),
+    )
+
+
 def study_name(problem: Problem, device: DeviceInfo) -> str:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device.name).strip("-")
     return f"epilab-{problem.template}-{problem.key[:24]}-{slug}-sm{device.capability}-{device.sm_count}"
@@ -166,16 +181,7 @@ class Tuner:
                     }
                 )
             status, ms = result["status"], result.get("median_ms")
-            timing = None
-            if ms is not None:
-                timing = Timing(
-                    ms,
-                    result["p20_ms"],
-                    result["p80_ms"],
-                    result["method"],
-                    tflops=flops / (ms * 1e9),
-                    gbps=nbytes / (ms * 1e6),
-                )
+            timing = _timing(result, flops, nbytes)
             self.db.record_trial(
                 problem,
                 self.device,
@@ -251,15 +257,7 @@ class Tuner:
             )
             if result["status"] != "ok":
                 continue
-            ms = result["median_ms"]
-            timing = Timing(
-                ms,
-                result["p20_ms"],
-                result["p80_ms"],
-                result["method"],
-                tflops=flops / (ms * 1e9),
-                gbps=nbytes / (ms * 1e6),
-            )
+            timing = _timing(result, flops, nbytes)
             err = result.get("max_rel_error")
             self.db.record_baseline(
                 problem,
@@ -269,5 +267,5 @@ class Tuner:
                 max_rel_error=err if err is not None and math.isfinite(err) else None,
                 versions=self.versions,
             )
-            out[library] = ms
+            out[library] = result["median_ms"]
         return out
