@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -38,6 +37,7 @@ from epilab.templates.check import rel_error
 from epilab.templates.matmul import default_config, launch, make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
+from epilab.tuner.timing import time_graph
 
 SHAPES = [(4096, 4096, 4096), (8192, 14336, 4096), (2048, 4096, 4096), (128, 4096, 4096)]
 PROBE = [
@@ -59,30 +59,9 @@ def bench(fn: Callable[[], object]) -> dict[str, float]:
     return {"ms": med, "p20": p20, "p80": p80}
 
 
-def bench_graph(fns: list[Callable[[], object]], calls: int = 20, reps: int = 30) -> float:
-    """Median per-call ms of a CUDA graph that cycles through ``fns`` (rotating inputs)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            for fn in fns:
-                fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / (calls * len(fns)))
-    return statistics.median(times)
+def bench_graph(fns: list[Callable[[], object]]) -> float:
+    """Median per-call ms of CUDA-graph replay cycling through ``fns`` (rotating inputs)."""
+    return time_graph(fns, calls=20, replays=30).median_ms
 
 
 def ceilings() -> dict[str, float]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -86,17 +86,23 @@ def time_cuda(
     return Measured(med, p20, p80, reps, f"cuda-events; L2 flushed before each of {reps} reps; median")
 
 
-def time_graph(fn: Callable[[], object], *, calls: int = 50, replays: int = 20) -> Measured:
-    """Per-call ms of a CUDA graph of ``calls`` launches (L2 warm: for short kernels)."""
+def time_graph(
+    fns: Callable[[], object] | Sequence[Callable[[], object]], *, calls: int = 50, replays: int = 20
+) -> Measured:
+    """Per-call ms of a CUDA graph that makes ``calls`` rounds through ``fns`` (one
+    function, or several over rotating input sets so that they outgrow L2)."""
+    fns = [fns] if callable(fns) else list(fns)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            fn()
+            for fn in fns:
+                fn()
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -106,10 +112,11 @@ def time_graph(fn: Callable[[], object], *, calls: int = 50, replays: int = 20) 
         graph.replay()
         e.record()
         torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / calls)
+        times.append(s.elapsed_time(e) / (calls * len(fns)))
     med, p20, p80 = _quantiles(times)
+    warm = "rotating inputs" if len(fns) > 1 else "L2 warm"
     return Measured(
-        med, p20, p80, replays, f"cuda-graph of {calls} calls, {replays} replays; L2 warm; median"
+        med, p20, p80, replays, f"cuda-graph of {calls * len(fns)} calls, {replays} replays; {warm}; median"
     )
 
 
