@@ -268,7 +268,11 @@ def _tune_summary(results: list, interpret: bool) -> None:
             r.label,
             "-" if r.best is None else r.best.short().replace(" default", ""),
             _ms(r.best_ms),
-            "" if r.tflops is None or interpret else f"{r.tflops:.0f}",
+            ""
+            if r.tflops is None or interpret
+            else f"{r.tflops:.0f}"
+            if r.tflops >= 10
+            else f"{r.tflops:.2g}",
             _ms(base),
             "" if r.speedup is None else f"{r.speedup:.2f}x",
             str(r.evaluated),
