@@ -73,6 +73,7 @@ class _Timed:
     median_ms: Mapped[float | None] = mapped_column(Float)
     p20_ms: Mapped[float | None] = mapped_column(Float)
     p80_ms: Mapped[float | None] = mapped_column(Float)
+    graph_ms: Mapped[float | None] = mapped_column(Float)  # CUDA-graph replay, short kernels (0003)
     tflops: Mapped[float | None] = mapped_column(Float)
     gbps: Mapped[float | None] = mapped_column(Float)
     max_rel_error: Mapped[float | None] = mapped_column(Float)

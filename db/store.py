@@ -84,6 +84,7 @@ class Timing:
     method: str
     tflops: float | None = None
     gbps: float | None = None
+    graph_ms: float | None = None  # per call under CUDA-graph replay, for short kernels
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Record:
     median_ms: float | None
     p20_ms: float | None
     p80_ms: float | None
+    graph_ms: float | None
     tflops: float | None
     gbps: float | None
     max_rel_error: float | None
@@ -560,6 +562,7 @@ def _timed_values(
         "median_ms": _check_num("median_ms", t.median_ms if t else None),
         "p20_ms": _check_num("p20_ms", t.p20_ms if t else None),
         "p80_ms": _check_num("p80_ms", t.p80_ms if t else None),
+        "graph_ms": _check_num("graph_ms", t.graph_ms if t else None),
         "tflops": _check_num("tflops", t.tflops if t else None),
         "gbps": _check_num("gbps", t.gbps if t else None),
         "max_rel_error": _check_num("max_rel_error", max_rel_error),
@@ -637,6 +640,7 @@ def _record(row: Any) -> Record:
         median_ms=r.median_ms,
         p20_ms=r.p20_ms,
         p80_ms=r.p80_ms,
+        graph_ms=r.graph_ms,
         tflops=r.tflops,
         gbps=r.gbps,
         max_rel_error=r.max_rel_error,

@@ -5,9 +5,9 @@ Format (``format: "epilab-tuning-db"``, ``version: 1``)::
     {"format": ..., "version": 1, "exported_at": ISO time, "schema_revision": ...,
      "problems": [{"key", "json", "epilogue"}],
      "trials":   [{"problem", "device": {"name", "capability", "sm_count"}, "config", "status",
-                   "median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "max_rel_error",
-                   "timing_method", "torch_version", "triton_version", "study", "trial_number",
-                   "detail", "created_at"}],
+                   "median_ms", "p20_ms", "p80_ms", "graph_ms" (may be absent), "tflops", "gbps",
+                   "max_rel_error", "timing_method", "torch_version", "triton_version", "study",
+                   "trial_number", "detail", "created_at"}],
      "baselines": [{"problem", "device", "library", <the same timing fields>, "created_at"}]}
 
 Import validates every row before writing any (problem JSON through the caller's
@@ -54,6 +54,7 @@ _TIMED = (
     "median_ms",
     "p20_ms",
     "p80_ms",
+    "graph_ms",
     "tflops",
     "gbps",
     "max_rel_error",
@@ -67,6 +68,7 @@ TRIAL_FIELDS = frozenset(
 )
 BASELINE_FIELDS = frozenset(("problem", "device", "library", *_TIMED))
 PROBLEM_FIELDS = frozenset(("key", "json", "epilogue"))
+OPTIONAL_FIELDS = frozenset(("graph_ms",))  # absent from files written before schema 0003
 
 # (problem JSON) -> (key, canonical epilogue text); raises ValueError when invalid
 ProblemParser = Callable[[str], tuple[str, str]]
@@ -212,7 +214,7 @@ def _checked_rows(
 def _check_keys(item: Any, fields: frozenset[str], where: str) -> None:
     if not isinstance(item, dict):
         raise ValueError("must be an object")
-    extra, missing = set(item) - fields, fields - set(item)
+    extra, missing = set(item) - fields, fields - set(item) - OPTIONAL_FIELDS
     if extra or missing:
         raise ValueError(f"unexpected keys {sorted(extra)[:5]}, missing keys {sorted(missing)[:5]}")
 
@@ -235,7 +237,15 @@ def _device(d: Any) -> DeviceInfo:
 def _timing(r: dict[str, Any]) -> Timing | None:
     if r["median_ms"] is None:
         return None
-    return Timing(r["median_ms"], r["p20_ms"], r["p80_ms"], r["timing_method"], r["tflops"], r["gbps"])
+    return Timing(
+        r["median_ms"],
+        r["p20_ms"],
+        r["p80_ms"],
+        r["timing_method"],
+        r["tflops"],
+        r["gbps"],
+        graph_ms=r.get("graph_ms"),
+    )
 
 
 def _created(r: dict[str, Any]) -> datetime:

@@ -51,7 +51,9 @@ def problem(m: int = 4096, n: int = 4096, k: int = 4096, *, template_hash_: str 
 
 
 def timing(ms: float) -> Timing:
-    return Timing(ms, ms * 0.98, ms * 1.03, "cuda-events+l2-flush", tflops=1.0 / ms, gbps=None)
+    return Timing(
+        ms, ms * 0.98, ms * 1.03, "cuda-events+l2-flush", tflops=1.0 / ms, gbps=None, graph_ms=ms * 0.9
+    )
 
 
 def cfg(bm: int = 128, bn: int = 256, bk: int = 64, **kw) -> dict:
@@ -120,6 +122,7 @@ def test_records_round_trip(db):
     first = records[0]
     assert first.config == cfg() and first.median_ms == 0.25 and first.device == H200
     assert first.versions == NOW and first.study == "test" and first.max_rel_error == 1e-3
+    assert first.graph_ms == pytest.approx(0.225)
     assert records[1].detail.startswith("shared memory") and records[1].median_ms is None
     (base,) = db.baselines(p.key)
     assert base.library == "cublas" and base.median_ms == 0.2 and base.config is None
@@ -257,7 +260,8 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
             )
     engine.dispose()
     with TuningDB.open(path) as db:
-        assert db.revision == db_schema.head_revision() == "0002"
+        assert db.revision == db_schema.head_revision() == "0003"
+        assert all(r.graph_ms is None for r in db.records(p.key))  # 0003 added it empty
         assert len(db.records(p.key)) == 2
         assert db.best(p.key, H200).record.median_ms == 0.2
         near = db.lookup(problem(m=600), H200)  # needs the family column filled by the migration
@@ -435,6 +439,19 @@ def test_export_import_round_trip_is_idempotent(db, tmp_path):
         export_json(other, again)
         strip = lambda d: {k: v for k, v in json.loads(d).items() if k != "exported_at"}  # noqa: E731
         assert strip(again.read_text()) == strip(exported.read_text())
+
+
+def test_exports_from_before_the_graph_time_column_still_import(db, tmp_path):
+    _filled(db)
+    path = tmp_path / "old.json"
+    export_json(db, path)
+    doc = json.loads(path.read_text())
+    for row in doc["trials"] + doc["baselines"]:
+        del row["graph_ms"]
+    path.write_text(json.dumps(doc))
+    with TuningDB.open(tmp_path / "other.db") as other:
+        report = import_json(other, path, parse_problem=_parse_problem, validate_config=_validate_config)
+        assert report.trials == 5 and all(r.graph_ms is None for r in other.records(problem(m=128).key))
 
 
 def test_import_merge_rule_newer_record_wins(db, tmp_path):

@@ -106,6 +106,7 @@ def _timing(result: dict, flops: int, nbytes: int) -> Timing | None:
         result["method"],
         tflops=flops / (ms * 1e9),
         gbps=nbytes / (ms * 1e6),
+        graph_ms=result.get("graph_ms"),
     )
 
 
