@@ -1,8 +1,10 @@
 """epilab: autotuned Triton templates for matmul-like ops with fused epilogues.
 
-Public surface (see DESIGN.md): ``epilab.matmul`` (one fused matmul), the
-epilogue builders (``acc``, ``operand``, ``const``, ``ops``, ``Epilogue``),
-``Config``, and the ``epilab`` command line.
+Public surface (see DESIGN.md): ``torch.compile(model, backend="epilab")`` and
+``epilab.compile`` (the backend), ``epilab.explain()`` (its decisions),
+``epilab.matmul`` (one fused matmul), the epilogue builders (``acc``,
+``operand``, ``const``, ``ops``, ``Epilogue``), ``Config``, and the ``epilab``
+command line.
 
 Triton decides between its interpreter and its compiler when it is first
 imported, so ``matmul`` (which needs Triton) is imported on first use: by then
@@ -19,7 +21,7 @@ from epilab.config import settings as _settings
 from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
 from epilab.templates.problem import Config
 
-__all__ = ["Config", "Epilogue", "acc", "const", "matmul", "operand", "ops"]
+__all__ = ["Config", "Epilogue", "acc", "compile", "const", "explain", "matmul", "operand", "ops"]
 __version__ = "0.1.0"
 
 
@@ -37,4 +39,12 @@ def __getattr__(name: str) -> Any:
         from epilab.templates.matmul_api import matmul
 
         return matmul
+    if name == "compile":
+        from epilab.compiler.backend import compile
+
+        return compile
+    if name == "explain":
+        from epilab.compiler.explain import explain
+
+        return explain
     raise AttributeError(f"module 'epilab' has no attribute {name!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -141,12 +141,18 @@ def tune(
         bool, typer.Option("--interpret", help="no GPU: correctness-only dry run in Triton's interpreter")
     ] = False,
     seed: Annotated[int, typer.Option(help="seed of the sampler and of the random inputs")] = 0,
+    seen: Annotated[
+        bool,
+        typer.Option(
+            "--seen", help="tune the problems the compiler recorded in the database that have no record yet"
+        ),
+    ] = False,
 ) -> None:
     """Tune problems: search configs with optuna, check and time each on the GPU, record it all."""
     import torch
 
-    if (suite is None) == (shapes is None):
-        raise _fail(ValueError("give exactly one of --suite NAME or --shapes FILE"))
+    if (suite is not None) + (shapes is not None) + seen != 1:
+        raise _fail(ValueError("give exactly one of --suite NAME, --shapes FILE or --seen"))
     if interpret:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
@@ -156,15 +162,14 @@ def tune(
                 "correctness-only dry run in Triton's interpreter (timings are not GPU times)"
             )
         )
+    from epilab.templates.problem import Problem
     from epilab.tuner.search import Budget
-    from epilab.tuner.suites import load_shapes
+    from epilab.tuner.suites import load_shapes, problem_label
     from epilab.tuner.suites import suite as builtin_suite
     from epilab.tuner.tune import TuneOptions, Tuner
 
     try:
-        specs = builtin_suite(suite) if suite is not None else load_shapes(shapes)
-        if only is not None:
-            specs = [specs[i] for i in _indices(only, len(specs))]
+        specs = builtin_suite(suite) if suite is not None else load_shapes(shapes) if shapes else []
         device_index = 0 if interpret else torch.device(device).index or 0
         if not interpret and device_index >= torch.cuda.device_count():
             raise ValueError(f"{device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
@@ -182,46 +187,22 @@ def tune(
     store = _open_db(db)
     results = []
     interrupted = False
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with (
-        config.patch(interpret=interpret),
-        Tuner(store, options) as tuner,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress,
-    ):
-        overall = progress.add_task(
-            f"tuning {len(specs)} problem(s) on {tuner.device.name}", total=len(specs)
-        )
-        try:
-            for i, spec in enumerate(specs, 1):
-                task = progress.add_task(f"[{i}/{len(specs)}] {spec.label()}", total=trials)
-
-                def on_trial(done, cfg, outcome, best_ms, task=task, i=i, spec=spec) -> None:
-                    best = "-" if best_ms is None else f"{best_ms:.4f} ms"
-                    progress.update(
-                        task,
-                        completed=min(done, trials),
-                        description=f"[{i}/{len(specs)}] {spec.label()}  best {best}",
-                    )
-
-                result = tuner.tune(spec, on_trial)
-                base = result.baselines.get("cublas")
-                vs = f" vs cuBLAS+eager {base:.4f} ms" if base else ""
-                best = "none" if result.best_ms is None else f"{result.best_ms:.4f} ms"
-                progress.update(
-                    task, completed=trials, description=f"[{i}/{len(specs)}] {spec.label()}  best {best}{vs}"
+    with config.patch(interpret=interpret), Tuner(store, options) as tuner:
+        work = [(spec.label(), spec.problem()) for spec in specs]
+        if seen:
+            recorded = store.untuned(tuner.device, _current_hashes())
+            work = [(problem_label(p), p) for p in map(Problem.from_json, recorded)]
+            if not work:
+                console.print(
+                    f"nothing to tune: every problem recorded in {escape(store.url)} has records "
+                    f"on {escape(tuner.device.name)}"
                 )
-                progress.advance(overall)
-                results.append(result)
-        except KeyboardInterrupt:
-            interrupted = True
+        try:
+            if only is not None:
+                work = [work[i] for i in _indices(only, len(work))]
+        except ValueError as e:
+            raise _fail(e) from None
+        results, interrupted = _run_tuning(tuner, work, trials)
     store.close()
     _tune_summary(results, interpret)
     if interrupted:
@@ -230,6 +211,47 @@ def tune(
             "run the same command again to resume"
         )
         raise typer.Exit(130)
+
+
+def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int) -> tuple[list, bool]:
+    """Tune each (label, problem) with a progress bar; stops cleanly on Ctrl-C."""
+    results = []
+    interrupted = False
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        overall = progress.add_task(f"tuning {len(jobs)} problem(s) on {tuner.device.name}", total=len(jobs))
+        try:
+            for i, (label, problem) in enumerate(jobs, 1):
+                task = progress.add_task(f"[{i}/{len(jobs)}] {label}", total=trials)
+
+                def on_trial(done, cfg, outcome, best_ms, task=task, i=i, label=label) -> None:
+                    best = "-" if best_ms is None else f"{best_ms:.4f} ms"
+                    progress.update(
+                        task,
+                        completed=min(done, trials),
+                        description=f"[{i}/{len(jobs)}] {label}  best {best}",
+                    )
+
+                result = tuner.tune_problem(problem, label, on_trial)
+                base = result.baselines.get("cublas")
+                vs = f" vs cuBLAS+eager {base:.4f} ms" if base else ""
+                best = "none" if result.best_ms is None else f"{result.best_ms:.4f} ms"
+                progress.update(
+                    task, completed=trials, description=f"[{i}/{len(jobs)}] {label}  best {best}{vs}"
+                )
+                progress.advance(overall)
+                results.append(result)
+        except KeyboardInterrupt:
+            interrupted = True
+    return results, interrupted
 
 
 def _indices(text: str, count: int) -> list[int]:

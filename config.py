@@ -14,7 +14,10 @@ instead of ``os.environ``. Tests change knobs with ``patch(...)``:
 |                    |             | default ``<cache_dir>/tuning.db``                        |
 | EPILAB_INTERPRET   | interpret   | allow CPU tensors, run through Triton's interpreter      |
 |                    |             | (also on when ``TRITON_INTERPRET=1``)                    |
-| EPILAB_LOG         | log_level   | level of the ``epilab`` logger (DEBUG, INFO, WARNING...) |
+| EPILAB_POLICY      | policy      | the backend's choice of template or aten op: ``auto``    |
+|                    |             | (the database decides; default), ``always``, ``never``   |
+| EPILAB_LOG         | log_level   | level of the ``epilab`` logger (DEBUG, INFO, WARNING...);|
+|                    |             | ``1`` means INFO: the backend prints its decisions       |
 | EPILAB_DEBUG_DIR   | debug_dir   | if set, every rendered kernel is also copied here        |
 """
 
@@ -31,6 +34,8 @@ from pathlib import Path
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LOG_SWITCH = {"1": "INFO", "TRUE": "INFO", "YES": "INFO", "ON": "INFO", "0": "WARNING", "": "WARNING"}
+POLICIES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class Settings:
     cache_dir: Path
     db: str
     interpret: bool
+    policy: str
     log_level: str
     debug_dir: Path | None
 
@@ -66,14 +72,19 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     interpret = _parse_bool("EPILAB_INTERPRET", env.get("EPILAB_INTERPRET", "0")) or _parse_bool(
         "TRITON_INTERPRET", env.get("TRITON_INTERPRET", "0")
     )
+    policy = env.get("EPILAB_POLICY", "auto").strip().lower() or "auto"
+    if policy not in POLICIES:
+        raise ValueError(f"EPILAB_POLICY={policy!r} is not a policy; use one of {POLICIES}")
     log_level = env.get("EPILAB_LOG", "WARNING").strip().upper()
+    log_level = _LOG_SWITCH.get(log_level, log_level)
     if log_level not in _LOG_LEVELS:
-        raise ValueError(f"EPILAB_LOG={log_level!r} is not a log level; use one of {_LOG_LEVELS}")
+        raise ValueError(f"EPILAB_LOG={log_level!r} is not a log level; use 1, 0 or one of {_LOG_LEVELS}")
     debug_dir = env.get("EPILAB_DEBUG_DIR")
     return Settings(
         cache_dir=cache_dir,
         db=db,
         interpret=interpret,
+        policy=policy,
         log_level=log_level,
         debug_dir=Path(debug_dir).expanduser() if debug_dir else None,
     )

@@ -413,10 +413,42 @@ class TuningDB:
         out = [_record(r) for r in rows]
         return sorted(out, key=lambda r: (r.status != "ok", r.median_ms or math.inf))
 
-    def baselines(self, key: str) -> list[Record]:
+    def baselines(self, key: str, device: DeviceInfo | None = None) -> list[Record]:
+        """Baselines of a problem (on ``device`` if given), fastest first."""
         with self.session() as s:
-            rows = s.execute(_records_query(BaselineRecord).where(ProblemRow.key == key)).all()
+            rows = s.execute(_records_query(BaselineRecord, device).where(ProblemRow.key == key)).all()
         return sorted((_record(r) for r in rows), key=lambda r: r.median_ms or math.inf)
+
+    def fingerprint(self) -> str:
+        """Changes whenever a trial or baseline is added or removed: part of the compiler's
+        cache key, so that a compiled graph never outlives the records it was decided on."""
+        with self.session() as s:
+            parts = [
+                s.execute(select(func.count(m.id), func.max(m.id), func.max(m.created_at))).one()
+                for m in (TrialRecord, BaselineRecord)
+            ]
+        return ";".join(f"{n}:{i}:{t}" for n, i, t in parts)
+
+    def untuned(self, device: DeviceInfo, current_hashes: Mapping[str, str]) -> list[str]:
+        """Canonical JSON of every current problem with a static shape and no ok trial
+        on ``device`` (problems the compiler recorded, waiting for ``epilab tune --seen``)."""
+        with self.session() as s:
+            tuned = (
+                select(TrialRecord.problem_id)
+                .join(Device, TrialRecord.device_id == Device.id)
+                .where(
+                    TrialRecord.status == "ok",
+                    Device.name == device.name,
+                    Device.capability == device.capability,
+                    Device.sm_count == device.sm_count,
+                )
+            )
+            rows = s.execute(
+                select(ProblemRow)
+                .where(ProblemRow.id.not_in(tuned), ProblemRow.m.is_not(None))
+                .order_by(ProblemRow.id)
+            ).scalars()
+            return [p.json for p in rows if not _is_stale(p, current_hashes) and _static_shape(p.json)]
 
     def problem_json(self, key_or_prefix: str) -> tuple[str, str] | None:
         """(key, JSON) of the one problem whose key starts with ``key_or_prefix``."""
@@ -611,6 +643,10 @@ def _is_stale(p: Any, current_hashes: Mapping[str, str]) -> bool:
 def _static_m(problem_json: str) -> int | None:
     m = json.loads(problem_json)["shape"]["m"]
     return m if isinstance(m, int) else None
+
+
+def _static_shape(problem_json: str) -> bool:
+    return all(isinstance(v, int) for v in json.loads(problem_json)["shape"].values())
 
 
 def _records_query(model: type, device: DeviceInfo | None = None) -> Any:

@@ -9,7 +9,7 @@ by every batch), any strides. Operands broadcast to C's shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +22,7 @@ from epilab.templates.problem import (
     DTYPES,
     OPERAND_DTYPES,
     Config,
+    Dim,
     OperandSpec,
     Problem,
     Shape,
@@ -87,8 +88,9 @@ def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
     return _Batched(_as_3d(a, batch), _as_3d(b, batch), out_shape, batch)
 
 
-def _layout(sizes: tuple[int, ...], strides: tuple[int, ...]) -> str:
-    """'row' if the last dim is contiguous, 'col' if the one before it is."""
+def layout_of(sizes: Sequence[Dim], strides: Sequence[Dim]) -> str:
+    """'row' if the last dim is contiguous, 'col' if the one before it is (sizes and
+    strides may be sympy expressions: only a literal 1 counts)."""
     if strides[-1] == 1 or sizes[-1] == 1:
         return "row"
     if strides[-2] == 1 or sizes[-2] == 1:
@@ -117,12 +119,13 @@ def _operand_strides(
     return sb, sm, sn
 
 
-def _operand_layout(kind: str, t: torch.Tensor) -> str:
+def operand_layout(kind: str, sizes: Sequence[Dim], strides: Sequence[Dim]) -> str:
+    """The layout an OperandSpec records for an operand of ``kind`` with these sizes."""
     if kind == "scalar":
         return "scalar"
     if kind in ("row", "col"):
         return "vector"
-    return _layout(tuple(t.shape), tuple(t.stride())) if t.dim() >= 2 else "row"
+    return layout_of(sizes, strides) if len(sizes) >= 2 else "row"
 
 
 def target_for(device: torch.device) -> Target:
@@ -176,7 +179,7 @@ def make_problem(
         if t.dtype not in (TORCH_DTYPES[d] for d in OPERAND_DTYPES):
             raise TypeError(f"operand {name!r} has dtype {t.dtype}; supported: {OPERAND_DTYPES}")
         _operand_strides(name, kind, t, bt.out_shape)
-        specs.append(OperandSpec(name, dtype_name(t.dtype), _operand_layout(kind, t)))
+        specs.append(OperandSpec(name, dtype_name(t.dtype), operand_layout(kind, t.shape, t.stride())))
     (batch, m, k), a_strides = bt.a
     n = bt.b[0][2]
     return Problem(
@@ -184,8 +187,8 @@ def make_problem(
         template="matmul",
         template_hash=template_hash("matmul"),
         dtype=dtype_name(a.dtype),
-        layout_a=_layout((m, k), a_strides[1:]),
-        layout_b=_layout(bt.b[0][1:], bt.b[1][1:]),
+        layout_a=layout_of((m, k), a_strides[1:]),
+        layout_b=layout_of(bt.b[0][1:], bt.b[1][1:]),
         operands=tuple(specs),
         epilogue=epilogue,
         shape=Shape(batch, m, n, k),

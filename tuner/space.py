@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import triton
 
+from epilab.db import DeviceInfo
 from epilab.templates.problem import Config, Problem
 
 SPACE: dict[str, dict[str, tuple[int, ...]]] = {
@@ -60,9 +61,16 @@ class DeviceLimits:
         smem = getattr(props, "shared_memory_per_block_optin", 0) or 232_448
         return cls(props.name, f"{props.major}.{props.minor}", props.multi_processor_count, int(smem))
 
+    @property
+    def info(self) -> DeviceInfo:
+        """The device as the database names it."""
+        return DeviceInfo(self.name, self.capability, self.sm_count)
+
 
 # What the interpreter dry run assumes: an H100/H200 (sm_90: 227 KiB per block).
 HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448)
+# How the database names the interpreter, where interpreter-mode tuning records its trials.
+INTERPRETER_DEVICE = DeviceInfo("Triton interpreter (CPU)", "interpreter", 1)
 
 
 def _padded(dim: object) -> int:

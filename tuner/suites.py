@@ -46,6 +46,20 @@ EPILOGUES: dict[str, Callable[[], Expr]] = {
     "bias_residual": lambda: _bias() + operand("residual", "tile"),
     "bias_gelu_tanh_residual": lambda: ops.gelu_tanh(_bias()) + operand("residual", "tile"),
 }
+
+
+def problem_label(problem: Problem) -> str:
+    """A short label of any problem (one the compiler recorded, say): op, shape, dtype,
+    layouts of A and B, and the epilogue's ops."""
+    s = problem.shape
+    shape = f"{s.m}x{s.n}x{s.k}" if problem.op in ("mm", "addmm") else f"{s.batch}x{s.m}x{s.n}x{s.k}"
+    ops_ = [n.op for n in problem.epilogue.nodes if n.op not in ("acc", "operand", "const")]
+    epilogue = "+".join(ops_) if ops_ else "none"
+    if len(epilogue) > 40:
+        epilogue = epilogue[:37] + "..."
+    return f"{problem.op} {shape} {problem.dtype} {problem.layout_a}/{problem.layout_b} {epilogue}"
+
+
 SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue"}
 LAYOUTS = ("NN", "NT", "TN", "TT")
 

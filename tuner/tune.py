@@ -25,7 +25,7 @@ from epilab.templates.matmul import default_config
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import DTYPES
 from epilab.tuner.search import Budget, Outcome, make_study, search
-from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, space_for
+from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, infeasible, space_for
 from epilab.tuner.suites import Spec
 from epilab.tuner.worker import CompilePool, Worker
 
@@ -39,7 +39,6 @@ KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the d
     Config(16, 64, 128, 1, num_warps=2, num_stages=4),
 ]
 LIBRARIES = ("cublas", "cublaslt", "inductor", "inductor-max-autotune")
-INTERPRETER_DEVICE = DeviceInfo("Triton interpreter (CPU)", "interpreter", 1)
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ class Tuner:
             self.device, self.limits = INTERPRETER_DEVICE, HOPPER
         else:
             self.limits = DeviceLimits.of(options.device_index)
-            self.device = DeviceInfo(self.limits.name, self.limits.capability, self.limits.sm_count)
+            self.device = self.limits.info
         self.versions = Versions(torch.__version__, triton.__version__)
         self.worker = Worker(
             timeout_s=options.worker_timeout_s,
@@ -209,8 +208,18 @@ class Tuner:
         self, spec: Spec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
     ) -> ProblemResult:
         """Search ``spec``'s problem, record every trial, time the baselines."""
+        return self.tune_problem(spec.problem(), spec.label(), on_trial)
+
+    def tune_problem(
+        self,
+        problem: Problem,
+        label: str,
+        on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None,
+    ) -> ProblemResult:
+        """Search ``problem`` (static shape), record every trial, time the baselines."""
+        if not problem.shape.is_static():
+            raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
         started = time.monotonic()
-        problem = spec.problem()
         self.db.put_problem(problem)
         name = study_name(problem, self.device)
         study = make_study(name, self.db.storage_url, restart=self.options.restart, seed=self.options.seed)
@@ -230,11 +239,11 @@ class Tuner:
             seeds=self.seeds(problem),
             on_trial=progress,
         )
-        flops = spec.flops()
+        flops = problem.shape.flops()
         baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))
         best_ms = result.best_ms
         return ProblemResult(
-            label=spec.label(),
+            label=label,
             key=problem.key,
             best=result.best,
             best_ms=best_ms,

@@ -1,0 +1,165 @@
+"""The ``epilab`` torch.compile backend: Inductor with epilab's pass installed.
+
+    torch.compile(model, backend="epilab")                       # EPILAB_POLICY, EPILAB_DB
+    torch.compile(model, backend="epilab", mode="max-autotune",
+                  options={"policy": "always", "db": "tuning.db", "epilogue_fusion": True})
+    epilab.compile(model, db="tuning.db", policy="auto", tune_missing=True)
+
+``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``) and
+any Inductor option; ``mode`` is Inductor's (``reduce-overhead`` gives CUDA
+graphs). Everything else is Inductor's ``compile_fx``, with the pass as
+``post_grad_custom_post_pass`` (after a user's own, if one is set).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from epilab.config import POLICIES, settings
+from epilab.db import DeviceInfo, TuningDB, Versions
+from epilab.templates.build import interpreter_active
+from epilab.templates.problem import Problem
+
+log = logging.getLogger("epilab.compiler")
+EPILAB_OPTIONS = ("policy", "db", "tune_missing")
+TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
+
+_dbs: dict[str, TuningDB] = {}
+_tuners: dict[tuple[str, str], Any] = {}
+
+
+def epilab_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[object],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """The backend Dynamo calls (registered as ``epilab``)."""
+    from torch import _TorchCompileInductorWrapper
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    opts = dict(options or {})
+    ours = {k: opts.pop(k) for k in EPILAB_OPTIONS if k in opts}
+    policy = _policy(ours.get("policy"))
+    patches = dict(_TorchCompileInductorWrapper(mode, opts, None).config)
+    if policy == "never":
+        return compile_fx(gm, example_inputs, config_patches=patches)
+    from epilab.compiler.graph_pass import ChainedPass, EpilabPass
+
+    context, facts = _context(policy, ours.get("db"), bool(ours.get("tune_missing", False)), example_inputs)
+    ours_pass = EpilabPass(context, facts)
+    user_pass = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
+    patches["post_grad_custom_post_pass"] = (
+        ours_pass if user_pass is None else ChainedPass(user_pass, ours_pass)
+    )
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def compile(
+    model: Any,
+    *,
+    db: str | Path | None = None,
+    policy: str | None = None,
+    tune_missing: bool = False,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    **compile_kwargs: Any,
+) -> Any:
+    """``torch.compile(model, backend="epilab", ...)`` with epilab's knobs as arguments.
+
+    ``db``: the tuning database (path or URL; default ``EPILAB_DB``); ``policy``:
+    auto, always or never (default ``EPILAB_POLICY``); ``tune_missing``: tune
+    problems without records now, with a small budget, and store them.
+    """
+    opts = dict(options or {})
+    if db is not None:
+        opts["db"] = str(db)
+    if policy is not None:
+        opts["policy"] = _policy(policy)
+    if tune_missing:
+        opts["tune_missing"] = True
+    return torch.compile(model, backend="epilab", mode=mode, options=opts or None, **compile_kwargs)
+
+
+def _policy(value: object) -> str:
+    policy = settings().policy if value is None else str(value).lower()
+    if policy not in POLICIES:
+        raise ValueError(f"epilab policy {value!r} is not one of {POLICIES}")
+    return policy
+
+
+def _device(example_inputs: Sequence[object]) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+            return x.device
+    return torch.device("cpu")
+
+
+def _context(
+    policy: str, db_target: object, tune_missing: bool, example_inputs: Sequence[object]
+) -> tuple[Any, str]:
+    from epilab.compiler.decide import Context
+    from epilab.tuner.space import INTERPRETER_DEVICE, DeviceLimits
+
+    device = _device(example_inputs)
+    info: DeviceInfo | None
+    if device.type == "cuda":
+        info, target = DeviceLimits.of(device).info, "cuda"
+    elif settings().interpret and interpreter_active():
+        info, target = INTERPRETER_DEVICE, "interpreter"
+    else:
+        info, target = None, None
+    versions = Versions(torch.__version__, triton.__version__)
+    db, error = (None, "CPU tensors") if info is None else _open_db(str(db_target or settings().db))
+    tune = None
+    if tune_missing and db is not None and info is not None:
+        tune = _tune_now(db, device, target == "interpreter")
+    context = Context(policy, info, target, versions, db, error, tune)
+    fingerprint = "" if db is None else f"{db.url}|{db.fingerprint()}"
+    facts = f"{policy}|{info}|{target}|{versions}|{fingerprint}|{error}|tune_missing={tune_missing}"
+    return context, facts
+
+
+def _open_db(target: str) -> tuple[TuningDB | None, str | None]:
+    """The tuning database, opened once per process; a database that cannot be opened
+    leaves decisions to the rules for unrecorded problems (and is logged)."""
+    if target in _dbs:
+        return _dbs[target], None
+    try:
+        db = _dbs[target] = TuningDB.open(target)
+        return db, None
+    except Exception as e:  # unreadable, locked, newer schema: compile without records
+        log.warning("epilab: tuning database %s unavailable, deciding without it: %s", target, e)
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _tune_now(db: TuningDB, device: torch.device, interpret: bool) -> Callable[[Problem], None]:
+    """A function that tunes one problem with the small budget (one tuner per process)."""
+
+    def tune(problem: Problem) -> None:
+        from epilab.tuner.search import Budget
+        from epilab.tuner.tune import TuneOptions, Tuner
+
+        key = (db.url, str(device))
+        if key not in _tuners:
+            options = TuneOptions(
+                budget=Budget(**TUNE_NOW),  # type: ignore[arg-type]
+                interpret=interpret,
+                device_index=device.index or 0,
+                jobs=0 if interpret else 4,
+            )
+            _tuners[key] = Tuner(db, options)
+            atexit.register(_tuners[key].close)
+        result = _tuners[key].tune_problem(problem, f"{problem.op} {problem.shape}")
+        log.info("epilab: tuned %s now: %s", problem.key[:12], result.best)
+
+    return tune

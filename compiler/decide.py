@@ -1,0 +1,257 @@
+"""Decisions: template and config, or the aten op, for each epilogue group.
+
+Policy ``auto`` (the default):
+
+1. A record in the tuning database for this device (exact problem first, else
+   the nearest M of the same family, noted as a fallback): the template with
+   the record's config when its time beats every baseline recorded for that
+   problem (cuBLAS/cuBLASLt + eager epilogue, Inductor); the aten op (cuBLAS,
+   with Inductor fusing the epilogue as usual) when a baseline is faster. With
+   no baseline recorded, the tuned config is used.
+2. No record: with ``tune_missing`` the problem is tuned now with a small budget
+   and stored, then rule 1 applies. Otherwise the heuristic config only where
+   ``heuristic_wins`` says the template is known to win untuned (see there);
+   everywhere else the aten op.
+
+Policy ``always`` uses the template wherever it applies (the recorded config,
+else the heuristic); ``never`` does not install the pass at all (plain Inductor).
+
+Dynamic M: the problem's M is a sympy expression. The plan is a small table of
+M buckets, each with its config (the nearest record to the bucket's
+representative M, or the heuristic); under ``auto`` the template is used only
+when records exist and each bucket's record beats its baselines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from epilab.db import DeviceInfo, Lookup, Record, TuningDB, Versions
+from epilab.db.keys import canonical
+from epilab.templates.matmul import default_config
+from epilab.templates.problem import Config, Problem
+
+# Representative M of each bucket and the bucket's upper bound (geometric midpoints).
+BUCKETS: tuple[tuple[int, int | None], ...] = (
+    (1, 3),
+    (8, 22),
+    (64, 90),
+    (128, 181),
+    (256, 362),
+    (512, 724),
+    (1024, 1448),
+    (2048, 2896),
+    (4096, 5792),
+    (8192, None),
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One anchor's fate, as ``epilab.explain()`` shows it."""
+
+    anchor: str  # the aten op, e.g. "aten.addmm"
+    epilogue: str  # canonical text of the fused epilogue ("" when no group was formed)
+    shape: str  # M x N x K (batch x M x N x K for bmm)
+    template: str | None  # the template used, or None where the aten op was kept
+    config: dict[str, Any] | None  # the config (or M-bucket table) of the template call
+    source: str | None  # exact record, nearest record (M=...), heuristic, tuned now
+    reason: str
+    problem_key: str | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the custom op runs: one config, or configs by M bucket."""
+
+    config: Config | None = None
+    buckets: tuple[tuple[int | None, Config], ...] = ()
+
+    def to_json(self) -> str:
+        if self.config is not None:
+            return canonical({"config": self.config.to_dict()})
+        return canonical({"buckets": [[upper, c.to_dict()] for upper, c in self.buckets]})
+
+    @staticmethod
+    def from_json(text: str) -> Plan:
+        d = json.loads(text)
+        if "config" in d:
+            return Plan(config=Config.from_dict(d["config"]))
+        return Plan(buckets=tuple((upper, Config.from_dict(c)) for upper, c in d["buckets"]))
+
+    def choose(self, m: int) -> Config:
+        if self.config is not None:
+            return self.config
+        for upper, config in self.buckets:
+            if upper is None or m <= upper:
+                return config
+        return self.buckets[-1][1]
+
+    def describe(self) -> dict[str, Any]:
+        if self.config is not None:
+            return self.config.to_dict()
+        return {"buckets": [[upper, c.short()] for upper, c in self.buckets]}
+
+
+@dataclass
+class Context:
+    """Everything decisions depend on, fixed for one compilation."""
+
+    policy: str
+    device: DeviceInfo | None  # None: CPU tensors without the interpreter
+    target: str | None  # "cuda" or "interpreter"
+    versions: Versions
+    db: TuningDB | None
+    db_error: str | None = None
+    tune: Callable[[Problem], None] | None = None  # tune_missing: tunes and records a problem
+
+
+def heuristic_wins(problem: Problem) -> str | None:
+    """Where the untuned heuristic config is known to beat cuBLAS + Inductor's fused
+    epilogue, and why; None elsewhere.
+
+    Measured on an H200 (benchmarks/RESULTS.md): untuned, the template trails
+    Inductor by 2-6% on compute-bound shapes, so those keep the aten op. It wins
+    where the matmul is cheap next to the epilogue's memory traffic: K <= 128 with
+    a full-tile operand or several outputs, at least 2^20 output elements. There
+    the unfused graph writes the product and reads it back, which costs more than
+    the main loop loses.
+    """
+    s = problem.shape
+    if not s.is_static():
+        return None
+    ep = problem.epilogue
+    tiles = sum(1 for _, kind in ep.operands if kind == "tile")
+    if int(s.k) <= 128 and int(s.batch) * int(s.m) * int(s.n) >= 1 << 20 and (tiles or len(ep.outputs) > 1):
+        return f"K={s.k} <= 128 with {tiles} full-tile operand(s) and {len(ep.outputs)} output(s)"
+    return None
+
+
+def _time(r: Record, other: Record | None = None) -> float:
+    """Compare like with like: CUDA-graph times when both have them."""
+    if r.graph_ms is not None and (other is None or other.graph_ms is not None):
+        return r.graph_ms
+    return float(r.median_ms or 0.0)
+
+
+def _verdict(db: TuningDB, hit: Lookup, device: DeviceInfo) -> tuple[bool, str]:
+    """Whether the record beats the baselines recorded beside it, and the evidence."""
+    bases = [b for b in db.baselines(hit.record.problem_key, device) if b.median_ms]
+    t = _time(hit.record)
+    if not bases:
+        return True, f"tuned {t:.4g} ms; no baseline recorded"
+    best = min(bases, key=lambda b: _time(b, hit.record))
+    tb, tr = _time(best, hit.record), _time(hit.record, best)
+    if tr < tb:
+        return True, f"tuned {tr:.4g} ms beats {best.library} {tb:.4g} ms ({tb / tr:.2f}x)"
+    return False, f"{best.library} {tb:.4g} ms is faster than the tuned {tr:.4g} ms"
+
+
+def _source(hit: Lookup) -> str:
+    return "exact record" if hit.exact else f"nearest record (M={hit.m})"
+
+
+def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Decision, Plan | None]:
+    """The decision for one group's problem, and the plan of the template call (if any)."""
+
+    def made(
+        template: bool, plan: Plan | None, source: str | None, reason: str
+    ) -> tuple[Decision, Plan | None]:
+        return (
+            Decision(
+                anchor=anchor,
+                epilogue=problem.epilogue.text(),
+                shape=shape,
+                template=problem.template if template else None,
+                config=plan.describe() if plan is not None else None,
+                source=source,
+                reason=reason,
+                problem_key=problem.key,
+                device=ctx.device.name if ctx.device else None,
+            ),
+            plan if template else None,
+        )
+
+    if ctx.device is None or ctx.target is None:
+        return made(False, None, None, "CPU tensors: templates run on CPU only with EPILAB_INTERPRET=1")
+    if not problem.shape.is_static():
+        return _decide_dynamic(problem, ctx, made)
+    heuristic = Plan(config=default_config(problem, ctx.target, sm_count=ctx.device.sm_count))  # type: ignore[arg-type]
+    hit = _lookup(problem, ctx)
+    if hit is None and ctx.tune is not None and ctx.policy == "auto":
+        ctx.tune(problem)
+        hit = _lookup(problem, ctx)
+        if hit is not None:
+            ok, why = _verdict(ctx.db, hit, ctx.device)  # type: ignore[arg-type]
+            return made(ok, _plan(hit), "tuned now", why)
+    if hit is not None:
+        plan = _plan(hit)
+        if ctx.policy == "always":
+            return made(True, plan, _source(hit), "policy always")
+        ok, why = _verdict(ctx.db, hit, ctx.device)  # type: ignore[arg-type]
+        return made(ok, plan, _source(hit), why)
+    missing = f"nothing recorded for this problem on {ctx.device.name}"
+    if ctx.db is None:
+        missing = f"no tuning database ({ctx.db_error})"
+    if ctx.policy == "always":
+        return made(True, heuristic, "heuristic", f"policy always; {missing}")
+    wins = heuristic_wins(problem)
+    if wins is not None:
+        return made(True, heuristic, "heuristic", f"{missing}; known to win untuned: {wins}")
+    return made(
+        False,
+        None,
+        None,
+        f"{missing}; the untuned template is not known to win here "
+        "(run `epilab tune --seen`, or compile with tune_missing=True)",
+    )
+
+
+def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | None:
+    if ctx.db is None or ctx.device is None:
+        return None
+    hit = ctx.db.lookup(problem, ctx.device, ctx.versions, m=m)
+    if hit is None or hit.record.config is None:
+        return None
+    try:
+        Config.from_dict(hit.record.config)
+    except ValueError:
+        return None  # a config this version cannot run: as if nothing were recorded
+    return hit
+
+
+def _plan(hit: Lookup) -> Plan:
+    return Plan(config=Config.from_dict(hit.record.config or {}))
+
+
+def _decide_dynamic(problem: Problem, ctx: Context, made: Callable[..., Any]) -> tuple[Decision, Plan | None]:
+    assert ctx.device is not None and ctx.target is not None
+    buckets: list[tuple[int | None, Config]] = []
+    verdicts: list[str] = []
+    recorded = all_win = 0
+    for rep, upper in BUCKETS:
+        hit = _lookup(problem, ctx, m=rep)
+        if hit is not None:
+            recorded += 1
+            ok, why = _verdict(ctx.db, hit, ctx.device)  # type: ignore[arg-type]
+            all_win += ok
+            verdicts.append(f"M~{rep}: {why}")
+            buckets.append((upper, Config.from_dict(hit.record.config or {})))
+        else:
+            at = dataclasses.replace(problem, shape=dataclasses.replace(problem.shape, m=rep))
+            buckets.append((upper, default_config(at, ctx.target, sm_count=ctx.device.sm_count)))  # type: ignore[arg-type]
+    plan = Plan(buckets=tuple(buckets))
+    source = "nearest records by M bucket" if recorded else "heuristic by M bucket"
+    if ctx.policy == "always":
+        return made(True, plan, source, f"policy always; symbolic M, {recorded} bucket(s) from records")
+    if recorded and all_win == recorded:
+        return made(True, plan, source, "symbolic M; every bucket's record beats its baselines")
+    if recorded:
+        losing = [v for v in verdicts if "faster than" in v]
+        return made(False, None, None, "symbolic M; a baseline is faster for " + "; ".join(losing[:3]))
+    return made(False, None, None, "symbolic M and nothing recorded for its family on " + ctx.device.name)

@@ -1,0 +1,65 @@
+"""The compiler's decisions, kept per process for ``epilab.explain()``.
+
+Every anchor the pass sees adds one ``Decision``. With ``EPILAB_LOG=1`` (or the
+INFO level) each compilation's decisions are also printed as a table. A graph
+that Inductor serves from its cache is not compiled again, so it adds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+from epilab.compiler.decide import Decision
+
+log = logging.getLogger("epilab.compiler")
+_lock = threading.Lock()
+_decisions: list[Decision] = []
+
+
+def record(decisions: list[Decision]) -> None:
+    with _lock:
+        _decisions.extend(decisions)
+    if decisions and log.isEnabledFor(logging.INFO):
+        log.info("epilab decisions for one graph:\n%s", table(decisions))
+
+
+def explain(clear: bool = False) -> list[Decision]:
+    """The decisions of the compilations so far in this process (oldest first);
+    ``clear=True`` also forgets them."""
+    with _lock:
+        out = list(_decisions)
+        if clear:
+            _decisions.clear()
+    return out
+
+
+def table(decisions: list[Decision]) -> str:
+    """A plain-text table: one line per anchor."""
+    rows = [("anchor", "shape", "template", "source", "config", "reason", "epilogue")]
+    for d in decisions:
+        config = "" if d.config is None else _short(d.config)
+        rows.append(
+            (d.anchor, d.shape, d.template or "aten", d.source or "", config, d.reason, _clip(d.epilogue, 60))
+        )
+    widths = [min(max(len(r[i]) for r in rows), 70) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(_clip(c, w).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _short(config: dict) -> str:
+    if "buckets" in config:
+        return f"{len(config['buckets'])} M buckets"
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    if all(k in config for k in keys):
+        return (
+            "x".join(str(config[k]) for k in keys)
+            + f" w{config.get('num_warps')} s{config.get('num_stages')}"
+        )
+    return json.dumps(config, sort_keys=True)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

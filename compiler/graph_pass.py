@@ -1,0 +1,150 @@
+"""The Inductor pass: match anchors, decide, replace groups by template calls.
+
+Installed as Inductor's ``post_grad_custom_post_pass``, so it sees the
+post-grad ATen graphs of the forward and the backward alike. Its ``uuid()``
+covers everything that changes what it does: epilab's compiler and template
+sources, the policy, the database (URL and a fingerprint of its records), the
+device and ``tune_missing``; Inductor's caches therefore never serve a graph
+decided on other facts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import operator
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from epilab.compiler import explain
+from epilab.compiler.aten_ops import ANCHORS
+from epilab.compiler.decide import Context, Decision, Plan, decide
+from epilab.compiler.match import Group, NoGroup, match, val
+from epilab.compiler.op import template_call
+from epilab.templates.render import template_hash
+
+log = logging.getLogger("epilab.compiler")
+_SOURCES = sorted(Path(__file__).parent.glob("*.py"))
+
+
+def code_version() -> str:
+    """sha256 over the compiler's sources and the templates' hashes."""
+    h = hashlib.sha256()
+    for path in _SOURCES:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(template_hash("matmul").encode())
+    return h.hexdigest()
+
+
+class EpilabPass(CustomGraphPass):
+    """Replaces each anchor's epilogue group with one ``epilab::template_call``
+    where the decision rules (``compiler/decide.py``) choose the template."""
+
+    def __init__(self, context: Context, facts: str) -> None:
+        self.context = context
+        self.facts = facts  # policy, database fingerprint, device...: all that decisions read
+
+    def uuid(self) -> str:
+        return hashlib.sha256((code_version() + "\0" + self.facts).encode()).hexdigest()
+
+    def __call__(self, graph: fx.Graph) -> None:
+        decisions: list[Decision] = []
+        anchors = [n for n in graph.nodes if n.op == "call_function" and n.target in ANCHORS]
+        precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
+        for anchor in anchors:
+            if anchor.graph is not graph or anchor not in graph.nodes:
+                continue
+            name = f"aten.{ANCHORS[anchor.target]}"  # type: ignore[index]
+            nodes = list(graph.nodes)
+            after = nodes[nodes.index(anchor) + 1 :]
+            try:
+                group = match(anchor, after, precision=precision)
+            except NoGroup as e:
+                decisions.append(Decision(name, "", _shape(anchor), None, None, None, f"not matched: {e}"))
+                continue
+            self._record_seen(group)
+            decision, plan = decide(group.problem, self.context, name, group.shape_text)
+            decisions.append(decision)
+            if plan is not None:
+                _rewrite(graph, group, plan)
+        if any(d.template for d in decisions):
+            from torch._inductor.pattern_matcher import stable_topological_sort
+
+            stable_topological_sort(graph)
+            graph.eliminate_dead_code()
+            graph.lint()
+        explain.record(decisions)
+
+    def _record_seen(self, group: Group) -> None:
+        """Store static problems in the database, so that ``epilab tune --seen`` finds them."""
+        db = self.context.db
+        if db is None or self.context.device is None or not group.problem.shape.is_static():
+            return
+        try:
+            db.put_problem(group.problem)
+        except Exception as e:  # a read-only or busy database must not fail the compile
+            log.warning("could not record problem %s in %s: %s", group.problem.key[:12], db.url, e)
+
+
+def _shape(anchor: fx.Node) -> str:
+    v = val(anchor)
+    return "x".join(str(d) for d in v.shape) if v is not None else "?"
+
+
+def _rewrite(graph: fx.Graph, group: Group, plan: Plan) -> None:
+    """Replace the group's nodes by one template call (and views of its outputs)."""
+    members = set(group.nodes)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    by_name = {o.name: o for o in group.operands}
+    operands = [by_name[spec.name] for spec in group.problem.operands]
+    last = max([*members, *(o.node for o in operands), group.a, group.b], key=order.__getitem__)
+    fake = getattr(val(group.anchor), "fake_mode", None) or contextlib.nullcontext()
+
+    def add(target: object, args: tuple, value: object) -> fx.Node:
+        node = graph.call_function(target, args)  # type: ignore[arg-type]
+        node.meta["val"] = value
+        return node
+
+    with graph.inserting_after(last):
+        args = []
+        for o in operands:
+            if o.reshape is None:
+                args.append(o.node)
+            else:
+                with fake:
+                    moved = torch.ops.aten.reshape.default(val(o.node), list(o.reshape))
+                args.append(add(torch.ops.aten.reshape.default, (o.node, list(o.reshape)), moved))
+        problem_json, plan_json = group.problem.to_json(), plan.to_json()
+        with fake:
+            outs = template_call(problem_json, plan_json, val(group.a), val(group.b), [val(a) for a in args])
+        call = add(
+            torch.ops.epilab.template_call.default, (problem_json, plan_json, group.a, group.b, args), outs
+        )
+        items = [add(operator.getitem, (call, i), out) for i, out in enumerate(outs)]
+        for use in group.uses:
+            new = items[use.output]
+            if use.reshape is not None:
+                new = add(torch.ops.aten.reshape.default, (new, use.reshape), val(use.node))
+            use.node.replace_all_uses_with(new, delete_user_cb=lambda user: user not in members)
+    for node in reversed(group.nodes):
+        if not node.users:
+            graph.erase_node(node)
+
+
+class ChainedPass(CustomGraphPass):
+    """A user's own post-grad pass, then epilab's."""
+
+    def __init__(self, first: object, second: EpilabPass) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.first(graph)  # type: ignore[operator]
+        self.second(graph)
+
+    def uuid(self) -> object:
+        first = getattr(self.first, "uuid", lambda: None)()
+        return None if first is None else (first, self.second.uuid())

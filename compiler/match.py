@@ -1,0 +1,380 @@
+"""Matching: from a post-grad ATen graph to epilogue groups and their Problems.
+
+For an anchor (mm, addmm, bmm, baddbmm) the group grows over the nodes after it
+in graph order. A node joins when it is a pointwise op of ``aten_ops.POINTWISE``
+(or a view that only splits or merges rows, or a same-shape copy) whose group
+arguments have its own shape, and whose other tensor arguments are operands the
+template can load per output element:
+
+- scalars (one element), row vectors (broadcast over rows), column vectors
+  (broadcast over columns) and full tiles of the output's shape;
+- never a value computed from the anchor outside the group (that would be a
+  cycle through the fused kernel).
+
+Every group value used outside the group becomes an output of the kernel. The
+anchor's own value is rounded to its dtype (as the unfused graph stores it);
+the rest is computed in fp32 and rounded once per output, as Inductor's fused
+pointwise kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+import torch.fx as fx
+
+from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, VIEWS, Unsupported
+from epilab.templates.epilogue import Epilogue, Expr, acc, operand
+from epilab.templates.matmul import dtype_name, layout_of, operand_layout
+from epilab.templates.problem import Dim, OperandSpec, Problem, Shape
+from epilab.templates.render import template_hash
+from epilab.templates.rules import DTYPES as EPILOGUE_DTYPES
+
+ANCHOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+OPERAND_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.bool)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor the epilogue loads: its graph node, and how it is passed to the kernel."""
+
+    name: str
+    node: fx.Node
+    kind: str  # row, col, tile, scalar
+    reshape: tuple[int, ...] | None  # passed through aten.reshape with this shape (may hold -1)
+
+
+@dataclass(frozen=True)
+class Use:
+    """A group member used outside the group: the kernel output that replaces it."""
+
+    node: fx.Node
+    output: int
+    reshape: list[object] | None  # reshape args giving the output the member's shape
+
+
+@dataclass
+class Group:
+    """An anchor with the pointwise nodes fused after it."""
+
+    anchor: fx.Node
+    op: str
+    a: fx.Node
+    b: fx.Node
+    nodes: list[fx.Node]  # members in graph order, anchor first
+    operands: list[Operand]
+    uses: list[Use]  # members used outside the group, and which kernel output replaces each
+    problem: Problem
+    out_shape: tuple[object, ...] = field(default=())
+
+    @property
+    def shape_text(self) -> str:
+        s = self.problem.shape
+        dims = [s.m, s.n, s.k] if self.op in ("mm", "addmm") else [s.batch, s.m, s.n, s.k]
+        return "x".join(str(d) for d in dims)
+
+
+class NoGroup(ValueError):
+    """The anchor cannot become a template call (the reason is the message)."""
+
+
+def expr_of(d: object) -> sympy.Expr:
+    """A size as a sympy expression (SymInts through their symbolic node)."""
+    if isinstance(d, torch.SymInt):
+        return sympy.sympify(d.node.expr)
+    return sympy.Integer(int(d))  # type: ignore[call-overload]
+
+
+def dim_of(d: object) -> Dim:
+    e = expr_of(d)
+    return int(e) if e.is_Integer else e
+
+
+def same(a: object, b: object) -> bool:
+    return bool(sympy.expand(expr_of(a) - expr_of(b)) == 0)
+
+
+def same_shape(a: Sequence[object], b: Sequence[object]) -> bool:
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+
+
+def val(node: object) -> torch.Tensor | None:
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _static(shape: Sequence[object]) -> bool:
+    return all(expr_of(d).is_Integer for d in shape)
+
+
+class _Grower:
+    def __init__(self, anchor: fx.Node) -> None:
+        self.anchor = anchor
+        self.op = ANCHORS[anchor.target]  # type: ignore[index]
+        out = val(anchor)
+        if out is None:
+            raise NoGroup("the anchor has no shape information")
+        self.out = out
+        self.O = tuple(out.shape)
+        self.values: dict[fx.Node, Expr] = {}
+        self.shape_src: dict[fx.Node, list[object] | None] = {}  # reshape args that give its shape
+        self.desc: set[fx.Node] = {anchor}
+        self.operands: dict[tuple[fx.Node, tuple[int, ...] | None], Operand] = {}
+        self.order: list[fx.Node] = []
+
+    # -- the anchor
+    def start(self) -> tuple[fx.Node, fx.Node]:
+        node = self.anchor
+        args = list(node.args)
+        kwargs = dict(node.kwargs)
+        if self.op in ("addmm", "baddbmm"):
+            bias, a, b = args[:3]
+            beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+            alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+        else:
+            (a, b), bias, beta, alpha = args[:2], None, 0, 1
+        av, bv = val(a), val(b)
+        if av is None or bv is None:
+            raise NoGroup("an input has no shape information")
+        if av.dtype not in ANCHOR_DTYPES or av.dtype != bv.dtype:
+            raise NoGroup(f"inputs {av.dtype}/{bv.dtype}: the templates take float16, bfloat16, float32")
+        if self.out.dtype != av.dtype:
+            raise NoGroup(f"output dtype {self.out.dtype} differs from the inputs' {av.dtype}")
+        for name, x in (("alpha", alpha), ("beta", beta)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise NoGroup(f"{name}={x!r} is not a number")
+        value: Expr = acc() if alpha == 1 else acc() * float(alpha)
+        if bias is not None and beta != 0:
+            bias_expr = self.operand(bias, self.O, "bias")
+            value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
+        if av.dtype != torch.float32:
+            value = Expr("cast", (value,), (("dtype", dtype_name(av.dtype)),))
+        self.values[node] = value
+        self.shape_src[node] = None
+        self.order.append(node)
+        return a, b  # type: ignore[return-value]
+
+    # -- operands
+    def operand(self, node: object, S: Sequence[object], name: str | None = None) -> Expr:
+        """The operand expression for tensor ``node`` read at positions of shape ``S``."""
+        if not isinstance(node, fx.Node):
+            raise Unsupported(f"argument {node!r} is not a tensor")
+        if node in self.desc:
+            raise Unsupported(f"{node.name} is computed from the anchor outside the group")
+        tv = val(node)
+        if tv is None:
+            raise Unsupported(f"{node.name} has no shape information")
+        if tv.dtype not in OPERAND_DTYPES or tv.device != self.out.device:
+            raise Unsupported(f"operand {node.name} is {tv.dtype} on {tv.device}")
+        shape = list(tv.shape)
+        if len(shape) > len(S):
+            raise Unsupported(f"operand {node.name} has more dims than the output")
+        pad = [1] * (len(S) - len(shape)) + shape
+        if not all(same(p, 1) or same(p, s) for p, s in zip(pad, S, strict=True)):
+            raise Unsupported(f"operand {node.name} of shape {tuple(shape)} does not broadcast to {tuple(S)}")
+        one = [same(p, 1) for p in pad]
+        reshape: tuple[int, ...] | None = None
+        if same_shape(S, self.O):
+            if all(one):
+                kind = "scalar"
+            elif one[-2]:
+                kind = "row"
+            elif one[-1]:
+                kind = "col"
+            else:
+                kind = "tile"
+        else:  # S splits or merges the output's rows: pass the operand in the output's shape
+            last = -1 if one[-1] else int(expr_of(self.O[-1])) if _static(self.O[-1:]) else None
+            if last is None:
+                raise Unsupported("a symbolic N after a view")
+            if all(one[:-1]):
+                kind, reshape = ("scalar" if one[-1] else "row"), (-1,)
+            elif all(not o for o in one[:-1]):
+                if len(self.O) == 3 and not _static(self.O[:1]):
+                    raise Unsupported("a symbolic batch after a view")
+                lead = [-1] if len(self.O) == 2 else [int(expr_of(self.O[0])), -1]
+                kind, reshape = ("col" if one[-1] else "tile"), (*lead, 1 if one[-1] else last)
+            else:
+                raise Unsupported(f"operand {node.name} broadcasts over part of the rows")
+        key = (node, reshape)
+        if key not in self.operands:
+            count = sum(1 for o in self.operands.values() if o.name != "bias")
+            self.operands[key] = Operand(name or f"op{count}", node, kind, reshape)
+        found = self.operands[key]
+        if found.kind != kind:
+            raise Unsupported(f"operand {node.name} is read two ways")
+        return operand(found.name, kind)
+
+    # -- growth
+    def try_join(self, node: fx.Node) -> bool:
+        if node.op != "call_function":
+            return False
+        out = val(node)
+        if out is None:
+            return False
+        target = node.target
+        if target in VIEWS or target in IDENTITY:
+            src = node.args[0]
+            if src not in self.values or len(node.all_input_nodes) != 1:
+                return False
+            in_shape = list(val(src).shape)  # type: ignore[union-attr]
+            out_shape = list(out.shape)
+            if target in IDENTITY:
+                if not same_shape(in_shape, out_shape):
+                    return False
+                self.shape_src[node] = self.shape_src[src]  # type: ignore[index]
+            else:
+                # rows split or merged: same last dim, same number of elements
+                if (
+                    not out_shape
+                    or not same(out_shape[-1], self.O[-1])
+                    or not same(
+                        math.prod(expr_of(d) for d in out_shape), math.prod(expr_of(d) for d in self.O)
+                    )
+                ):
+                    return False
+                self.shape_src[node] = None if same_shape(out_shape, self.O) else list(node.args[1])  # type: ignore[arg-type]
+            self.values[node] = self.values[src]  # type: ignore[index]
+            return True
+        builder = POINTWISE.get(target)
+        if builder is None or dtype_name_or_none(out.dtype) is None:
+            return False
+        S = list(out.shape)
+        group_args = [a for a in node.all_input_nodes if a in self.values]
+        if not group_args:
+            return False
+        src = group_args[0]
+        if not all(same_shape(list(val(a).shape), S) for a in group_args):  # type: ignore[union-attr]
+            return False
+
+        def convert(x: object) -> object:
+            if isinstance(x, fx.Node):
+                return self.values[x] if x in self.values else self.operand(x, S)
+            if isinstance(x, (bool, int, float, str, torch.dtype)) or x is None:
+                return x
+            if isinstance(x, (torch.memory_format, torch.device)):
+                return x
+            raise Unsupported(f"argument {x!r}")
+
+        try:
+            args = [convert(x) for x in node.args]
+            kwargs = {k: convert(v) for k, v in node.kwargs.items()}
+            expr = builder(*args, **kwargs)
+        except (Unsupported, ValueError, TypeError):
+            return False
+        if not isinstance(expr, Expr):  # a builder folded everything to a number
+            return False
+        self.values[node] = expr
+        self.shape_src[node] = self.shape_src[src]
+        return True
+
+    def grow(self, nodes: Sequence[fx.Node]) -> None:
+        for node in nodes:
+            if not any(a in self.desc for a in node.all_input_nodes):
+                continue
+            before = dict(self.operands)
+            if self.try_join(node):
+                self.order.append(node)
+            else:
+                self.operands = before  # operands found on the way are not used
+            self.desc.add(node)
+
+
+def dtype_name_or_none(dtype: torch.dtype) -> str | None:
+    for name, dt in EPILOGUE_DTYPES.items():
+        if dt == dtype:
+            return name
+    return None
+
+
+def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group:
+    """The largest epilogue group of ``anchor`` over ``after`` (the nodes following it)."""
+    g = _Grower(anchor)
+    a, b = g.start()
+    g.grow(after)
+    members = set(g.order)
+    exprs: list[tuple[Expr, str]] = []
+    index: dict[tuple[int, str], int] = {}
+    uses: list[Use] = []
+    for node in g.order:
+        if all(u in members for u in node.users):
+            continue
+        dt = str(dtype_name_or_none(val(node).dtype))  # type: ignore[union-attr, arg-type]
+        key = (id(g.values[node]), dt)
+        if key not in index:
+            index[key] = len(exprs)
+            exprs.append((g.values[node], dt))
+        uses.append(Use(node, index[key], g.shape_src[node]))
+    if not uses:
+        raise NoGroup("nothing of the group is used")
+    epilogue = Epilogue.build(exprs)
+    used = {name for name, _ in epilogue.operands}
+    operands = [o for o in g.operands.values() if o.name in used]  # constant folding may drop some
+    return Group(
+        anchor=anchor,
+        op=g.op,
+        a=a,
+        b=b,
+        nodes=g.order,
+        operands=operands,
+        uses=uses,
+        problem=_problem(g.op, a, b, operands, epilogue, precision),
+        out_shape=g.O,
+    )
+
+
+def _problem(
+    op: str, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
+) -> Problem:
+    av, bv = val(a), val(b)
+    assert av is not None and bv is not None
+    batched = op in ("bmm", "baddbmm")
+    if av.dim() != (3 if batched else 2) or bv.dim() != av.dim():
+        raise NoGroup(f"{op} inputs of {av.dim()} and {bv.dim()} dims")
+    sa = [dim_of(d) for d in av.shape]
+    sb = [dim_of(d) for d in bv.shape]
+    stride_a = [dim_of(d) for d in av.stride()]
+    stride_b = [dim_of(d) for d in bv.stride()]
+    shape = Shape(sa[0] if batched else 1, sa[-2], sb[-1], sa[-1])
+    specs = []
+    for o in operands:
+        ov = val(o.node)
+        assert ov is not None
+        sizes, strides = list(ov.shape), list(ov.stride())
+        if o.reshape is not None:
+            with _fake_mode(ov):
+                moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
+            sizes, strides = list(moved.shape), list(moved.stride())
+        layout = operand_layout(o.kind, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
+        specs.append(OperandSpec(o.name, str(dtype_name_or_none(ov.dtype)), layout))
+    problem = Problem(
+        op=op,
+        template="matmul",
+        template_hash=template_hash("matmul"),
+        dtype=dtype_name(av.dtype),
+        layout_a=layout_of(sa[-2:], stride_a[-2:]),
+        layout_b=layout_of(sb[-2:], stride_b[-2:]),
+        operands=tuple(specs),
+        epilogue=epilogue,
+        shape=shape,
+        precision=precision if av.dtype == torch.float32 else "ieee",
+    )
+    try:
+        if Problem.from_json(problem.to_json()) != problem:
+            raise ValueError("differs after a JSON round trip")
+    except ValueError as e:
+        raise NoGroup(f"the shape {shape} cannot be stored ({e})") from e
+    return problem
+
+
+def _fake_mode(v: torch.Tensor) -> object:
+    mode = getattr(v, "fake_mode", None)
+    if mode is None:
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return mode
