@@ -1,0 +1,371 @@
+"""The torch.compile backend on CPU, kernels in Triton's interpreter.
+
+Each test compiles real module code with ``backend="epilab"``, compares the
+outputs (and gradients) with eager in float64, and checks through
+``epilab.explain()`` that the template was used where expected. Inductor's
+caches are off so that every compilation runs the pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import epilab
+from epilab import config
+from epilab.compiler import backend
+from epilab.db import Timing, TuningDB, Versions
+from epilab.templates.check import rel_error
+from epilab.templates.problem import Problem
+from epilab.tuner.space import INTERPRETER_DEVICE
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-2}
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "relu": F.relu,
+}
+# ops that show each decomposed activation in the fused epilogue's text
+SIGNATURE = {"gelu": "erf", "gelu_tanh": "tanh", "silu": "exp", "relu": "relu"}
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return str(tmp_path / "tuning.db")
+
+
+def compiled(model, db_path, policy="always", **kw):
+    return torch.compile(model, backend="epilab", options={"policy": policy, "db": db_path}, **kw)
+
+
+def check_close(out, ref, dtype=torch.float32):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    for o, r in zip(outs, refs, strict=True):
+        err = rel_error(o, r)
+        assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]:.0e}"
+
+
+def as64(module: nn.Module) -> nn.Module:
+    """A float64 copy (``Module.double()`` converts in place)."""
+    return copy.deepcopy(module).double()
+
+
+def used(decisions, anchor=None):
+    return [d for d in decisions if d.template and (anchor is None or d.anchor == anchor)]
+
+
+class LinearAct(nn.Module):
+    def __init__(self, act: str, k: int = 24, n: int = 40) -> None:
+        super().__init__()
+        self.up = nn.Linear(k, n)
+        self.down = nn.Linear(n, k)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x))) + x
+
+
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_linear_activation_residual_3d(act, dtype, db_path):
+    torch.manual_seed(0)
+    model = LinearAct(act).to(dtype)
+    x = torch.randn(3, 7, 24, dtype=dtype)
+    with torch.no_grad():
+        out = compiled(model, db_path)(x)
+        ref = as64(model)(x.double())
+    check_close(out, ref, dtype)
+    d = epilab.explain()
+    up, down = used(d, "aten.addmm")
+    assert SIGNATURE[act] in up.epilogue and "bias" in up.epilogue, up.epilogue
+    assert "kind=tile" in down.epilogue, "the residual add is fused into the down projection"
+    assert up.shape == "21x40x24" and down.shape == "21x24x40"
+
+
+def test_bmm_attention_scores_with_scale(db_path):
+    torch.manual_seed(0)
+
+    def scores(q, k):
+        return torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.125, dim=-1)
+
+    q, k = torch.randn(3, 9, 16), torch.randn(3, 11, 16)
+    out = compiled(scores, db_path)(q, k)
+    check_close(out, scores(q.double(), k.double()))
+    (d,) = epilab.explain()
+    assert d.template == "matmul" and d.anchor == "aten.bmm" and "const[value=0.125]" in d.epilogue
+
+
+def test_addmm_alpha_beta(db_path):
+    torch.manual_seed(0)
+
+    def f(bias, a, b):
+        return torch.addmm(bias, a, b, beta=0.5, alpha=2.0)
+
+    args = (torch.randn(1, 13), torch.randn(9, 7), torch.randn(7, 13))
+    check_close(compiled(f, db_path)(*args), f(*(t.double() for t in args)))
+    (d,) = epilab.explain()
+    assert d.template and "value=2.0" in d.epilogue and "value=0.5" in d.epilogue
+
+
+def test_a_value_used_twice_becomes_a_second_output(db_path):
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 24)
+
+    def f(x):
+        h = lin(x)
+        return torch.relu(h), h.sum(dim=-1)  # the sum is not pointwise: h leaves the group too
+
+    x = torch.randn(9, 16)
+    with torch.no_grad():
+        out = compiled(f, db_path)(x)
+        ref = (torch.relu(as64(lin)(x.double())), as64(lin)(x.double()).sum(-1))
+    check_close(out, ref)
+    (d,) = epilab.explain()
+    assert d.template and d.epilogue.count("out %") == 2, d.epilogue
+
+
+def test_an_op_outside_the_table_ends_the_group(db_path):
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 24)
+
+    def f(x):
+        return torch.cumsum(torch.relu(lin(x)), dim=-1) * 3.0
+
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        out = compiled(f, db_path)(x)
+        check_close(out, torch.cumsum(torch.relu(as64(lin)(x.double())), dim=-1) * 3.0)
+    (d,) = epilab.explain()
+    assert d.template and "relu" in d.epilogue and "value=3.0" not in d.epilogue
+
+
+def test_an_operand_computed_from_the_anchor_is_not_fused(db_path):
+    torch.manual_seed(0)
+    w = torch.randn(16, 8)
+
+    def f(x):
+        h = x @ w
+        return h * h.amax()  # amax depends on h: fusing it would be a cycle
+
+    x = torch.randn(6, 16)
+    h64 = x.double() @ w.double()
+    check_close(compiled(f, db_path)(x), h64 * h64.amax())
+    (d,) = epilab.explain()
+    assert d.template and "mul" not in d.epilogue
+
+
+def test_training_gradients_match_and_backward_matmuls_are_matched(db_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6))
+    ref = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6)).double()
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    x = torch.randn(2, 5, 12)
+    out = compiled(model, db_path)(x)
+    out.square().sum().backward()
+    ref(x.double()).square().sum().backward()
+    check_close(out, ref(x.double()))
+    for (name, p), p64 in zip(model.named_parameters(), ref.parameters(), strict=True):
+        err = rel_error(p.grad, p64.grad)
+        assert err <= 1e-5, f"gradient of {name}: relative error {err:.3g}"
+    d = epilab.explain()
+    assert len(used(d, "aten.addmm")) == 2, "forward"
+    assert len(used(d, "aten.mm")) >= 3, "backward: grad input and grad weights"
+
+
+def test_dynamic_m_one_compile_serves_several_sizes(db_path):
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 24)
+
+    def f(x):
+        return F.silu(lin(x))
+
+    fn = compiled(f, db_path, dynamic=True)
+    with torch.no_grad():
+        for m in (5, 17, 64):
+            x = torch.randn(m, 16)
+            check_close(fn(x), F.silu(as64(lin)(x.double())))
+    d = epilab.explain()
+    assert len(d) == 1, "one compilation for every M"
+    assert d[0].template and "buckets" in d[0].config and d[0].shape.startswith("s")
+
+
+def test_cpu_tensors_stay_with_inductor_without_the_interpreter(db_path):
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with config.patch(interpret=False), torch.no_grad():
+        check_close(compiled(lin, db_path)(x), as64(lin)(x.double()))
+    (d,) = epilab.explain()
+    assert d.template is None and "CPU" in d.reason
+
+
+def test_policy_never_is_plain_inductor(db_path):
+    lin = nn.Linear(8, 8)
+    with torch.no_grad():
+        compiled(lin, db_path, policy="never")(torch.randn(4, 8))
+    assert epilab.explain() == []
+
+
+def test_bad_options_are_refused_with_a_clear_error(db_path):
+    lin = nn.Linear(8, 8)
+    with pytest.raises(Exception, match="policy 'sometimes' is not one of"):
+        compiled(lin, db_path, policy="sometimes")(torch.randn(4, 8))
+    torch._dynamo.reset()
+    bad = torch.compile(lin, backend="epilab", options={"no_such_option": 1})
+    with pytest.raises(Exception, match="no_such_option"):
+        bad(torch.randn(4, 8))
+
+
+def test_epilab_compile_and_log_table(db_path, caplog):
+    lin = nn.Linear(8, 8)
+    with caplog.at_level(logging.INFO, logger="epilab.compiler"), torch.no_grad():
+        epilab.compile(lin, db=db_path, policy="always")(torch.randn(4, 8))
+    assert "anchor" in caplog.text and "aten.addmm" in caplog.text and "heuristic" in caplog.text
+
+
+# ----------------------------------------------------------- decisions from the db
+
+
+def _seen_problem(db_path) -> Problem:
+    (d,) = epilab.explain(clear=True)
+    with TuningDB.open(db_path) as db:
+        text = db.problem_json(d.problem_key)
+    assert text is not None, "the compiler records the problems it sees"
+    return Problem.from_json(text[1] if isinstance(text, tuple) else text)
+
+
+def _record(db_path, problem, config, trial_ms, baseline_ms=None):
+    import triton
+
+    versions = Versions(torch.__version__, triton.__version__)
+    with TuningDB.open(db_path) as db:
+        db.record_trial(
+            problem,
+            INTERPRETER_DEVICE,
+            config=config,
+            status="ok",
+            timing=Timing(trial_ms, trial_ms, trial_ms, "test"),
+            max_rel_error=0.0,
+            versions=versions,
+            study="test",
+            trial_number=0,
+        )
+        if baseline_ms is not None:
+            db.record_baseline(
+                problem,
+                INTERPRETER_DEVICE,
+                library="cublas",
+                timing=Timing(baseline_ms, baseline_ms, baseline_ms, "test"),
+                max_rel_error=0.0,
+                versions=versions,
+            )
+
+
+CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 2, "num_stages": 1}
+
+
+def _run(db_path, m=10):
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 24)
+    x = torch.randn(m, 16)
+    with torch.no_grad():
+        out = torch.compile(lambda t: F.relu(lin(t)), backend="epilab", options={"db": db_path})(x)
+        check_close(out, F.relu(as64(lin)(x.double())))
+    torch._dynamo.reset()
+
+
+def test_auto_without_records_keeps_aten_and_records_the_problem(db_path):
+    _run(db_path)
+    (d,) = epilab.explain()
+    assert d.template is None and "nothing recorded" in d.reason
+    assert _seen_problem(db_path).shape.m == 10
+
+
+@pytest.mark.parametrize(
+    "trial_ms,baseline_ms,want",
+    [(1.0, 2.0, "matmul"), (2.0, 1.0, None), (1.0, None, "matmul")],
+    ids=["template-faster", "baseline-faster", "no-baseline"],
+)
+def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
+    _run(db_path)
+    _record(db_path, _seen_problem(db_path), CONFIG, trial_ms, baseline_ms)
+    _run(db_path)
+    (d,) = epilab.explain()
+    assert d.template == want, d.reason
+    assert d.source == "exact record" or want is None
+    if want:
+        assert d.config["BLOCK_N"] == 32 and d.config["num_warps"] == 2
+    else:
+        assert "faster than" in d.reason
+
+
+def test_nearest_record_is_used_and_noted(db_path):
+    _run(db_path, m=10)
+    problem = _seen_problem(db_path)
+    other = dataclasses.replace(problem, shape=dataclasses.replace(problem.shape, m=16))
+    _record(db_path, other, CONFIG, 1.0, 2.0)
+    _run(db_path, m=10)
+    (d,) = epilab.explain()
+    assert d.template == "matmul" and d.source == "nearest record (M=16)", (d.source, d.reason)
+
+
+def test_tune_missing_tunes_now_and_stores(db_path, monkeypatch):
+    monkeypatch.setitem(backend.TUNE_NOW, "trials", 2)
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 24)
+    x = torch.randn(10, 16)
+    with torch.no_grad():
+        out = epilab.compile(lambda t: torch.relu(lin(t)), db=db_path, tune_missing=True)(x)
+    check_close(out, F.relu(as64(lin)(x.double())))
+    (d,) = epilab.explain()
+    assert d.source == "tuned now" and d.template == "matmul", d.reason
+    with TuningDB.open(db_path) as db:
+        assert db.best(d.problem_key, INTERPRETER_DEVICE) is not None
+
+
+# ------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_gpu_linear_block_matches_eager_in_every_mode(mode, db_path):
+    torch.manual_seed(0)
+    model = LinearAct("gelu_tanh", k=512, n=1536).to("cuda", torch.bfloat16)
+    fn = compiled(model, db_path, mode=mode)
+    with torch.no_grad():
+        for m in (1, 127, 1024):
+            x = torch.randn(2, m, 512, device="cuda", dtype=torch.bfloat16)
+            for _ in range(3):  # CUDA graphs record on a later call
+                out = fn(x)
+            check_close(out.float(), as64(model)(x.double()), torch.bfloat16)
+    assert len(used(epilab.explain(), "aten.addmm")) >= 2
+
+
+@pytest.mark.gpu
+def test_gpu_training_step_matches_eager(db_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.SiLU(), nn.Linear(1024, 256)).cuda()
+    ref = as64(model)
+    x = torch.randn(4, 100, 256, device="cuda")
+    out = compiled(model, db_path)(x)
+    out.square().sum().backward()
+    ref(x.double()).square().sum().backward()
+    for p, p64 in zip(model.parameters(), ref.parameters(), strict=True):
+        assert rel_error(p.grad, p64.grad) <= 1e-5
+    assert len(used(epilab.explain(), "aten.mm")) >= 3
