@@ -1,0 +1,239 @@
+"""End-to-end latency of models under eager, Inductor and the epilab backend.
+
+    python benchmarks/e2e.py record  --db e2e.db            # compile once: records the problems
+    epilab tune --seen --db e2e.db --baselines cublas,inductor
+    python benchmarks/e2e.py measure --db e2e.db --json e2e.json
+
+Models (bf16, inference, random weights), each at batch x seq in {1x1, 8x128, 4x2048}:
+- ``mlp``: a Llama-style MLP block, down(silu(gate(x)) * up(x)), d=4096, f=14336, no bias;
+- ``layer``: a Llama-style transformer layer: RMSNorm, q/k/v/o projections, causal
+  SDPA with 32 heads, residual, RMSNorm, the MLP block, residual;
+- ``small``: x + fc2(gelu(fc1(x))) with biases, d=1024, f=4096.
+
+Variants: eager; Inductor default; Inductor max-autotune (no CUDA graphs, so that
+kernels are compared, not launch schemes); epilab (``backend="epilab"``, policy
+auto, the warm database). Every compiled variant is checked against eager first.
+
+Method (METHOD.md): per-call latency is the median of CUDA-event timings of one
+call at a time after warm-up, L2 flushed before each (``tuner.timing.time_cuda``);
+``graph`` is the per-call time of a CUDA graph of 10 calls (launch gaps removed).
+Compile time is the wall time of the first call after ``torch._dynamo.reset()``
+with Inductor's caches disabled (every variant compiles from scratch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import triton
+
+import epilab
+from epilab.compiler.explain import table
+from epilab.templates.check import rel_error
+from epilab.tuner.timing import time_cuda, time_graph
+
+SHAPES = [(1, 1), (8, 128), (4, 2048)]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int = 4096, f: int = 14336) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d, f, bias=False)
+        self.up = nn.Linear(d, f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, d: int = 4096, heads: int = 32, f: int = 14336) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = RMSNorm(d), RMSNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.mlp = MLP(d, f)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        h = self.norm1(x)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+        att = F.scaled_dot_product_attention(
+            heads(self.q(h)), heads(self.k(h)), heads(self.v(h)), is_causal=True
+        )
+        x = x + self.o(att.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class Small(nn.Module):
+    def __init__(self, d: int = 1024, f: int = 4096) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, f), nn.Linear(f, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], int]] = {
+    "mlp": (MLP, 4096),
+    "layer": (Layer, 4096),
+    "small": (Small, 1024),
+}
+
+
+def build(name: str) -> tuple[nn.Module, int]:
+    torch.manual_seed(0)
+    make, d = MODELS[name]
+    model = make().to("cuda", torch.bfloat16).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, p.shape[1] ** -0.5)
+            else:
+                p.uniform_(-0.5, 0.5) if name == "small" else p.fill_(1.0)
+    return model, d
+
+
+def variants(db: str) -> dict[str, Callable[[nn.Module], Callable]]:
+    return {
+        "eager": lambda m: m,
+        "inductor": lambda m: torch.compile(m),
+        "inductor-max-autotune": lambda m: torch.compile(m, mode="max-autotune-no-cudagraphs"),
+        "epilab": lambda m: torch.compile(m, backend="epilab", options={"db": db, "policy": "auto"}),
+    }
+
+
+def record(args: argparse.Namespace) -> None:
+    """Compile every case once with the backend: the problems land in the database."""
+    for name in args.models:
+        model, d = build(name)
+        for b, s in SHAPES:
+            torch._dynamo.reset()
+            x = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                torch.compile(model, backend="epilab", options={"db": args.db})(x)
+            print(f"recorded {name} {b}x{s}")
+        del model
+    print(table(epilab.explain()))
+
+
+def measure(args: argparse.Namespace) -> None:
+    rows = []
+    explained: dict[str, str] = {}
+    for name in args.models:
+        model, d = build(name)
+        for b, s in SHAPES:
+            x = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                ref = model(x)
+                for variant, make in variants(args.db).items():
+                    torch._dynamo.reset()
+                    epilab.explain(clear=True)
+                    fn = make(model)
+                    with torch._inductor.config.patch(force_disable_caches=True):
+                        start = time.perf_counter()
+                        out = fn(x)
+                        torch.cuda.synchronize()
+                        compile_s = time.perf_counter() - start
+                    err = rel_error(out.float(), ref.float())
+                    call = time_cuda(lambda fn=fn, x=x: fn(x), warmup_ms=50, rep_ms=300)
+                    graph = time_graph(lambda fn=fn, x=x: fn(x), calls=10, replays=10)
+                    decisions = epilab.explain(clear=True)
+                    row = {
+                        "model": name,
+                        "shape": f"{b}x{s}",
+                        "variant": variant,
+                        "ms": call.median_ms,
+                        "p20": call.p20_ms,
+                        "p80": call.p80_ms,
+                        "graph_ms": graph.median_ms,
+                        "compile_s": compile_s if variant != "eager" else None,
+                        "rel_err_vs_eager": err,
+                        "templates": sum(1 for dd in decisions if dd.template),
+                        "anchors": len(decisions),
+                    }
+                    rows.append(row)
+                    if variant == "epilab":
+                        explained[f"{name} {b}x{s}"] = table(decisions)
+                    print(json.dumps(row), flush=True)
+        del model
+        torch.cuda.empty_cache()
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "method": __doc__.split("Method (METHOD.md): ")[1].strip() if __doc__ else "",
+        "rows": rows,
+        "explain": explained,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(summary(rows))
+
+
+def summary(rows: list[dict]) -> str:
+    """A markdown table: ms (graph ms) per variant, speedups of epilab."""
+    by = {(r["model"], r["shape"], r["variant"]): r for r in rows}
+    out = [
+        "| model | BxS | eager | inductor | max-autotune | epilab | vs inductor | vs max-autotune | "
+        "compile epilab/inductor | templates |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model, shape in dict.fromkeys((r["model"], r["shape"]) for r in rows):
+        cells = {
+            v: by.get((model, shape, v)) for v in ("eager", "inductor", "inductor-max-autotune", "epilab")
+        }
+        if any(c is None for c in cells.values()):
+            continue
+
+        def fmt(r: dict) -> str:
+            return f"{r['ms']:.3f} ({r['graph_ms']:.3f})"
+
+        e, i, m = cells["epilab"], cells["inductor"], cells["inductor-max-autotune"]
+        out.append(
+            f"| {model} | {shape} | {fmt(cells['eager'])} | {fmt(i)} | {fmt(m)} | {fmt(e)} | "
+            f"{i['ms'] / e['ms']:.2f}x | {m['ms'] / e['ms']:.2f}x | {e['compile_s'] / i['compile_s']:.2f} "
+            f"({e['compile_s']:.1f} s) | {e['templates']}/{e['anchors']} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("phase", choices=["record", "measure"])
+    parser.add_argument("--db", required=True, help="tuning database (path or URL)")
+    parser.add_argument("--models", default="mlp,layer,small", type=lambda t: t.split(","))
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("e2e.py needs a CUDA device")
+    record(args) if args.phase == "record" else measure(args)
+
+
+if __name__ == "__main__":
+    main()
