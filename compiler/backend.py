@@ -5,9 +5,10 @@
                   options={"policy": "always", "db": "tuning.db", "epilogue_fusion": True})
     epilab.compile(model, db="tuning.db", policy="auto", tune_missing=True)
 
-``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``) and
-any Inductor option; ``mode`` is Inductor's (``reduce-overhead`` gives CUDA
-graphs). Everything else is Inductor's ``compile_fx``, with the pass as
+``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``,
+``mode``) and any Inductor option; ``mode`` is Inductor's (``reduce-overhead``
+gives CUDA graphs). torch 2.11 refuses ``mode=`` and ``options=`` together, so
+the mode may also go in ``options``. Everything else is Inductor's ``compile_fx``, with the pass as
 ``post_grad_custom_post_pass`` (after a user's own, if one is set).
 """
 
@@ -28,7 +29,7 @@ from epilab.templates.build import interpreter_active
 from epilab.templates.problem import Problem
 
 log = logging.getLogger("epilab.compiler")
-EPILAB_OPTIONS = ("policy", "db", "tune_missing")
+EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode")
 TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
 
 _dbs: dict[str, TuningDB] = {}
@@ -49,6 +50,7 @@ def epilab_backend(
 
     opts = dict(options or {})
     ours = {k: opts.pop(k) for k in EPILAB_OPTIONS if k in opts}
+    mode = ours.get("mode", mode)  # torch.compile refuses mode= beside options= (torch <= 2.11)
     policy = _policy(ours.get("policy"))
     patches = dict(_TorchCompileInductorWrapper(mode, opts, None).config)
     if policy == "never":
@@ -87,6 +89,9 @@ def compile(
         opts["policy"] = _policy(policy)
     if tune_missing:
         opts["tune_missing"] = True
+    if mode is not None and opts:
+        opts["mode"] = mode
+        mode = None
     return torch.compile(model, backend="epilab", mode=mode, options=opts or None, **compile_kwargs)
 
 

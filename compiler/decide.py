@@ -9,9 +9,12 @@ Policy ``auto`` (the default):
    with Inductor fusing the epilogue as usual) when a baseline is faster. With
    no baseline recorded, the tuned config is used.
 2. No record: with ``tune_missing`` the problem is tuned now with a small budget
-   and stored, then rule 1 applies. Otherwise the heuristic config only where
-   ``heuristic_wins`` says the template is known to win untuned (see there);
-   everywhere else the aten op.
+   and stored, then rule 1 applies. Otherwise the aten op. The documented rule
+   for using the untuned heuristic config is "nowhere": on an H200 the heuristic
+   config ranged from 0.70x to 1.34x of Inductor's cuBLAS + fused epilogue over
+   the cases of ``benchmarks/heuristic_probe.py`` (benchmarks/RESULTS.md), with
+   losses at small K next to wins at the same K, so no shape rule we measured
+   keeps the promise that switching the backend on never makes a model slower.
 
 Policy ``always`` uses the template wherever it applies (the recorded config,
 else the heuristic); ``never`` does not install the pass at all (plain Inductor).
@@ -111,27 +114,6 @@ class Context:
     tune: Callable[[Problem], None] | None = None  # tune_missing: tunes and records a problem
 
 
-def heuristic_wins(problem: Problem) -> str | None:
-    """Where the untuned heuristic config is known to beat cuBLAS + Inductor's fused
-    epilogue, and why; None elsewhere.
-
-    Measured on an H200 (benchmarks/RESULTS.md): untuned, the template trails
-    Inductor by 2-6% on compute-bound shapes, so those keep the aten op. It wins
-    where the matmul is cheap next to the epilogue's memory traffic: K <= 128 with
-    a full-tile operand or several outputs, at least 2^20 output elements. There
-    the unfused graph writes the product and reads it back, which costs more than
-    the main loop loses.
-    """
-    s = problem.shape
-    if not s.is_static():
-        return None
-    ep = problem.epilogue
-    tiles = sum(1 for _, kind in ep.operands if kind == "tile")
-    if int(s.k) <= 128 and int(s.batch) * int(s.m) * int(s.n) >= 1 << 20 and (tiles or len(ep.outputs) > 1):
-        return f"K={s.k} <= 128 with {tiles} full-tile operand(s) and {len(ep.outputs)} output(s)"
-    return None
-
-
 def _time(r: Record, other: Record | None = None) -> float:
     """Compare like with like: CUDA-graph times when both have them."""
     if r.graph_ms is not None and (other is None or other.graph_ms is not None):
@@ -200,9 +182,6 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         missing = f"no tuning database ({ctx.db_error})"
     if ctx.policy == "always":
         return made(True, heuristic, "heuristic", f"policy always; {missing}")
-    wins = heuristic_wins(problem)
-    if wins is not None:
-        return made(True, heuristic, "heuristic", f"{missing}; known to win untuned: {wins}")
     return made(
         False,
         None,

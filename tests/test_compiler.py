@@ -50,8 +50,9 @@ def db_path(tmp_path):
     return str(tmp_path / "tuning.db")
 
 
-def compiled(model, db_path, policy="always", **kw):
-    return torch.compile(model, backend="epilab", options={"policy": policy, "db": db_path}, **kw)
+def compiled(model, db_path, policy="always", mode=None, **kw):
+    options = {"policy": policy, "db": db_path, **({"mode": mode} if mode else {})}
+    return torch.compile(model, backend="epilab", options=options, **kw)
 
 
 def check_close(out, ref, dtype=torch.float32):
