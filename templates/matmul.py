@@ -304,8 +304,11 @@ class Bound:
     compiles it without launching."""
 
     outs: tuple[torch.Tensor, ...]
-    run: Callable[[], None]
+    run: Callable[[], object]  # returns Triton's compiled kernel when it launched one
     compile: Callable[[], None]
+    kernel: object = None  # the jitted kernel, and its arguments and grid (None: no launch)
+    args: Mapping[str, object] | None = None
+    grid: tuple[int, int] | None = None
 
 
 def bind(
@@ -387,7 +390,7 @@ def bind(
         if target != "interpreter":  # the interpreter has nothing to compile
             kernel.warmup(grid=grid, **args)
 
-    return Bound(outs, lambda: launcher(**args), compile_only)
+    return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)
 
 
 def _outputs(
