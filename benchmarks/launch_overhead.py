@@ -51,7 +51,7 @@ def main() -> None:
     rows = {
         "Bound.run (Triton JITFunction launch, args bound)": bound.run,
         "Replay (compiled kernel's launcher)": lambda: replay([a, w.t(), bias]),
-        "template_call (CustomOpDef call)": lambda: template_call(pj, plan, a, w.t(), [bias]),
+        "template_call (the op's Python body)": lambda: template_call(pj, plan, a, w.t(), [bias]),
         "torch.ops.epilab.template_call.default": lambda: op(pj, plan, a, w.t(), [bias]),
         "torch.addmm (cuBLAS)": lambda: torch.addmm(bias, a, w.t()),
         "torch.compile(addmm) (Inductor)": lambda: compiled_addmm(bias, a, w.t()),

@@ -57,7 +57,9 @@ def epilab_backend(
         return compile_fx(gm, example_inputs, config_patches=patches)
     from epilab.compiler.graph_pass import ChainedPass, EpilabPass
 
-    context, facts = _context(policy, ours.get("db"), bool(ours.get("tune_missing", False)), example_inputs)
+    cuda_graphs = bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
+    tune_missing = bool(ours.get("tune_missing", False))
+    context, facts = _context(policy, ours.get("db"), tune_missing, cuda_graphs, example_inputs)
     ours_pass = EpilabPass(context, facts)
     user_pass = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = (
@@ -110,7 +112,7 @@ def _device(example_inputs: Sequence[object]) -> torch.device:
 
 
 def _context(
-    policy: str, db_target: object, tune_missing: bool, example_inputs: Sequence[object]
+    policy: str, db_target: object, tune_missing: bool, cuda_graphs: bool, example_inputs: Sequence[object]
 ) -> tuple[Any, str]:
     from epilab.compiler.decide import Context
     from epilab.tuner.space import INTERPRETER_DEVICE, DeviceLimits
@@ -128,9 +130,9 @@ def _context(
     tune = None
     if tune_missing and db is not None and info is not None:
         tune = _tune_now(db, device, target == "interpreter")
-    context = Context(policy, info, target, versions, db, error, tune)
+    context = Context(policy, info, target, versions, db, error, tune, cuda_graphs)
     fingerprint = "" if db is None else f"{db.url}|{db.fingerprint()}"
-    facts = f"{policy}|{info}|{target}|{versions}|{fingerprint}|{error}|tune_missing={tune_missing}"
+    facts = f"{policy}|{info}|{target}|{versions}|{fingerprint}|{error}|{tune_missing=}|{cuda_graphs=}"
     return context, facts
 
 

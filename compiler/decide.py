@@ -16,6 +16,15 @@ Policy ``auto`` (the default):
    losses at small K next to wins at the same K, so no shape rule we measured
    keeps the promise that switching the backend on never makes a model slower.
 
+Launch-bound problems: without CUDA graphs, a template call costs about twice
+the CPU time of a cuBLAS call (benchmarks/launch_overhead.py: 20 us for the
+Triton launch plus the op's dispatch, against 14 us), which decides the speed of
+kernels shorter than ``LAUNCH_BOUND_MS``. There a template that fuses nothing
+(its aten path is one cuBLAS call) keeps the aten op even when its kernel is
+faster; a template that fuses an epilogue replaces two launches with one and
+follows rule 1. Under CUDA graphs (``mode="reduce-overhead"``) kernel times
+alone decide.
+
 Policy ``always`` uses the template wherever it applies (the recorded config,
 else the heuristic); ``never`` does not install the pass at all (plain Inductor).
 
@@ -37,6 +46,8 @@ from epilab.db import DeviceInfo, Lookup, Record, TuningDB, Versions
 from epilab.db.keys import canonical
 from epilab.templates.matmul import default_config
 from epilab.templates.problem import Config, Problem
+
+LAUNCH_BOUND_MS = 0.05  # kernels shorter than this are bound by launch cost without CUDA graphs
 
 # Representative M of each bucket and the bucket's upper bound (geometric midpoints).
 BUCKETS: tuple[tuple[int, int | None], ...] = (
@@ -112,6 +123,7 @@ class Context:
     db: TuningDB | None
     db_error: str | None = None
     tune: Callable[[Problem], None] | None = None  # tune_missing: tunes and records a problem
+    cuda_graphs: bool = False  # the compiled graph is replayed as a CUDA graph: no launch cost
 
 
 def _time(r: Record, other: Record | None = None) -> float:
@@ -121,17 +133,27 @@ def _time(r: Record, other: Record | None = None) -> float:
     return float(r.median_ms or 0.0)
 
 
-def _verdict(db: TuningDB, hit: Lookup, device: DeviceInfo) -> tuple[bool, str]:
+def fuses_nothing(problem: Problem) -> bool:
+    """The epilogue only stores the product (casts aside): the aten path is one library call."""
+    ep = problem.epilogue
+    return len(ep.outputs) == 1 and all(n.op in ("acc", "cast") for n in ep.nodes)
+
+
+def _verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool, str]:
     """Whether the record beats the baselines recorded beside it, and the evidence."""
-    bases = [b for b in db.baselines(hit.record.problem_key, device) if b.median_ms]
+    assert ctx.db is not None and ctx.device is not None
+    bases = [b for b in ctx.db.baselines(hit.record.problem_key, ctx.device) if b.median_ms]
     t = _time(hit.record)
     if not bases:
         return True, f"tuned {t:.4g} ms; no baseline recorded"
     best = min(bases, key=lambda b: _time(b, hit.record))
     tb, tr = _time(best, hit.record), _time(hit.record, best)
-    if tr < tb:
-        return True, f"tuned {tr:.4g} ms beats {best.library} {tb:.4g} ms ({tb / tr:.2f}x)"
-    return False, f"{best.library} {tb:.4g} ms is faster than the tuned {tr:.4g} ms"
+    if tr >= tb:
+        return False, f"{best.library} {tb:.4g} ms is faster than the tuned {tr:.4g} ms"
+    won = f"tuned {tr:.4g} ms beats {best.library} {tb:.4g} ms ({tb / tr:.2f}x)"
+    if not ctx.cuda_graphs and tr < LAUNCH_BOUND_MS and fuses_nothing(problem):
+        return False, f"{won}, but launch-bound with nothing fused: one cuBLAS launch costs less"
+    return True, won
 
 
 def _source(hit: Lookup) -> str:
@@ -169,13 +191,13 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         ctx.tune(problem)
         hit = _lookup(problem, ctx)
         if hit is not None:
-            ok, why = _verdict(ctx.db, hit, ctx.device)  # type: ignore[arg-type]
+            ok, why = _verdict(ctx, hit, problem)
             return made(ok, _plan(hit), "tuned now", why)
     if hit is not None:
         plan = _plan(hit)
         if ctx.policy == "always":
             return made(True, plan, _source(hit), "policy always")
-        ok, why = _verdict(ctx.db, hit, ctx.device)  # type: ignore[arg-type]
+        ok, why = _verdict(ctx, hit, problem)
         return made(ok, plan, _source(hit), why)
     missing = f"nothing recorded for this problem on {ctx.device.name}"
     if ctx.db is None:
@@ -217,7 +239,7 @@ def _decide_dynamic(problem: Problem, ctx: Context, made: Callable[..., Any]) ->
         hit = _lookup(problem, ctx, m=rep)
         if hit is not None:
             recorded += 1
-            ok, why = _verdict(ctx.db, hit, ctx.device)  # type: ignore[arg-type]
+            ok, why = _verdict(ctx, hit, problem)
             all_win += ok
             verdicts.append(f"M~{rep}: {why}")
             buckets.append((upper, Config.from_dict(hit.record.config or {})))

@@ -24,7 +24,7 @@ from epilab.compiler import explain
 from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, decide
 from epilab.compiler.match import Group, NoGroup, match, val
-from epilab.compiler.op import template_call
+from epilab.compiler.op import TEMPLATE_CALL
 from epilab.templates.render import template_hash
 
 log = logging.getLogger("epilab.compiler")
@@ -120,7 +120,7 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan) -> None:
                 args.append(add(torch.ops.aten.reshape.default, (o.node, list(o.reshape)), moved))
         problem_json, plan_json = group.problem.to_json(), plan.to_json()
         with fake:
-            outs = template_call(problem_json, plan_json, val(group.a), val(group.b), [val(a) for a in args])
+            outs = TEMPLATE_CALL(problem_json, plan_json, val(group.a), val(group.b), [val(a) for a in args])
         call = add(
             torch.ops.epilab.template_call.default, (problem_json, plan_json, group.a, group.b, args), outs
         )

@@ -281,13 +281,15 @@ def _record(db_path, problem, config, trial_ms, baseline_ms=None):
 CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 2, "num_stages": 1}
 
 
-def _run(db_path, m=10):
+def _run(db_path, m=10, act=F.relu):
     torch.manual_seed(0)
-    lin = nn.Linear(16, 24)
+    lin = nn.Linear(16, 24, bias=act is not None)
     x = torch.randn(m, 16)
+    f = (lambda t: act(lin(t))) if act is not None else lin
     with torch.no_grad():
-        out = torch.compile(lambda t: F.relu(lin(t)), backend="epilab", options={"db": db_path})(x)
-        check_close(out, F.relu(as64(lin)(x.double())))
+        out = torch.compile(f, backend="epilab", options={"db": db_path})(x)
+        ref = as64(lin)(x.double())
+        check_close(out, act(ref) if act is not None else ref)
     torch._dynamo.reset()
 
 
@@ -314,6 +316,16 @@ def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
         assert d.config["BLOCK_N"] == 32 and d.config["num_warps"] == 2
     else:
         assert "faster than" in d.reason
+
+
+@pytest.mark.parametrize("act,want", [(None, None), (F.relu, "matmul")], ids=["nothing-fused", "relu"])
+def test_launch_bound_templates_must_fuse_something(db_path, act, want):
+    _run(db_path, act=act)
+    _record(db_path, _seen_problem(db_path), CONFIG, 0.010, 0.012)  # both kernels under 50 us
+    _run(db_path, act=act)
+    (d,) = epilab.explain()
+    assert d.template == want, d.reason
+    assert want or "launch-bound" in d.reason
 
 
 def test_nearest_record_is_used_and_noted(db_path):
