@@ -12,7 +12,8 @@ Models (bf16, inference, random weights), each at batch x seq in {1x1, 8x128, 4x
 
 Variants: eager; Inductor default; Inductor max-autotune (no CUDA graphs, so that
 kernels are compared, not launch schemes); epilab (``backend="epilab"``, policy
-auto, the warm database). Every compiled variant is checked against eager first.
+auto, the warm database); with ``--cuda-graphs`` also Inductor and epilab with
+``mode="reduce-overhead"``. Every compiled variant is checked against eager first.
 
 Method (METHOD.md): per-call latency is the median of CUDA-event timings of one
 call at a time after warm-up, L2 flushed before each (``tuner.timing.time_cuda``);
@@ -114,13 +115,19 @@ def build(name: str) -> tuple[nn.Module, int]:
     return model, d
 
 
-def variants(db: str) -> dict[str, Callable[[nn.Module], Callable]]:
-    return {
+def variants(db: str, cuda_graphs: bool) -> dict[str, Callable[[nn.Module], Callable]]:
+    out: dict[str, Callable[[nn.Module], Callable]] = {
         "eager": lambda m: m,
         "inductor": lambda m: torch.compile(m),
         "inductor-max-autotune": lambda m: torch.compile(m, mode="max-autotune-no-cudagraphs"),
         "epilab": lambda m: torch.compile(m, backend="epilab", options={"db": db, "policy": "auto"}),
     }
+    if cuda_graphs:
+        out["inductor-reduce-overhead"] = lambda m: torch.compile(m, mode="reduce-overhead")
+        out["epilab-reduce-overhead"] = lambda m: torch.compile(
+            m, backend="epilab", options={"db": db, "mode": "reduce-overhead"}
+        )
+    return out
 
 
 def record(args: argparse.Namespace) -> None:
@@ -146,7 +153,7 @@ def measure(args: argparse.Namespace) -> None:
             x = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
             with torch.no_grad():
                 ref = model(x)
-                for variant, make in variants(args.db).items():
+                for variant, make in variants(args.db, args.cuda_graphs).items():
                     torch._dynamo.reset()
                     epilab.explain(clear=True)
                     fn = make(model)
@@ -157,7 +164,12 @@ def measure(args: argparse.Namespace) -> None:
                         compile_s = time.perf_counter() - start
                     err = rel_error(out.float(), ref.float())
                     call = time_cuda(lambda fn=fn, x=x: fn(x), warmup_ms=50, rep_ms=300)
-                    graph = time_graph(lambda fn=fn, x=x: fn(x), calls=10, replays=10)
+                    # reduce-overhead variants replay CUDA graphs themselves: no graph around them
+                    graph = (
+                        call
+                        if "reduce-overhead" in variant
+                        else time_graph(lambda fn=fn, x=x: fn(x), calls=10, replays=10)
+                    )
                     decisions = epilab.explain(clear=True)
                     row = {
                         "model": name,
@@ -218,6 +230,20 @@ def summary(rows: list[dict]) -> str:
             f"{i['ms'] / e['ms']:.2f}x | {m['ms'] / e['ms']:.2f}x | {e['compile_s'] / i['compile_s']:.2f} "
             f"({e['compile_s']:.1f} s) | {e['templates']}/{e['anchors']} |"
         )
+    ro = [
+        (mo, sh)
+        for mo, sh in dict.fromkeys((r["model"], r["shape"]) for r in rows)
+        if (mo, sh, "epilab-reduce-overhead") in by and (mo, sh, "inductor-reduce-overhead") in by
+    ]
+    if ro:
+        out += [
+            "",
+            "| model | BxS | inductor reduce-overhead | epilab reduce-overhead | speedup |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for mo, sh in ro:
+            i, e = by[(mo, sh, "inductor-reduce-overhead")], by[(mo, sh, "epilab-reduce-overhead")]
+            out.append(f"| {mo} | {sh} | {i['ms']:.3f} | {e['ms']:.3f} | {i['ms'] / e['ms']:.2f}x |")
     return "\n".join(out)
 
 
@@ -229,6 +255,7 @@ def main() -> None:
     parser.add_argument("--db", required=True, help="tuning database (path or URL)")
     parser.add_argument("--models", default="mlp,layer,small", type=lambda t: t.split(","))
     parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--cuda-graphs", action="store_true", help='also time mode="reduce-overhead"')
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("e2e.py needs a CUDA device")
