@@ -33,7 +33,9 @@ class Replay:
     def __init__(self, bound: Bound, compiled: object, inputs: Sequence[str]) -> None:
         names = list(bound.kernel.arg_names)  # type: ignore[attr-defined]
         assert bound.args is not None and bound.grid is not None
-        self.values = [bound.args[n] for n in names]
+        # tensors are swapped in per call; holding the first call's would keep their memory
+        # alive (and break CUDA-graph trees, which require every pool allocation to be tracked)
+        self.values = [None if isinstance(bound.args[n], torch.Tensor) else bound.args[n] for n in names]
         self.inputs = [names.index(n) for n in inputs]
         self.outputs = [names.index(f"out{i}_ptr") for i in range(len(bound.outs))]
         self.out_specs = [(o.shape, o.dtype) for o in bound.outs]
