@@ -318,10 +318,14 @@ def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
         assert "faster than" in d.reason
 
 
-@pytest.mark.parametrize("act,want", [(None, None), (F.relu, "matmul")], ids=["nothing-fused", "relu"])
-def test_launch_bound_templates_must_fuse_something(db_path, act, want):
+@pytest.mark.parametrize(
+    "act,trial_ms,want",
+    [(None, 0.030, None), (F.relu, 0.030, "matmul"), (F.relu, 0.010, None)],
+    ids=["nothing-fused-30us", "relu-30us", "relu-10us"],
+)
+def test_launch_bound_templates_keep_aten(db_path, act, trial_ms, want):
     _run(db_path, act=act)
-    _record(db_path, _seen_problem(db_path), CONFIG, 0.010, 0.012)  # both kernels under 50 us
+    _record(db_path, _seen_problem(db_path), CONFIG, trial_ms, 2 * trial_ms)
     _run(db_path, act=act)
     (d,) = epilab.explain()
     assert d.template == want, d.reason
