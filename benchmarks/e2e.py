@@ -164,7 +164,7 @@ def _time_variant(variant: str, make: Callable, model: nn.Module, x: torch.Tenso
     fn = make(model)
     with torch._inductor.config.patch(force_disable_caches=first):
         start = time.perf_counter()
-        out = fn(x)
+        out = fn(x).clone()  # a CUDA-graph output is overwritten by the next replay
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - start
     call = time_cuda(lambda: fn(x), warmup_ms=50, rep_ms=300)
