@@ -115,12 +115,12 @@ def _context(
     policy: str, db_target: object, tune_missing: bool, cuda_graphs: bool, example_inputs: Sequence[object]
 ) -> tuple[Any, str]:
     from epilab.compiler.decide import Context
-    from epilab.tuner.space import INTERPRETER_DEVICE, DeviceLimits
+    from epilab.db import INTERPRETER_DEVICE
 
     device = _device(example_inputs)
     info: DeviceInfo | None
     if device.type == "cuda":
-        info, target = DeviceLimits.of(device).info, "cuda"
+        info, target = DeviceInfo.of_cuda(device), "cuda"
     elif settings().interpret and interpreter_active():
         info, target = INTERPRETER_DEVICE, "interpreter"
     else:
@@ -153,6 +153,7 @@ def _tune_now(db: TuningDB, device: torch.device, interpret: bool) -> Callable[[
     """A function that tunes one problem with the small budget (one tuner per process)."""
 
     def tune(problem: Problem) -> None:
+        # The one place the compiler reaches into the tuner, and only when asked to tune.
         from epilab.tuner.search import Budget
         from epilab.tuner.tune import TuneOptions, Tuner
 

@@ -3,6 +3,25 @@ problems, trial records and baselines. ``TuningDB.open(path_or_url)`` is the
 entry point; ``epilab db`` is its command line."""
 
 from epilab.db.schema import DatabaseOpenError
-from epilab.db.store import DeviceInfo, Lookup, Record, Stats, Timing, TuningDB, Versions
+from epilab.db.store import (
+    INTERPRETER_DEVICE,
+    DeviceInfo,
+    Lookup,
+    Record,
+    Stats,
+    Timing,
+    TuningDB,
+    Versions,
+)
 
-__all__ = ["DatabaseOpenError", "DeviceInfo", "Lookup", "Record", "Stats", "Timing", "TuningDB", "Versions"]
+__all__ = [
+    "INTERPRETER_DEVICE",
+    "DatabaseOpenError",
+    "DeviceInfo",
+    "Lookup",
+    "Record",
+    "Stats",
+    "Timing",
+    "TuningDB",
+    "Versions",
+]

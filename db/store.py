@@ -73,6 +73,18 @@ class DeviceInfo:
     capability: str  # "9.0"
     sm_count: int
 
+    @classmethod
+    def of_cuda(cls, device: object) -> DeviceInfo:
+        """How the database names a CUDA device (a torch.device or index)."""
+        import torch
+
+        props = torch.cuda.get_device_properties(device)  # type: ignore[arg-type]
+        return cls(props.name, f"{props.major}.{props.minor}", props.multi_processor_count)
+
+
+# How the database names Triton's interpreter, where interpreter-mode runs record their trials.
+INTERPRETER_DEVICE = DeviceInfo("Triton interpreter (CPU)", "interpreter", 1)
+
 
 @dataclass(frozen=True)
 class Timing:

@@ -20,10 +20,9 @@ import torch.nn.functional as F
 import epilab
 from epilab import config
 from epilab.compiler import backend
-from epilab.db import Timing, TuningDB, Versions
+from epilab.db import INTERPRETER_DEVICE, Timing, TuningDB, Versions
 from epilab.templates.check import rel_error
 from epilab.templates.problem import Problem
-from epilab.tuner.space import INTERPRETER_DEVICE
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 ACTIVATIONS = {

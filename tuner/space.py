@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import triton
 
-from epilab.db import DeviceInfo
+from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 from epilab.templates.problem import Config, Problem
 
 SPACE: dict[str, dict[str, tuple[int, ...]]] = {
@@ -69,8 +69,7 @@ class DeviceLimits:
 
 # What the interpreter dry run assumes: an H100/H200 (sm_90: 227 KiB per block).
 HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448)
-# How the database names the interpreter, where interpreter-mode tuning records its trials.
-INTERPRETER_DEVICE = DeviceInfo("Triton interpreter (CPU)", "interpreter", 1)
+__all__ = ["HOPPER", "INTERPRETER_DEVICE", "SPACE", "DeviceLimits", "configs", "infeasible", "space_for"]
 
 
 def _padded(dim: object) -> int:
