@@ -1,2 +1,4 @@
-"""The torch.compile backend: FX matching (ATen graph -> epilogue IR), decisions
-from the tuning database, the custom op. Built by the backend issue."""
+"""The torch.compile backend: FX matching (ATen graph -> epilogue IR, ``match``),
+decisions from the tuning database (``decide``), the custom op ``epilab::template_call``
+(``op``), the Inductor pass (``graph_pass``), the backend itself (``backend``) and the
+decision log behind ``epilab.explain()`` (``explain``)."""

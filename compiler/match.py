@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sympy
 import torch
@@ -69,7 +69,6 @@ class Group:
     operands: list[Operand]
     uses: list[Use]  # members used outside the group, and which kernel output replaces each
     problem: Problem
-    out_shape: tuple[object, ...] = field(default=())
 
     @property
     def shape_text(self) -> str:
@@ -323,7 +322,6 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
         operands=operands,
         uses=uses,
         problem=_problem(g.op, a, b, operands, epilogue, precision),
-        out_shape=g.O,
     )
 
 
