@@ -98,8 +98,20 @@ def settings() -> Settings:
     global _current
     if _current is None:
         _current = from_env()
-        logging.getLogger("epilab").setLevel(_current.log_level)
+        _configure_logging(_current.log_level)
     return _current
+
+
+def _configure_logging(level: str) -> None:
+    """Set the ``epilab`` logger's level; when EPILAB_LOG asks for more than warnings and
+    nothing else prints them, give the logger a stderr handler of its own."""
+    logger = logging.getLogger("epilab")
+    logger.setLevel(level)
+    quiet = logger.handlers or logging.getLogger().handlers
+    if logging.getLevelName(level) < logging.WARNING and not quiet:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        logger.addHandler(handler)
 
 
 @contextmanager

@@ -11,6 +11,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -237,6 +240,19 @@ def test_epilab_compile_and_log_table(db_path, caplog):
     with caplog.at_level(logging.INFO, logger="epilab.compiler"), torch.no_grad():
         epilab.compile(lin, db=db_path, policy="always")(torch.randn(4, 8))
     assert "anchor" in caplog.text and "aten.addmm" in caplog.text and "heuristic" in caplog.text
+
+
+def test_epilab_log_1_prints_the_decision_table(tmp_path):
+    code = (
+        "import torch, epilab\n"
+        "lin = torch.nn.Linear(16, 8)\n"
+        "with torch.no_grad():\n"
+        f"    epilab.compile(lin, policy='always', db={str(tmp_path / 'x.db')!r})(torch.randn(3, 16))\n"
+    )
+    env = {**os.environ, "EPILAB_LOG": "1", "EPILAB_INTERPRET": "1", "EPILAB_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "epilab decisions for one graph" in run.stderr and "aten.addmm" in run.stderr, run.stderr[-2000:]
 
 
 # ----------------------------------------------------------- decisions from the db
