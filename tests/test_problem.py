@@ -198,10 +198,18 @@ def test_settings_from_environment(tmp_path):
     s = epilab_config.from_env({"EPILAB_CACHE_DIR": str(tmp_path / "c"), "EPILAB_DB": "postgresql://h/db"})
     assert s.cache_dir == tmp_path / "c" and s.db == "postgresql://h/db" and not s.interpret
     assert epilab_config.from_env({"TRITON_INTERPRET": "1"}).interpret
+    s = epilab_config.from_env({"EPILAB_POLICY": "Always", "EPILAB_LOG": "1"})
+    assert s.policy == "always" and s.log_level == "INFO"
+    assert epilab_config.from_env({}).policy == "auto"
 
 
 @pytest.mark.parametrize(
-    "env,match", [({"EPILAB_INTERPRET": "maybe"}, "EPILAB_INTERPRET"), ({"EPILAB_LOG": "LOUD"}, "EPILAB_LOG")]
+    "env,match",
+    [
+        ({"EPILAB_INTERPRET": "maybe"}, "EPILAB_INTERPRET"),
+        ({"EPILAB_LOG": "LOUD"}, "EPILAB_LOG"),
+        ({"EPILAB_POLICY": "sometimes"}, "EPILAB_POLICY"),
+    ],
 )
 def test_settings_reject_bad_values(env, match):
     with pytest.raises(ValueError, match=match):
