@@ -401,3 +401,22 @@ def test_gpu_training_step_matches_eager(db_path):
     for p, p64 in zip(model.parameters(), ref.parameters(), strict=True):
         assert rel_error(p.grad, p64.grad) <= 1e-5
     assert len(used(epilab.explain(), "aten.mm")) >= 3
+
+
+def test_epilab_tune_seen_tunes_what_the_compiler_recorded(db_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import epilab.cli
+
+    _run(db_path)  # compiles with auto: nothing recorded yet, the problem is stored
+    (d,) = epilab.explain(clear=True)
+    monkeypatch.setattr(epilab.cli.console, "width", 200)
+    runner = CliRunner()
+    args = ["tune", "--seen", "--interpret", "--trials", "2", "--db", db_path]
+    result = runner.invoke(epilab.cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert "addmm 10x24x16 float32 row/col" in result.output, result.output
+    with TuningDB.open(db_path) as db:
+        assert db.best(d.problem_key, INTERPRETER_DEVICE) is not None
+    again = runner.invoke(epilab.cli.app, args)
+    assert again.exit_code == 0 and "nothing to tune" in again.output, again.output
