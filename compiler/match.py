@@ -85,6 +85,8 @@ def expr_of(d: object) -> sympy.Expr:
     """A size as a sympy expression (SymInts through their symbolic node)."""
     if isinstance(d, torch.SymInt):
         return sympy.sympify(d.node.expr)
+    if isinstance(d, sympy.Expr):
+        return d
     return sympy.Integer(int(d))  # type: ignore[call-overload]
 
 
@@ -218,7 +220,8 @@ class _Grower:
         target = node.target
         if target in VIEWS or target in IDENTITY:
             src = node.args[0]
-            if src not in self.values or len(node.all_input_nodes) != 1:
+            sizes = [n for n in node.all_input_nodes if n is not src]  # symbolic sizes are nodes too
+            if src not in self.values or any(val(n) is not None for n in sizes):
                 return False
             in_shape = list(val(src).shape)  # type: ignore[union-attr]
             out_shape = list(out.shape)

@@ -420,3 +420,16 @@ def test_epilab_tune_seen_tunes_what_the_compiler_recorded(db_path, monkeypatch)
         assert db.best(d.problem_key, INTERPRETER_DEVICE) is not None
     again = runner.invoke(epilab.cli.app, args)
     assert again.exit_code == 0 and "nothing to tune" in again.output, again.output
+
+
+def test_dynamic_3d_input_grows_over_symbolic_views(db_path):
+    torch.manual_seed(0)
+    model = LinearAct("gelu", k=16, n=24)
+    fn = compiled(model, db_path, dynamic=True)
+    with torch.no_grad():
+        for b, s in ((2, 5), (3, 7)):
+            x = torch.randn(b, s, 16)
+            check_close(fn(x), as64(model)(x.double()))
+    d = epilab.explain()
+    up, down = used(d, "aten.addmm")
+    assert "erf" in up.epilogue and "kind=tile" in down.epilogue, (up.epilogue, down.epilogue)
