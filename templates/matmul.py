@@ -157,6 +157,7 @@ def make_problem(
     *,
     op: str = "matmul",
     precision: str = "ieee",
+    template: str = "matmul",
 ) -> Problem:
     """The Problem that ``launch`` would run for these tensors (checks them all)."""
     bt = check_inputs(a, b)
@@ -184,8 +185,8 @@ def make_problem(
     n = bt.b[0][2]
     return Problem(
         op=op,
-        template="matmul",
-        template_hash=template_hash("matmul"),
+        template=template,
+        template_hash=template_hash(template),
         dtype=dtype_name(a.dtype),
         layout_a=layout_of((m, k), a_strides[1:]),
         layout_b=layout_of(bt.b[0][1:], bt.b[1][1:]),
@@ -247,16 +248,17 @@ def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int =
 # ------------------------------------------------------------------- launch
 
 
-_kernels: dict[tuple[Problem, Config, Target, bool], object] = {}
+_kernels: dict[tuple[Problem, Config, Target, bool, str], object] = {}
 
 
-def _kernel(problem: Problem, config: Config, target: Target, index_64: bool) -> object:
-    """The jitted kernel for this problem and config (rendered and built once)."""
-    key = (problem, config, target, index_64)
+def _kernel(problem: Problem, config: Config, target: Target, index_64: bool, suffix: str = "") -> object:
+    """The jitted kernel (``kernel_name`` + ``suffix``) for this problem and config,
+    rendered and built once."""
+    key = (problem, config, target, index_64, suffix)
     kernel = _kernels.get(key)
     if kernel is None:
         module = build(render(problem, config, target=target, index_64=index_64), target=target)
-        kernel = _kernels[key] = getattr(module, kernel_name(problem))
+        kernel = _kernels[key] = getattr(module, kernel_name(problem) + suffix)
     return kernel
 
 
@@ -278,7 +280,16 @@ def launch(
     ``out`` (optional) are preallocated outputs of the right shape and dtype,
     with any strides; otherwise contiguous ones are allocated.
     """
-    if make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision) != problem:
+    made = make_problem(
+        a,
+        b,
+        problem.epilogue,
+        operands,
+        op=problem.op,
+        precision=problem.precision,
+        template=problem.template,
+    )
+    if made != problem:
         raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
     return launch_unchecked(problem, config, a, b, operands, out)
 
@@ -320,20 +331,17 @@ def bind(
     out: tuple[torch.Tensor, ...] | None = None,
 ) -> Bound:
     """Everything ``launch_unchecked`` does up to the launch itself."""
+    if problem.template == "gemv":
+        from epilab.templates.gemv import bind_gemv
+
+        return bind_gemv(problem, config, a, b, operands, out)
     bt = check_inputs(a, b)
     ep = problem.epilogue
-    outs = _outputs(problem, bt.out_shape, a.device, out)
+    outs = outputs_for(problem, bt.out_shape, a.device, out)
     batch, m, n, k = bt.batch, bt.a[0][1], bt.b[0][2], bt.a[0][2]
-    if batch == 0 or m == 0 or n == 0:
-        return Bound(outs, lambda: None, lambda: None)
-    if k == 0:  # empty sum: the epilogue of a zero accumulator, no kernel needed
-
-        def zero_k() -> None:
-            zero = torch.zeros(bt.out_shape, dtype=torch.float32, device=a.device)
-            for o, v in zip(outs, ep.evaluate(zero, operands), strict=True):
-                o.copy_(v)
-
-        return Bound(outs, zero_k, lambda: None)
+    trivial = trivial_bound(problem, bt, outs, operands, a.device)
+    if trivial is not None:
+        return trivial
     target = target_for(a.device)
     tensors = [a, b, *outs, *operands.values()]
     index_64 = any(_extent(t) > _INT32_MAX for t in tensors) or batch * m * n > _INT32_MAX
@@ -353,28 +361,7 @@ def bind(
         "stride_bk": bt.b[1][1],
         "stride_bn": bt.b[1][2],
     }
-    out3 = (batch, m, n)
-    for name, kind in ep.operands:
-        t = operands[name]
-        sb, sm, sn = _operand_strides(name, kind, t, bt.out_shape)
-        args.update(
-            {
-                f"op_{name}_ptr": t,
-                f"op_{name}_stride_b": sb,
-                f"op_{name}_stride_m": sm,
-                f"op_{name}_stride_n": sn,
-            }
-        )
-    for i, o in enumerate(outs):
-        o3 = o if o.dim() == 3 else o.unsqueeze(0).expand(out3)
-        args.update(
-            {
-                f"out{i}_ptr": o,
-                f"out{i}_stride_b": o3.stride(0) if o.dim() == 3 else 0,
-                f"out{i}_stride_m": o3.stride(1),
-                f"out{i}_stride_n": o3.stride(2),
-            }
-        )
+    args.update(epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n)))
     args.update(
         BLOCK_M=config.BLOCK_M,
         BLOCK_N=config.BLOCK_N,
@@ -393,7 +380,64 @@ def bind(
     return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)
 
 
-def _outputs(
+def trivial_bound(
+    problem: Problem,
+    bt: _Batched,
+    outs: tuple[torch.Tensor, ...],
+    operands: Mapping[str, torch.Tensor],
+    device: torch.device,
+) -> Bound | None:
+    """A launch that needs no kernel: an empty output, or K = 0 (the epilogue of a zero
+    accumulator); None otherwise."""
+    batch, m, n, k = bt.batch, bt.a[0][1], bt.b[0][2], bt.a[0][2]
+    if batch == 0 or m == 0 or n == 0:
+        return Bound(outs, lambda: None, lambda: None)
+    if k != 0:
+        return None
+
+    def zero_k() -> None:
+        zero = torch.zeros(bt.out_shape, dtype=torch.float32, device=device)
+        for o, v in zip(outs, problem.epilogue.evaluate(zero, operands), strict=True):
+            o.copy_(v)
+
+    return Bound(outs, zero_k, lambda: None)
+
+
+def epilogue_args(
+    ep: Epilogue,
+    operands: Mapping[str, torch.Tensor],
+    outs: tuple[torch.Tensor, ...],
+    out_shape: tuple[int, ...],
+    out3: tuple[int, int, int],
+) -> dict[str, object]:
+    """The kernel arguments ``epilogue_params()`` declares: each operand's pointer and
+    (batch, m, n) strides (0 where it broadcasts), then each output's."""
+    args: dict[str, object] = {}
+    for name, kind in ep.operands:
+        t = operands[name]
+        sb, sm, sn = _operand_strides(name, kind, t, out_shape)
+        args.update(
+            {
+                f"op_{name}_ptr": t,
+                f"op_{name}_stride_b": sb,
+                f"op_{name}_stride_m": sm,
+                f"op_{name}_stride_n": sn,
+            }
+        )
+    for i, o in enumerate(outs):
+        o3 = o if o.dim() == 3 else o.unsqueeze(0).expand(out3)
+        args.update(
+            {
+                f"out{i}_ptr": o,
+                f"out{i}_stride_b": o3.stride(0) if o.dim() == 3 else 0,
+                f"out{i}_stride_m": o3.stride(1),
+                f"out{i}_stride_n": o3.stride(2),
+            }
+        )
+    return args
+
+
+def outputs_for(
     problem: Problem, shape: tuple[int, ...], device: torch.device, out: tuple[torch.Tensor, ...] | None
 ) -> tuple[torch.Tensor, ...]:
     dtypes = [TORCH_DTYPES[o.dtype] for o in problem.epilogue.outputs]

@@ -29,7 +29,10 @@ TEMPLATE_DIR = Path(__file__).parent
 # Every file a template's source depends on; its hash covers all of them.
 TEMPLATE_FILES: dict[str, tuple[str, ...]] = {
     "matmul": ("matmul.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
+    "gemv": ("gemv.py.jinja", "store_output.py.jinja", "rules.py"),
 }
+GEMV_BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
+GEMV_VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
@@ -105,6 +108,26 @@ def _epilogue_hooks(problem: Problem) -> dict[str, object]:
     return {"epilogue_params": epilogue_params, "store_output": store_output}
 
 
+def config_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the problem's template (None when it does)."""
+    if problem.template == "matmul":
+        if config.SPLIT_K != 1:
+            return "the matmul template has no split-K; use SPLIT_K=1"
+        if config.variant != "default":
+            return f"the matmul template has no variant {config.variant!r}; use 'default'"
+        return None
+    s = problem.shape
+    if config.BLOCK_M != GEMV_BLOCK_M:
+        return f"the gemv template computes M in one tile of {GEMV_BLOCK_M} rows; use BLOCK_M={GEMV_BLOCK_M}"
+    if config.variant not in GEMV_VARIANTS:
+        return f"the gemv template has no variant {config.variant!r}; use one of {GEMV_VARIANTS}"
+    if (config.variant == "default") != (config.SPLIT_K == 1):
+        return f"gemv variant {config.variant!r} with SPLIT_K={config.SPLIT_K}: 'default' means SPLIT_K=1"
+    if s.batch != 1 or not isinstance(s.m, int) or s.m > GEMV_BLOCK_M:
+        return f"the gemv template takes 2-D problems with a static M <= {GEMV_BLOCK_M}, got {s}"
+    return None
+
+
 def kernel_name(problem: Problem) -> str:
     """Readable in profiles: the template, then the epilogue's ops in order."""
     ops = [n.op for n in problem.epilogue.nodes if n.op not in ("acc", "operand", "const")]
@@ -123,19 +146,19 @@ def render(problem: Problem, config: Config, *, target: Target = "cuda", index_6
     """
     if target not in TARGETS:
         raise ValueError(f"target {target!r} is not one of {TARGETS}")
-    if problem.template != "matmul":
-        raise ValueError(f"no renderer for template {problem.template!r}")
+    if problem.template not in TEMPLATE_FILES:
+        raise ValueError(f"no renderer for template {problem.template!r}; known: {sorted(TEMPLATE_FILES)}")
     if problem.template_hash != template_hash(problem.template):
         raise ValueError(
             f"problem was made for another version of template {problem.template!r} "
             f"(hash {problem.template_hash[:12]}, current {template_hash(problem.template)[:12]})"
         )
-    if config.SPLIT_K != 1:
-        raise ValueError("the matmul template has no split-K; use SPLIT_K=1")
-    if config.variant != "default":
-        raise ValueError(f"the matmul template has no variant {config.variant!r}; use 'default'")
-    return _ENV.get_template("matmul.py.jinja").render(
+    why = config_error(problem, config)
+    if why is not None:
+        raise ValueError(why)
+    return _ENV.get_template(f"{problem.template}.py.jinja").render(
         kernel_name=kernel_name(problem),
+        variant=config.variant,
         config_text=config.short(),
         dtype=problem.dtype,
         precision="tf32" if problem.precision == "tf32" else "ieee",

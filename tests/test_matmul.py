@@ -112,6 +112,7 @@ def run_case(
     device: str = "cpu",
     config: Config | None = None,
     seed: int = 0,
+    template: str = "matmul",
 ) -> None:
     """Build inputs, launch into poisoned outputs, and check every output."""
     gen = torch.Generator().manual_seed(seed)
@@ -127,7 +128,7 @@ def run_case(
     }
     if batch is None:  # 2-D problem: operands have no batch dim
         operands = {name: (v[0] if v.dim() == 3 else v) for name, v in operands.items()}
-    problem = make_problem(a, b, ep, operands)
+    problem = make_problem(a, b, ep, operands, template=template)
     config = config or default_config(problem, "cuda" if device == "cuda" else "interpreter")
     out_shape = (m, n) if batch is None else (batch, m, n)
     outs = tuple(

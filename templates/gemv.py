@@ -1,0 +1,123 @@
+"""The gemv template's Python half: binding a skinny matmul (M <= 16) with split-K.
+
+    C[m, n] = epilogue(sum_k A[m, k] * B[k, n], operands)
+
+A is [M, K] with M <= 16, B is [K, N] (nn.Linear's weight W[N, K] passes as W.T),
+any strides; 2-D only. The config's SPLIT_K and variant pick the reduction:
+``default`` (no split), ``two_pass`` (partial sums in a workspace, then a second
+kernel adds them and runs the epilogue) or ``atomic`` (fp32 atomics into a
+zeroed workspace; the last split of each column tile runs the epilogue and zeroes
+the workspace again). Zero sizes and K = 0 are handled as in ``templates.matmul``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import triton
+
+from epilab.templates.matmul import (
+    Bound,
+    _extent,
+    _kernel,
+    check_inputs,
+    epilogue_args,
+    outputs_for,
+    target_for,
+    trivial_bound,
+)
+from epilab.templates.problem import Config, Problem
+from epilab.templates.render import config_error
+
+_INT32_MAX = 2**31 - 1
+
+
+def bind_gemv(
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+) -> Bound:
+    """Everything a gemv launch does up to the launch itself (see ``matmul.bind``)."""
+    bt = check_inputs(a, b)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"the gemv template takes 2-D inputs, got {tuple(a.shape)} and {tuple(b.shape)}")
+    why = config_error(problem, config)
+    if why is not None:
+        raise ValueError(why)
+    outs = outputs_for(problem, bt.out_shape, a.device, out)
+    m, n, k = bt.a[0][1], bt.b[0][2], bt.a[0][2]
+    trivial = trivial_bound(problem, bt, outs, operands, a.device)
+    if trivial is not None:
+        return trivial
+    if m > config.BLOCK_M:
+        raise ValueError(f"the gemv template takes M <= {config.BLOCK_M}, got M={m}")
+    target = target_for(a.device)
+    tensors = [a, b, *outs, *operands.values()]
+    index_64 = any(_extent(t) > _INT32_MAX for t in tensors)
+    grid_n = triton.cdiv(n, config.BLOCK_N)
+    split = config.SPLIT_K
+    if config.variant == "two_pass":
+        ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+    else:
+        ws = torch.zeros((m, n) if config.variant == "atomic" else (1,), dtype=torch.float32, device=a.device)
+    lock = torch.zeros((grid_n if config.variant == "atomic" else 1,), dtype=torch.int32, device=a.device)
+    ep_args = epilogue_args(problem.epilogue, operands, outs, bt.out_shape, (1, m, n))
+    args: dict[str, object] = {
+        "a_ptr": a,
+        "b_ptr": b,
+        **ep_args,
+        "ws_ptr": ws,
+        "lock_ptr": lock,
+        "M": m,
+        "N": n,
+        "K": k,
+        "stride_am": a.stride(0),
+        "stride_ak": a.stride(1),
+        "stride_bk": b.stride(0),
+        "stride_bn": b.stride(1),
+        "BLOCK_M": config.BLOCK_M,
+        "BLOCK_N": config.BLOCK_N,
+        "BLOCK_K": config.BLOCK_K,
+        "SPLIT_K": split,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+    grid = (grid_n, split)
+    kernel = _kernel(problem, config, target, index_64)
+    launcher = kernel[grid]
+    if config.variant != "two_pass":
+
+        def compile_one() -> None:
+            if target != "interpreter":
+                kernel.warmup(grid=grid, **args)
+
+        if config.variant == "atomic":  # its workspace is part of the launch: not replayable
+            return Bound(outs, lambda: launcher(**args), compile_one)
+        return Bound(outs, lambda: launcher(**args), compile_one, kernel, args, grid)
+    reduce = _kernel(problem, config, target, index_64, "_reduce")
+    reduce_args = {
+        **ep_args,
+        "ws_ptr": ws,
+        "M": m,
+        "N": n,
+        "BLOCK_M": config.BLOCK_M,
+        "BLOCK_N": config.BLOCK_N,
+        "SPLIT_K": split,
+        "num_warps": 4,
+    }
+    reducer = reduce[(grid_n,)]
+
+    def run_both() -> None:
+        launcher(**args)
+        reducer(**reduce_args)
+
+    def compile_both() -> None:
+        if target != "interpreter":
+            kernel.warmup(grid=grid, **args)
+            reduce.warmup(grid=(grid_n,), **reduce_args)
+
+    return Bound(outs, run_both, compile_both)  # two launches: no single-kernel replay
