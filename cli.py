@@ -116,7 +116,7 @@ def demo(
 
 @app.command()
 def tune(
-    suite: Annotated[str | None, typer.Option(help="built-in suite: smoke, quick, llm, square")] = None,
+    suite: Annotated[str | None, typer.Option(help="built-in suite: smoke, quick, llm, square, gemv")] = None,
     shapes: Annotated[
         str | None, typer.Option(help="JSON or JSON Lines file of problems (see tuner/suites.py)")
     ] = None,
@@ -164,7 +164,7 @@ def tune(
         )
     from epilab.templates.problem import Problem
     from epilab.tuner.search import Budget
-    from epilab.tuner.suites import load_shapes, problem_label
+    from epilab.tuner.suites import load_shapes, problem_label, twins
     from epilab.tuner.suites import suite as builtin_suite
     from epilab.tuner.tune import TuneOptions, Tuner
 
@@ -188,7 +188,11 @@ def tune(
     results = []
     interrupted = False
     with config.patch(interpret=interpret), Tuner(store, options) as tuner:
-        work = [(spec.label(), spec.problem()) for spec in specs]
+        work = [
+            (spec.label() if i == 0 else f"{spec.label()} [{p.template}]", p)
+            for spec in specs
+            for i, p in enumerate(twins(spec.problem()))
+        ]
         if seen:
             recorded = store.untuned(tuner.device, _current_hashes())
             work = [(problem_label(p), p) for p in map(Problem.from_json, recorded)]

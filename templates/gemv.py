@@ -121,3 +121,21 @@ def bind_gemv(
             reduce.warmup(grid=(grid_n,), **reduce_args)
 
     return Bound(outs, run_both, compile_both)  # two launches: no single-kernel replay
+
+
+def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:
+    """The untuned gemv config: 64-wide column tiles with 128-deep K steps (64 for fp32),
+    split-K (atomic) until there are two programs per multiprocessor, never more splits
+    than K blocks. The interpreter gets small tiles and no split."""
+    if target == "interpreter":
+        return Config(16, 32, 32, 1, 1, num_warps=4, num_stages=1)
+    s = problem.shape
+    n = s.n if isinstance(s.n, int) else 1 << 20
+    k = s.k if isinstance(s.k, int) else 1 << 20
+    block_n, block_k = 64, 128 if problem.dtype != "float32" else 64
+    tiles, k_blocks = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+    split = 1
+    while tiles * split < 2 * sm_count and split * 2 <= min(32, k_blocks):
+        split *= 2
+    variant = "atomic" if split > 1 else "default"
+    return Config(16, block_n, block_k, 1, split, num_warps=4, num_stages=3, variant=variant)

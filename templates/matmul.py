@@ -215,8 +215,12 @@ def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int =
     (down to 32) so that small problems still fill the chip. 8 warps for tiles
     of 128x256 or more, else 4; 4 stages; GROUP_M=8. (These choices come from
     benchmarks/matmul_quick.py --probe on an H200: see benchmarks/RESULTS.md.)
-    Symbolic dims count as large.
+    Symbolic dims count as large. The gemv template has its own (``gemv.default_gemv_config``).
     """
+    if problem.template == "gemv":
+        from epilab.templates.gemv import default_gemv_config
+
+        return default_gemv_config(problem, target, sm_count=sm_count)
     s = problem.shape
 
     def fit(dim: object, lo: int, hi: int) -> int:

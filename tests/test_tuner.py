@@ -31,8 +31,14 @@ SMALL = Spec(40, 24, 72, epilogue="bias_relu").problem()
 
 @pytest.mark.parametrize(
     "problem",
-    [BIG, SMALL, Spec(1, 4096, 4096, dtype="float32").problem()],
-    ids=["4096-bf16", "small", "gemv-fp32"],
+    [
+        BIG,
+        SMALL,
+        Spec(1, 4096, 4096, dtype="float32").problem(),
+        Spec(4, 14336, 4096, template="gemv").problem(),
+        Spec(16, 37, 70, template="gemv").problem(),
+    ],
+    ids=["4096-bf16", "small", "m1-fp32", "gemv-bf16", "gemv-tiny"],
 )
 def test_every_config_of_the_space_is_feasible(problem):
     found = configs(problem, HOPPER)
@@ -257,10 +263,11 @@ def test_inputs_match_their_problem(spec):
 
 
 def test_builtin_suites_build_valid_problems():
-    assert {k: len(v) for k, v in SUITES.items()} == {"smoke": 3, "quick": 10, "llm": 15, "square": 4}
-    for specs in SUITES.values():
+    counts = {k: len(v) for k, v in SUITES.items()}
+    assert counts == {"smoke": 3, "quick": 10, "llm": 15, "square": 4, "gemv": 20}
+    for name, specs in SUITES.items():
         for spec in specs:
-            assert spec.problem().template == "matmul"
+            assert spec.problem().template == ("gemv" if name == "gemv" else "matmul")
     ms = sorted({s.m for s in SUITES["llm"]})
     assert ms == [1, 16, 128, 2048, 8192]
 
@@ -345,6 +352,25 @@ def test_tune_refuses_without_cuda_and_explains(tmp_path):
     assert unknown.exit_code == 1 and "unknown suite" in unknown.output
     out_of_range = runner.invoke(app, ["tune", "--suite", "smoke", "--interpret", "--only", "2-5"])
     assert out_of_range.exit_code == 1 and "problems 1..3" in out_of_range.output
+
+
+def test_small_m_matmuls_are_tuned_with_both_templates():
+    from epilab.tuner.suites import twins
+
+    small = Spec(8, 4096, 4096, epilogue="bias").problem()
+    assert [p.template for p in twins(small)] == ["matmul", "gemv"]
+    assert twins(small)[1].epilogue == small.epilogue and twins(small)[1].shape == small.shape
+    assert [p.template for p in twins(Spec(17, 64, 64).problem())] == ["matmul"]
+    assert [p.template for p in twins(Spec(8, 64, 64, batch=2).problem())] == ["matmul"]
+    with pytest.raises(ValueError, match="M <= 16"):
+        Spec(32, 64, 64, template="gemv")
+
+
+def test_gemv_split_k_rules():
+    problem = Spec(1, 4096, 300, template="gemv").problem()
+    assert "exceeds the 3 K blocks" in infeasible(problem, Config(16, 64, 128, 1, 4, variant="atomic"), HOPPER)
+    assert "'default' means SPLIT_K=1" in infeasible(problem, Config(16, 64, 128, 1, 2), HOPPER)
+    assert infeasible(problem, Config(16, 64, 128, 1, 2, variant="two_pass"), HOPPER) is None
 
 
 def test_space_definition_is_the_documented_one():

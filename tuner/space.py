@@ -4,6 +4,9 @@ that keep infeasible configs from ever being compiled.
     SPACE["matmul"]: BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
                      GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
                      num_stages in 1..6 (the matmul template has no split-K)
+    SPACE["gemv"]:   BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 32..256,
+                     SPLIT_K in 1..32 with its reduction (variant default = no
+                     split, two_pass, atomic), num_warps in {2, 4, 8}, num_stages in 1..6
 
 A config is feasible for a problem on a device when
 - its pipelined tiles fit the device's shared memory:
@@ -12,6 +15,8 @@ A config is feasible for a problem on a device when
 - the fp32 accumulator fits the register file: BLOCK_M * BLOCK_N / (32 * num_warps)
   <= 128 registers per thread (half of the 255 a thread may have), and each
   thread holds at least 4 accumulator elements (fewer wastes warps);
+- the template accepts it (``render.config_error``: the gemv variant matches SPLIT_K);
+- split-K has at least one K block per split (gemv);
 - it avoids a Triton 3.6 miscompile seen on an H200 (2026-11-21): 2 warps with
   BLOCK_K >= 128 when K is not a multiple of 16 gave illegal memory accesses or
   wrong results (K=777, B stored K-contiguous; 4 warps, or BLOCK_K=64, were right).
@@ -28,6 +33,7 @@ import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 from epilab.templates.problem import Config, Problem
+from epilab.templates.render import config_error
 
 SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "matmul": {
@@ -35,6 +41,16 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
         "BLOCK_N": (16, 32, 64, 128, 256),
         "BLOCK_K": (16, 32, 64, 128, 256),
         "GROUP_M": (1, 4, 8, 16),
+        "num_warps": (2, 4, 8),
+        "num_stages": (1, 2, 3, 4, 5, 6),
+    },
+    "gemv": {
+        "BLOCK_M": (16,),
+        "BLOCK_N": (16, 32, 64, 128, 256),
+        "BLOCK_K": (32, 64, 128, 256),
+        "GROUP_M": (1,),
+        "SPLIT_K": (1, 2, 4, 8, 16, 32),
+        "variant": ("default", "two_pass", "atomic"),
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
     },
@@ -84,8 +100,9 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     for name, values in space.items():
         if getattr(config, name) not in values:
             return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
-    if config.SPLIT_K != 1 or config.variant != "default":
-        return "the matmul template has no split-K or variants"
+    why = config_error(problem, config)
+    if why is not None:
+        return why
     s = problem.shape
     for name, block, dim in (
         ("BLOCK_M", config.BLOCK_M, s.m),
@@ -101,7 +118,11 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     per_thread = config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
     if per_thread > MAX_ACC_REGS:
         return f"the accumulator needs {per_thread} registers per thread (at most {MAX_ACC_REGS})"
-    if per_thread < MIN_ACC_PER_THREAD:
+    if problem.template == "gemv":
+        k_blocks = triton.cdiv(s.k, config.BLOCK_K) if isinstance(s.k, int) else 1 << 20
+        if k_blocks < config.SPLIT_K:
+            return f"SPLIT_K={config.SPLIT_K} exceeds the {k_blocks} K blocks"
+    elif per_thread < MIN_ACC_PER_THREAD:
         return f"{config.num_warps} warps for a {config.BLOCK_M}x{config.BLOCK_N} tile leave threads idle"
     if config.num_warps == 2 and config.BLOCK_K >= 128 and not (isinstance(s.k, int) and s.k % 16 == 0):
         return "2 warps with BLOCK_K >= 128 and K not a multiple of 16 miscompile in Triton 3.6"

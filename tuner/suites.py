@@ -14,11 +14,18 @@ Built-in suites:
   transformer layer in bf16: (N, K) = (14336, 4096) up-projection with
   bias + gelu(tanh), (4096, 14336) down-projection with a residual add, and
   (4096, 4096) with bias + residual;
-- ``square``: bf16 cubes 1024, 2048, 4096, 8192 with no epilogue.
+- ``square``: bf16 cubes 1024, 2048, 4096, 8192 with no epilogue;
+- ``gemv``: decode-sized bf16 matmuls for the gemv template, M in {1, 4, 8, 16} x
+  (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096)},
+  nn.Linear layout, no epilogue.
+
+A spec may name its ``template`` (matmul, default, or gemv for M <= 16); matmul
+specs with M <= 16 are tuned with both templates (``twins``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +55,16 @@ EPILOGUES: dict[str, Callable[[], Expr]] = {
 }
 
 
+def twins(problem: Problem) -> list[Problem]:
+    """The problem, and for a 2-D matmul with a static M <= 16 also the same problem for
+    the gemv template: small-M matmuls are tuned with both, and the compiler takes the faster."""
+    s = problem.shape
+    if problem.template != "matmul" or s.batch != 1 or not isinstance(s.m, int) or s.m > 16:
+        return [problem]
+    gemv = dataclasses.replace(problem, template="gemv", template_hash=template_hash("gemv"))
+    return [problem, gemv]
+
+
 def problem_label(problem: Problem) -> str:
     """A short label of any problem (one the compiler recorded, say): op, shape, dtype,
     layouts of A and B, and the epilogue's ops."""
@@ -57,10 +74,12 @@ def problem_label(problem: Problem) -> str:
     epilogue = "+".join(ops_) if ops_ else "none"
     if len(epilogue) > 40:
         epilogue = epilogue[:37] + "..."
-    return f"{problem.op} {shape} {problem.dtype} {problem.layout_a}/{problem.layout_b} {epilogue}"
+    suffix = "" if problem.template == "matmul" else f" [{problem.template}]"
+    return f"{problem.op} {shape} {problem.dtype} {problem.layout_a}/{problem.layout_b} {epilogue}{suffix}"
 
 
-SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue"}
+SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template"}
+TEMPLATES = ("matmul", "gemv")
 LAYOUTS = ("NN", "NT", "TN", "TT")
 
 
@@ -73,6 +92,7 @@ class Spec:
     dtype: str = "bfloat16"
     layout: str = "NT"
     epilogue: str = "none"
+    template: str = "matmul"
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k"):
@@ -89,6 +109,10 @@ class Spec:
             raise ValueError(f"layout {self.layout!r} is not one of {LAYOUTS}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue {self.epilogue!r} is not one of {sorted(EPILOGUES)}")
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template {self.template!r} is not one of {TEMPLATES}")
+        if self.template == "gemv" and (self.batch is not None or self.m > 16):
+            raise ValueError(f"the gemv template takes 2-D problems with M <= 16, got {self.label()}")
 
     def problem(self) -> Problem:
         ep = Epilogue.build([(EPILOGUES[self.epilogue](), self.dtype)])
@@ -100,8 +124,8 @@ class Spec:
         )
         return Problem(
             op=op,
-            template="matmul",
-            template_hash=template_hash("matmul"),
+            template=self.template,
+            template_hash=template_hash(self.template),
             dtype=self.dtype,
             layout_a="col" if self.layout[0] == "T" else "row",
             layout_b="col" if self.layout[1] == "T" else "row",
@@ -116,7 +140,8 @@ class Spec:
             if self.batch is None
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
-        return f"{shape} {self.dtype} {self.layout} {self.epilogue}"
+        suffix = "" if self.template == "matmul" else f" [{self.template}]"
+        return f"{shape} {self.dtype} {self.layout} {self.epilogue}{suffix}"
 
     def flops(self) -> int:
         return 2 * (self.batch or 1) * self.m * self.n * self.k
@@ -144,6 +169,11 @@ SUITES: dict[str, list[Spec]] = {
     ],
     "llm": [Spec(m, n, k, epilogue=ep) for m in (1, 16, 128, 2048, 8192) for n, k, ep in _LLM_PROJECTIONS],
     "square": [Spec(s, s, s, layout="NN") for s in (1024, 2048, 4096, 8192)],
+    "gemv": [
+        Spec(m, n, k, template="gemv")
+        for m in (1, 4, 8, 16)
+        for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096))
+    ],
 }
 
 

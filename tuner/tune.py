@@ -38,6 +38,12 @@ KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the d
     Config(32, 64, 64, 8, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, num_warps=2, num_stages=4),
 ]
+KNOWN_GOOD_GEMV = [  # for the gemv template: a plain slab, and atomic / two-pass split-K
+    Config(16, 64, 128, 1, 1, num_warps=4, num_stages=3),
+    Config(16, 128, 128, 1, 4, num_warps=4, num_stages=3, variant="atomic"),
+    Config(16, 64, 256, 1, 8, num_warps=4, num_stages=3, variant="two_pass"),
+    Config(16, 32, 256, 1, 16, num_warps=4, num_stages=4, variant="atomic"),
+]
 LIBRARIES = ("cublas", "cublaslt", "inductor", "inductor-max-autotune")
 
 
@@ -200,9 +206,11 @@ class Tuner:
         return outcomes
 
     def seeds(self, problem: Problem) -> list[Config]:
-        """Known-good configs a new study tries first: the default heuristic's, then KNOWN_GOOD."""
+        """Known-good configs a new study tries first: the default heuristic's, then the
+        template's known-good list."""
         target = "interpreter" if self.options.interpret else "cuda"
-        return [default_config(problem, target, sm_count=self.limits.sm_count), *KNOWN_GOOD]
+        known = KNOWN_GOOD_GEMV if problem.template == "gemv" else KNOWN_GOOD
+        return [default_config(problem, target, sm_count=self.limits.sm_count), *known]
 
     def tune(
         self, spec: Spec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
