@@ -46,6 +46,7 @@ from typing import Any
 
 from epilab.db import DeviceInfo, Lookup, Record, TuningDB, Versions
 from epilab.db.keys import canonical
+from epilab.templates.gemv import gemv_twin
 from epilab.templates.matmul import default_config
 from epilab.templates.problem import Config, Problem
 
@@ -165,25 +166,30 @@ def _source(hit: Lookup) -> str:
     return "exact record" if hit.exact else f"nearest record (M={hit.m})"
 
 
-def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Decision, Plan | None]:
-    """The decision for one group's problem, and the plan of the template call (if any)."""
+def decide(
+    problem: Problem, ctx: Context, anchor: str, shape: str
+) -> tuple[Decision, Plan | None, Problem]:
+    """The decision for one group's problem, the plan of the template call (if any), and
+    the problem the call runs: the group's, or its gemv twin for small M when that
+    template's record is faster."""
 
     def made(
-        template: bool, plan: Plan | None, source: str | None, reason: str
-    ) -> tuple[Decision, Plan | None]:
+        template: bool, plan: Plan | None, source: str | None, reason: str, chosen: Problem = problem
+    ) -> tuple[Decision, Plan | None, Problem]:
         return (
             Decision(
                 anchor=anchor,
                 epilogue=problem.epilogue.text(),
                 shape=shape,
-                template=problem.template if template else None,
+                template=chosen.template if template else None,
                 config=plan.describe() if plan is not None else None,
                 source=source,
                 reason=reason,
-                problem_key=problem.key,
+                problem_key=chosen.key,
                 device=ctx.device.name if ctx.device else None,
             ),
             plan if template else None,
+            chosen,
         )
 
     if ctx.device is None or ctx.target is None:
@@ -191,19 +197,23 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
     if not problem.shape.is_static():
         return _decide_dynamic(problem, ctx, made)
     heuristic = Plan(config=default_config(problem, ctx.target, sm_count=ctx.device.sm_count))  # type: ignore[arg-type]
-    hit = _lookup(problem, ctx)
-    if hit is None and ctx.tune is not None and ctx.policy == "auto":
-        ctx.tune(problem)
-        hit = _lookup(problem, ctx)
-        if hit is not None:
-            ok, why = _verdict(ctx, hit, problem)
-            return made(ok, _plan(hit), "tuned now", why)
-    if hit is not None:
+    candidates = candidates_of(problem)
+    found = _best_hit(candidates, ctx)
+    if found is None and ctx.tune is not None and ctx.policy == "auto":
+        for candidate in candidates:
+            ctx.tune(candidate)
+        found = _best_hit(candidates, ctx)
+        if found is not None:
+            chosen, hit = found
+            ok, why = _verdict(ctx, hit, chosen)
+            return made(ok, _plan(hit), "tuned now", why, chosen)
+    if found is not None:
+        chosen, hit = found
         plan = _plan(hit)
         if ctx.policy == "always":
-            return made(True, plan, _source(hit), "policy always")
-        ok, why = _verdict(ctx, hit, problem)
-        return made(ok, plan, _source(hit), why)
+            return made(True, plan, _source(hit), "policy always", chosen)
+        ok, why = _verdict(ctx, hit, chosen)
+        return made(ok, plan, _source(hit), why, chosen)
     missing = f"nothing recorded for this problem on {ctx.device.name}"
     if ctx.db is None:
         missing = f"no tuning database ({ctx.db_error})"
@@ -216,6 +226,20 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         f"{missing}; the untuned template is not known to win here "
         "(run `epilab tune --seen`, or compile with tune_missing=True)",
     )
+
+
+def candidates_of(problem: Problem) -> list[Problem]:
+    """The templates that can run the problem: matmul, and gemv for a static M <= 16."""
+    twin = gemv_twin(problem)
+    return [problem] if twin is None else [problem, twin]
+
+
+def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup] | None:
+    """The candidate whose record is fastest (exact records before nearest ones)."""
+    hits = [(p, h) for p in candidates if (h := _lookup(p, ctx)) is not None]
+    if not hits:
+        return None
+    return min(hits, key=lambda ph: (not ph[1].exact, _time(ph[1].record)))
 
 
 def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | None:
@@ -235,7 +259,9 @@ def _plan(hit: Lookup) -> Plan:
     return Plan(config=Config.from_dict(hit.record.config or {}))
 
 
-def _decide_dynamic(problem: Problem, ctx: Context, made: Callable[..., Any]) -> tuple[Decision, Plan | None]:
+def _decide_dynamic(
+    problem: Problem, ctx: Context, made: Callable[..., Any]
+) -> tuple[Decision, Plan | None, Problem]:
     assert ctx.device is not None and ctx.target is not None
     buckets: list[tuple[int | None, Config]] = []
     verdicts: list[str] = []

@@ -22,10 +22,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from epilab.compiler import explain
 from epilab.compiler.aten_ops import ANCHORS
-from epilab.compiler.decide import Context, Decision, Plan, decide
+from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
 from epilab.compiler.match import Group, NoGroup, match, val
 from epilab.compiler.op import TEMPLATE_CALL
-from epilab.templates.render import template_hash
+from epilab.templates.problem import Problem
+from epilab.templates.render import TEMPLATE_FILES, template_hash
 
 log = logging.getLogger("epilab.compiler")
 _SOURCES = sorted(Path(__file__).parent.glob("*.py"))
@@ -36,7 +37,8 @@ def code_version() -> str:
     h = hashlib.sha256()
     for path in _SOURCES:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(template_hash("matmul").encode())
+    for template in sorted(TEMPLATE_FILES):
+        h.update(template_hash(template).encode())
     return h.hexdigest()
 
 
@@ -67,10 +69,10 @@ class EpilabPass(CustomGraphPass):
                 decisions.append(Decision(name, "", _shape(anchor), None, None, None, f"not matched: {e}"))
                 continue
             self._record_seen(group)
-            decision, plan = decide(group.problem, self.context, name, group.shape_text)
+            decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
             decisions.append(decision)
             if plan is not None:
-                _rewrite(graph, group, plan)
+                _rewrite(graph, group, plan, chosen)
         if any(d.template for d in decisions):
             from torch._inductor.pattern_matcher import stable_topological_sort
 
@@ -85,7 +87,8 @@ class EpilabPass(CustomGraphPass):
         if db is None or self.context.device is None or not group.problem.shape.is_static():
             return
         try:
-            db.put_problem(group.problem)
+            for problem in candidates_of(group.problem):
+                db.put_problem(problem)
         except Exception as e:  # a read-only or busy database must not fail the compile
             log.warning("could not record problem %s in %s: %s", group.problem.key[:12], db.url, e)
 
@@ -95,12 +98,13 @@ def _shape(anchor: fx.Node) -> str:
     return "x".join(str(d) for d in v.shape) if v is not None else "?"
 
 
-def _rewrite(graph: fx.Graph, group: Group, plan: Plan) -> None:
-    """Replace the group's nodes by one template call (and views of its outputs)."""
+def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> None:
+    """Replace the group's nodes by one call of ``problem``'s template (the group's
+    problem, or the same problem for another template) and views of its outputs."""
     members = set(group.nodes)
     order = {n: i for i, n in enumerate(graph.nodes)}
     by_name = {o.name: o for o in group.operands}
-    operands = [by_name[spec.name] for spec in group.problem.operands]
+    operands = [by_name[spec.name] for spec in problem.operands]
     last = max([*members, *(o.node for o in operands), group.a, group.b], key=order.__getitem__)
     fake = getattr(val(group.anchor), "fake_mode", None) or contextlib.nullcontext()
 
@@ -118,7 +122,7 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan) -> None:
                 with fake:
                     moved = torch.ops.aten.reshape.default(val(o.node), list(o.reshape))
                 args.append(add(torch.ops.aten.reshape.default, (o.node, list(o.reshape)), moved))
-        problem_json, plan_json = group.problem.to_json(), plan.to_json()
+        problem_json, plan_json = problem.to_json(), plan.to_json()
         with fake:
             outs = TEMPLATE_CALL(problem_json, plan_json, val(group.a), val(group.b), [val(a) for a in args])
         call = add(

@@ -12,6 +12,7 @@ the workspace again). Zero sizes and K = 0 are handled as in ``templates.matmul`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -28,7 +29,7 @@ from epilab.templates.matmul import (
     trivial_bound,
 )
 from epilab.templates.problem import Config, Problem
-from epilab.templates.render import config_error
+from epilab.templates.render import config_error, template_hash
 
 _INT32_MAX = 2**31 - 1
 
@@ -139,3 +140,12 @@ def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int
         split *= 2
     variant = "atomic" if split > 1 else "default"
     return Config(16, block_n, block_k, 1, split, num_warps=4, num_stages=3, variant=variant)
+
+
+def gemv_twin(problem: Problem) -> Problem | None:
+    """The same problem for the gemv template when it applies (a 2-D matmul problem
+    with a static M <= 16), else None."""
+    s = problem.shape
+    if problem.template != "matmul" or s.batch != 1 or not isinstance(s.m, int) or s.m > 16:
+        return None
+    return dataclasses.replace(problem, template="gemv", template_hash=template_hash("gemv"))

@@ -347,6 +347,19 @@ def test_launch_bound_templates_keep_aten(db_path, act, trial_ms, want):
     assert want or "launch-bound" in d.reason
 
 
+def test_small_m_takes_the_gemv_template_when_its_record_is_faster(db_path):
+    from epilab.templates.gemv import gemv_twin
+
+    _run(db_path, m=10)
+    problem = _seen_problem(db_path)
+    gemv_config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 1, "GROUP_M": 1}
+    _record(db_path, problem, CONFIG, 1.0, 3.0)
+    _record(db_path, gemv_twin(problem), {**gemv_config, "SPLIT_K": 2, "variant": "atomic"}, 0.5, 3.0)
+    _run(db_path, m=10)  # checks the outputs against float64
+    (d,) = epilab.explain()
+    assert d.template == "gemv" and d.config["variant"] == "atomic", d
+
+
 def test_nearest_record_is_used_and_noted(db_path):
     _run(db_path, m=10)
     problem = _seen_problem(db_path)
@@ -366,7 +379,7 @@ def test_tune_missing_tunes_now_and_stores(db_path, monkeypatch):
         out = epilab.compile(lambda t: torch.relu(lin(t)), db=db_path, tune_missing=True)(x)
     check_close(out, F.relu(as64(lin)(x.double())))
     (d,) = epilab.explain()
-    assert d.source == "tuned now" and d.template == "matmul", d.reason
+    assert d.source == "tuned now" and d.template in ("matmul", "gemv"), d.reason
     with TuningDB.open(db_path) as db:
         assert db.best(d.problem_key, INTERPRETER_DEVICE) is not None
 

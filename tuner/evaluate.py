@@ -84,7 +84,15 @@ def make_inputs(
             operands[spec.name] = _tensor(1, 1, None, "row", odt, device, gen)[0]
         else:
             operands[spec.name] = _tensor(m, n, batch, spec.layout, odt, device, gen)
-    made = make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision)
+    made = make_problem(
+        a,
+        b,
+        problem.epilogue,
+        operands,
+        op=problem.op,
+        precision=problem.precision,
+        template=problem.template,
+    )
     if made != problem:
         raise ValueError("could not build inputs that match the problem")
     return a, b, operands

@@ -4,7 +4,7 @@ that keep infeasible configs from ever being compiled.
     SPACE["matmul"]: BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
                      GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
                      num_stages in 1..6 (the matmul template has no split-K)
-    SPACE["gemv"]:   BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 32..256,
+    SPACE["gemv"]:   BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 16..256,
                      SPLIT_K in 1..32 with its reduction (variant default = no
                      split, two_pass, atomic), num_warps in {2, 4, 8}, num_stages in 1..6
 
@@ -47,7 +47,7 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "gemv": {
         "BLOCK_M": (16,),
         "BLOCK_N": (16, 32, 64, 128, 256),
-        "BLOCK_K": (32, 64, 128, 256),
+        "BLOCK_K": (16, 32, 64, 128, 256),
         "GROUP_M": (1,),
         "SPLIT_K": (1, 2, 4, 8, 16, 32),
         "variant": ("default", "two_pass", "atomic"),
@@ -135,7 +135,7 @@ def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:
     s = problem.shape
     caps = {"BLOCK_M": _padded(s.m), "BLOCK_N": _padded(s.n), "BLOCK_K": _padded(s.k)}
     return {
-        name: tuple(v for v in values if v <= caps.get(name, v))
+        name: tuple(v for v in values if v <= caps.get(name, v)) or values[:1]
         for name, values in SPACE[problem.template].items()
     }
 

@@ -25,7 +25,6 @@ specs with M <= 16 are tuned with both templates (``twins``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
+from epilab.templates.gemv import gemv_twin
 from epilab.templates.problem import DTYPES, OperandSpec, Problem, Shape
 from epilab.templates.render import template_hash
 
@@ -58,11 +58,8 @@ EPILOGUES: dict[str, Callable[[], Expr]] = {
 def twins(problem: Problem) -> list[Problem]:
     """The problem, and for a 2-D matmul with a static M <= 16 also the same problem for
     the gemv template: small-M matmuls are tuned with both, and the compiler takes the faster."""
-    s = problem.shape
-    if problem.template != "matmul" or s.batch != 1 or not isinstance(s.m, int) or s.m > 16:
-        return [problem]
-    gemv = dataclasses.replace(problem, template="gemv", template_hash=template_hash("gemv"))
-    return [problem, gemv]
+    twin = gemv_twin(problem)
+    return [problem] if twin is None else [problem, twin]
 
 
 def problem_label(problem: Problem) -> str:
