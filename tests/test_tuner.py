@@ -143,6 +143,18 @@ def test_seeds_are_tried_first_and_failures_are_never_best():
     assert result.best != seeds[1] and result.best_ms is not None
 
 
+def test_a_study_whose_trials_all_fail_reports_no_best():
+    told = []
+    result = _run(
+        make_study("all-fail", None, restart=False),
+        lambda batch: [Outcome("incorrect") for _ in batch],
+        Budget(trials=6, seconds=1e9, batch=3),
+        on_trial=lambda config, outcome, best, best_ms: told.append(best_ms),
+    )
+    assert result.best is None and result.best_ms is None
+    assert told == [None] * 6  # the penalty is never turned into a time (10**1000 overflowed)
+
+
 def test_budgets_are_respected():
     ticks = iter(range(10_000))
     timed = _run(

@@ -132,8 +132,10 @@ def search(
                 best, best_value, since_best = config, value, 0
             else:
                 since_best += 1
-            if on_trial is not None:
-                on_trial(config, outcome, best, None if best is None else 10**best_value)
+            if on_trial is not None:  # a study whose trials all failed so far has no best time
+                on_trial(
+                    config, outcome, best, None if best is None or best_value >= PENALTY else 10**best_value
+                )
     best_ms = None if best is None or best_value >= PENALTY else 10**best_value
     return SearchResult(best if best_ms is not None else None, best_ms, len(seen), new, stopped_by)
 
