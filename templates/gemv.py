@@ -126,7 +126,7 @@ def bind_gemv(
 
 def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:
     """The untuned gemv config: 64-wide column tiles with 128-deep K steps (64 for fp32),
-    split-K (atomic) until there are two programs per multiprocessor, never more splits
+    split-K (two-pass) until there are two programs per multiprocessor, never more splits
     than K blocks. The interpreter gets small tiles and no split."""
     if target == "interpreter":
         return Config(16, 32, 32, 1, 1, num_warps=4, num_stages=1)
@@ -138,7 +138,7 @@ def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int
     split = 1
     while tiles * split < 2 * sm_count and split * 2 <= min(32, k_blocks):
         split *= 2
-    variant = "atomic" if split > 1 else "default"
+    variant = "two_pass" if split > 1 else "default"
     return Config(16, block_n, block_k, 1, split, num_warps=4, num_stages=3, variant=variant)
 
 

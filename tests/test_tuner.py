@@ -380,7 +380,12 @@ def test_small_m_matmuls_are_tuned_with_both_templates():
 
 def test_gemv_split_k_rules():
     problem = Spec(1, 4096, 300, template="gemv").problem()
-    assert "exceeds the 3 K blocks" in infeasible(problem, Config(16, 64, 128, 1, 4, variant="atomic"), HOPPER)
+    assert "exceeds the 3 K blocks" in infeasible(
+        problem, Config(16, 64, 128, 1, 4, variant="two_pass"), HOPPER
+    )
+    assert "outside the gemv search space" in infeasible(
+        problem, Config(16, 64, 128, 1, 2, variant="atomic"), HOPPER
+    )
     assert "'default' means SPLIT_K=1" in infeasible(problem, Config(16, 64, 128, 1, 2), HOPPER)
     assert infeasible(problem, Config(16, 64, 128, 1, 2, variant="two_pass"), HOPPER) is None
 

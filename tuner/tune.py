@@ -38,11 +38,11 @@ KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the d
     Config(32, 64, 64, 8, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, num_warps=2, num_stages=4),
 ]
-KNOWN_GOOD_GEMV = [  # for the gemv template: a plain slab, and atomic / two-pass split-K
+KNOWN_GOOD_GEMV = [  # for the gemv template: a plain slab, and two-pass split-K
     Config(16, 64, 128, 1, 1, num_warps=4, num_stages=3),
-    Config(16, 128, 128, 1, 4, num_warps=4, num_stages=3, variant="atomic"),
+    Config(16, 128, 128, 1, 4, num_warps=4, num_stages=3, variant="two_pass"),
     Config(16, 64, 256, 1, 8, num_warps=4, num_stages=3, variant="two_pass"),
-    Config(16, 32, 256, 1, 16, num_warps=4, num_stages=4, variant="atomic"),
+    Config(16, 32, 256, 1, 16, num_warps=4, num_stages=4, variant="two_pass"),
 ]
 LIBRARIES = ("cublas", "cublaslt", "inductor", "inductor-max-autotune")
 
