@@ -166,9 +166,7 @@ def _source(hit: Lookup) -> str:
     return "exact record" if hit.exact else f"nearest record (M={hit.m})"
 
 
-def decide(
-    problem: Problem, ctx: Context, anchor: str, shape: str
-) -> tuple[Decision, Plan | None, Problem]:
+def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Decision, Plan | None, Problem]:
     """The decision for one group's problem, the plan of the template call (if any), and
     the problem the call runs: the group's, or its gemv twin for small M when that
     template's record is faster."""

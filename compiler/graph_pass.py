@@ -10,7 +10,6 @@ decided on other facts.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import operator
@@ -23,7 +22,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from epilab.compiler import explain
 from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
-from epilab.compiler.match import Group, NoGroup, match, val
+from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, val
 from epilab.compiler.op import TEMPLATE_CALL
 from epilab.templates.problem import Problem
 from epilab.templates.render import TEMPLATE_FILES, template_hash
@@ -106,7 +105,7 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
     by_name = {o.name: o for o in group.operands}
     operands = [by_name[spec.name] for spec in problem.operands]
     last = max([*members, *(o.node for o in operands), group.a, group.b], key=order.__getitem__)
-    fake = getattr(val(group.anchor), "fake_mode", None) or contextlib.nullcontext()
+    fake = fake_mode_of(val(group.anchor))
 
     def add(target: object, args: tuple, value: object) -> fx.Node:
         node = graph.call_function(target, args)  # type: ignore[arg-type]

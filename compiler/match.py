@@ -347,7 +347,7 @@ def _problem(
         assert ov is not None
         sizes, strides = list(ov.shape), list(ov.stride())
         if o.reshape is not None:
-            with _fake_mode(ov):
+            with fake_mode_of(ov):
                 moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
             sizes, strides = list(moved.shape), list(moved.stride())
         layout = operand_layout(o.kind, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
@@ -372,7 +372,8 @@ def _problem(
     return problem
 
 
-def _fake_mode(v: torch.Tensor) -> object:
+def fake_mode_of(v: torch.Tensor | None) -> object:
+    """The fake-tensor mode a graph value belongs to (a no-op context outside one)."""
     mode = getattr(v, "fake_mode", None)
     if mode is None:
         from contextlib import nullcontext

@@ -19,6 +19,7 @@ import torch
 import triton
 
 from epilab.templates.matmul import (
+    _INT32_MAX,
     Bound,
     _extent,
     _kernel,
@@ -30,8 +31,6 @@ from epilab.templates.matmul import (
 )
 from epilab.templates.problem import Config, Problem
 from epilab.templates.render import config_error, template_hash
-
-_INT32_MAX = 2**31 - 1
 
 
 def bind_gemv(
