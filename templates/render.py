@@ -123,8 +123,8 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return f"the gemv template has no variant {config.variant!r}; use one of {GEMV_VARIANTS}"
     if (config.variant == "default") != (config.SPLIT_K == 1):
         return f"gemv variant {config.variant!r} with SPLIT_K={config.SPLIT_K}: 'default' means SPLIT_K=1"
-    if s.batch != 1 or not isinstance(s.m, int) or s.m > GEMV_BLOCK_M:
-        return f"the gemv template takes 2-D problems with a static M <= {GEMV_BLOCK_M}, got {s}"
+    if s.batch != 1 or not any(isinstance(d, int) and d <= GEMV_BLOCK_M for d in (s.m, s.n)):
+        return f"the gemv template takes 2-D problems with a static M or N <= {GEMV_BLOCK_M}, got {s}"
     return None
 
 
@@ -166,5 +166,6 @@ def render(problem: Problem, config: Config, *, target: Target = "cuda", index_6
         even_k=divides(config.BLOCK_K, problem.shape.k),
         upcast_dot=target == "interpreter" and problem.dtype == "bfloat16",
         index_64=index_64,
+        interpret=target == "interpreter",
         **_epilogue_hooks(problem),
     )
