@@ -116,7 +116,9 @@ def demo(
 
 @app.command()
 def tune(
-    suite: Annotated[str | None, typer.Option(help="built-in suite: smoke, quick, llm, square, gemv")] = None,
+    suite: Annotated[
+        str | None, typer.Option(help="built-in suite: smoke, quick, llm, square, gemv, gemv-fused")
+    ] = None,
     shapes: Annotated[
         str | None, typer.Option(help="JSON or JSON Lines file of problems (see tuner/suites.py)")
     ] = None,

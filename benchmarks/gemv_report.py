@@ -10,10 +10,12 @@ bandwidth measured by this script (read + write of a 1 GiB buffer, median of 20;
 the cuBLAS (+ eager epilogue) baseline measured the same way.
 
 Which time: these kernels take 10-50 us, where one call at a time (CUDA events,
-L2 flushed, as ``epilab tune`` records ``median_ms``) includes launch gaps. So
-for problems that move more than the 60 MB of L2 (they stream from DRAM on
-every replay) the CUDA-graph per-call time is used; smaller ones keep the
-flushed per-call time (their graph replays would hit L2). The column says which.
+L2 flushed, as ``epilab tune`` records ``median_ms``) includes launch gaps. For
+kernels under 50 us the tuner also records ``graph_ms``: the per-call time of a
+CUDA graph that rotates over input sets three times the size of L2 together, so
+the weights stream from DRAM on every call without launch gaps. That time is
+used where recorded (for tuned kernels and cuBLAS alike), else the flushed one;
+the column says which.
 """
 
 from __future__ import annotations
@@ -37,13 +39,10 @@ def copy_bandwidth_gbs() -> float:
     return 2 * src.numel() / (ms * 1e6)
 
 
-L2_BYTES = 60e6  # H100/H200 L2 (50/60 MB): larger problems stream from DRAM in a graph replay
-
-
-def kernel_ms(record: object, use_graph: bool) -> float:
-    """The CUDA-graph time where it is meaningful and recorded, else the flushed per-call median."""
+def kernel_ms(record: object) -> float:
+    """The rotating CUDA-graph time where recorded, else the flushed per-call median."""
     graph = getattr(record, "graph_ms", None)
-    return graph if use_graph and graph else record.median_ms  # type: ignore[attr-defined]
+    return graph if graph else record.median_ms  # type: ignore[attr-defined]
 
 
 def main() -> None:
@@ -51,6 +50,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--db", required=True)
+    parser.add_argument("--suite", default="gemv", choices=("gemv", "gemv-fused"))
     parser.add_argument("--json")
     parser.add_argument("--device", help="device name in the db (default: CUDA device 0)")
     parser.add_argument(
@@ -66,48 +66,57 @@ def main() -> None:
             d = r.device  # type: ignore[attr-defined]
             return d == device if device is not None else d.name == args.device
 
-        for spec in SUITES["gemv"]:
+        for spec in SUITES[args.suite]:
             problem = spec.problem()
             nbytes = problem_bytes(problem)
-            use_graph = nbytes > L2_BYTES
             ok = [x for x in db.records(problem.key) if x.status == "ok" and here(x)]
             if not ok:
                 continue
-            r = min(ok, key=lambda x: kernel_ms(x, use_graph))
-            cublas = next((b for b in db.baselines(problem.key) if b.library == "cublas" and here(b)), None)
-            ms = kernel_ms(r, use_graph)
-            base = kernel_ms(cublas, use_graph) if cublas else None
+            r = min(ok, key=lambda x: kernel_ms(x))
+            bases = {b.library: kernel_ms(b) for b in db.baselines(problem.key) if here(b) and b.median_ms}
+            ms = kernel_ms(r)
+            base = bases.get("cublas")
+            inductor = bases.get("inductor")
             rows.append(
                 {
                     "label": spec.label(),
                     "ms": ms,
-                    "time": "graph" if use_graph and r.graph_ms else "flushed",
+                    "time": "graph" if r.graph_ms else "flushed",
                     "config": r.config,
                     "mbytes": nbytes / 1e6,
                     "gbs": nbytes / (ms * 1e6),
                     "pct_copy": 100 * nbytes / (ms * 1e6) / copy,
                     "cublas_ms": base,
                     "speedup": base / ms if base else None,
+                    "inductor_ms": inductor,
+                    "vs_inductor": inductor / ms if inductor else None,
                 }
             )
     name = device.name if device is not None else args.device
     print(f"GPU: {name}; copy bandwidth: {copy:.0f} GB/s")
-    print("| problem | MB | time | tuned ms | GB/s | % of copy | cuBLAS+eager ms | speedup | config |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
+    print(
+        "| problem | MB | time | tuned ms | GB/s | % of copy | cuBLAS+eager ms | speedup "
+        "| Inductor ms | vs Inductor | config |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+
+    def cell(v: float | None, fmt: str) -> str:
+        return format(v, fmt) if v else "-"
+
     for r in rows:
         c = r["config"]
         cfg = f"{c['BLOCK_N']}x{c['BLOCK_K']} s{c['SPLIT_K']} {c['variant']}"
         cfg += f" w{c['num_warps']} st{c['num_stages']}"
-        cub = f"{r['cublas_ms']:.4f}" if r["cublas_ms"] else "-"
-        sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         print(
             f"| {r['label']} | {r['mbytes']:.1f} | {r['time']} | {r['ms']:.4f} | {r['gbs']:.0f} | "
-            f"{r['pct_copy']:.0f}% | {cub} | {sp} | {cfg} |"
+            f"{r['pct_copy']:.0f}% | {cell(r['cublas_ms'], '.4f')} | {cell(r['speedup'], '.2f')}x | "
+            f"{cell(r['inductor_ms'], '.4f')} | {cell(r['vs_inductor'], '.2f')}x | {cfg} |"
         )
-    speedups = [r["speedup"] for r in rows if r["speedup"]]
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        print(f"\ngeomean speedup over cuBLAS+eager: {geo:.2f}x over {len(speedups)} problems")
+    for key, name in (("speedup", "cuBLAS+eager"), ("vs_inductor", "Inductor")):
+        speedups = [r[key] for r in rows if r[key]]
+        if speedups:
+            geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+            print(f"\ngeomean speedup over {name}: {geo:.2f}x over {len(speedups)} problems")
     big = [r for r in rows if r["mbytes"] >= 32]
     if big:
         print(

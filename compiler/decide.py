@@ -227,7 +227,7 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
 
 
 def candidates_of(problem: Problem) -> list[Problem]:
-    """The templates that can run the problem: matmul, and gemv for a static M <= 16."""
+    """The templates that can run the problem: matmul, and gemv for a static M or N <= 16."""
     twin = gemv_twin(problem)
     return [problem] if twin is None else [problem, twin]
 

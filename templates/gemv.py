@@ -3,11 +3,14 @@
     C[m, n] = epilogue(sum_k A[m, k] * B[k, n], operands)
 
 A is [M, K] with M <= 16, B is [K, N] (nn.Linear's weight W[N, K] passes as W.T),
-any strides; 2-D only. The config's SPLIT_K and variant pick the reduction:
-``default`` (no split), ``two_pass`` (partial sums in a workspace, then a second
-kernel adds them and runs the epilogue) or ``atomic`` (fp32 atomics into a
-zeroed workspace; the last split of each column tile runs the epilogue and zeroes
-the workspace again). Zero sizes and K = 0 are handled as in ``templates.matmul``.
+any strides; 2-D only. The transposed case, N <= 16 with a larger M, runs the same
+kernel on C.T = B.T @ A.T: ``kernel_problem`` swaps the roles (and the row and
+column vectors of the epilogue) and the launch swaps every (m, n) stride pair.
+The config's SPLIT_K and variant pick the reduction: ``default`` (no split),
+``two_pass`` (partial sums in a workspace, then a second kernel adds them and runs
+the epilogue) or ``atomic`` (fp32 atomics into a zeroed workspace; the last split
+of each column tile runs the epilogue and zeroes the workspace again). Zero sizes
+and K = 0 are handled as in ``templates.matmul``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Mapping
 import torch
 import triton
 
+from epilab.templates.epilogue import Epilogue, Node
 from epilab.templates.matmul import (
     _INT32_MAX,
     Bound,
@@ -29,8 +33,52 @@ from epilab.templates.matmul import (
     target_for,
     trivial_bound,
 )
-from epilab.templates.problem import Config, Problem
-from epilab.templates.render import config_error, template_hash
+from epilab.templates.problem import Config, Problem, Shape
+from epilab.templates.render import GEMV_BLOCK_M, config_error, template_hash
+
+_FLIP = {"row": "col", "col": "row"}
+
+
+def is_transposed(problem: Problem) -> bool:
+    """A gemv problem with a small N rather than a small M (C.T = B.T @ A.T is computed)."""
+    m, n = problem.shape.m, problem.shape.n
+    return not (isinstance(m, int) and m <= GEMV_BLOCK_M) and isinstance(n, int) and n <= GEMV_BLOCK_M
+
+
+def _flip_kinds(ep: Epilogue) -> Epilogue:
+    def flipped(node: Node) -> Node:
+        if node.op != "operand":
+            return node
+        return dataclasses.replace(
+            node, attrs=tuple((k, _FLIP.get(str(v), v) if k == "kind" else v) for k, v in node.attrs)
+        )
+
+    return Epilogue(tuple(flipped(n) for n in ep.nodes), ep.outputs)
+
+
+def kernel_problem(problem: Problem) -> Problem:
+    """The problem the kernel is rendered for: ``problem`` itself, or for a small N its
+    transpose (M and N swapped, A.T and B.T swapped, row and column vectors swapped)."""
+    if not is_transposed(problem):
+        return problem
+    s = problem.shape
+    return dataclasses.replace(
+        problem,
+        shape=Shape(s.batch, s.n, s.m, s.k),
+        layout_a=_FLIP[problem.layout_b],
+        layout_b=_FLIP[problem.layout_a],
+        epilogue=_flip_kinds(problem.epilogue),
+    )
+
+
+def _swap_mn(args: dict[str, object]) -> dict[str, object]:
+    """Epilogue arguments of C for the kernel that computes C.T."""
+    out = dict(args)
+    for name in args:
+        if name.endswith("_stride_m"):
+            twin = name[: -len("_stride_m")] + "_stride_n"
+            out[name], out[twin] = args[twin], args[name]
+    return out
 
 
 def bind_gemv(
@@ -53,8 +101,13 @@ def bind_gemv(
     trivial = trivial_bound(problem, bt, outs, operands, a.device)
     if trivial is not None:
         return trivial
-    if m > config.BLOCK_M:
-        raise ValueError(f"the gemv template takes M <= {config.BLOCK_M}, got M={m}")
+    transposed = is_transposed(problem)
+    if (n if transposed else m) > config.BLOCK_M:
+        raise ValueError(f"the gemv template takes M or N <= {config.BLOCK_M}, got {m}x{n}")
+    ep_args = epilogue_args(problem.epilogue, operands, outs, bt.out_shape, (1, m, n))
+    if transposed:  # C.T = B.T @ A.T with M and N swapped
+        a, b, m, n, ep_args = b.t(), a.t(), n, m, _swap_mn(ep_args)
+    kp = kernel_problem(problem)
     target = target_for(a.device)
     tensors = [a, b, *outs, *operands.values()]
     index_64 = any(_extent(t) > _INT32_MAX for t in tensors)
@@ -65,7 +118,6 @@ def bind_gemv(
     else:
         ws = torch.zeros((m, n) if config.variant == "atomic" else (1,), dtype=torch.float32, device=a.device)
     lock = torch.zeros((grid_n if config.variant == "atomic" else 1,), dtype=torch.int32, device=a.device)
-    ep_args = epilogue_args(problem.epilogue, operands, outs, bt.out_shape, (1, m, n))
     args: dict[str, object] = {
         "a_ptr": a,
         "b_ptr": b,
@@ -87,7 +139,7 @@ def bind_gemv(
         "num_stages": config.num_stages,
     }
     grid = (grid_n, split)
-    kernel = _kernel(problem, config, target, index_64)
+    kernel = _kernel(kp, config, target, index_64)
     launcher = kernel[grid]
     if config.variant != "two_pass":
 
@@ -98,7 +150,7 @@ def bind_gemv(
         if config.variant == "atomic":  # its workspace is part of the launch: not replayable
             return Bound(outs, lambda: launcher(**args), compile_one)
         return Bound(outs, lambda: launcher(**args), compile_one, kernel, args, grid)
-    reduce = _kernel(problem, config, target, index_64, "_reduce")
+    reduce = _kernel(kp, config, target, index_64, "_reduce")
     reduce_args = {
         **ep_args,
         "ws_ptr": ws,
@@ -129,7 +181,7 @@ def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int
     than K blocks. The interpreter gets small tiles and no split."""
     if target == "interpreter":
         return Config(16, 32, 32, 1, 1, num_warps=4, num_stages=1)
-    s = problem.shape
+    s = kernel_problem(problem).shape
     n = s.n if isinstance(s.n, int) else 1 << 20
     k = s.k if isinstance(s.k, int) else 1 << 20
     block_n, block_k = 64, 128 if problem.dtype != "float32" else 64
@@ -143,8 +195,17 @@ def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int
 
 def gemv_twin(problem: Problem) -> Problem | None:
     """The same problem for the gemv template when it applies (a 2-D matmul problem
-    with a static M <= 16), else None."""
+    with a static M, and M <= 16 or a static N <= 16), else None."""
     s = problem.shape
-    if problem.template != "matmul" or s.batch != 1 or not isinstance(s.m, int) or s.m > 16:
+
+    def small(d: object) -> bool:
+        return isinstance(d, int) and d <= GEMV_BLOCK_M
+
+    if (
+        problem.template != "matmul"
+        or s.batch != 1
+        or not isinstance(s.m, int)
+        or not (small(s.m) or small(s.n))
+    ):
         return None
     return dataclasses.replace(problem, template="gemv", template_hash=template_hash("gemv"))

@@ -266,14 +266,14 @@ def _seen_problem(db_path) -> Problem:
     return Problem.from_json(text[1] if isinstance(text, tuple) else text)
 
 
-def _record(db_path, problem, config, trial_ms, baseline_ms=None):
+def _record(db_path, problem, config, trial_ms, baseline_ms=None, device=INTERPRETER_DEVICE):
     import triton
 
     versions = Versions(torch.__version__, triton.__version__)
     with TuningDB.open(db_path) as db:
         db.record_trial(
             problem,
-            INTERPRETER_DEVICE,
+            device,
             config=config,
             status="ok",
             timing=Timing(trial_ms, trial_ms, trial_ms, "test"),
@@ -285,7 +285,7 @@ def _record(db_path, problem, config, trial_ms, baseline_ms=None):
         if baseline_ms is not None:
             db.record_baseline(
                 problem,
-                INTERPRETER_DEVICE,
+                device,
                 library="cublas",
                 timing=Timing(baseline_ms, baseline_ms, baseline_ms, "test"),
                 max_rel_error=0.0,
@@ -414,6 +414,35 @@ def test_gpu_training_step_matches_eager(db_path):
     for p, p64 in zip(model.parameters(), ref.parameters(), strict=True):
         assert rel_error(p.grad, p64.grad) <= 1e-5
     assert len(used(epilab.explain(), "aten.mm")) >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m,n", [(1, 4096), (4, 14336), (2048, 8)], ids=["decode-m1", "decode-m4", "router-n8"]
+)
+def test_gpu_compiler_runs_the_gemv_template_where_its_record_wins(db_path, m, n):
+    from epilab.db import DeviceInfo
+    from epilab.templates.gemv import gemv_twin
+
+    torch.manual_seed(0)
+    lin = nn.Linear(4096, n).to("cuda", torch.bfloat16)
+
+    def model(t):
+        return F.gelu(lin(t), approximate="tanh")
+
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled(model, db_path, policy="auto")(x)
+        problem = _seen_problem(db_path)
+        gemv = {**CONFIG, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
+        device = DeviceInfo.of_cuda(0)
+        _record(db_path, problem, CONFIG, 1.0, 0.9, device=device)
+        _record(db_path, gemv_twin(problem), {**gemv, "SPLIT_K": 4, "variant": "two_pass"}, 0.5, 0.9, device)
+        torch._dynamo.reset()
+        out = compiled(model, db_path, policy="auto")(x)
+    check_close(out.float(), F.gelu(as64(lin)(x.double()), approximate="tanh"), torch.bfloat16)
+    (d,) = epilab.explain()
+    assert d.template == "gemv" and d.config["variant"] == "two_pass", d
 
 
 def test_epilab_tune_seen_tunes_what_the_compiler_recorded(db_path, monkeypatch):

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-from epilab.templates.problem import Config, Problem
+from epilab.templates.gemv import kernel_problem
+from epilab.templates.problem import Config, Problem, Shape
 from epilab.templates.render import config_error
 
 SPACE: dict[str, dict[str, tuple[int, ...]]] = {
@@ -95,6 +96,11 @@ def _padded(dim: object) -> int:
     return 1 << 30 if not isinstance(dim, int) else max(16, triton.next_power_of_2(max(dim, 1)))
 
 
+def _kernel_shape(problem: Problem) -> Shape:
+    """The shape the kernel sees (a gemv problem with a small N runs transposed)."""
+    return kernel_problem(problem).shape if problem.template == "gemv" else problem.shape
+
+
 def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | None:
     """Why ``config`` cannot run ``problem`` on the device, or None when it can."""
     space = SPACE.get(problem.template)
@@ -106,7 +112,7 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     why = config_error(problem, config)
     if why is not None:
         return why
-    s = problem.shape
+    s = _kernel_shape(problem)
     for name, block, dim in (
         ("BLOCK_M", config.BLOCK_M, s.m),
         ("BLOCK_N", config.BLOCK_N, s.n),
@@ -135,7 +141,7 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
 def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:
     """The template's space with block sizes cut at the padded problem dims, so the
     sampler never proposes blocks the problem cannot use."""
-    s = problem.shape
+    s = _kernel_shape(problem)
     caps = {"BLOCK_M": _padded(s.m), "BLOCK_N": _padded(s.n), "BLOCK_K": _padded(s.k)}
     return {
         name: tuple(v for v in values if v <= caps.get(name, v)) or values[:1]

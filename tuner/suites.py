@@ -17,10 +17,15 @@ Built-in suites:
 - ``square``: bf16 cubes 1024, 2048, 4096, 8192 with no epilogue;
 - ``gemv``: decode-sized bf16 matmuls for the gemv template, M in {1, 4, 8, 16} x
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096)},
-  nn.Linear layout, no epilogue.
+  nn.Linear layout, no epilogue;
+- ``gemv-fused``: the same 20 shapes with the epilogue of that projection in a
+  decoder layer — (4096, 4096) bias + residual, (14336, 4096) bias + gelu(tanh),
+  (4096, 14336) residual, (8192, 8192) bias + gelu(tanh) + residual, (128256, 4096)
+  bias — plus the transposed case, a router with N = 8 experts over M = 2048 and
+  8192 tokens (K = 4096).
 
-A spec may name its ``template`` (matmul, default, or gemv for M <= 16); matmul
-specs with M <= 16 are tuned with both templates (``twins``).
+A spec may name its ``template`` (matmul, default, or gemv for M or N <= 16); matmul
+specs with M or N <= 16 are tuned with both templates (``twins``).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ EPILOGUES: dict[str, Callable[[], Expr]] = {
 
 
 def twins(problem: Problem) -> list[Problem]:
-    """The problem, and for a 2-D matmul with a static M <= 16 also the same problem for
+    """The problem, and for a 2-D matmul with a static M or N <= 16 also the same problem for
     the gemv template: small-M matmuls are tuned with both, and the compiler takes the faster."""
     twin = gemv_twin(problem)
     return [problem] if twin is None else [problem, twin]
@@ -108,8 +113,8 @@ class Spec:
             raise ValueError(f"epilogue {self.epilogue!r} is not one of {sorted(EPILOGUES)}")
         if self.template not in TEMPLATES:
             raise ValueError(f"template {self.template!r} is not one of {TEMPLATES}")
-        if self.template == "gemv" and (self.batch is not None or self.m > 16):
-            raise ValueError(f"the gemv template takes 2-D problems with M <= 16, got {self.label()}")
+        if self.template == "gemv" and (self.batch is not None or min(self.m, self.n) > 16):
+            raise ValueError(f"the gemv template takes 2-D problems with M or N <= 16, got {self.label()}")
 
     def problem(self) -> Problem:
         ep = Epilogue.build([(EPILOGUES[self.epilogue](), self.dtype)])
@@ -146,6 +151,14 @@ class Spec:
 
 _LLM_PROJECTIONS = ((14336, 4096, "bias_gelu_tanh"), (4096, 14336, "residual"), (4096, 4096, "bias_residual"))
 
+_DECODE_PROJECTIONS = (
+    (4096, 4096, "bias_residual"),
+    (14336, 4096, "bias_gelu_tanh"),
+    (4096, 14336, "residual"),
+    (8192, 8192, "bias_gelu_tanh_residual"),
+    (128256, 4096, "bias"),
+)
+
 SUITES: dict[str, list[Spec]] = {
     "smoke": [
         Spec(64, 64, 64, dtype="float32"),
@@ -170,6 +183,14 @@ SUITES: dict[str, list[Spec]] = {
         Spec(m, n, k, template="gemv")
         for m in (1, 4, 8, 16)
         for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096))
+    ],
+    "gemv-fused": [
+        *(
+            Spec(m, n, k, epilogue=ep, template="gemv")
+            for m in (1, 4, 8, 16)
+            for n, k, ep in _DECODE_PROJECTIONS
+        ),
+        *(Spec(m, 8, 4096, template="gemv") for m in (2048, 8192)),
     ],
 }
 

@@ -5,7 +5,8 @@ write that flushes L2 (and keeps the GPU busy while the next launch is queued,
 so launch latency stays out of the number), each timed with its own pair of
 CUDA events; the median with p20/p80. ``time_graph``: per-call time of a CUDA
 graph of many calls, for kernels so short that even that is dominated by launch
-gaps (L2 stays warm there, which the method string says). ``time_wall``: the
+gaps; given several functions over different input sets it rotates through them
+(the tuner sizes them to outgrow L2, so the data comes from DRAM on every call). ``time_wall``: the
 interpreter's wall-clock time, labelled as such: it is not GPU time.
 """
 
