@@ -6,8 +6,8 @@ that keep infeasible configs from ever being compiled.
                      num_stages in 1..6 (the matmul template has no split-K)
     SPACE["gemv"]:   BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 16..256,
                      SPLIT_K in 1..32 with its reduction (variant default = no
-                     split, or two_pass; atomic is left out, see SPACE), num_warps in
-                     {2, 4, 8}, num_stages in 1..6
+                     split, two_pass or atomic), num_warps in {2, 4, 8},
+                     num_stages in 1..6
 
 A config is feasible for a problem on a device when
 - its pipelined tiles fit the device's shared memory:
@@ -52,9 +52,7 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
         "BLOCK_K": (16, 32, 64, 128, 256),
         "GROUP_M": (1,),
         "SPLIT_K": (1, 2, 4, 8, 16, 32),
-        # "atomic" is left out: on an H200 it gave intermittent wrong sums at SPLIT_K=16
-        # (tests/test_gemv.py::test_gpu_gemv, 2026-11-21); it stays tested on CPU until fixed
-        "variant": ("default", "two_pass"),
+        "variant": ("default", "two_pass", "atomic"),
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
     },
