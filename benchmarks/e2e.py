@@ -138,7 +138,7 @@ def record(args: argparse.Namespace) -> None:
     """Compile every case once with the backend: the problems land in the database."""
     for name in args.models:
         model, d = build(name)
-        for b, s in SHAPES:
+        for b, s in args.shapes:
             torch._dynamo.reset()
             x = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
             with torch.no_grad():
@@ -188,7 +188,7 @@ def measure(args: argparse.Namespace) -> None:
     _warm_gpu()
     for name in args.models:
         model, d = build(name)
-        for b, s in SHAPES:
+        for b, s in args.shapes:
             x = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
             with torch.no_grad():
                 ref = model(x)
@@ -285,6 +285,12 @@ def main() -> None:
     parser.add_argument("phase", choices=["record", "measure"])
     parser.add_argument("--db", required=True, help="tuning database (path or URL)")
     parser.add_argument("--models", default="mlp,layer,small", type=lambda t: t.split(","))
+    parser.add_argument(
+        "--shapes",
+        default=SHAPES,
+        type=lambda t: [tuple(int(v) for v in bs.split("x")) for bs in t.split(",")],
+        help="batch x seq list, e.g. 1x1,8x128 (default: 1x1,8x128,4x2048)",
+    )
     parser.add_argument("--json", help="write every row here")
     parser.add_argument("--rounds", type=int, default=2, help="times each variant is compiled and timed")
     parser.add_argument("--cuda-graphs", action="store_true", help='also time mode="reduce-overhead"')
