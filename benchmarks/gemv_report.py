@@ -6,8 +6,10 @@
 For each problem of the ``gemv`` suite: the best tuned kernel time, bytes moved
 once (weights + activations + output), achieved GB/s, % of the device copy
 bandwidth measured by this script (read + write of a 1 GiB buffer, median of 20;
-``--copy-gbs`` re-renders a report with the value measured in an earlier run), and
-the cuBLAS (+ eager epilogue) baseline measured the same way.
+``--copy-gbs`` re-renders a report with the value measured in an earlier run), the
+bandwidth of a copy of the problem's own size timed like ``graph_ms`` (what launch
+ramp and tail leave of the peak at that size; only when measuring), and the cuBLAS
+(+ eager epilogue) and Inductor baselines measured the same way as the kernel.
 
 Which time: these kernels take 10-50 us, where one call at a time (CUDA events,
 L2 flushed, as ``epilab tune`` records ``median_ms``) includes launch gaps. For
@@ -27,8 +29,9 @@ import math
 import torch
 
 from epilab.db import DeviceInfo, TuningDB
+from epilab.tuner.evaluate import input_set_count
 from epilab.tuner.suites import SUITES
-from epilab.tuner.timing import time_cuda
+from epilab.tuner.timing import time_cuda, time_graph
 from epilab.tuner.tune import problem_bytes
 
 
@@ -37,6 +40,26 @@ def copy_bandwidth_gbs() -> float:
     dst = torch.empty_like(src)
     ms = time_cuda(lambda: dst.copy_(src), min_reps=20).median_ms
     return 2 * src.numel() / (ms * 1e6)
+
+
+def copy_gbs_at(nbytes: int) -> float:
+    """Bandwidth of an elementwise copy kernel (bf16 ``x * 1``, read + write) that moves
+    ``nbytes``, timed the way ``graph_ms`` is: a CUDA graph rotating over buffers that
+    together outgrow L2. What a kernel streaming this many bytes can hope for, launch
+    ramp and tail included. (A graph of ``copy_`` is a memcpy node: not a kernel.)"""
+    device = torch.device("cuda", 0)
+    half = max(nbytes // 4, 1)  # bf16 elements per buffer: half the bytes read, half written
+    sets = input_set_count(nbytes, device)
+    pairs = [
+        (
+            torch.ones(half, dtype=torch.bfloat16, device=device),
+            torch.empty(half, dtype=torch.bfloat16, device=device),
+        )
+        for _ in range(sets)
+    ]
+    fns = [lambda s=s, d=d: torch.mul(s, 1, out=d) for s, d in pairs]
+    ms = time_graph(fns, calls=max(4, 64 // sets)).median_ms
+    return 4 * half / (ms * 1e6)
 
 
 def kernel_ms(record: object) -> float:
@@ -58,7 +81,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     device = DeviceInfo.of_cuda(0) if args.device is None else None
+    measure = args.copy_gbs is None
     copy = args.copy_gbs or copy_bandwidth_gbs()
+    at_size: dict[int, float] = {}
+
+    def copy_at(nbytes: int) -> float:
+        if nbytes >> 20 not in at_size:
+            at_size[nbytes >> 20] = copy_gbs_at(nbytes)
+        return at_size[nbytes >> 20]
+
     rows = []
     with TuningDB.open(args.db) as db:
 
@@ -86,6 +117,9 @@ def main() -> None:
                     "mbytes": nbytes / 1e6,
                     "gbs": nbytes / (ms * 1e6),
                     "pct_copy": 100 * nbytes / (ms * 1e6) / copy,
+                    "size_copy_gbs": at_size.setdefault(nbytes >> 20, copy_gbs_at(nbytes))
+                    if measure
+                    else None,
                     "cublas_ms": base,
                     "speedup": base / ms if base else None,
                     "inductor_ms": inductor,
@@ -95,13 +129,13 @@ def main() -> None:
     name = device.name if device is not None else args.device
     print(f"GPU: {name}; copy bandwidth: {copy:.0f} GB/s")
     print(
-        "| problem | MB | time | tuned ms | GB/s | % of copy | cuBLAS+eager ms | speedup "
-        "| Inductor ms | vs Inductor | config |"
+        "| problem | MB | time | tuned ms | GB/s | % of copy | copy at this size GB/s | cuBLAS+eager ms "
+        "| speedup | Inductor ms | vs Inductor | config |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
     def cell(v: float | None, fmt: str) -> str:
-        return format(v, fmt) if v else "-"
+        return (format(v, fmt) + ("x" if fmt == ".2f" else "")) if v else "-"
 
     for r in rows:
         c = r["config"]
@@ -109,8 +143,9 @@ def main() -> None:
         cfg += f" w{c['num_warps']} st{c['num_stages']}"
         print(
             f"| {r['label']} | {r['mbytes']:.1f} | {r['time']} | {r['ms']:.4f} | {r['gbs']:.0f} | "
-            f"{r['pct_copy']:.0f}% | {cell(r['cublas_ms'], '.4f')} | {cell(r['speedup'], '.2f')}x | "
-            f"{cell(r['inductor_ms'], '.4f')} | {cell(r['vs_inductor'], '.2f')}x | {cfg} |"
+            f"{r['pct_copy']:.0f}% | {cell(r['size_copy_gbs'], '.0f')} | "
+            f"{cell(r['cublas_ms'], '.4f')} | {cell(r['speedup'], '.2f')} | "
+            f"{cell(r['inductor_ms'], '.4f')} | {cell(r['vs_inductor'], '.2f')} | {cfg} |"
         )
     for key, name in (("speedup", "cuBLAS+eager"), ("vs_inductor", "Inductor")):
         speedups = [r[key] for r in rows if r[key]]

@@ -334,13 +334,27 @@ def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
 
 
 @pytest.mark.parametrize(
-    "act,trial_ms,want",
-    [(None, 0.030, None), (F.relu, 0.030, "matmul"), (F.relu, 0.010, None)],
-    ids=["nothing-fused-30us", "relu-30us", "relu-10us"],
+    "act,trial_ms,baseline_ms,want",
+    [
+        (None, 0.030, 0.060, None),
+        (F.relu, 0.030, 0.060, "matmul"),
+        (F.relu, 0.010, 0.020, None),
+        (F.relu, 0.030, 0.035, None),
+        (F.relu, 0.030, None, None),
+        (F.relu, 0.060, None, "matmul"),
+    ],
+    ids=[
+        "nothing-fused-30us",
+        "relu-30us",
+        "relu-10us",
+        "relu-saves-5us",
+        "relu-30us-no-baseline",
+        "relu-60us",
+    ],
 )
-def test_launch_bound_templates_keep_aten(db_path, act, trial_ms, want):
+def test_launch_bound_templates_keep_aten(db_path, act, trial_ms, baseline_ms, want):
     _run(db_path, act=act)
-    _record(db_path, _seen_problem(db_path), CONFIG, trial_ms, 2 * trial_ms)
+    _record(db_path, _seen_problem(db_path), CONFIG, trial_ms, baseline_ms)
     _run(db_path, act=act)
     (d,) = epilab.explain()
     assert d.template == want, d.reason
