@@ -155,7 +155,7 @@ def main() -> None:
     big = [r for r in rows if r["mbytes"] >= 32]
     if big:
         print(
-            f"weights >= 32 MB: {sum(r['pct_copy'] >= 85 for r in big)}/{len(big)} "
+            f"problems moving >= 32 MB: {sum(r['pct_copy'] >= 85 for r in big)}/{len(big)} "
             "at >= 85% of copy bandwidth"
         )
     if args.json:
