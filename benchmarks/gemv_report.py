@@ -15,9 +15,10 @@ Which time: these kernels take 10-50 us, where one call at a time (CUDA events,
 L2 flushed, as ``epilab tune`` records ``median_ms``) includes launch gaps. For
 kernels under 50 us the tuner also records ``graph_ms``: the per-call time of a
 CUDA graph that rotates over input sets three times the size of L2 together, so
-the weights stream from DRAM on every call without launch gaps. That time is
-used where recorded (for tuned kernels and cuBLAS alike), else the flushed one;
-the column says which.
+the weights stream from DRAM on every call without launch gaps. The kernel's
+GB/s use that time where recorded (the "time" column says which). Speedups compare
+like with like: graph times when both sides have one, else both flushed times (a
+cuBLAS + eager epilogue pipeline over 50 us has no graph time), marked "(flushed)".
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import math
 
 import torch
 
-from epilab.db import DeviceInfo, TuningDB
+from epilab.db import DeviceInfo, TuningDB, comparable_ms
 from epilab.tuner.evaluate import input_set_count
 from epilab.tuner.suites import SUITES
 from epilab.tuner.timing import time_cuda, time_graph
@@ -104,10 +105,13 @@ def main() -> None:
             if not ok:
                 continue
             r = min(ok, key=lambda x: kernel_ms(x))
-            bases = {b.library: kernel_ms(b) for b in db.baselines(problem.key) if here(b) and b.median_ms}
+            found = {b.library: b for b in db.baselines(problem.key) if here(b) and b.median_ms}
             ms = kernel_ms(r)
-            base = bases.get("cublas")
-            inductor = bases.get("inductor")
+            # Speedups compare like with like: graph times only when both sides have one
+            # (a baseline over 50 us has only its flushed time, and so is the kernel then)
+            cub, ind = found.get("cublas"), found.get("inductor")
+            base = comparable_ms(cub, r) if cub else None
+            inductor = comparable_ms(ind, r) if ind else None
             rows.append(
                 {
                     "label": spec.label(),
@@ -117,13 +121,13 @@ def main() -> None:
                     "mbytes": nbytes / 1e6,
                     "gbs": nbytes / (ms * 1e6),
                     "pct_copy": 100 * nbytes / (ms * 1e6) / copy,
-                    "size_copy_gbs": at_size.setdefault(nbytes >> 20, copy_gbs_at(nbytes))
-                    if measure
-                    else None,
+                    "size_copy_gbs": copy_at(nbytes) if measure else None,
                     "cublas_ms": base,
-                    "speedup": base / ms if base else None,
+                    "speedup": base / comparable_ms(r, cub) if cub else None,
+                    "speedup_by": "graph" if cub and cub.graph_ms and r.graph_ms else "flushed",
                     "inductor_ms": inductor,
-                    "vs_inductor": inductor / ms if inductor else None,
+                    "vs_inductor": inductor / comparable_ms(r, ind) if ind else None,
+                    "inductor_by": "graph" if ind and ind.graph_ms and r.graph_ms else "flushed",
                 }
             )
     name = device.name if device is not None else args.device
@@ -137,6 +141,10 @@ def main() -> None:
     def cell(v: float | None, fmt: str) -> str:
         return (format(v, fmt) + ("x" if fmt == ".2f" else "")) if v else "-"
 
+    def by(r: dict, key: str) -> str:
+        ratio = r["speedup" if key == "speedup_by" else "vs_inductor"]
+        return " (flushed)" if ratio and r["time"] == "graph" and r[key] == "flushed" else ""
+
     for r in rows:
         c = r["config"]
         cfg = f"{c['BLOCK_N']}x{c['BLOCK_K']} s{c['SPLIT_K']} {c['variant']}"
@@ -144,8 +152,9 @@ def main() -> None:
         print(
             f"| {r['label']} | {r['mbytes']:.1f} | {r['time']} | {r['ms']:.4f} | {r['gbs']:.0f} | "
             f"{r['pct_copy']:.0f}% | {cell(r['size_copy_gbs'], '.0f')} | "
-            f"{cell(r['cublas_ms'], '.4f')} | {cell(r['speedup'], '.2f')} | "
-            f"{cell(r['inductor_ms'], '.4f')} | {cell(r['vs_inductor'], '.2f')} | {cfg} |"
+            f"{cell(r['cublas_ms'], '.4f')} | {cell(r['speedup'], '.2f')}{by(r, 'speedup_by')} | "
+            f"{cell(r['inductor_ms'], '.4f')} | {cell(r['vs_inductor'], '.2f')}{by(r, 'inductor_by')} | "
+            f"{cfg} |"
         )
     for key, name in (("speedup", "cuBLAS+eager"), ("vs_inductor", "Inductor")):
         speedups = [r[key] for r in rows if r[key]]
