@@ -312,6 +312,80 @@ def _tune_summary(results: list, interpret: bool) -> None:
 
 # ------------------------------------------------------------------ epilab db
 
+
+@app.command()
+def report(
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="database path or SQLAlchemy URL (default: EPILAB_DB or the cache dir)"),
+    ] = None,
+    out: Annotated[str, typer.Option(help="HTML file to write")] = "report.html",
+    device: Annotated[
+        str | None, typer.Option(help="device name (or part of it); default: the one with most trials")
+    ] = None,
+    suite: Annotated[str | None, typer.Option(help="only the problems of this built-in suite")] = None,
+    op: Annotated[str | None, typer.Option(help="only this op: mm, addmm, bmm, baddbmm")] = None,
+    peak_tflops: Annotated[
+        float | None, typer.Option(help="measured fp16/bf16 peak TFLOP/s (default: the data sheet)")
+    ] = None,
+    peak_gbs: Annotated[
+        float | None, typer.Option(help="measured memory bandwidth in GB/s (default: the data sheet)")
+    ] = None,
+    open_it: Annotated[
+        bool, typer.Option("--open", help="open the report in a browser when written")
+    ] = False,
+) -> None:
+    """Write a self-contained HTML report of tuned versus cuBLAS/Inductor throughput.
+
+    Summary, roofline and speedup plots, sortable per-op tables, each problem's optuna
+    history and parameter importances, and every failed config with its message.
+    """
+    from pathlib import Path
+
+    from epilab.reports import data as report_data
+    from epilab.reports import html as report_html
+
+    if op is not None and op not in ("mm", "addmm", "bmm", "baddbmm"):
+        raise typer.BadParameter(f"{op!r} is not one of mm, addmm, bmm, baddbmm", param_hint="--op")
+    keys = None
+    if suite is not None:
+        from epilab.tuner.suites import suite as builtin_suite
+        from epilab.tuner.suites import twins
+
+        try:
+            keys = [p.key for spec in builtin_suite(suite) for p in twins(spec.problem())]
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--suite") from None
+    filters = ", ".join(f"{k} {v}" for k, v in (("suite", suite), ("op", op)) if v)
+    store = _open_db(db)
+    with store, console.status("reading the database and drawing the plots"):
+        try:
+            data = report_data.collect(
+                store.snapshot(),
+                db_url=store.url,
+                current_hashes=_current_hashes(),
+                device=device,
+                keys=keys,
+                op=op,
+                filters=filters,
+                peak_tflops=peak_tflops,
+                peak_gbs=peak_gbs,
+            )
+        except ValueError as e:
+            raise _fail(e) from None
+        path = report_html.write(data, out, storage=store.storage_url)
+    tuned = len(data.tuned)
+    console.print(
+        f"wrote {escape(str(path))} ({path.stat().st_size / 1e6:.1f} MB): {tuned} problem(s) tuned"
+        + (f" on {escape(data.device.name)}" if data.device else "")
+        + ("" if tuned else " — nothing tuned yet")
+    )
+    if open_it:
+        import webbrowser
+
+        webbrowser.open(Path(path).resolve().as_uri())
+
+
 db_app = typer.Typer(help="Inspect and maintain the tuning database.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 

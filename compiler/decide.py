@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from epilab.db import DeviceInfo, Lookup, Record, TuningDB, Versions
+from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.templates.gemv import gemv_twin
 from epilab.templates.matmul import default_config
@@ -135,11 +135,7 @@ class Context:
     cuda_graphs: bool = False  # the compiled graph is replayed as a CUDA graph: no launch cost
 
 
-def _time(r: Record, other: Record | None = None) -> float:
-    """Compare like with like: CUDA-graph times when both have them."""
-    if r.graph_ms is not None and (other is None or other.graph_ms is not None):
-        return r.graph_ms
-    return float(r.median_ms or 0.0)
+_time = comparable_ms  # compare like with like: CUDA-graph times when both have them
 
 
 def fuses_nothing(problem: Problem) -> bool:

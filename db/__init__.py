@@ -8,10 +8,12 @@ from epilab.db.store import (
     DeviceInfo,
     Lookup,
     Record,
+    Snapshot,
     Stats,
     Timing,
     TuningDB,
     Versions,
+    comparable_ms,
 )
 
 __all__ = [
@@ -20,8 +22,10 @@ __all__ = [
     "DeviceInfo",
     "Lookup",
     "Record",
+    "Snapshot",
     "Stats",
     "Timing",
     "TuningDB",
     "Versions",
+    "comparable_ms",
 ]

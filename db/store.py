@@ -129,6 +129,24 @@ class Record:
     created_at: datetime
 
 
+def comparable_ms(r: Record, other: Record | None = None) -> float:
+    """A record's time to compare with ``other``'s: CUDA-graph times when both have them
+    (kernels under 50 us, where one call at a time is mostly launch gaps), else the
+    events median."""
+    if r.graph_ms is not None and (other is None or other.graph_ms is not None):
+        return r.graph_ms
+    return float(r.median_ms or 0.0)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything in the database, read in three queries (reports)."""
+
+    problems: dict[str, dict[str, Any]]  # key -> readable columns and "json"
+    trials: list[Record]
+    baselines: list[Record]
+
+
 @dataclass(frozen=True)
 class Lookup:
     """The answer to 'what is best for this problem': exact, or a fallback from the family."""
@@ -430,6 +448,13 @@ class TuningDB:
         with self.session() as s:
             rows = s.execute(_records_query(BaselineRecord, device).where(ProblemRow.key == key)).all()
         return sorted((_record(r) for r in rows), key=lambda r: r.median_ms or math.inf)
+
+    def snapshot(self) -> Snapshot:
+        with self.session() as s:
+            problems = {p.key: {**_problem_summary(p), "json": p.json} for p in s.scalars(select(ProblemRow))}
+            trials = [_record(r) for r in s.execute(_records_query(TrialRecord)).all()]
+            baselines = [_record(r) for r in s.execute(_records_query(BaselineRecord)).all()]
+        return Snapshot(problems, trials, baselines)
 
     def fingerprint(self) -> str:
         """Changes whenever a trial or baseline is added or removed: part of the compiler's

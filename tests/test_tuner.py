@@ -276,10 +276,20 @@ def test_inputs_match_their_problem(spec):
 
 def test_builtin_suites_build_valid_problems():
     counts = {k: len(v) for k, v in SUITES.items()}
-    assert counts == {"smoke": 3, "quick": 10, "llm": 15, "square": 4, "gemv": 20}
+    assert counts == {"smoke": 3, "quick": 10, "llm": 15, "square": 4, "gemv": 20, "gemv-fused": 22}
     for name, specs in SUITES.items():
         for spec in specs:
-            assert spec.problem().template == ("gemv" if name == "gemv" else "matmul")
+            assert spec.problem().template == ("gemv" if name.startswith("gemv") else "matmul")
+    fused = SUITES["gemv-fused"]
+    assert [(s.m, s.n, s.k) for s in fused[:20]] == [(s.m, s.n, s.k) for s in SUITES["gemv"]]
+    assert {s.epilogue for s in fused[:20]} == {
+        "bias_residual",
+        "bias_gelu_tanh",
+        "residual",
+        "bias_gelu_tanh_residual",
+        "bias",
+    }
+    assert [(s.m, s.n) for s in fused[20:]] == [(2048, 8), (8192, 8)]  # the transposed (small-N) case
     ms = sorted({s.m for s in SUITES["llm"]})
     assert ms == [1, 16, 128, 2048, 8192]
 

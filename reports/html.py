@@ -1,0 +1,117 @@
+"""Rendering a report to one self-contained HTML file (``reports/report.html.jinja``):
+styles, scripts and plotly.js inlined, so it opens with no network.
+
+Everything from the database reaches the page either as HTML text through Jinja's
+autoescaping, or inside ``<script type="application/json">`` blocks whose JSON has
+``<``, ``>`` and ``&`` written as unicode escapes (no ``</script>`` can end them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from epilab.reports import plots
+from epilab.reports.data import ReportData
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+DETAIL_LIMIT = 60  # problems whose optuna plots are drawn (the fastest-tuned first); the rest list a note
+
+
+def script_json(text: str) -> str:
+    """JSON text made safe inside a <script> element."""
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def _cuda_of(version: str) -> str:
+    """'torch 2.11.0+cu130, ...' -> 'CUDA 13.0' (torch's build tag), else ''."""
+    m = re.search(r"\+cu(\d+)(\d)\b", version)
+    return f"CUDA {m.group(1)}.{m.group(2)}" if m else ""
+
+
+def _fmt(v: float | None, spec: str = ".4f") -> str:
+    return "" if v is None else format(v, spec)
+
+
+def _config_text(c: dict[str, Any] | None) -> str:
+    if not c:
+        return ""
+    text = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')} g{c.get('GROUP_M')}"
+    if c.get("SPLIT_K", 1) != 1 or c.get("variant", "default") != "default":
+        text += f" split{c.get('SPLIT_K')} {c.get('variant')}"
+    return text + f" w{c.get('num_warps')} s{c.get('num_stages')}"
+
+
+def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_LIMIT) -> str:
+    """The report page. ``storage``: optuna storage of the studies (None: no study plots)."""
+    summary_figs = {
+        name: fig
+        for name, fig in (
+            ("throughput", plots.throughput(data)),
+            ("roofline", plots.roofline(data)),
+            ("speedups", plots.speedups(data)),
+        )
+        if fig is not None
+    }
+    details = []
+    studies, why_not = _open_studies(storage) if any(p.studies for p in data.tuned) else (None, None)
+    for i, p in enumerate(sorted(data.tuned, key=lambda p: p.label)):
+        figures, notes = [], [why_not] if why_not else []
+        if studies is not None and i < detail_limit:
+            figures, notes = plots.study_figures(p, studies)
+        elif studies is not None:
+            notes = [f"study plots are drawn for the first {detail_limit} problems only"]
+        details.append({"problem": p, "figures": [script_json(f) for f in figures], "notes": notes})
+    versions = data.versions
+    best_worst = sorted((p for p in data.tuned if "cublas" in p.speedups), key=lambda p: p.speedups["cublas"])
+    return _ENV.get_template("report.html.jinja").render(
+        data=data,
+        cuda=sorted({c for v in versions if (c := _cuda_of(v))}),
+        summary_figs={k: script_json(v) for k, v in summary_figs.items()},
+        details=details,
+        best=best_worst[-1] if best_worst else None,
+        worst=best_worst[0] if best_worst else None,
+        geomeans={lib: g for lib in data.libraries() if (g := data.geomean(lib)) is not None},
+        plotly_js=jinja2.utils.markupsafe.Markup(_plotly_js().replace("</script", "<\\/script")),
+        fmt=_fmt,
+        config_text=_config_text,
+        json_attr=lambda v: json.dumps(v),
+    )
+
+
+def _open_studies(url: Any) -> tuple[Any, str | None]:
+    """Optuna's storage of the studies (one connection for every problem), or why not."""
+    if url is None:
+        return None, None
+    import optuna
+
+    try:
+        return optuna.storages.RDBStorage(url, skip_table_creation=True), None
+    except Exception as e:  # an optuna schema of another version, a missing table: say so, draw the rest
+        return None, f"the optuna studies could not be read: {str(e).splitlines()[0][:200]}"
+
+
+def write(data: ReportData, out: str | Path, **kw: Any) -> Path:
+    """Render and write atomically (a half-written report never replaces a good one)."""
+    out = Path(out)
+    text = render(data, **kw)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+    return out
