@@ -67,7 +67,7 @@ class ProblemReport:
 
     @property
     def label(self) -> str:
-        return f"{self.shape} {self.dtype} {self.layouts} [{self.template}]"
+        return f"{self.shape} {self.dtype} {self.layouts} {epilogue_summary(self.epilogue)} [{self.template}]"
 
     @property
     def intensity(self) -> float:
@@ -123,6 +123,20 @@ class ReportData:
         for p in self.problems:
             out[p.op].append(p)
         return dict(sorted(out.items()))
+
+
+def epilogue_summary(text: str) -> str:
+    """'bias+gelu_tanh+residual' for the canonical epilogue text: operand names and the
+    ops that are not plain arithmetic or casts, in order; 'none' for a bare product."""
+    parts = []
+    for stmt in text.split(";"):
+        m = re.match(r"\s*%\d+ = (\w+)(\[[^\]]*\])?", stmt)
+        if m is None or m.group(1) in ("acc", "cast", "add", "sub", "mul", "div", "const"):
+            continue
+        name = re.search(r"name=(\w+)", m.group(2) or "")
+        parts.append(name.group(1) if m.group(1) == "operand" and name else m.group(1))
+    outputs = text.count("; out ") + text.startswith("out ")
+    return "+".join(parts or ["none"]) + (f" ({outputs} outputs)" if outputs > 1 else "")
 
 
 def _shape_text(summary: dict[str, Any]) -> str:

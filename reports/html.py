@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 
 from epilab.reports import plots
-from epilab.reports.data import ReportData
+from epilab.reports.data import ReportData, epilogue_summary
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent),
@@ -91,6 +91,7 @@ def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_
         plotly_js=jinja2.utils.markupsafe.Markup(_plotly_js().replace("</script", "<\\/script")),
         fmt=_fmt,
         config_text=_config_text,
+        summary=epilogue_summary,
         json_attr=lambda v: json.dumps(v),
     )
 

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from epilab.reports.data import ProblemReport, ReportData
+from epilab.tuner.search import PENALTY
 
 COLORS = {"tuned": "#1f77b4", "cublas": "#ff7f0e", "cublaslt": "#bcbd22", "inductor": "#2ca02c"}
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=60), height=420)
@@ -123,33 +124,48 @@ def study_figures(problem: ProblemReport, storage: Any) -> tuple[list[str], list
     """(figures, notes) for one problem's optuna studies: the optimization history and
     the parameter importances (PED-ANOVA) of each, from the studies kept in the database."""
     import optuna
+
+    figures: list[str] = []
+    notes: list[str] = []
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line per plot
+    try:
+        for name in problem.studies:
+            _one_study(name, storage, figures, notes)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return figures, notes
+
+
+def _one_study(name: str, storage: Any, figures: list[str], notes: list[str]) -> None:
+    import optuna
     from optuna.visualization import plot_optimization_history, plot_param_importances
 
-    figures, notes = [], []
-    for name in problem.studies:
-        try:
-            study = optuna.load_study(study_name=name, storage=storage)
-        except KeyError:
-            notes.append(f"study {name} is not in this database")
-            continue
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        if not done:
-            notes.append(f"study {name} has no completed trial")
-            continue
-        history = plot_optimization_history(study, target_name="log10(ms)")
-        history.update_layout(title=f"Optimization history ({len(done)} trials)", **_LAYOUT)
-        figures.append(_json(history))
-        if (
-            len(done) < 4
-            or len({t.value for t in done if t.value is not None and math.isfinite(t.value)}) < 2
-        ):
-            notes.append("parameter importances need at least 4 completed trials with different times")
-            continue
-        try:
-            imp = plot_param_importances(study, target_name="log10(ms)")
-        except (RuntimeError, ValueError) as e:  # optuna refuses degenerate studies
-            notes.append(f"parameter importances: {e}")
-            continue
-        imp.update_layout(title="Parameter importances (PED-ANOVA)", **_LAYOUT)
-        figures.append(_json(imp))
-    return figures, notes
+    try:
+        stored = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        notes.append(f"study {name} is not in this database")
+        return
+    finished = [t for t in stored.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    # Infeasible and failed configs were told PENALTY: plotted, they would flatten the rest
+    done = [t for t in finished if t.value is not None and t.value < PENALTY / 2]
+    if len(done) < len(finished):
+        notes.append(f"{len(finished) - len(done)} infeasible or failed configs of {name} are not plotted")
+    if not done:
+        notes.append(f"study {name} has no measured trial")
+        return
+    study = optuna.create_study(direction="minimize")  # in memory: the measured trials only
+    study.add_trials(done)
+    history = plot_optimization_history(study, target_name="log10(ms)")
+    history.update_layout(title=f"Optimization history ({len(done)} measured trials)", **_LAYOUT)
+    figures.append(_json(history))
+    if len(done) < 4 or len({t.value for t in done if math.isfinite(t.value)}) < 2:
+        notes.append("parameter importances need at least 4 measured trials with different times")
+        return
+    try:
+        imp = plot_param_importances(study, target_name="log10(ms)")
+    except (RuntimeError, ValueError) as e:  # optuna refuses degenerate studies
+        notes.append(f"parameter importances: {e}")
+        return
+    imp.update_layout(title="Parameter importances (PED-ANOVA)", **_LAYOUT)
+    figures.append(_json(imp))

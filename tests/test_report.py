@@ -22,6 +22,7 @@ from epilab.cli import _current_hashes, app
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
 from epilab.reports import data as report_data
 from epilab.reports import html as report_html
+from epilab.tuner.search import PENALTY
 from epilab.tuner.suites import Spec
 
 HOSTILE = "<script>alert('x')</script>"
@@ -160,6 +161,7 @@ def test_report_has_the_rows_speedups_and_plot_containers(db):
     head = next(rs[0] for cls, rs in page.tables if "problems" in cls)
     assert "vs cublas" in head and "vs inductor" in head and "% of roofline" in head
     addmm_row = next(r for r in rows if r[0].startswith("1024x1024x1024"))
+    assert "bias+gelu_tanh [matmul]" in addmm_row[0] and addmm_row[1].startswith("bias+gelu_tanh")
     assert addmm_row[3] == "0.1000" and "1.50x" in addmm_row and "0.80x" in addmm_row
     assert {"plot-throughput", "plot-roofline", "plot-speedups"} <= page.ids
     for name in ("fig-throughput", "fig-roofline", "fig-speedups"):
@@ -271,10 +273,18 @@ def test_study_history_and_importances_from_the_database(db):
             study="study-1",
             trial_number=t,
         )
+    for _ in range(2):  # infeasible configs: told the penalty, left out of the plots
+        trial = study.ask()
+        trial.suggest_categorical("num_warps", [2, 4, 8])
+        trial.suggest_int("num_stages", 1, 6)
+        study.tell(trial, PENALTY)
     data = _collect(db)
-    page = _Page(report_html.render(data, storage=db.storage_url))
+    text = report_html.render(data, storage=db.storage_url)
+    page = _Page(text)
     key = problem.key[:16]
     figs = [json.loads(page.scripts[f"fig-{key}-{i}"]) for i in (1, 2)]
+    assert max(figs[0]["data"][0]["y"]) < 0 and "(12 measured trials)" in figs[0]["layout"]["title"]["text"]
+    assert "2 infeasible or failed configs of study-1 are not plotted" in text
     assert "Optimization history" in figs[0]["layout"]["title"]["text"]
     assert "importances" in figs[1]["layout"]["title"]["text"]
     assert {"num_warps", "num_stages"} <= set(figs[1]["data"][0]["y"])
