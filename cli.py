@@ -315,10 +315,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
 
 @app.command()
 def report(
-    db: Annotated[
-        str | None,
-        typer.Option("--db", help="database path or SQLAlchemy URL (default: EPILAB_DB or the cache dir)"),
-    ] = None,
+    db: DbOption = None,
     out: Annotated[str, typer.Option(help="HTML file to write")] = "report.html",
     device: Annotated[
         str | None, typer.Option(help="device name (or part of it); default: the one with most trials")
