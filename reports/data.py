@@ -139,6 +139,15 @@ def epilogue_summary(text: str) -> str:
     return "+".join(parts or ["none"]) + (f" ({outputs} outputs)" if outputs > 1 else "")
 
 
+def _bytes_moved(records: list[Record]) -> int:
+    """The problem's bytes (A, B, operands, outputs once), as the tuner recorded them with
+    each time (GB/s x ms); 0 when no record has them."""
+    for r in records:
+        if r.gbps and r.median_ms:
+            return round(r.gbps * r.median_ms * 1e6)
+    return 0
+
+
 def _shape_text(summary: dict[str, Any]) -> str:
     b, m, n, k = ("?" if d is None else d for d in summary["shape"])
     return f"{m}x{n}x{k}" if b == 1 else f"{b}x{m}x{n}x{k}"
@@ -190,8 +199,6 @@ def collect(
 ) -> ReportData:
     """The report of one device (the named one, else the one with most trials that is not
     the interpreter), restricted to ``keys`` (a suite) and/or ``op`` when given."""
-    from epilab.templates.problem import Problem
-    from epilab.tuner.tune import problem_bytes
 
     chosen, devices = _pick_device(snapshot, device)
     wanted = set(keys) if keys is not None else None
@@ -208,9 +215,7 @@ def collect(
         summary = snapshot.problems[key]
         if (wanted is not None and key not in wanted) or (op and summary["op"] != op):
             continue
-        problem = Problem.from_json(summary["json"])
-        static = problem.shape.is_static()
-        s = problem.shape
+        dims = summary["shape"]
         p = ProblemReport(
             key=key,
             op=summary["op"],
@@ -219,8 +224,8 @@ def collect(
             layouts=summary["layouts"],
             shape=_shape_text(summary),
             epilogue=summary["epilogue"],
-            flops=2 * int(s.batch) * int(s.m) * int(s.n) * int(s.k) if static else 0,
-            nbytes=problem_bytes(problem) if static else 0,
+            flops=2 * math.prod(dims) if all(isinstance(d, int) for d in dims) else 0,
+            nbytes=_bytes_moved(trials[key] + bases[key]),
             stale=current_hashes.get(summary["template"]) != summary["template_hash"],
         )
         ok = [r for r in trials[key] if r.status == "ok" and r.median_ms]

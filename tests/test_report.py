@@ -26,6 +26,7 @@ from epilab.tuner.search import PENALTY
 from epilab.tuner.suites import Spec
 
 HOSTILE = "<script>alert('x')</script>"
+NBYTES = 8_000_000  # what the records say each problem moves (GB/s x ms)
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132)
 EVIL_GPU = DeviceInfo(f"GPU {HOSTILE}", "9.0", 132)
 VERSIONS = Versions("2.11.0+cu130", "3.6.0")
@@ -42,7 +43,7 @@ def _timing(
     graph: float | None = None,
     method: str = "cuda-events; L2 flushed before each of 99 reps; median",
 ) -> Timing:
-    return Timing(ms, ms * 0.98, ms * 1.03, method, graph_ms=graph)
+    return Timing(ms, ms * 0.98, ms * 1.03, method, graph_ms=graph, gbps=NBYTES / (ms * 1e6))
 
 
 def _fill(
@@ -151,6 +152,7 @@ def test_report_has_the_rows_speedups_and_plot_containers(db):
     assert data.device == H200 and len(data.tuned) == 3 and data.failed_total == 3
     addmm = next(p for p in data.problems if p.op == "addmm")
     assert addmm.ms == pytest.approx(0.1) and addmm.speedups["cublas"] == pytest.approx(1.5)
+    assert addmm.nbytes == NBYTES and addmm.flops == 2 * 1024**3
     assert addmm.speedups["inductor"] == pytest.approx(0.8)
     assert data.geomean("cublas")[0] == pytest.approx(1.5)
     page = _Page(report_html.render(data))
