@@ -24,8 +24,9 @@ from epilab.templates.epilogue import Epilogue
 DTYPES = ("float16", "bfloat16", "float32")  # A and B
 OPERAND_DTYPES = ("float16", "bfloat16", "float32", "bool")
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
+CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 PRECISIONS = ("ieee", "tf32")  # how a float32 dot is done
-OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul")
+OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "conv2d")
 
 # The values a Config may hold (the tuner's search space draws from these).
 CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
@@ -161,6 +162,73 @@ class OperandSpec:
 
 
 @dataclass(frozen=True)
+class ConvGeometry:
+    """A 2-D convolution's geometry: input H x W with C channels, an R x S kernel, K output
+    channels in ``groups`` groups, stride, padding and dilation per axis. Its GEMM view
+    (``Problem.shape``): batch = N images, m = P * Q output pixels, n = K, k = R * S * C / groups."""
+
+    h: int
+    w: int
+    c: int
+    r: int
+    s: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("h", "w", "c", "r", "s", "groups"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"conv {name} must be a positive int, got {v!r}")
+        for name, low in (("stride", 1), ("padding", 0), ("dilation", 1)):
+            v = tuple(getattr(self, name))
+            if len(v) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < low for x in v):
+                raise ValueError(f"conv {name} must be two ints >= {low}, got {v!r}")
+            object.__setattr__(self, name, v)
+        if self.c % self.groups:
+            raise ValueError(f"{self.c} input channels do not split into {self.groups} groups")
+        if self.p < 1 or self.q < 1:
+            raise ValueError(f"the {self.r}x{self.s} kernel does not fit the padded {self.h}x{self.w} input")
+
+    @property
+    def p(self) -> int:
+        return (self.h + 2 * self.padding[0] - self.dilation[0] * (self.r - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def q(self) -> int:
+        return (self.w + 2 * self.padding[1] - self.dilation[1] * (self.s - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def c_per_group(self) -> int:
+        return self.c // self.groups
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "h": self.h,
+            "w": self.w,
+            "c": self.c,
+            "r": self.r,
+            "s": self.s,
+            "stride": list(self.stride),
+            "padding": list(self.padding),
+            "dilation": list(self.dilation),
+            "groups": self.groups,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ConvGeometry:
+        try:
+            return cls(
+                **{k: d[k] for k in ("h", "w", "c", "r", "s", "groups")},
+                **{k: tuple(d[k]) for k in ("stride", "padding", "dilation")},
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a valid conv geometry: missing or malformed {e}") from e
+
+
+@dataclass(frozen=True)
 class Problem:
     op: str
     template: str
@@ -172,6 +240,7 @@ class Problem:
     epilogue: Epilogue
     shape: Shape
     precision: str = "ieee"
+    conv: ConvGeometry | None = None  # conv2d only
 
     def __post_init__(self) -> None:
         # operands are a set keyed by name: keep them sorted so equality ignores their order
@@ -180,9 +249,17 @@ class Problem:
             raise ValueError(f"op {self.op!r} is not one of {OPS}")
         if self.dtype not in DTYPES:
             raise ValueError(f"input dtype {self.dtype!r} is not supported; use one of {DTYPES}")
+        layouts = CONV_LAYOUTS if self.op == "conv2d" else LAYOUTS
         for name, layout in (("A", self.layout_a), ("B", self.layout_b)):
-            if layout not in LAYOUTS:
-                raise ValueError(f"layout of {name} {layout!r} is not one of {LAYOUTS}")
+            if layout not in layouts:
+                raise ValueError(f"layout of {name} {layout!r} is not one of {layouts}")
+        if (self.op == "conv2d") != (self.conv is not None):
+            raise ValueError("a conv2d problem needs its conv geometry, and only a conv2d problem has one")
+        if self.conv is not None:
+            g, s = self.conv, self.shape
+            want = (g.p * g.q, g.r * g.s * g.c_per_group)
+            if (s.m, s.k) != want or not isinstance(s.n, int) or s.n % g.groups:
+                raise ValueError(f"conv shape {s} does not match its geometry (m, k) = {want}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {PRECISIONS}")
         declared = {name for name, _ in self.epilogue.operands}
@@ -205,6 +282,7 @@ class Problem:
             "epilogue": self.epilogue.to_dict(),
             "shape": self.shape.to_dict(),
             "precision": self.precision,
+            **({"conv": self.conv.to_dict()} if self.conv is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -231,6 +309,7 @@ class Problem:
                 epilogue=Epilogue.from_dict(d["epilogue"]),
                 shape=Shape.from_dict(d["shape"]),
                 precision=str(d.get("precision", "ieee")),
+                conv=ConvGeometry.from_dict(d["conv"]) if "conv" in d else None,
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a valid problem: missing or malformed {e}") from e

@@ -30,6 +30,7 @@ TEMPLATE_DIR = Path(__file__).parent
 TEMPLATE_FILES: dict[str, tuple[str, ...]] = {
     "matmul": ("matmul.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
     "gemv": ("gemv.py.jinja", "store_output.py.jinja", "rules.py"),
+    "conv2d": ("conv2d.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
 }
 GEMV_BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
 GEMV_VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
@@ -116,6 +117,12 @@ def config_error(problem: Problem, config: Config) -> str | None:
         if config.variant != "default":
             return f"the matmul template has no variant {config.variant!r}; use 'default'"
         return None
+    if problem.template == "conv2d":
+        if problem.conv is None:
+            return "the conv2d template needs a conv2d problem"
+        if config.SPLIT_K != 1 or config.variant != "default":
+            return "the conv2d template has no split-K or variants; use SPLIT_K=1, variant 'default'"
+        return None
     s = problem.shape
     if config.BLOCK_M != GEMV_BLOCK_M:
         return f"the gemv template computes M in one tile of {GEMV_BLOCK_M} rows; use BLOCK_M={GEMV_BLOCK_M}"
@@ -167,5 +174,22 @@ def render(problem: Problem, config: Config, *, target: Target = "cuda", index_6
         upcast_dot=target == "interpreter" and problem.dtype == "bfloat16",
         index_64=index_64,
         interpret=target == "interpreter",
+        **_conv_vars(problem, config),
         **_epilogue_hooks(problem),
     )
+
+
+def _conv_vars(problem: Problem, config: Config) -> dict[str, object]:
+    """The conv2d template's geometry (rendered as constants), or nothing for other templates."""
+    g = problem.conv
+    if g is None:
+        return {}
+    k_g = int(problem.shape.n) // g.groups
+    return {
+        "g": g,
+        "groups": g.groups,
+        "c_g": g.c_per_group,
+        "k_g": k_g,
+        "depthwise": g.c_per_group == 1,
+        "even_c": g.c_per_group % config.BLOCK_K == 0,
+    }

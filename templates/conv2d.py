@@ -1,0 +1,259 @@
+"""The conv2d template's Python half: problems, binding and the float64 reference.
+
+    out[n, k, p, q] = epilogue(conv2d(x, weight)[n, k, p, q], operands)
+
+x is [N, C, H, W] and weight [K, C / groups, R, S] with any strides: channels_last
+(NHWC memory, what the kernel streams best) and contiguous NCHW alike, no copy.
+The kernel sees each image as a GEMM (rows: the P*Q output pixels, columns: the
+output channels), so the epilogue and its operands use the matmul IR unchanged:
+a per-output-channel vector (bias, a folded batch norm's scale and shift) is a
+``row`` operand of shape [K]; a tensor of the output's shape (a residual) is a
+``tile`` operand; ``col`` (per pixel) operands are not accepted. Outputs are
+allocated channels_last; ``out=`` tensors may have any strides in which an output
+row (P, Q) is evenly strided (NCHW and NHWC both are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from epilab.templates.epilogue import Epilogue
+from epilab.templates.matmul import (
+    _INT32_MAX,
+    Bound,
+    _extent,
+    _kernel,
+    dtype_name,
+    epilogue_args,
+    target_for,
+)
+from epilab.templates.problem import OPERAND_DTYPES, Config, ConvGeometry, OperandSpec, Problem, Shape
+from epilab.templates.render import template_hash
+from epilab.templates.rules import DTYPES as TORCH_DTYPES
+
+_Pair = int | tuple[int, int]
+
+
+def _pair(v: _Pair, name: str) -> tuple[int, int]:
+    t = (v, v) if isinstance(v, int) else tuple(v)
+    if len(t) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def conv_layout(t: torch.Tensor) -> str:
+    """nhwc when channels are the innermost dim (channels_last), nchw when W is, else strided."""
+    if t.shape[1] > 1 and t.stride(1) == 1:
+        return "nhwc"
+    return "nchw" if t.stride(3) == 1 or t.shape[3] == 1 else "strided"
+
+
+def gemm_view(t: torch.Tensor, p: int, q: int) -> torch.Tensor:
+    """A [N, K, P, Q] tensor as the [N, P*Q, K] matrix the kernel indexes (a view)."""
+    v = t.permute(0, 2, 3, 1)
+    if p > 1 and q > 1 and v.stride(1) != q * v.stride(2):
+        raise ValueError(
+            f"a tensor of shape {tuple(t.shape)} with strides {t.stride()} has output rows that are "
+            "not evenly strided; use a contiguous or channels_last tensor"
+        )
+    return v.as_strided((t.shape[0], p * q, t.shape[1]), (v.stride(0), v.stride(2), v.stride(3)))
+
+
+def _operands_3d(
+    epilogue: Epilogue, operands: Mapping[str, torch.Tensor], out_shape: tuple[int, int, int, int]
+) -> dict[str, torch.Tensor]:
+    """Operands in the kernel's [N, P*Q, K] terms (views); clear errors for shapes it cannot take."""
+    _, k, p, q = out_shape
+    out: dict[str, torch.Tensor] = {}
+    for name, kind in epilogue.operands:
+        t = operands[name]
+        if kind == "row":
+            if t.numel() != k or (t.dim() > 1 and [d for d in t.shape if d != 1] != [k]):
+                raise ValueError(
+                    f"operand {name!r} is per output channel: give {k} values ([K] or [1, K, 1, 1])"
+                )
+            out[name] = t.reshape(k)
+        elif kind == "tile":
+            if tuple(t.shape) != out_shape:
+                raise ValueError(
+                    f"operand {name!r} must have the output's shape {out_shape}, got {tuple(t.shape)}"
+                )
+            if p > 1 and q > 1 and t.stride(2) != q * t.stride(3):
+                t = t.contiguous(memory_format=torch.channels_last)
+            out[name] = gemm_view(t, p, q)
+        elif kind == "scalar":
+            if t.numel() != 1:
+                raise ValueError(
+                    f"operand {name!r} is a scalar: give one element, got shape {tuple(t.shape)}"
+                )
+            out[name] = t.reshape(())
+        else:
+            raise ValueError(
+                f"operand {name!r}: the conv2d template takes row, tile and scalar operands, not {kind}"
+            )
+    return out
+
+
+def make_conv_problem(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    epilogue: Epilogue,
+    operands: Mapping[str, torch.Tensor],
+    *,
+    stride: _Pair = 1,
+    padding: _Pair = 0,
+    dilation: _Pair = 1,
+    groups: int = 1,
+    precision: str = "ieee",
+) -> Problem:
+    """The Problem that ``bind_conv`` would run for these tensors (checks them all)."""
+    for name, t in (("input", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"conv2d {name} must be a 4-D tensor, got {getattr(t, 'shape', type(t))}")
+    if x.dtype != weight.dtype or dtype_name(x.dtype) not in ("float16", "bfloat16", "float32"):
+        raise TypeError(
+            f"input and weight must share a float16/bfloat16/float32 dtype, got {x.dtype}, {weight.dtype}"
+        )
+    if x.device != weight.device:
+        raise ValueError(f"input is on {x.device}, weight on {weight.device}")
+    target_for(x.device)
+    n, c, h, w = x.shape
+    k, cg, r, s = weight.shape
+    geometry = ConvGeometry(
+        h, w, c, r, s, _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), groups
+    )
+    if cg != geometry.c_per_group or k % groups:
+        raise ValueError(
+            f"weight {tuple(weight.shape)} does not fit {c} input channels in {groups} groups "
+            f"(want [K, {geometry.c_per_group}, R, S] with K a multiple of {groups})"
+        )
+    declared = dict(epilogue.operands)
+    if sorted(declared) != sorted(operands):
+        raise ValueError(f"operands {sorted(operands)} do not match the epilogue's {sorted(declared)}")
+    out_shape = (n, k, geometry.p, geometry.q)
+    _operands_3d(epilogue, operands, out_shape)
+    specs = []
+    for name, kind in declared.items():
+        t = operands[name]
+        if t.device != x.device or dtype_name(t.dtype) not in OPERAND_DTYPES:
+            raise ValueError(f"operand {name!r} must be on {x.device} with a dtype in {OPERAND_DTYPES}")
+        layout = {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
+        specs.append(OperandSpec(name, dtype_name(t.dtype), layout))
+    return Problem(
+        op="conv2d",
+        template="conv2d",
+        template_hash=template_hash("conv2d"),
+        dtype=dtype_name(x.dtype),
+        layout_a=conv_layout(x),
+        layout_b=conv_layout(weight),
+        operands=tuple(specs),
+        epilogue=epilogue,
+        shape=Shape(n, geometry.p * geometry.q, k, r * s * cg),
+        precision=precision if x.dtype == torch.float32 else "ieee",
+        conv=geometry,
+    )
+
+
+def out_shape_of(problem: Problem) -> tuple[int, int, int, int]:
+    g = problem.conv
+    assert g is not None
+    return (int(problem.shape.batch), int(problem.shape.n), g.p, g.q)
+
+
+def bind_conv(
+    problem: Problem,
+    config: Config,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+) -> Bound:
+    """Everything a conv2d launch does up to the launch itself (see ``matmul.bind``)."""
+    g = problem.conv
+    if g is None:
+        raise ValueError("bind_conv needs a conv2d problem")
+    shape4 = out_shape_of(problem)
+    n, k, p, q = shape4
+    if tuple(x.shape) != (n, g.c, g.h, g.w) or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s):
+        raise ValueError(f"input {tuple(x.shape)} / weight {tuple(weight.shape)} do not match the problem")
+    dtypes = [TORCH_DTYPES[o.dtype] for o in problem.epilogue.outputs]
+    if out is None:
+        outs = tuple(
+            torch.empty(shape4, dtype=dt, device=x.device).contiguous(memory_format=torch.channels_last)
+            for dt in dtypes
+        )
+    else:
+        if len(out) != len(dtypes) or any(
+            tuple(o.shape) != shape4 or o.dtype != dt or o.device != x.device
+            for o, dt in zip(out, dtypes, strict=False)
+        ):
+            raise ValueError(f"out must be {len(dtypes)} tensor(s) of shape {shape4} with dtypes {dtypes}")
+        outs = tuple(out)
+    if n == 0:
+        return Bound(outs, lambda: None, lambda: None)
+    ops3 = _operands_3d(problem.epilogue, operands, shape4)
+    outs3 = tuple(gemm_view(o, p, q) for o in outs)
+    target = target_for(x.device)
+    index_64 = any(_extent(t) > _INT32_MAX for t in (x, weight, *outs, *operands.values()))
+    k_g = k // g.groups
+    grid = (triton.cdiv(p * q, config.BLOCK_M) * triton.cdiv(k_g, config.BLOCK_N), n, g.groups)
+    if n > 65535 or g.groups > 65535:
+        raise ValueError(f"batch {n} or groups {g.groups} is larger than the 65535 this template launches")
+    args: dict[str, object] = {"x_ptr": x, "w_ptr": weight}
+    args.update(epilogue_args(problem.epilogue, ops3, outs3, (n, p * q, k), (n, p * q, k)))
+    args.update(
+        stride_xn=x.stride(0),
+        stride_xc=x.stride(1),
+        stride_xh=x.stride(2),
+        stride_xw=x.stride(3),
+        stride_wk=weight.stride(0),
+        stride_wc=weight.stride(1),
+        stride_wr=weight.stride(2),
+        stride_ws=weight.stride(3),
+        BLOCK_M=config.BLOCK_M,
+        BLOCK_N=config.BLOCK_N,
+        BLOCK_K=config.BLOCK_K,
+        GROUP_M=config.GROUP_M,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    kernel = _kernel(problem, config, target, index_64)
+    launcher = kernel[grid]
+
+    def compile_only() -> None:
+        if target != "interpreter":
+            kernel.warmup(grid=grid, **args)
+
+    return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)
+
+
+def conv_reference(
+    problem: Problem, x: torch.Tensor, weight: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The outputs computed in float64 (torch's conv2d, then the epilogue), before rounding."""
+    g = problem.conv
+    assert g is not None
+    acc = F.conv2d(x.double(), weight.double(), None, g.stride, g.padding, g.dilation, g.groups)
+    n, k, p, q = acc.shape
+    ops3 = _operands_3d(problem.epilogue, {name: t.double() for name, t in operands.items()}, (n, k, p, q))
+    outs3 = problem.epilogue.evaluate(gemm_view(acc, p, q), ops3)
+    return tuple(o.reshape(n, p, q, k).permute(0, 3, 1, 2) for o in outs3)
+
+
+def default_conv_config(problem: Problem, target: str = "cuda") -> Config:
+    """The untuned conv config: 128-pixel tiles, as many output channels of a group as fit
+    in 128 (at least 16), channel steps that divide the group's channels where they can."""
+    g = problem.conv
+    assert g is not None
+    if target == "interpreter":
+        return Config(16, 16, 16, 1, num_warps=4, num_stages=1)
+    k_g = int(problem.shape.n) // g.groups
+    block_n = min(128, max(16, triton.next_power_of_2(k_g)))
+    block_k = next((b for b in (64, 32, 16) if g.c_per_group % b == 0), 32 if g.c_per_group >= 32 else 16)
+    if g.c_per_group == 1:
+        return Config(64, block_n if block_n <= 64 else 64, 16, 8, num_warps=4, num_stages=2)
+    return Config(128, block_n, block_k, 8, num_warps=8 if block_n >= 128 else 4, num_stages=3)
