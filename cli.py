@@ -128,8 +128,12 @@ def tune(
         int, typer.Option(min=1, help="stop after this many trials without a better one")
     ] = 24,
     baselines: Annotated[
-        str, typer.Option(help="comma list of cublas, cublaslt, inductor, inductor-max-autotune")
-    ] = "cublas",
+        str,
+        typer.Option(
+            help="comma list of cublas, cublaslt, cudnn, inductor, inductor-max-autotune "
+            "(each is timed where it applies: cuBLAS for matmuls, cuDNN for convolutions)"
+        ),
+    ] = "cublas,cudnn",
     only: Annotated[str | None, typer.Option(help="tune only these problems of the list, e.g. 1-3,7")] = None,
     db: DbOption = None,
     device: Annotated[str, typer.Option(help="CUDA device to tune on")] = "cuda:0",
@@ -247,8 +251,8 @@ def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int) -> tuple[l
                     )
 
                 result = tuner.tune_problem(problem, label, on_trial)
-                base = result.baselines.get("cublas")
-                vs = f" vs cuBLAS+eager {base:.4f} ms" if base else ""
+                base = result.baselines.get("cublas") or result.baselines.get("cudnn")
+                vs = f" vs library+eager {base:.4f} ms" if base else ""
                 best = "none" if result.best_ms is None else f"{result.best_ms:.4f} ms"
                 progress.update(
                     task, completed=trials, description=f"[{i}/{len(jobs)}] {label}  best {best}{vs}"
@@ -282,7 +286,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
         "best config",
         "best",
         "TFLOP/s",
-        "cuBLAS+eager",
+        "cuBLAS/cuDNN+eager",
         "speedup",
         "trials",
         "failed",
@@ -291,7 +295,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
         table.add_column(col, justify="left" if col in ("problem", "best config") else "right")
     for r in results:
         failed = sum(n for s, n in r.statuses.items() if s != "ok")
-        base = r.baselines.get("cublas")
+        base = r.baselines.get("cublas") or r.baselines.get("cudnn")
         table.add_row(
             r.label,
             "-" if r.best is None else r.best.short().replace(" default", ""),

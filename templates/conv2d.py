@@ -46,10 +46,18 @@ def _pair(v: _Pair, name: str) -> tuple[int, int]:
 
 
 def conv_layout(t: torch.Tensor) -> str:
-    """nhwc when channels are the innermost dim (channels_last), nchw when W is, else strided."""
-    if t.shape[1] > 1 and t.stride(1) == 1:
+    """nhwc for channels_last memory, else nchw for contiguous memory (a tensor that is both,
+    such as a 1x1 weight, is nhwc), else strided."""
+    if t.is_contiguous(memory_format=torch.channels_last):
         return "nhwc"
-    return "nchw" if t.stride(3) == 1 or t.shape[3] == 1 else "strided"
+    return "nchw" if t.is_contiguous() else "strided"
+
+
+def layout_for(shape: tuple[int, ...], memory: str) -> str:
+    """The layout name ``conv_layout`` gives a fresh tensor of ``shape`` in ``memory``
+    (nhwc: channels_last, nchw: contiguous)."""
+    t = torch.empty(shape, device="meta")
+    return conv_layout(t.contiguous(memory_format=torch.channels_last) if memory == "nhwc" else t)
 
 
 def gemm_view(t: torch.Tensor, p: int, q: int) -> torch.Tensor:
@@ -231,6 +239,17 @@ def bind_conv(
     return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)
 
 
+def conv_epilogue(
+    problem: Problem, acc: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The epilogue in eager torch on a [N, K, P, Q] conv output (per-channel operands
+    broadcast as [K, 1, 1]): the float64 reference, and the cuDNN + eager baseline."""
+    k = acc.shape[1]
+    kinds = dict(problem.epilogue.operands)
+    shaped = {name: t.reshape(k, 1, 1) if kinds[name] == "row" else t for name, t in operands.items()}
+    return problem.epilogue.evaluate(acc, shaped)
+
+
 def conv_reference(
     problem: Problem, x: torch.Tensor, weight: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
@@ -238,10 +257,31 @@ def conv_reference(
     g = problem.conv
     assert g is not None
     acc = F.conv2d(x.double(), weight.double(), None, g.stride, g.padding, g.dilation, g.groups)
-    n, k, p, q = acc.shape
-    ops3 = _operands_3d(problem.epilogue, {name: t.double() for name, t in operands.items()}, (n, k, p, q))
-    outs3 = problem.epilogue.evaluate(gemm_view(acc, p, q), ops3)
-    return tuple(o.reshape(n, p, q, k).permute(0, 3, 1, 2) for o in outs3)
+    return conv_epilogue(problem, acc, {name: t.double() for name, t in operands.items()})
+
+
+def conv_inputs(
+    problem: Problem, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Random input, weight and operands with the problem's shapes, dtypes and layouts."""
+    g = problem.conv
+    assert g is not None
+    n, k, p, q = out_shape_of(problem)
+    dtype = TORCH_DTYPES[problem.dtype]
+
+    def make(shape: tuple[int, ...], layout: str, dt: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+        t = (torch.randn(shape, generator=gen, device=device) * scale).to(dt)
+        return t.contiguous(memory_format=torch.channels_last) if layout == "nhwc" else t
+
+    x = make((n, g.c, g.h, g.w), problem.layout_a, dtype)
+    weight = make((k, g.c_per_group, g.r, g.s), problem.layout_b, dtype, (g.r * g.s * g.c_per_group) ** -0.5)
+    kinds = dict(problem.epilogue.operands)
+    operands = {}
+    for spec in problem.operands:
+        odt = TORCH_DTYPES[spec.dtype]
+        shape = {"row": (k,), "scalar": ()}.get(kinds[spec.name], (n, k, p, q))
+        operands[spec.name] = make(shape, spec.layout, odt)
+    return x, weight, operands
 
 
 def default_conv_config(problem: Problem, target: str = "cuda") -> Config:

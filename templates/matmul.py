@@ -221,6 +221,10 @@ def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int =
         from epilab.templates.gemv import default_gemv_config
 
         return default_gemv_config(problem, target, sm_count=sm_count)
+    if problem.template == "conv2d":
+        from epilab.templates.conv2d import default_conv_config
+
+        return default_conv_config(problem, target)
     s = problem.shape
 
     def fit(dim: object, lo: int, hi: int) -> int:
@@ -339,6 +343,10 @@ def bind(
         from epilab.templates.gemv import bind_gemv
 
         return bind_gemv(problem, config, a, b, operands, out)
+    if problem.template == "conv2d":
+        from epilab.templates.conv2d import bind_conv
+
+        return bind_conv(problem, config, a, b, operands, out)
     bt = check_inputs(a, b)
     ep = problem.epilogue
     outs = outputs_for(problem, bt.out_shape, a.device, out)

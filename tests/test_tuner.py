@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from epilab.cli import app
 from epilab.db import TuningDB
-from epilab.templates.problem import Config
+from epilab.templates.problem import Config, Problem
 from epilab.tuner.evaluate import make_inputs
 from epilab.tuner.search import Budget, Outcome, make_study, search
 from epilab.tuner.space import HOPPER, SPACE, DeviceLimits, configs, infeasible, space_for
-from epilab.tuner.suites import SUITES, Spec, load_shapes
+from epilab.tuner.suites import SUITES, ConvSpec, Spec, load_shapes
 from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes
 from epilab.tuner.worker import Worker
 
@@ -37,8 +37,10 @@ SMALL = Spec(40, 24, 72, epilogue="bias_relu").problem()
         Spec(1, 4096, 4096, dtype="float32").problem(),
         Spec(4, 14336, 4096, template="gemv").problem(),
         Spec(16, 37, 70, template="gemv").problem(),
+        ConvSpec(32, 64, 56, 56, 64, 3, 3, padding=1).problem(),
+        ConvSpec(2, 24, 7, 7, 24, 3, 3, padding=1, groups=24).problem(),
     ],
-    ids=["4096-bf16", "small", "m1-fp32", "gemv-bf16", "gemv-tiny"],
+    ids=["4096-bf16", "small", "m1-fp32", "gemv-bf16", "gemv-tiny", "conv-3x3", "conv-depthwise"],
 )
 def test_every_config_of_the_space_is_feasible(problem):
     found = configs(problem, HOPPER)
@@ -262,6 +264,8 @@ def test_a_tuning_run_goes_on_past_a_crashing_config(tmp_path):
         *SUITES["smoke"],
         Spec(17, 9, 33, layout="TT", epilogue="bias_gelu_tanh_residual"),
         Spec(9, 40, 24, batch=3, layout="TN", dtype="float32", epilogue="bias_residual"),
+        ConvSpec(2, 16, 7, 6, 32, 3, 3, stride=2, padding=1, epilogue="bias_residual_relu"),
+        ConvSpec(1, 8, 5, 5, 16, 1, 1, layout="nchw", dtype="float16", epilogue="bias"),
     ],
     ids=lambda s: s.label().replace(" ", "-"),
 )
@@ -276,10 +280,22 @@ def test_inputs_match_their_problem(spec):
 
 def test_builtin_suites_build_valid_problems():
     counts = {k: len(v) for k, v in SUITES.items()}
-    assert counts == {"smoke": 3, "quick": 10, "llm": 15, "square": 4, "gemv": 20, "gemv-fused": 22}
+    assert counts == {
+        "smoke": 3,
+        "quick": 10,
+        "llm": 15,
+        "square": 4,
+        "gemv": 20,
+        "gemv-fused": 22,
+        "conv": 13,
+    }
     for name, specs in SUITES.items():
         for spec in specs:
-            assert spec.problem().template == ("gemv" if name.startswith("gemv") else "matmul")
+            want = "gemv" if name.startswith("gemv") else "conv2d" if name == "conv" else "matmul"
+            assert spec.problem().template == want
+    conv = [s.problem().conv for s in SUITES["conv"]]
+    assert [(g.r, g.stride) for g in conv[:1]] == [(7, (2, 2))]  # the stem
+    assert {(g.c, g.h) for g in conv[1:5]} == {(64, 56), (128, 28), (256, 14), (512, 7)}
     fused = SUITES["gemv-fused"]
     assert [(s.m, s.n, s.k) for s in fused[:20]] == [(s.m, s.n, s.k) for s in SUITES["gemv"]]
     assert {s.epilogue for s in fused[:20]} == {
@@ -359,6 +375,20 @@ def test_tune_smoke_suite_in_the_interpreter_end_to_end(tmp_path, monkeypatch):
     assert again.exit_code == 0, again.output
     with TuningDB.open(db_path) as db:
         assert db.stats({}).trials_by_status == {"ok": 12}  # resumed: one more trial per problem
+
+
+def test_tune_a_conv_problem_in_the_interpreter(tmp_path):
+    with TuningDB.open(tmp_path / "t.db") as db:
+        options = TuneOptions(
+            budget=Budget(trials=3, seconds=600, batch=3), interpret=True, jobs=0, baselines=()
+        )
+        with Tuner(db, options) as tuner:
+            spec = ConvSpec(1, 16, 6, 5, 24, 3, 3, padding=1, epilogue="bias_residual_relu")
+            result = tuner.tune(spec)
+        assert result.evaluated == 3 and result.best_ms is not None
+        records = db.records(spec.problem().key)
+        assert [r.status for r in records] == ["ok"] * 3 and all(r.max_rel_error < 1e-2 for r in records)
+        assert Problem.from_json(db.problem_json(spec.problem().key)[1]).conv == spec.geometry()
 
 
 def test_tune_refuses_without_cuda_and_explains(tmp_path):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from epilab.templates.check import poisoned_like, rel_error, tolerance
 from epilab.templates.matmul import bind, make_problem, reference, target_for
@@ -64,11 +65,14 @@ def _tensor(
 def make_inputs(
     problem: Problem, device: torch.device, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Fresh random A, B and operands with exactly the problem's shapes, dtypes and layouts."""
+    """Fresh random A, B and operands with exactly the problem's shapes, dtypes and layouts
+    (for conv2d: the input, the weight and the operands)."""
     s = problem.shape
     if not s.is_static():
         raise ValueError("tuning needs a static shape")
     gen = torch.Generator(device=device).manual_seed(seed)
+    if problem.op == "conv2d":
+        return _conv_inputs(problem, device, gen)
     dtype = DTYPES[problem.dtype]
     batch = int(s.batch) if problem.op in BATCHED_OPS or s.batch != 1 else None
     m, n, k = int(s.m), int(s.n), int(s.k)
@@ -98,6 +102,59 @@ def make_inputs(
     if made != problem:
         raise ValueError("could not build inputs that match the problem")
     return a, b, operands
+
+
+def _conv_inputs(
+    problem: Problem, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    from epilab.templates.conv2d import conv_inputs, make_conv_problem
+
+    x, weight, operands = conv_inputs(problem, device, gen)
+    g = problem.conv
+    assert g is not None
+    made = make_conv_problem(
+        x,
+        weight,
+        problem.epilogue,
+        operands,
+        stride=g.stride,
+        padding=g.padding,
+        dilation=g.dilation,
+        groups=g.groups,
+        precision=problem.precision,
+    )
+    if made != problem:
+        raise ValueError("could not build inputs that match the problem")
+    return x, weight, operands
+
+
+def reference_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The float64 reference of any problem (matmul-like or conv2d)."""
+    if problem.op == "conv2d":
+        from epilab.templates.conv2d import conv_reference
+
+        return conv_reference(problem, a, b, operands)
+    return reference(problem.epilogue, a, b, operands)
+
+
+def _output_buffers(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """NaN-filled outputs (conv2d: channels_last), so an element the kernel skips shows."""
+    if problem.op == "conv2d":
+        from epilab.templates.conv2d import out_shape_of
+
+        shape = out_shape_of(problem)
+        fmt = torch.channels_last
+    else:
+        shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+        fmt = torch.contiguous_format
+    return tuple(
+        poisoned_like(
+            torch.empty(shape, dtype=DTYPES[o.dtype], device=a.device).contiguous(memory_format=fmt)
+        )
+        for o in problem.epilogue.outputs
+    )
 
 
 def _known_failure(e: BaseException) -> tuple[str, bool] | None:
@@ -182,11 +239,7 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
     interpreter = target_for_is_interpreter()
     device = torch.device("cpu") if interpreter else torch.device("cuda", torch.cuda.current_device())
     a, b, operands = make_inputs(problem, device, seed)
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    outs = tuple(
-        poisoned_like(torch.empty(shape, dtype=DTYPES[o.dtype], device=device))
-        for o in problem.epilogue.outputs
-    )
+    outs = _output_buffers(problem, a, b)
     try:
         bound = bind(problem, cfg, a, b, operands, out=outs)
         bound.run()
@@ -197,7 +250,7 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
         if known is None:
             raise
         return _result(known[0], detail=_short(e), restart=known[1])
-    refs = reference(problem.epilogue, a, b, operands)
+    refs = reference_of(problem, a, b, operands)
     errors = [rel_error(o, r) for o, r in zip(outs, refs, strict=True)]
     bounds = [tolerance(problem.dtype, problem.precision, o.dtype) for o in problem.epilogue.outputs]
     err = max(errors)
@@ -227,6 +280,7 @@ def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Ten
     None where it does not apply.
 
     cublas: torch.matmul (cuBLAS) then the epilogue in eager torch at the input dtype;
+    cudnn: the same for conv2d problems (torch's conv2d: cuDNN);
     cublaslt: torch._addmm_activation (cuBLASLt epilogue) for bias + relu / gelu(tanh) on 2-D inputs;
     inductor / inductor-max-autotune: torch.compile of the cublas function (once: input sets
     of the same shapes and strides reuse the compiled code).
@@ -234,13 +288,23 @@ def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Ten
     ep = problem.epilogue
     out_dtypes = [DTYPES[o.dtype] for o in ep.outputs]
 
+    conv = problem.conv
+
     def eager(
         a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, ...]:
-        acc = torch.matmul(a, b)
-        return tuple(v.to(dt) for v, dt in zip(ep.evaluate(acc, operands), out_dtypes, strict=True))
+        if conv is not None:
+            from epilab.templates.conv2d import conv_epilogue
 
-    if library == "cublas":
+            acc = F.conv2d(a, b, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+            outs = conv_epilogue(problem, acc, operands)
+        else:
+            outs = ep.evaluate(torch.matmul(a, b), operands)
+        return tuple(v.to(dt) for v, dt in zip(outs, out_dtypes, strict=True))
+
+    if library in ("cublas", "cublaslt", "cudnn") and (library == "cudnn") != (conv is not None):
+        return None  # cuBLAS serves matmul problems, cuDNN convolutions
+    if library in ("cublas", "cudnn"):
         return eager
     if library == "cublaslt":
         gelu = _bias_activation(problem)
@@ -284,7 +348,7 @@ def evaluate_baseline(problem_json: str, library: str, seed: int) -> dict[str, A
         return _result("skipped", detail=f"{library} does not apply to this problem")
     outs = base(a, b, operands)
     torch.cuda.synchronize()
-    refs = reference(problem.epilogue, a, b, operands)
+    refs = reference_of(problem, a, b, operands)
     err = max(rel_error(o, r) for o, r in zip(outs, refs, strict=True))
     events, graph = _measure(
         lambda: base(a, b, operands),

@@ -8,6 +8,9 @@ that keep infeasible configs from ever being compiled.
                      SPLIT_K in 1..32 with its reduction (variant default = no
                      split, two_pass or atomic), num_warps in {2, 4, 8},
                      num_stages in 1..6
+    SPACE["conv2d"]: BLOCK_M (output pixels), BLOCK_N (output channels of a group)
+                     in 16..256, BLOCK_K (input channels per step) in 16..128,
+                     GROUP_M in {1, 4, 8}, num_warps in {2, 4, 8}, num_stages in 1..5
 
 A config is feasible for a problem on a device when
 - its pipelined tiles fit the device's shared memory:
@@ -56,6 +59,14 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
     },
+    "conv2d": {
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (16, 32, 64, 128, 256),
+        "BLOCK_K": (16, 32, 64, 128),
+        "GROUP_M": (1, 4, 8),
+        "num_warps": (2, 4, 8),
+        "num_stages": (1, 2, 3, 4, 5),
+    },
 }
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 MAX_ACC_REGS = 128
@@ -95,8 +106,14 @@ def _padded(dim: object) -> int:
 
 
 def _kernel_shape(problem: Problem) -> Shape:
-    """The shape the kernel sees (a gemv problem with a small N runs transposed)."""
-    return kernel_problem(problem).shape if problem.template == "gemv" else problem.shape
+    """The shape the kernel sees (a gemv problem with a small N runs transposed; a conv2d
+    program covers one group's output channels)."""
+    if problem.template == "gemv":
+        return kernel_problem(problem).shape
+    if problem.conv is not None:
+        s = problem.shape
+        return Shape(s.batch, s.m, int(s.n) // problem.conv.groups, s.k)
+    return problem.shape
 
 
 def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | None:

@@ -22,7 +22,11 @@ Built-in suites:
   decoder layer — (4096, 4096) bias + residual, (14336, 4096) bias + gelu(tanh),
   (4096, 14336) residual, (8192, 8192) bias + gelu(tanh) + residual, (128256, 4096)
   bias — plus the transposed case, a router with N = 8 experts over M = 2048 and
-  8192 tokens (K = 4096).
+  8192 tokens (K = 4096);
+- ``conv``: ResNet-50's convolutions at batch 32, bf16 channels_last: the 7x7 stride-2
+  stem, the 3x3 layers at 56/28/14/7 with C = K = 64/128/256/512, and the 1x1
+  expansions (with the block's residual add) and reductions, each with its folded
+  batch norm as a per-channel bias and ReLU.
 
 A spec may name its ``template`` (matmul, default, or gemv for M or N <= 16); matmul
 specs with M or N <= 16 are tuned with both templates (``twins``).
@@ -38,7 +42,7 @@ from typing import Any
 
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
 from epilab.templates.gemv import gemv_twin
-from epilab.templates.problem import DTYPES, OperandSpec, Problem, Shape
+from epilab.templates.problem import DTYPES, ConvGeometry, OperandSpec, Problem, Shape
 from epilab.templates.render import template_hash
 
 
@@ -57,6 +61,7 @@ EPILOGUES: dict[str, Callable[[], Expr]] = {
     "residual": lambda: acc() + operand("residual", "tile"),
     "bias_residual": lambda: _bias() + operand("residual", "tile"),
     "bias_gelu_tanh_residual": lambda: ops.gelu_tanh(_bias()) + operand("residual", "tile"),
+    "bias_residual_relu": lambda: ops.relu(_bias() + operand("residual", "tile")),
 }
 
 
@@ -193,6 +198,93 @@ SUITES: dict[str, list[Spec]] = {
         *(Spec(m, 8, 4096, template="gemv") for m in (2048, 8192)),
     ],
 }
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A conv2d problem: input [n, c, h, w], weight [k, c / groups, r, s], bf16 channels_last
+    by default; the epilogue's bias is per output channel (a folded batch norm's shift)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    groups: int = 1
+    dtype: str = "bfloat16"
+    layout: str = "nhwc"
+    epilogue: str = "bias_relu"
+    template: str = "conv2d"
+
+    def geometry(self) -> ConvGeometry:
+        return ConvGeometry(
+            self.h,
+            self.w,
+            self.c,
+            self.r,
+            self.s,
+            (self.stride,) * 2,
+            (self.padding,) * 2,
+            (self.dilation,) * 2,
+            self.groups,
+        )
+
+    def problem(self) -> Problem:
+        g = self.geometry()
+        ep = Epilogue.build([(EPILOGUES[self.epilogue](), self.dtype)])
+        from epilab.templates.conv2d import layout_for
+
+        out = (self.n, self.k, g.p, g.q)
+        operands = tuple(
+            OperandSpec(name, self.dtype, "vector" if kind == "row" else layout_for(out, self.layout))
+            for name, kind in ep.operands
+        )
+        return Problem(
+            op="conv2d",
+            template="conv2d",
+            template_hash=template_hash("conv2d"),
+            dtype=self.dtype,
+            layout_a=layout_for((self.n, self.c, self.h, self.w), self.layout),
+            layout_b=layout_for((self.k, g.c_per_group, self.r, self.s), self.layout),
+            operands=operands,
+            epilogue=ep,
+            shape=Shape(self.n, g.p * g.q, self.k, self.r * self.s * g.c_per_group),
+            conv=g,
+        )
+
+    def label(self) -> str:
+        g = self.geometry()
+        extra = "".join(
+            f" {name}{v}"
+            for name, v, default in (("s", self.stride, 1), ("d", self.dilation, 1), ("g", self.groups, 1))
+            if v != default
+        )
+        return (
+            f"conv {self.n}x{self.c}x{self.h}x{self.w} -> {self.k}x{g.p}x{g.q} {self.r}x{self.s}{extra} "
+            f"{self.dtype} {self.layout} {self.epilogue}"
+        )
+
+    def flops(self) -> int:
+        return self.problem().shape.flops()
+
+
+_RESNET50 = [  # (c, hw, k, r, stride, padding, epilogue): the distinct layers of ResNet-50 at batch 32
+    (3, 224, 64, 7, 2, 3, "bias_relu"),  # the stem
+    *((ch, hw, ch, 3, 1, 1, "bias_relu") for ch, hw in ((64, 56), (128, 28), (256, 14), (512, 7))),
+    *(
+        (ch, hw, 4 * ch, 1, 1, 0, "bias_residual_relu")
+        for ch, hw in ((64, 56), (128, 28), (256, 14), (512, 7))
+    ),
+    *((4 * ch, hw, ch, 1, 1, 0, "bias_relu") for ch, hw in ((64, 56), (128, 28), (256, 14), (512, 7))),
+]
+SUITES["conv"] = [
+    ConvSpec(32, c, hw, hw, k, r, r, stride, pad, epilogue=ep) for c, hw, k, r, stride, pad, ep in _RESNET50
+]
 
 
 def spec_from_dict(d: Any) -> Spec:

@@ -38,13 +38,20 @@ KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the d
     Config(32, 64, 64, 8, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, num_warps=2, num_stages=4),
 ]
+KNOWN_GOOD_CONV = [  # for the conv2d template: wide pixel tiles, channel blocks of 64 or 32
+    Config(128, 64, 64, 8, num_warps=4, num_stages=3),
+    Config(128, 128, 64, 8, num_warps=8, num_stages=3),
+    Config(64, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(256, 64, 32, 8, num_warps=8, num_stages=3),
+    Config(64, 128, 32, 8, num_warps=4, num_stages=4),
+]
 KNOWN_GOOD_GEMV = [  # for the gemv template: a plain slab, and two-pass split-K
     Config(16, 64, 128, 1, 1, num_warps=4, num_stages=3),
     Config(16, 128, 128, 1, 4, num_warps=4, num_stages=3, variant="two_pass"),
     Config(16, 64, 256, 1, 8, num_warps=4, num_stages=3, variant="two_pass"),
     Config(16, 32, 256, 1, 16, num_warps=4, num_stages=4, variant="two_pass"),
 ]
-LIBRARIES = ("cublas", "cublaslt", "inductor", "inductor-max-autotune")
+LIBRARIES = ("cublas", "cublaslt", "cudnn", "inductor", "inductor-max-autotune")
 
 
 @dataclass(frozen=True)
@@ -85,12 +92,16 @@ class ProblemResult:
 
 
 def problem_bytes(problem: Problem) -> int:
-    """Fewest bytes a kernel must move: A and B read, operands read, outputs written."""
+    """Fewest bytes a kernel must move: A and B read, operands read, outputs written
+    (conv2d: the input and the weight, not the im2col matrix)."""
     s = problem.shape
     esize = DTYPES[problem.dtype].itemsize
     batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
     b_batch = batch if problem.op in ("bmm", "baddbmm") else 1
     total = esize * (batch * m * k + b_batch * k * n)
+    if problem.conv is not None:
+        g = problem.conv
+        total = esize * (batch * g.c * g.h * g.w + n * k)
     kinds = dict(problem.epilogue.operands)
     for spec in problem.operands:
         count = {"row": n, "col": m, "scalar": 1}.get(kinds[spec.name], batch * m * n)
@@ -209,7 +220,7 @@ class Tuner:
         """Known-good configs a new study tries first: the default heuristic's, then the
         template's known-good list."""
         target = "interpreter" if self.options.interpret else "cuda"
-        known = KNOWN_GOOD_GEMV if problem.template == "gemv" else KNOWN_GOOD
+        known = {"gemv": KNOWN_GOOD_GEMV, "conv2d": KNOWN_GOOD_CONV}.get(problem.template, KNOWN_GOOD)
         return [default_config(problem, target, sm_count=self.limits.sm_count), *known]
 
     def tune(
