@@ -49,7 +49,7 @@ def _fmt(v: float | None, spec: str = ".4f") -> str:
     return "" if v is None else format(v, spec)
 
 
-def _config_text(c: dict[str, Any] | None) -> str:
+def config_text(c: dict[str, Any] | None) -> str:
     if not c:
         return ""
     text = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')} g{c.get('GROUP_M')}"
@@ -90,7 +90,7 @@ def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_
         geomeans={lib: g for lib in data.libraries() if (g := data.geomean(lib)) is not None},
         plotly_js=jinja2.utils.markupsafe.Markup(_plotly_js().replace("</script", "<\\/script")),
         fmt=_fmt,
-        config_text=_config_text,
+        config_text=config_text,
         summary=epilogue_summary,
         json_attr=lambda v: json.dumps(v),
     )
