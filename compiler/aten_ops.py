@@ -149,4 +149,5 @@ ANCHORS = {
     aten.addmm.default: "addmm",
     aten.bmm.default: "bmm",
     aten.baddbmm.default: "baddbmm",
+    aten.convolution.default: "conv2d",
 }

@@ -1,6 +1,6 @@
 """Matching: from a post-grad ATen graph to epilogue groups and their Problems.
 
-For an anchor (mm, addmm, bmm, baddbmm) the group grows over the nodes after it
+For an anchor (mm, addmm, bmm, baddbmm; 2-D convolution) the group grows over the nodes after it
 in graph order. A node joins when it is a pointwise op of ``aten_ops.POINTWISE``
 (or a view that only splits or merges rows, or a same-shape copy) whose group
 arguments have its own shape, and whose other tensor arguments are operands the
@@ -10,6 +10,10 @@ template can load per output element:
   (broadcast over columns) and full tiles of the output's shape;
 - never a value computed from the anchor outside the group (that would be a
   cycle through the fused kernel).
+
+A convolution's output is [N, K, P, Q]: its operands are per output channel
+([K, 1, 1] or [1, K, 1, 1], such as a batch norm's statistics and affine
+parameters), scalars and tensors of the output's shape; its group takes no views.
 
 Every group value used outside the group becomes an output of the kernel. The
 anchor's own value is rounded to its dtype (as the unfused graph stores it);
@@ -129,6 +133,8 @@ class _Grower:
 
     # -- the anchor
     def start(self) -> tuple[fx.Node, fx.Node]:
+        if self.op == "conv2d":
+            return self.start_conv()
         node = self.anchor
         args = list(node.args)
         kwargs = dict(node.kwargs)
@@ -159,6 +165,47 @@ class _Grower:
         self.order.append(node)
         return a, b  # type: ignore[return-value]
 
+    def start_conv(self) -> tuple[fx.Node, fx.Node]:
+        node = self.anchor
+        x, w, bias, stride, padding, dilation, transposed, _, groups = node.args[:9]
+        xv, wv = val(x), val(w)
+        if xv is None or wv is None:
+            raise NoGroup("an input has no shape information")
+        if transposed or xv.dim() != 4 or len(stride) != 2:  # type: ignore[arg-type]
+            raise NoGroup("only 2-D, non-transposed convolutions have a template")
+        if xv.dtype not in ANCHOR_DTYPES or wv.dtype != xv.dtype or self.out.dtype != xv.dtype:
+            raise NoGroup(f"inputs {xv.dtype}/{wv.dtype}: the templates take float16, bfloat16, float32")
+        if not _static(self.O) or not _static(xv.shape):
+            raise NoGroup("the conv2d template takes static shapes")
+        self.conv_args = (list(stride), list(padding), list(dilation), int(groups))  # type: ignore[arg-type]
+        value: Expr = acc()
+        if bias is not None:
+            if not isinstance(bias, fx.Node):
+                raise NoGroup(f"bias {bias!r} is not a tensor")
+            self.operands[(bias, None)] = Operand("bias", bias, "row", None)
+            value = value + operand("bias", "row")
+        if xv.dtype != torch.float32:
+            value = Expr("cast", (value,), (("dtype", dtype_name(xv.dtype)),))
+        self.values[node] = value
+        self.shape_src[node] = None
+        self.order.append(node)
+        return x, w  # type: ignore[return-value]
+
+    def conv_kind(
+        self, node: fx.Node, pad: list[object], S: Sequence[object]
+    ) -> tuple[str, tuple[int, ...] | None]:
+        """How an operand of a [N, K, P, Q] output is read: per channel (passed as [K]), whole, one."""
+        if not same_shape(S, self.O):
+            raise Unsupported("a conv2d group takes no views")
+        one = [same(p, 1) for p in pad]
+        if all(one):
+            return "scalar", None
+        if one == [True, False, True, True]:
+            return "row", (-1,)
+        if not any(one):
+            return "tile", None
+        raise Unsupported(f"operand {node.name} broadcasts over part of the output")
+
     # -- operands
     def operand(self, node: object, S: Sequence[object], name: str | None = None) -> Expr:
         """The operand expression for tensor ``node`` read at positions of shape ``S``."""
@@ -179,7 +226,9 @@ class _Grower:
             raise Unsupported(f"operand {node.name} of shape {tuple(shape)} does not broadcast to {tuple(S)}")
         one = [same(p, 1) for p in pad]
         reshape: tuple[int, ...] | None = None
-        if same_shape(S, self.O):
+        if self.op == "conv2d":
+            kind, reshape = self.conv_kind(node, pad, S)
+        elif same_shape(S, self.O):
             if all(one):
                 kind = "scalar"
             elif one[-2]:
@@ -219,6 +268,8 @@ class _Grower:
             return False
         target = node.target
         if target in VIEWS or target in IDENTITY:
+            if self.op == "conv2d" and target not in IDENTITY:
+                return False
             src = node.args[0]
             sizes = [n for n in node.all_input_nodes if n is not src]  # symbolic sizes are nodes too
             if src not in self.values or any(val(n) is not None for n in sizes):
@@ -324,7 +375,46 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
         nodes=g.order,
         operands=operands,
         uses=uses,
-        problem=_problem(g.op, a, b, operands, epilogue, precision),
+        problem=_conv_problem(g, a, b, operands, epilogue, precision)
+        if g.op == "conv2d"
+        else _problem(g.op, a, b, operands, epilogue, precision),
+    )
+
+
+def _conv_problem(
+    g: _Grower, x: fx.Node, w: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
+) -> Problem:
+    from epilab.templates.conv2d import conv_layout
+    from epilab.templates.problem import ConvGeometry
+
+    xv, wv = val(x), val(w)
+    assert xv is not None and wv is not None
+    stride, padding, dilation, groups = g.conv_args
+    n, c, h, wd = (int(expr_of(d)) for d in xv.shape)
+    k, cg, r, s = (int(expr_of(d)) for d in wv.shape)
+    try:
+        geometry = ConvGeometry(h, wd, c, r, s, tuple(stride), tuple(padding), tuple(dilation), groups)
+    except ValueError as e:
+        raise NoGroup(str(e)) from e
+    kinds = {"row": "vector", "scalar": "scalar"}
+    specs = [
+        OperandSpec(
+            o.name, str(dtype_name_or_none(val(o.node).dtype)), kinds.get(o.kind) or conv_layout(val(o.node))
+        )  # type: ignore[union-attr, arg-type]
+        for o in operands
+    ]
+    return Problem(
+        op="conv2d",
+        template="conv2d",
+        template_hash=template_hash("conv2d"),
+        dtype=dtype_name(xv.dtype),
+        layout_a=conv_layout(xv),
+        layout_b=conv_layout(wv),
+        operands=tuple(specs),
+        epilogue=epilogue,
+        shape=Shape(n, geometry.p * geometry.q, k, r * s * cg),
+        precision=precision if xv.dtype == torch.float32 else "ieee",
+        conv=geometry,
     )
 
 

@@ -69,7 +69,8 @@ def template_call(
     bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)))
     compiled = bound.run()
     if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
-        _replays[key] = Replay(bound, compiled, ["a_ptr", "b_ptr", *(f"op_{n}_ptr" for n in names)])
+        inputs = ["x_ptr", "w_ptr"] if p.conv is not None else ["a_ptr", "b_ptr"]
+        _replays[key] = Replay(bound, compiled, [*inputs, *(f"op_{n}_ptr" for n in names)])
     return list(bound.outs)
 
 
@@ -81,6 +82,11 @@ def _fake(
     problem: str, plan: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]
 ) -> list[torch.Tensor]:
     p, _ = _problem(problem)
+    if p.conv is not None:
+        from epilab.templates.conv2d import out_shape_of, out_strides_of
+
+        shape4, strides = out_shape_of(p), out_strides_of(p)
+        return [a.new_empty_strided(shape4, strides, dtype=DTYPES[o.dtype]) for o in p.epilogue.outputs]
     shape = _out_shape(a, b)
     return [a.new_empty(shape, dtype=DTYPES[o.dtype]) for o in p.epilogue.outputs]
 

@@ -9,8 +9,8 @@ output channels), so the epilogue and its operands use the matmul IR unchanged:
 a per-output-channel vector (bias, a folded batch norm's scale and shift) is a
 ``row`` operand of shape [K]; a tensor of the output's shape (a residual) is a
 ``tile`` operand; ``col`` (per pixel) operands are not accepted. Outputs are
-allocated channels_last; ``out=`` tensors may have any strides in which an output
-row (P, Q) is evenly strided (NCHW and NHWC both are).
+allocated in the input's memory format (as torch's conv2d does); ``out=`` tensors may
+have any strides in which an output row (P, Q) is evenly strided (NCHW and NHWC both are).
 """
 
 from __future__ import annotations
@@ -172,6 +172,14 @@ def out_shape_of(problem: Problem) -> tuple[int, int, int, int]:
     return (int(problem.shape.batch), int(problem.shape.n), g.p, g.q)
 
 
+def out_strides_of(problem: Problem) -> tuple[int, int, int, int]:
+    """The strides ``bind_conv`` gives its outputs: channels_last for an nhwc input, else contiguous."""
+    _, k, p, q = out_shape_of(problem)
+    if problem.layout_a == "nhwc":
+        return (k * p * q, 1, q * k, k)
+    return (k * p * q, p * q, q, 1)
+
+
 def bind_conv(
     problem: Problem,
     config: Config,
@@ -189,11 +197,9 @@ def bind_conv(
     if tuple(x.shape) != (n, g.c, g.h, g.w) or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s):
         raise ValueError(f"input {tuple(x.shape)} / weight {tuple(weight.shape)} do not match the problem")
     dtypes = [TORCH_DTYPES[o.dtype] for o in problem.epilogue.outputs]
-    if out is None:
-        outs = tuple(
-            torch.empty(shape4, dtype=dt, device=x.device).contiguous(memory_format=torch.channels_last)
-            for dt in dtypes
-        )
+    if out is None:  # the input's memory format, as torch's conv2d does
+        fmt = torch.channels_last if conv_layout(x) == "nhwc" else torch.contiguous_format
+        outs = tuple(torch.empty(shape4, dtype=dt, device=x.device, memory_format=fmt) for dt in dtypes)
     else:
         if len(out) != len(dtypes) or any(
             tuple(o.shape) != shape4 or o.dtype != dt or o.device != x.device

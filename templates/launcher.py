@@ -38,8 +38,8 @@ class Replay:
         self.values = [None if isinstance(bound.args[n], torch.Tensor) else bound.args[n] for n in names]
         self.inputs = [names.index(n) for n in inputs]
         self.outputs = [names.index(f"out{i}_ptr") for i in range(len(bound.outs))]
-        self.out_specs = [(o.shape, o.dtype) for o in bound.outs]
-        self.grid = (*bound.grid, 1)
+        self.out_specs = [(o.shape, o.stride(), o.dtype) for o in bound.outs]
+        self.grid = (*bound.grid, *(1,) * (3 - len(bound.grid)))
         self.compiled = compiled
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -47,7 +47,10 @@ class Replay:
         for i, t in zip(self.inputs, tensors, strict=True):
             values[i] = t
         device = tensors[0].device
-        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.out_specs]
+        outs = [
+            torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            for shape, stride, dtype in self.out_specs
+        ]
         for i, o in zip(self.outputs, outs, strict=True):
             values[i] = o
         k = self.compiled

@@ -489,3 +489,65 @@ def test_dynamic_3d_input_grows_over_symbolic_views(db_path):
     d = epilab.explain()
     up, down = used(d, "aten.addmm")
     assert "erf" in up.epilogue and "kind=tile" in down.epilogue, (up.epilogue, down.epilogue)
+
+
+# ---------------------------------------------------------------- convolutions
+
+
+class Bottleneck(nn.Module):
+    """conv-bn-relu, conv-bn, + residual, relu (eval mode: batch norms are per-channel affines)."""
+
+    def __init__(self, c: int = 16, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
+def _randomized(model: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+def test_resnet_block_convolutions_take_the_template_with_bn_relu_residual_fused(db_path, channels_last):
+    torch.manual_seed(0)
+    model = _randomized(Bottleneck())
+    x = torch.randn(2, 16, 7, 6)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        out = compiled(model, db_path)(x)
+        check_close(out, as64(model)(x.double()))
+    decisions = epilab.explain()
+    convs = used(decisions, "aten.conv2d")
+    assert len(convs) == 2 and all(d.template == "conv2d" for d in convs), [
+        (d.anchor, d.reason) for d in decisions
+    ]
+    first, second = convs
+    assert "relu" in first.epilogue and first.epilogue.count("kind=row") == 4  # the batch norm's four vectors
+    assert "kind=tile" not in first.epilogue
+    assert "kind=tile" in second.epilogue and "relu" in second.epilogue  # + the residual, then relu
+
+
+def test_conv_with_bias_stride_and_groups_through_the_backend(db_path):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=2)
+    x = torch.randn(1, 16, 9, 8)
+    with torch.no_grad():
+        out = compiled(lambda t: F.silu(conv(t)), db_path)(x)
+        check_close(out, F.silu(as64(conv)(x.double())))
+    (d,) = used(epilab.explain(), "aten.conv2d")
+    assert d.template == "conv2d" and "exp" in d.epilogue and "name=bias" in d.epilogue  # silu, decomposed
