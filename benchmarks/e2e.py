@@ -8,7 +8,9 @@ Models (bf16, inference, random weights), each at batch x seq in {1x1, 8x128, 4x
 - ``mlp``: a Llama-style MLP block, down(silu(gate(x)) * up(x)), d=4096, f=14336, no bias;
 - ``layer``: a Llama-style transformer layer: RMSNorm, q/k/v/o projections, causal
   SDPA with 32 heads, residual, RMSNorm, the MLP block, residual;
-- ``small``: x + fc2(gelu(fc1(x))) with biases, d=1024, f=4096.
+- ``small``: x + fc2(gelu(fc1(x))) with biases, d=1024, f=4096;
+- ``resnet50``: ResNet-50 (torchvision's v1.5 layout, eval batch norms), bf16
+  channels_last; its "batch x seq" is batch x image size (``--shapes 32x224``).
 
 Variants: eager; Inductor default; Inductor max-autotune (no CUDA graphs, so that
 kernels are compared, not launch schemes); epilab (``backend="epilab"``, policy
@@ -99,17 +101,66 @@ class Small(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(x)))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block (torchvision's v1.5: the stride on the 3x3 conv)."""
+
+    def __init__(self, c_in: int, width: int, stride: int) -> None:
+        super().__init__()
+        out = 4 * width
+        self.conv1, self.bn1 = nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out)
+        self.down = None
+        if stride != 1 or c_in != out:
+            self.down = nn.Sequential(nn.Conv2d(c_in, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNet50(nn.Module):
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
+        )
+        blocks, c = [], 64
+        for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(count):
+                blocks.append(Bottleneck(c, width, stride if i == 0 else 1))
+                c = 4 * width
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], int]] = {
     "mlp": (MLP, 4096),
     "layer": (Layer, 4096),
     "small": (Small, 1024),
+    "resnet50": (ResNet50, 3),  # batch x seq means batch x image size, channels_last
 }
+
+
+def make_input(name: str, b: int, s: int, d: int) -> torch.Tensor:
+    if name == "resnet50":
+        x = torch.randn(b, d, s, s, device="cuda", dtype=torch.bfloat16)
+        return x.contiguous(memory_format=torch.channels_last)
+    return torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
 
 
 def build(name: str) -> tuple[nn.Module, int]:
     torch.manual_seed(0)
     make, d = MODELS[name]
     model = make().to("cuda", torch.bfloat16).eval()
+    if name == "resnet50":  # default init (batch norms: identity statistics), channels_last
+        return model.to(memory_format=torch.channels_last), d
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -140,7 +191,7 @@ def record(args: argparse.Namespace) -> None:
         model, d = build(name)
         for b, s in args.shapes:
             torch._dynamo.reset()
-            x = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
+            x = make_input(name, b, s, d)
             with torch.no_grad():
                 torch.compile(model, backend="epilab", options={"db": args.db})(x)
             print(f"recorded {name} {b}x{s}")
@@ -189,7 +240,7 @@ def measure(args: argparse.Namespace) -> None:
     for name in args.models:
         model, d = build(name)
         for b, s in args.shapes:
-            x = torch.randn(b, s, d, device="cuda", dtype=torch.bfloat16)
+            x = make_input(name, b, s, d)
             with torch.no_grad():
                 ref = model(x)
                 runs: dict[str, list[dict]] = {}
