@@ -246,6 +246,8 @@ def measure(args: argparse.Namespace) -> None:
                 runs: dict[str, list[dict]] = {}
                 for round_ in range(args.rounds):
                     for variant, make in variants(args.db, args.cuda_graphs).items():
+                        if args.variants and variant not in args.variants:
+                            continue
                         runs.setdefault(variant, []).append(
                             _time_variant(variant, make, model, x, round_ == 0)
                         )
@@ -341,6 +343,11 @@ def main() -> None:
         default=SHAPES,
         type=lambda t: [tuple(int(v) for v in bs.split("x")) for bs in t.split(",")],
         help="batch x seq list, e.g. 1x1,8x128 (default: 1x1,8x128,4x2048)",
+    )
+    parser.add_argument(
+        "--variants",
+        type=lambda t: t.split(","),
+        help="only these variants (default: all), e.g. eager,epilab",
     )
     parser.add_argument("--json", help="write every row here")
     parser.add_argument("--rounds", type=int, default=2, help="times each variant is compiled and timed")
