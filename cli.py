@@ -169,8 +169,9 @@ def tune(
             )
         )
     from epilab.templates.problem import Problem
+    from epilab.templates.twins import twins
     from epilab.tuner.search import Budget
-    from epilab.tuner.suites import load_shapes, problem_label, twins
+    from epilab.tuner.suites import load_shapes, problem_label
     from epilab.tuner.suites import suite as builtin_suite
     from epilab.tuner.tune import TuneOptions, Tuner
 
@@ -350,8 +351,8 @@ def report(
         raise typer.BadParameter(f"{op!r} is not one of mm, addmm, bmm, baddbmm", param_hint="--op")
     keys = None
     if suite is not None:
+        from epilab.templates.twins import twins
         from epilab.tuner.suites import suite as builtin_suite
-        from epilab.tuner.suites import twins
 
         try:
             keys = [p.key for spec in builtin_suite(suite) for p in twins(spec.problem())]

@@ -18,7 +18,8 @@ from epilab.cli import _current_hashes
 from epilab.db import TuningDB
 from epilab.reports.data import collect
 from epilab.reports.html import config_text
-from epilab.tuner.suites import SUITES, twins
+from epilab.templates.twins import twins
+from epilab.tuner.suites import SUITES
 
 
 def main() -> None:
@@ -47,23 +48,25 @@ def main() -> None:
     print("|---|---|---:|---:|" + "---:|---:|" * len(libs))
     rows = []
     for spec in specs:
-        p = by_key.get(spec.problem().key)
-        if p is None or p.best is None:
-            continue
-        cells = [spec.label(), config_text(p.best.config), f"{p.ms:.4f}", f"{p.tflops(p.ms):.0f}"]
-        for lib in libs:
-            ms, sp = p.baselines.get(lib), p.speedups.get(lib)
-            cells += ["-" if ms is None else f"{ms:.4f}", "-" if sp is None else f"{sp:.2f}x"]
-        print("| " + " | ".join(cells) + " |")
-        rows.append(
-            {
-                "label": spec.label(),
-                "ms": p.ms,
-                "config": p.best.config,
-                "baselines": p.baselines,
-                "speedups": p.speedups,
-            }
-        )
+        for i, problem in enumerate(twins(spec.problem())):  # the twins' rows follow the problem's
+            p = by_key.get(problem.key)
+            if p is None or p.best is None:
+                continue
+            label = spec.label() + ("" if i == 0 else f" [{problem.template} twin]")
+            cells = [label, config_text(p.best.config), f"{p.ms:.4f}", f"{p.tflops(p.ms):.0f}"]
+            for lib in libs:
+                ms, sp = p.baselines.get(lib), p.speedups.get(lib)
+                cells += ["-" if ms is None else f"{ms:.4f}", "-" if sp is None else f"{sp:.2f}x"]
+            print("| " + " | ".join(cells) + " |")
+            rows.append(
+                {
+                    "label": label,
+                    "ms": p.ms,
+                    "config": p.best.config,
+                    "baselines": p.baselines,
+                    "speedups": p.speedups,
+                }
+            )
     for lib in libs:
         g = data.geomean(lib)
         if g:

@@ -50,9 +50,9 @@ from typing import Any
 
 from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
-from epilab.templates.gemv import gemv_twin
 from epilab.templates.matmul import default_config
 from epilab.templates.problem import Config, Problem
+from epilab.templates.twins import twins
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
 FUSED_LAUNCH_BOUND_MS = 0.02  # without CUDA graphs: shorter templates keep aten
@@ -237,9 +237,9 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
 
 
 def candidates_of(problem: Problem) -> list[Problem]:
-    """The templates that can run the problem: matmul, and gemv for a static M or N <= 16."""
-    twin = gemv_twin(problem)
-    return [problem] if twin is None else [problem, twin]
+    """The templates that can run the problem (``templates.twins``): its own, gemv for a
+    static M or N <= 16, matmul for a 1x1 NHWC convolution."""
+    return twins(problem)
 
 
 def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup] | None:

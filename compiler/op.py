@@ -22,6 +22,7 @@ from functools import lru_cache
 import torch
 
 from epilab.compiler.decide import Plan
+from epilab.templates.conv2d import as_conv_outputs, as_matmul
 from epilab.templates.launcher import Replay, replay_key
 from epilab.templates.matmul import bind
 from epilab.templates.problem import Problem
@@ -58,20 +59,27 @@ _LIB.define("template_call(str problem, str plan, Tensor a, Tensor b, Tensor[] o
 def template_call(
     problem: str, plan: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]
 ) -> list[torch.Tensor]:
-    """Run the template of ``problem`` with the plan's config for this call's M."""
+    """Run the template of ``problem`` with the plan's config for this call's M. A 4-D ``a``
+    with a matmul problem is a 1x1 convolution run as its matmul twin (``conv2d.matmul_twin``):
+    its tensors are viewed as matrices and its outputs viewed back."""
     tensors = [a, b, *operands]
     key = (problem, plan, replay_key(tensors))
     replay = _replays.get(key)
-    if replay is not None:
-        return replay(tensors)
     p, names = _problem(problem)
-    config = _plan(plan).choose(a.shape[-2])
-    bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)))
-    compiled = bound.run()
-    if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
-        inputs = ["x_ptr", "w_ptr"] if p.conv is not None else ["a_ptr", "b_ptr"]
-        _replays[key] = Replay(bound, compiled, [*inputs, *(f"op_{n}_ptr" for n in names)])
-    return list(bound.outs)
+    as_conv = p.conv is None and a.dim() == 4
+    if replay is not None:
+        outs = replay(tensors)  # a view has its tensor's address: the 4-D tensors serve as they are
+    else:
+        if as_conv:
+            a, b, operands = as_matmul(a, b, operands)
+        config = _plan(plan).choose(a.shape[-2])
+        bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)))
+        compiled = bound.run()
+        if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
+            inputs = ["x_ptr", "w_ptr"] if p.conv is not None else ["a_ptr", "b_ptr"]
+            _replays[key] = Replay(bound, compiled, [*inputs, *(f"op_{n}_ptr" for n in names)])
+        outs = list(bound.outs)
+    return as_conv_outputs(outs, tensors[0]) if as_conv else outs
 
 
 _LIB.impl("template_call", template_call, "CompositeExplicitAutograd")
@@ -82,6 +90,13 @@ def _fake(
     problem: str, plan: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]
 ) -> list[torch.Tensor]:
     p, _ = _problem(problem)
+    if p.conv is None and a.dim() == 4:  # a 1x1 convolution as its matmul twin: channels_last out
+        n, _, h, w = a.shape
+        k = b.shape[0]
+        return [
+            a.new_empty_strided((n, k, h, w), (k * h * w, 1, w * k, k), dtype=DTYPES[o.dtype])
+            for o in p.epilogue.outputs
+        ]
     if p.conv is not None:
         from epilab.templates.conv2d import out_shape_of, out_strides_of
 

@@ -303,3 +303,59 @@ def default_conv_config(problem: Problem, target: str = "cuda") -> Config:
     if g.c_per_group == 1:
         return Config(64, block_n if block_n <= 64 else 64, 16, 8, num_warps=4, num_stages=2)
     return Config(128, block_n, block_k, 8, num_warps=8 if block_n >= 128 else 4, num_stages=3)
+
+
+# -------------------------------------------------- 1x1 convolutions as matmuls
+
+
+def matmul_twin(problem: Problem) -> Problem | None:
+    """A 1x1, stride-1, unpadded, ungrouped NHWC convolution is the matmul
+    [N*H*W, C] @ [C, K] on the same memory: that problem for the matmul template (the
+    compiler runs whichever template's record is faster), else None."""
+    g = problem.conv
+    if g is None or (g.r, g.s, g.stride, g.padding, g.dilation, g.groups) != (
+        1,
+        1,
+        (1, 1),
+        (0, 0),
+        (1, 1),
+        1,
+    ):
+        return None
+    if problem.layout_a != "nhwc" or any(
+        o.layout not in ("vector", "scalar", "nhwc") for o in problem.operands
+    ):
+        return None
+    s = problem.shape
+    return Problem(
+        op="mm",
+        template="matmul",
+        template_hash=template_hash("matmul"),
+        dtype=problem.dtype,
+        layout_a="row",
+        layout_b="col",  # B[c, k] = weight[k, c]: C-contiguous in both weight layouts
+        operands=tuple(
+            OperandSpec(o.name, o.dtype, "row" if o.layout == "nhwc" else o.layout) for o in problem.operands
+        ),
+        epilogue=problem.epilogue,
+        shape=Shape(1, int(s.batch) * int(s.m), s.n, s.k),
+        precision=problem.precision,
+    )
+
+
+def as_matmul(
+    x: torch.Tensor, weight: torch.Tensor, operands: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """A 1x1 convolution's tensors as its matmul twin's: views, no copies (channels_last x)."""
+    n, c, h, w = x.shape
+    k = weight.shape[0]
+    a = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
+    b = weight.reshape(k, c).t()
+    ops = [t.permute(0, 2, 3, 1).reshape(n * h * w, k) if t.dim() == 4 else t for t in operands]
+    return a, b, ops
+
+
+def as_conv_outputs(outs: list[torch.Tensor], x: torch.Tensor) -> list[torch.Tensor]:
+    """The matmul twin's [N*H*W, K] outputs as the convolution's [N, K, H, W] (channels_last views)."""
+    n, _, h, w = x.shape
+    return [o.view(n, h, w, o.shape[-1]).permute(0, 3, 1, 2) for o in outs]

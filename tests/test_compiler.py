@@ -551,3 +551,75 @@ def test_conv_with_bias_stride_and_groups_through_the_backend(db_path):
         check_close(out, F.silu(as64(conv)(x.double())))
     (d,) = used(epilab.explain(), "aten.conv2d")
     assert d.template == "conv2d" and "exp" in d.epilogue and "name=bias" in d.epilogue  # silu, decomposed
+
+
+def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
+    from epilab.templates.twins import twins
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 24, 1).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 32, 5, 3).contiguous(memory_format=torch.channels_last)
+    r = torch.randn(2, 24, 5, 3).contiguous(memory_format=torch.channels_last)
+
+    def f(t, res):
+        return torch.relu(conv(t) + res)
+
+    with torch.no_grad():
+        compiled(f, db_path, policy="auto")(x, r)
+        problem = _seen_problem(db_path)
+        conv_problem, matmul_problem = twins(problem)
+        _record(db_path, conv_problem, {**CONFIG, "BLOCK_M": 16}, 1.0, 2.0)
+        _record(db_path, matmul_problem, CONFIG, 0.5, 2.0)
+        torch._dynamo.reset()
+        out = compiled(f, db_path, policy="auto")(x, r)
+    check_close(out, torch.relu(as64(conv)(x.double()) + r.double()))
+    (d,) = epilab.explain()
+    assert d.anchor == "aten.conv2d" and d.template == "matmul", d
+
+
+@pytest.mark.gpu
+def test_gpu_resnet_block_and_a_1x1_twin_match_eager(db_path):
+    from epilab.db import DeviceInfo
+    from epilab.templates.twins import twins
+
+    torch.manual_seed(0)
+    model = _randomized(Bottleneck(64)).to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)
+    x = torch.randn(8, 64, 28, 28, device="cuda", dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last
+    )
+    with torch.no_grad():
+        for _ in range(2):  # the second call replays the launches
+            out = compiled(model, db_path)(x)
+        check_close(out.float(), as64(model)(x.double()), torch.bfloat16)
+    assert len(used(epilab.explain(), "aten.conv2d")) == 2
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    conv = nn.Conv2d(64, 256, 1).to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        compiled(lambda t: torch.relu(conv(t)), db_path, policy="auto")(x)
+        conv_problem, matmul_problem = twins(_seen_problem(db_path))
+        device = DeviceInfo.of_cuda(0)
+        _record(
+            db_path,
+            conv_problem,
+            {**CONFIG, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4},
+            1.0,
+            2.0,
+            device,
+        )
+        _record(
+            db_path,
+            matmul_problem,
+            {**CONFIG, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4},
+            0.5,
+            2.0,
+            device,
+        )
+        torch._dynamo.reset()
+        fn = compiled(lambda t: torch.relu(conv(t)), db_path, policy="auto")
+        for _ in range(2):
+            out = fn(x)
+    check_close(out.float(), torch.relu(as64(conv)(x.double())), torch.bfloat16)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    (d,) = epilab.explain()
+    assert d.template == "matmul", d

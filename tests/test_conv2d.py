@@ -236,3 +236,36 @@ def test_gpu_conv(geometry, layout):
         epilogue="bias_residual_relu",
         device="cuda",
     )
+
+
+def test_a_1x1_convolution_has_a_matmul_twin_that_computes_the_same():
+    from epilab.templates.conv2d import as_conv_outputs, as_matmul, matmul_twin
+    from epilab.templates.matmul import launch
+    from epilab.templates.twins import twins
+
+    gen = torch.Generator().manual_seed(0)
+    x = (
+        torch.randn(2, 32, 5, 3, generator=gen)
+        .to(torch.bfloat16)
+        .contiguous(memory_format=torch.channels_last)
+    )
+    w = torch.randn(24, 32, 1, 1, generator=gen).to(torch.bfloat16)
+    ops_ = {
+        "bias": torch.randn(24, generator=gen).to(torch.bfloat16),
+        "residual": torch.randn(2, 24, 5, 3, generator=gen)
+        .to(torch.bfloat16)
+        .contiguous(memory_format=torch.channels_last),
+    }
+    ep = _epilogue("bias_residual_relu", "bfloat16")
+    problem = make_conv_problem(x, w, ep, ops_)
+    twin = matmul_twin(problem)
+    assert [p.template for p in twins(problem)] == ["conv2d", "matmul"] and twin.shape.m == 30
+    a, b, (bias, residual) = as_matmul(x, w, [ops_["bias"], ops_["residual"]])
+    assert a.data_ptr() == x.data_ptr() and residual.data_ptr() == ops_["residual"].data_ptr()  # views
+    (out,) = as_conv_outputs(list(launch(twin, SMALL, a, b, {"bias": bias, "residual": residual})), x)
+    (ref,) = conv_reference(problem, x, w, ops_)
+    assert out.shape == ref.shape and rel_error(out, ref) <= tolerance("bfloat16", "ieee", "bfloat16")
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    nchw = make_conv_problem(x.contiguous(), w, ep, {**ops_, "residual": ops_["residual"].contiguous()})
+    three = make_conv_problem(x, torch.randn(24, 32, 3, 3).to(torch.bfloat16), ep, ops_, padding=1)
+    assert matmul_twin(nchw) is None and matmul_twin(three) is None  # only NHWC 1x1 convolutions

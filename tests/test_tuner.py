@@ -407,7 +407,7 @@ def test_tune_refuses_without_cuda_and_explains(tmp_path):
 
 
 def test_small_m_matmuls_are_tuned_with_both_templates():
-    from epilab.tuner.suites import twins
+    from epilab.templates.twins import twins
 
     small = Spec(8, 4096, 4096, epilogue="bias").problem()
     assert [p.template for p in twins(small)] == ["matmul", "gemv"]

@@ -29,7 +29,8 @@ Built-in suites:
   batch norm as a per-channel bias and ReLU.
 
 A spec may name its ``template`` (matmul, default, or gemv for M or N <= 16); matmul
-specs with M or N <= 16 are tuned with both templates (``twins``).
+specs with M or N <= 16, and 1x1 NHWC conv specs, are tuned with both templates
+(``templates.twins``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
-from epilab.templates.gemv import gemv_twin
 from epilab.templates.problem import DTYPES, ConvGeometry, OperandSpec, Problem, Shape
 from epilab.templates.render import template_hash
 
@@ -63,13 +63,6 @@ EPILOGUES: dict[str, Callable[[], Expr]] = {
     "bias_gelu_tanh_residual": lambda: ops.gelu_tanh(_bias()) + operand("residual", "tile"),
     "bias_residual_relu": lambda: ops.relu(_bias() + operand("residual", "tile")),
 }
-
-
-def twins(problem: Problem) -> list[Problem]:
-    """The problem, and for a 2-D matmul with a static M or N <= 16 also the same problem for
-    the gemv template: small-M matmuls are tuned with both, and the compiler takes the faster."""
-    twin = gemv_twin(problem)
-    return [problem] if twin is None else [problem, twin]
 
 
 def problem_label(problem: Problem) -> str:
