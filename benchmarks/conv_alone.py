@@ -42,7 +42,7 @@ def main() -> None:
             g = problem.conv
             sets = [make_inputs(problem, device, seed) for seed in range(6)]
 
-            def conv(x: torch.Tensor, w: torch.Tensor, g=g) -> torch.Tensor:  # noqa: ANN001 (bound now)
+            def conv(x: torch.Tensor, w: torch.Tensor, g=g) -> torch.Tensor:
                 return F.conv2d(x, w, None, g.stride, g.padding, g.dilation, g.groups)
 
             events, graph = _measure(
