@@ -42,14 +42,11 @@ def main() -> None:
             g = problem.conv
             sets = [make_inputs(problem, device, seed) for seed in range(6)]
 
-            def conv(x: torch.Tensor, w: torch.Tensor, g=g) -> torch.Tensor:
-                return F.conv2d(x, w, None, g.stride, g.padding, g.dilation, g.groups)
-
-            events, graph = _measure(
-                lambda s=sets[0]: conv(s[0], s[1]),
-                False,
-                lambda: [lambda s=s: conv(s[0], s[1]) for s in sets[1:]],
-            )
+            runs = [
+                lambda x=x, w=w, g=g: F.conv2d(x, w, None, g.stride, g.padding, g.dilation, g.groups)
+                for x, w, _ in sets
+            ]
+            events, graph = _measure(runs[0], False, lambda runs=runs: runs[1:])
             ok = [r for r in db.records(problem.key) if r.status == "ok" and r.device == here and r.median_ms]
             if not ok:
                 continue
