@@ -384,38 +384,21 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
 def _conv_problem(
     g: _Grower, x: fx.Node, w: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
 ) -> Problem:
-    from epilab.templates.conv2d import conv_layout
+    from epilab.templates.conv2d import conv_problem
     from epilab.templates.problem import ConvGeometry
 
     xv, wv = val(x), val(w)
     assert xv is not None and wv is not None
     stride, padding, dilation, groups = g.conv_args
-    n, c, h, wd = (int(expr_of(d)) for d in xv.shape)
-    k, cg, r, s = (int(expr_of(d)) for d in wv.shape)
+    _, c, h, wd = (int(expr_of(d)) for d in xv.shape)
+    _, _, r, s = (int(expr_of(d)) for d in wv.shape)
     try:
         geometry = ConvGeometry(h, wd, c, r, s, tuple(stride), tuple(padding), tuple(dilation), groups)
     except ValueError as e:
         raise NoGroup(str(e)) from e
-    kinds = {"row": "vector", "scalar": "scalar"}
-    specs = [
-        OperandSpec(
-            o.name, str(dtype_name_or_none(val(o.node).dtype)), kinds.get(o.kind) or conv_layout(val(o.node))
-        )  # type: ignore[union-attr, arg-type]
-        for o in operands
-    ]
-    return Problem(
-        op="conv2d",
-        template="conv2d",
-        template_hash=template_hash("conv2d"),
-        dtype=dtype_name(xv.dtype),
-        layout_a=conv_layout(xv),
-        layout_b=conv_layout(wv),
-        operands=tuple(specs),
-        epilogue=epilogue,
-        shape=Shape(n, geometry.p * geometry.q, k, r * s * cg),
-        precision=precision if xv.dtype == torch.float32 else "ieee",
-        conv=geometry,
-    )
+    return conv_problem(
+        xv, wv, geometry, epilogue, [(o.name, o.kind, val(o.node)) for o in operands], precision
+    )  # type: ignore[misc]
 
 
 def _problem(

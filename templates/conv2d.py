@@ -26,9 +26,9 @@ from epilab.templates.matmul import (
     _INT32_MAX,
     Bound,
     _extent,
-    _kernel,
     dtype_name,
     epilogue_args,
+    single_launch,
     target_for,
 )
 from epilab.templates.problem import OPERAND_DTYPES, Config, ConvGeometry, OperandSpec, Problem, Shape
@@ -142,15 +142,36 @@ def make_conv_problem(
     declared = dict(epilogue.operands)
     if sorted(declared) != sorted(operands):
         raise ValueError(f"operands {sorted(operands)} do not match the epilogue's {sorted(declared)}")
-    out_shape = (n, k, geometry.p, geometry.q)
-    _operands_3d(epilogue, operands, out_shape)
-    specs = []
-    for name, kind in declared.items():
-        t = operands[name]
+    _operands_3d(epilogue, operands, (n, k, geometry.p, geometry.q))
+    for name, t in operands.items():
         if t.device != x.device or dtype_name(t.dtype) not in OPERAND_DTYPES:
             raise ValueError(f"operand {name!r} must be on {x.device} with a dtype in {OPERAND_DTYPES}")
-        layout = {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
-        specs.append(OperandSpec(name, dtype_name(t.dtype), layout))
+    return conv_problem(
+        x,
+        weight,
+        geometry,
+        epilogue,
+        [(name, kind, operands[name]) for name, kind in declared.items()],
+        precision,
+    )
+
+
+def conv_problem(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    geometry: ConvGeometry,
+    epilogue: Epilogue,
+    operands: list[tuple[str, str, torch.Tensor]],
+    precision: str,
+) -> Problem:
+    """The conv2d Problem of checked tensors (real or fake): (name, kind, tensor) per operand."""
+    specs = [
+        OperandSpec(
+            name, dtype_name(t.dtype), {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
+        )
+        for name, kind, t in operands
+    ]
+    n, k = x.shape[0], weight.shape[0]
     return Problem(
         op="conv2d",
         template="conv2d",
@@ -160,7 +181,7 @@ def make_conv_problem(
         layout_b=conv_layout(weight),
         operands=tuple(specs),
         epilogue=epilogue,
-        shape=Shape(n, geometry.p * geometry.q, k, r * s * cg),
+        shape=Shape(int(n), geometry.p * geometry.q, int(k), geometry.r * geometry.s * geometry.c_per_group),
         precision=precision if x.dtype == torch.float32 else "ieee",
         conv=geometry,
     )
@@ -228,21 +249,8 @@ def bind_conv(
         stride_wc=weight.stride(1),
         stride_wr=weight.stride(2),
         stride_ws=weight.stride(3),
-        BLOCK_M=config.BLOCK_M,
-        BLOCK_N=config.BLOCK_N,
-        BLOCK_K=config.BLOCK_K,
-        GROUP_M=config.GROUP_M,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
     )
-    kernel = _kernel(problem, config, target, index_64)
-    launcher = kernel[grid]
-
-    def compile_only() -> None:
-        if target != "interpreter":
-            kernel.warmup(grid=grid, **args)
-
-    return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)
+    return single_launch(problem, config, target, index_64, grid, args, outs)
 
 
 def conv_epilogue(

@@ -327,7 +327,7 @@ class Bound:
     compile: Callable[[], None]
     kernel: object = None  # the jitted kernel, and its arguments and grid (None: no launch)
     args: Mapping[str, object] | None = None
-    grid: tuple[int, int] | None = None
+    grid: tuple[int, ...] | None = None
 
 
 def bind(
@@ -374,14 +374,32 @@ def bind(
         "stride_bn": bt.b[1][2],
     }
     args.update(epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n)))
-    args.update(
-        BLOCK_M=config.BLOCK_M,
-        BLOCK_N=config.BLOCK_N,
-        BLOCK_K=config.BLOCK_K,
-        GROUP_M=config.GROUP_M,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+    return single_launch(problem, config, target, index_64, grid, args, outs)
+
+
+def tile_args(config: Config) -> dict[str, object]:
+    """The tiling arguments every tiled template takes."""
+    return {
+        "BLOCK_M": config.BLOCK_M,
+        "BLOCK_N": config.BLOCK_N,
+        "BLOCK_K": config.BLOCK_K,
+        "GROUP_M": config.GROUP_M,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+
+
+def single_launch(
+    problem: Problem,
+    config: Config,
+    target: Target,
+    index_64: bool,
+    grid: tuple[int, ...],
+    args: dict[str, object],
+    outs: tuple[torch.Tensor, ...],
+) -> Bound:
+    """The Bound of one kernel launch (replayable) with ``args`` (tiling arguments added)."""
+    args = {**args, **tile_args(config)}
     kernel = _kernel(problem, config, target, index_64)
     launcher = kernel[grid]
 
@@ -389,7 +407,7 @@ def bind(
         if target != "interpreter":  # the interpreter has nothing to compile
             kernel.warmup(grid=grid, **args)
 
-    return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)
+    return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)  # type: ignore[arg-type]
 
 
 def trivial_bound(
