@@ -359,6 +359,9 @@ def report(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--suite") from None
     filters = ", ".join(f"{k} {v}" for k, v in (("suite", suite), ("op", op)) if v)
+    if db is not None and "://" not in db and not Path(db).exists():  # a report never creates a database
+        console.print(f"[red]error:[/red] no database at {escape(db)} (give a path or URL that exists)")
+        raise typer.Exit(1)
     store = _open_db(db)
     with store, console.status("reading the database and drawing the plots"):
         try:

@@ -217,6 +217,9 @@ def test_filters_and_a_clear_error_for_an_unknown_device(db, tmp_path):
         app, ["report", "--db", db.url, "--out", str(tmp_path / "r.html"), "--suite", "nope"]
     )
     assert run.exit_code != 0 and "unknown suite" in run.output
+    missing = tmp_path / "typo.db"
+    run = CliRunner().invoke(app, ["report", "--db", str(missing), "--out", str(tmp_path / "r.html")])
+    assert run.exit_code != 0 and "no database at" in run.output and not missing.exists()
 
 
 def test_thousands_of_records_in_seconds(db):
