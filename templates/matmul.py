@@ -288,7 +288,32 @@ def launch(
     ``out`` (optional) are preallocated outputs of the right shape and dtype,
     with any strides; otherwise contiguous ones are allocated.
     """
-    made = make_problem(
+    if problem_of(problem, a, b, operands) != problem:
+        raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
+    return launch_unchecked(problem, config, a, b, operands, out)
+
+
+def problem_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    """The problem these tensors make under ``problem``'s op, template, precision (and conv
+    geometry): equal to ``problem`` exactly when they fit it (checks them all)."""
+    if problem.conv is not None:
+        from epilab.templates.conv2d import make_conv_problem
+
+        g = problem.conv
+        return make_conv_problem(
+            a,
+            b,
+            problem.epilogue,
+            operands,
+            stride=g.stride,
+            padding=g.padding,
+            dilation=g.dilation,
+            groups=g.groups,
+            precision=problem.precision,
+        )
+    return make_problem(
         a,
         b,
         problem.epilogue,
@@ -297,9 +322,6 @@ def launch(
         precision=problem.precision,
         template=problem.template,
     )
-    if made != problem:
-        raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
-    return launch_unchecked(problem, config, a, b, operands, out)
 
 
 def launch_unchecked(

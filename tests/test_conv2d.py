@@ -282,3 +282,19 @@ def test_fp32_convolutions_use_tf32_only_when_asked():
         assert f'input_precision="{precision}"' in render(problem, SMALL)
     half = make_conv_problem(x.half(), w.half(), _epilogue("none", "float16"), {}, precision="tf32")
     assert half.precision == "ieee"  # tf32 is a float32 matter
+
+
+def test_launch_checks_conv_tensors_against_their_problem():
+    from epilab.templates.matmul import launch
+
+    x = torch.randn(1, 16, 6, 5)
+    w = torch.randn(8, 16, 3, 3)
+    ep = _epilogue("bias", "float32")
+    ops_ = {"bias": torch.randn(8)}
+    problem = make_conv_problem(x, w, ep, ops_, padding=1)
+    (out,) = launch(problem, SMALL, x, w, ops_)
+    assert rel_error(out, conv_reference(problem, x, w, ops_)[0]) <= tolerance("float32", "ieee", "float32")
+    with pytest.raises(ValueError, match="do not match the problem"):
+        launch(
+            problem, SMALL, x, torch.randn(8, 16, 3, 3).contiguous(memory_format=torch.channels_last), ops_
+        )

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from epilab.templates.check import poisoned_like, rel_error, tolerance
-from epilab.templates.matmul import bind, make_problem, reference, target_for
+from epilab.templates.matmul import bind, problem_of, reference, target_for
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import DTYPES
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
@@ -90,16 +90,13 @@ def make_inputs(
             operands[spec.name] = _tensor(1, 1, None, "row", odt, device, gen)[0]
         else:
             operands[spec.name] = _tensor(m, n, batch, spec.layout, odt, device, gen)
-    made = make_problem(
-        a,
-        b,
-        problem.epilogue,
-        operands,
-        op=problem.op,
-        precision=problem.precision,
-        template=problem.template,
-    )
-    if made != problem:
+    return _checked(problem, a, b, operands)
+
+
+def _checked(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    if problem_of(problem, a, b, operands) != problem:
         raise ValueError("could not build inputs that match the problem")
     return a, b, operands
 
@@ -107,25 +104,9 @@ def make_inputs(
 def _conv_inputs(
     problem: Problem, device: torch.device, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    from epilab.templates.conv2d import conv_inputs, make_conv_problem
+    from epilab.templates.conv2d import conv_inputs
 
-    x, weight, operands = conv_inputs(problem, device, gen)
-    g = problem.conv
-    assert g is not None
-    made = make_conv_problem(
-        x,
-        weight,
-        problem.epilogue,
-        operands,
-        stride=g.stride,
-        padding=g.padding,
-        dilation=g.dilation,
-        groups=g.groups,
-        precision=problem.precision,
-    )
-    if made != problem:
-        raise ValueError("could not build inputs that match the problem")
-    return x, weight, operands
+    return _checked(problem, *conv_inputs(problem, device, gen))
 
 
 def reference_of(
