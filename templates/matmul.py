@@ -9,6 +9,7 @@ by every batch), any strides. Operands broadcast to C's shape.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -396,7 +397,33 @@ def bind(
         "stride_bn": bt.b[1][2],
     }
     args.update(epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n)))
+    if config.variant == "tma":
+        descriptors = tma_descriptors(problem, config, a, b)
+        if descriptors is None:  # these tensors' strides or addresses do not suit TMA: the classic loop
+            config = dataclasses.replace(config, variant="default")
+        else:
+            args.update(a_desc=descriptors[0], b_desc=descriptors[1])
+            bound = single_launch(problem, config, target, index_64, grid, args, outs)
+            return Bound(bound.outs, bound.run, bound.compile)  # descriptors hold the tensors: no replay
     return single_launch(problem, config, target, index_64, grid, args, outs)
+
+
+def tma_descriptors(problem: Problem, config: Config, a: torch.Tensor, b: torch.Tensor) -> tuple | None:
+    """Host-side tensor descriptors of A and B for the tma variant (each over the matrix as it
+    is stored: a column-major operand is described transposed), or None when TMA cannot read
+    these tensors (2-D only; unit inner stride; 16-byte aligned outer stride and address)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if a.dim() != 2 or b.dim() != 2:
+        return None
+    bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
+    a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
+    stored = (a if a_row else a.t(), b if b_row else b.t())
+    blocks = ([bm, bk] if a_row else [bk, bm], [bk, bn] if b_row else [bn, bk])
+    for t in stored:
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return None
+    return tuple(TensorDescriptor.from_tensor(t, blk) for t, blk in zip(stored, blocks, strict=True))
 
 
 def tile_args(config: Config) -> dict[str, object]:

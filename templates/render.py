@@ -32,6 +32,7 @@ TEMPLATE_FILES: dict[str, tuple[str, ...]] = {
     "gemv": ("gemv.py.jinja", "store_output.py.jinja", "rules.py"),
     "conv2d": ("conv2d.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
 }
+MATMUL_VARIANTS = ("default", "tma")  # tma: operand tiles through tensor descriptors (Hopper)
 GEMV_BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
 GEMV_VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
 
@@ -114,8 +115,15 @@ def config_error(problem: Problem, config: Config) -> str | None:
     if problem.template == "matmul":
         if config.SPLIT_K != 1:
             return "the matmul template has no split-K; use SPLIT_K=1"
-        if config.variant != "default":
-            return f"the matmul template has no variant {config.variant!r}; use 'default'"
+        if config.variant not in MATMUL_VARIANTS:
+            return f"the matmul template has no variant {config.variant!r}; use one of {MATMUL_VARIANTS}"
+        s = problem.shape
+        if config.variant == "tma" and (
+            s.batch != 1
+            or problem.op in ("bmm", "baddbmm")
+            or "strided" in (problem.layout_a, problem.layout_b)
+        ):
+            return "the tma variant takes 2-D problems with row- or column-major A and B"
         return None
     if problem.template == "conv2d":
         if problem.conv is None:
@@ -166,6 +174,8 @@ def render(problem: Problem, config: Config, *, target: Target = "cuda", index_6
     return _ENV.get_template(f"{problem.template}.py.jinja").render(
         kernel_name=kernel_name(problem),
         variant=config.variant,
+        layout_a=problem.layout_a,
+        layout_b=problem.layout_b,
         config_text=config.short(),
         dtype=problem.dtype,
         precision="tf32" if problem.precision == "tf32" else "ieee",
