@@ -397,10 +397,17 @@ def bind(
         "stride_bn": bt.b[1][2],
     }
     args.update(epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n)))
-    if config.variant == "tma":
+    if config.variant in ("persistent", "tma_persistent"):
+        sms = (
+            4 if target == "interpreter" else torch.cuda.get_device_properties(a.device).multi_processor_count
+        )
+        grid = (min(sms, grid[0] * batch),)
+        args.update(BATCH=batch, NUM_SMS=grid[0])
+    if config.variant in ("tma", "tma_persistent"):
         descriptors = tma_descriptors(problem, config, a, b)
-        if descriptors is None:  # these tensors' strides or addresses do not suit TMA: the classic loop
-            config = dataclasses.replace(config, variant="default")
+        if descriptors is None:  # these tensors' strides or addresses do not suit TMA: no descriptors
+            plain = "default" if config.variant == "tma" else "persistent"
+            config = dataclasses.replace(config, variant=plain)
         else:
             args.update(a_desc=descriptors[0], b_desc=descriptors[1])
             bound = single_launch(problem, config, target, index_64, grid, args, outs)

@@ -37,7 +37,8 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "SPLIT_K": (1, 2, 4, 8, 16, 32),
     "num_warps": (1, 2, 4, 8, 16),
     "num_stages": (1, 2, 3, 4, 5, 6, 7),
-    "variant": ("default", "two_pass", "atomic", "tma"),  # gemv split-K reductions; matmul's tma
+    # gemv split-K reductions; matmul's Hopper main loops
+    "variant": ("default", "two_pass", "atomic", "tma", "persistent", "tma_persistent"),
 }
 
 Dim = int | sympy.Expr

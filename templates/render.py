@@ -32,7 +32,9 @@ TEMPLATE_FILES: dict[str, tuple[str, ...]] = {
     "gemv": ("gemv.py.jinja", "store_output.py.jinja", "rules.py"),
     "conv2d": ("conv2d.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
 }
-MATMUL_VARIANTS = ("default", "tma")  # tma: operand tiles through tensor descriptors (Hopper)
+# tma: operand tiles through tensor descriptors (Hopper); persistent: one program per SM
+# looping over the tiles; tma_persistent: both
+MATMUL_VARIANTS = ("default", "tma", "persistent", "tma_persistent")
 GEMV_BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
 GEMV_VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
 
@@ -118,7 +120,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
         if config.variant not in MATMUL_VARIANTS:
             return f"the matmul template has no variant {config.variant!r}; use one of {MATMUL_VARIANTS}"
         s = problem.shape
-        if config.variant == "tma" and (
+        if config.variant in ("tma", "tma_persistent") and (
             s.batch != 1
             or problem.op in ("bmm", "baddbmm")
             or "strided" in (problem.layout_a, problem.layout_b)

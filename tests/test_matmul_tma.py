@@ -14,14 +14,25 @@ from epilab.templates.problem import Config
 from epilab.templates.render import config_error
 
 TMA = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma")
+HOPPER_VARIANTS = ["tma", "persistent", "tma_persistent"]
 
 
+@pytest.mark.parametrize("variant", HOPPER_VARIANTS)
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
 # dims multiples of 8 (16-byte rows in 16-bit dtypes) but ragged against the 16x32x16 tiles
 @pytest.mark.parametrize("shape", [(40, 48, 72), (16, 40, 16), (8, 24, 128), (56, 8, 40)], ids=str)
-def test_tma_variant_shapes_and_layouts(layout, shape):
+def test_hopper_variants_shapes_and_layouts(variant, layout, shape):
     m, n, k = shape
-    run_case(None, m, n, k, layout, torch.bfloat16, "bias_gelu_tanh_residual", config=TMA)
+    config = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant=variant)
+    run_case(None, m, n, k, layout, torch.bfloat16, "bias_gelu_tanh_residual", config=config)
+
+
+@pytest.mark.parametrize("group_m", [1, 4])
+def test_persistent_variant_covers_every_tile_of_every_batch(group_m):
+    """4 programs in the interpreter loop over 3 x 3 x 2 tiles (batch 3): each tile once."""
+    config = Config(16, 32, 16, group_m, num_warps=4, num_stages=1, variant="persistent")
+    run_case(3, 40, 60, 24, "NN", torch.float16, "residual", config=config)
+    run_case(None, 45, 70, 33, "TN", torch.float32, "bias_relu", config=config)  # ragged, K not aligned
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
@@ -74,7 +85,8 @@ def test_tma_variant_is_refused_where_it_cannot_apply():
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (2048, 14336, 4096), (129, 200, 264)], ids=str)
-def test_gpu_tma_variant(layout, shape):
+@pytest.mark.parametrize("variant", HOPPER_VARIANTS)
+def test_gpu_hopper_variants(variant, layout, shape):
     m, n, k = shape
-    config = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma")
+    config = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant)
     run_case(None, m, n, k, layout, torch.bfloat16, "bias_gelu_tanh_residual", device="cuda", config=config)
