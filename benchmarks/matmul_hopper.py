@@ -51,11 +51,22 @@ def main() -> None:
     )
     parser.add_argument("--suites", default="square,llm")
     parser.add_argument("--min-m", type=int, default=2048, help="llm problems with at least this M")
+    parser.add_argument("--only", default="", help="problems whose label contains this text")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--no-max-autotune", action="store_true", help="skip Inductor max-autotune (slow)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    variants = tuple(args.variants.split(","))
     specs = []
     for name in args.suites.split(","):
-        specs += [s for s in SUITES[name] if name != "llm" or s.m >= args.min_m]
+        specs += [s for s in SUITES[name] if (name != "llm" or s.m >= args.min_m) and args.only in s.label()]
+    print(
+        "| problem | "
+        + " | ".join(f"{v} ms (TFLOP/s)" for v in variants)
+        + " | cuBLAS mm alone | cuBLAS+eager | max-autotune | best variant | best vs cuBLAS alone"
+        " | vs max-autotune |"
+    )
+    print("|---|" + "---:|" * len(variants) + "---:|---:|---:|---|---:|---:|")
     rows = []
     for spec in specs:
         problem = spec.problem()
@@ -64,10 +75,12 @@ def main() -> None:
         base = {
             "cublas_alone": evaluate_baseline(alone, "cublas", 0),
             "cublas_eager": evaluate_baseline(text, "cublas", 0),
-            "max_autotune": evaluate_baseline(text, "inductor-max-autotune", 0),
+            "max_autotune": {"status": "skipped"}
+            if args.no_max_autotune
+            else evaluate_baseline(text, "inductor-max-autotune", 0),
         }
         row: dict = {"label": spec.label(), "flops": spec.flops(), "variants": {}}
-        for variant in VARIANTS:
+        for variant in variants:
             best, failed = None, 0
             for bm, bn, bk, g, w, st in SWEEP:
                 config = Config(bm, bn, bk, g, num_warps=w, num_stages=st, variant=variant)
@@ -85,12 +98,12 @@ def main() -> None:
         row["baselines"] = base
         rows.append(row)
         cells = []
-        for variant in VARIANTS:
+        for variant in variants:
             got = row["variants"][variant]["result"]
             ms = ms_of(got, base["cublas_alone"]) if got else None
             cells.append("-" if ms is None else f"{ms:.4f} ({spec.flops() / (ms * 1e9):.0f})")
         winner = min(
-            (v for v in VARIANTS if row["variants"][v]["result"]),
+            (v for v in variants if row["variants"][v]["result"]),
             key=lambda v: ms_of(row["variants"][v]["result"], base["cublas_alone"]),
             default=None,
         )
@@ -125,11 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(
-        "| problem | "
-        + " | ".join(f"{v} ms (TFLOP/s)" for v in VARIANTS)
-        + " | cuBLAS mm alone | cuBLAS+eager | max-autotune | best variant | best vs cuBLAS alone "
-        "| vs max-autotune |"
-    )
-    print("|---|" + "---:|" * len(VARIANTS) + "---:|---:|---:|---|---:|---:|")
     main()
