@@ -55,7 +55,12 @@ def config_text(c: dict[str, Any] | None) -> str:
     text = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')} g{c.get('GROUP_M')}"
     if c.get("SPLIT_K", 1) != 1 or c.get("variant", "default") != "default":
         text += f" split{c.get('SPLIT_K')} {c.get('variant')}"
-    return text + f" w{c.get('num_warps')} s{c.get('num_stages')}"
+    text += f" w{c.get('num_warps')} s{c.get('num_stages')}"
+    if c.get("EPILOGUE_SUBTILE", 1) != 1:
+        text += f" sub{c['EPILOGUE_SUBTILE']}"
+    if c.get("PROGRAMS_PER_SM", 1) != 1:
+        text += f" {c['PROGRAMS_PER_SM']}/sm"
+    return text + (" flat" if c.get("FLATTEN") else "") + (" ws" if c.get("WARP_SPECIALIZE") else "")
 
 
 def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_LIMIT) -> str:

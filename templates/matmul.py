@@ -401,7 +401,7 @@ def bind(
         sms = (
             4 if target == "interpreter" else torch.cuda.get_device_properties(a.device).multi_processor_count
         )
-        grid = (min(sms, grid[0] * batch),)
+        grid = (min(sms * config.PROGRAMS_PER_SM, grid[0] * batch),)
         args.update(BATCH=batch, NUM_SMS=grid[0])
     if config.variant in ("tma", "tma_persistent"):
         descriptors = tma_descriptors(problem, config, a, b)

@@ -39,6 +39,13 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "num_stages": (1, 2, 3, 4, 5, 6, 7),
     # gemv split-K reductions; matmul's Hopper main loops
     "variant": ("default", "two_pass", "atomic", "tma", "persistent", "tma_persistent"),
+    # matmul: the epilogue runs on 1, 2 or 4 column slices of the tile (fewer live registers)
+    "EPILOGUE_SUBTILE": (1, 2, 4),
+    # persistent matmul: programs per multiprocessor (NUM_SMS = this x the device's SMs), and the
+    # tile loop's tl.range options (0/1): flatten the K loop into it, warp-specialize it
+    "PROGRAMS_PER_SM": (1, 2),
+    "FLATTEN": (0, 1),
+    "WARP_SPECIALIZE": (0, 1),
 }
 
 Dim = int | sympy.Expr
@@ -54,6 +61,10 @@ class Config:
     num_warps: int = 4
     num_stages: int = 3
     variant: str = "default"
+    EPILOGUE_SUBTILE: int = 1
+    PROGRAMS_PER_SM: int = 1
+    FLATTEN: int = 0
+    WARP_SPECIALIZE: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -76,9 +87,19 @@ class Config:
         return asdict(self)
 
     def short(self) -> str:
-        return (
-            f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} g{self.GROUP_M} s{self.SPLIT_K} "
-            f"w{self.num_warps} st{self.num_stages} {self.variant}"
+        """One line; the Hopper knobs only where they differ from their defaults."""
+        extra = [
+            f"sub{self.EPILOGUE_SUBTILE}" if self.EPILOGUE_SUBTILE != 1 else "",
+            f"{self.PROGRAMS_PER_SM}/sm" if self.PROGRAMS_PER_SM != 1 else "",
+            "flat" if self.FLATTEN else "",
+            "ws" if self.WARP_SPECIALIZE else "",
+        ]
+        return " ".join(
+            [
+                f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} g{self.GROUP_M} s{self.SPLIT_K} "
+                f"w{self.num_warps} st{self.num_stages} {self.variant}",
+                *filter(None, extra),
+            ]
         )
 
 

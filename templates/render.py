@@ -119,14 +119,9 @@ def config_error(problem: Problem, config: Config) -> str | None:
             return "the matmul template has no split-K; use SPLIT_K=1"
         if config.variant not in MATMUL_VARIANTS:
             return f"the matmul template has no variant {config.variant!r}; use one of {MATMUL_VARIANTS}"
-        s = problem.shape
-        if config.variant in ("tma", "tma_persistent") and (
-            s.batch != 1
-            or problem.op in ("bmm", "baddbmm")
-            or "strided" in (problem.layout_a, problem.layout_b)
-        ):
-            return "the tma variant takes 2-D problems with row- or column-major A and B"
-        return None
+        return _matmul_variant_error(problem, config)
+    if _hopper_knobs(config) != _hopper_knobs(Config(16, 16, 16)):
+        return f"only the matmul template has the knobs {sorted(HOPPER_KNOBS)}; leave them at their defaults"
     if problem.template == "conv2d":
         if problem.conv is None:
             return "the conv2d template needs a conv2d problem"
@@ -142,6 +137,38 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return f"gemv variant {config.variant!r} with SPLIT_K={config.SPLIT_K}: 'default' means SPLIT_K=1"
     if s.batch != 1 or not any(isinstance(d, int) and d <= GEMV_BLOCK_M for d in (s.m, s.n)):
         return f"the gemv template takes 2-D problems with a static M or N <= {GEMV_BLOCK_M}, got {s}"
+    return None
+
+
+HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
+TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
+_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def _hopper_knobs(config: Config) -> tuple[int, ...]:
+    return tuple(getattr(config, name) for name in HOPPER_KNOBS)
+
+
+def _matmul_variant_error(problem: Problem, config: Config) -> str | None:
+    """The matmul template's rules for its variants and Hopper knobs."""
+    if config.BLOCK_N // config.EPILOGUE_SUBTILE < 16:
+        return f"EPILOGUE_SUBTILE={config.EPILOGUE_SUBTILE} slices BLOCK_N={config.BLOCK_N} below 16 columns"
+    persistent = config.variant in ("persistent", "tma_persistent")
+    if not persistent and (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
+        return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
+    if config.variant not in ("tma", "tma_persistent"):
+        return None
+    s = problem.shape
+    if s.batch != 1 or problem.op in ("bmm", "baddbmm") or "strided" in (problem.layout_a, problem.layout_b):
+        return "the tma variants take 2-D problems with row- or column-major A and B"
+    # The leading stride of each operand as stored (contiguous): TMA needs it 16-byte aligned
+    leading = {"a": s.k if problem.layout_a == "row" else s.m, "b": s.n if problem.layout_b == "row" else s.k}
+    for name, dim in leading.items():
+        if isinstance(dim, int) and dim * _ELEMENT_BYTES[problem.dtype] % TMA_ALIGN_BYTES:
+            return (
+                f"the tma variants need 16-byte aligned rows; {name.upper()}'s rows of {dim} "
+                f"{problem.dtype} elements are not"
+            )
     return None
 
 
@@ -186,6 +213,9 @@ def render(problem: Problem, config: Config, *, target: Target = "cuda", index_6
         upcast_dot=target == "interpreter" and problem.dtype == "bfloat16",
         index_64=index_64,
         interpret=target == "interpreter",
+        subtile=config.EPILOGUE_SUBTILE,
+        flatten=bool(config.FLATTEN),
+        warp_specialize=bool(config.WARP_SPECIALIZE),
         **_conv_vars(problem, config),
         **_epilogue_hooks(problem),
     )

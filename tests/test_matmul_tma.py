@@ -1,6 +1,8 @@
-"""The matmul template's tma variant (operand tiles through host-side tensor
-descriptors) against the float64 reference, in Triton's interpreter; tensors TMA
-cannot read fall back to the classic loop with the same result."""
+"""The matmul template's Hopper variants (tma: operand tiles through host-side tensor
+descriptors; persistent: one program per SM looping over the tiles; both) and knobs
+(EPILOGUE_SUBTILE, PROGRAMS_PER_SM, FLATTEN, WARP_SPECIALIZE) against the float64
+reference, in Triton's interpreter; tensors TMA cannot read fall back to the classic
+loop with the same result; the rules that make a config infeasible."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from epilab.templates.matmul import bind, make_problem, tma_descriptors
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
 from epilab.templates.render import config_error
+from epilab.tuner.space import HOPPER, infeasible
 
 TMA = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma")
 HOPPER_VARIANTS = ["tma", "persistent", "tma_persistent"]
@@ -62,14 +65,26 @@ def test_aligned_tensors_do_take_the_descriptors_and_match_the_classic_loop(layo
 
 
 def test_tensors_tma_cannot_read_fall_back_to_the_classic_loop():
-    a, w = torch.randn(20, 70).half(), torch.randn(24, 70).half()  # 140-byte rows: not 16-aligned
+    # a problem whose rows are aligned, on a view whose address is not (one element in)
+    base, w = torch.randn(20, 73).half(), torch.randn(24, 72).half()
+    a = base[:, 1:]
     ep, ops = simple_epilogue(a, w.t())
     problem = make_problem(a, w.t(), ep, ops)
+    assert config_error(problem, TMA) is None
     assert tma_descriptors(problem, TMA, a, w.t()) is None
     bound = bind(problem, TMA, a, w.t(), ops)
     bound.run()
     assert torch.allclose(bound.outs[0].float(), (a.float() @ w.float().t()), atol=5e-2, rtol=1e-2)
-    run_case(None, 20, 24, 70, "NT", torch.float16, "bias", config=TMA)
+
+
+def test_problems_whose_rows_tma_cannot_read_make_the_tma_variants_infeasible():
+    a, w = torch.randn(20, 70).half(), torch.randn(24, 70).half()  # 140-byte rows: not 16-aligned
+    ep, ops = simple_epilogue(a, w.t())
+    problem = make_problem(a, w.t(), ep, ops)
+    for variant in ("tma", "tma_persistent"):
+        why = infeasible(problem, Config(16, 32, 16, 1, variant=variant), HOPPER)
+        assert "16-byte aligned rows" in why and "70 float16" in why
+    assert infeasible(problem, Config(16, 32, 16, 1, variant="persistent"), HOPPER) is None
 
 
 def test_tma_variant_is_refused_where_it_cannot_apply():
@@ -82,6 +97,53 @@ def test_tma_variant_is_refused_where_it_cannot_apply():
     assert "no variant 'tma'" in config_error(gemv, Config(16, 32, 16, 1, variant="tma"))
 
 
+@pytest.mark.parametrize("subtile", [2, 4])
+@pytest.mark.parametrize("variant", ["default", *HOPPER_VARIANTS])
+@pytest.mark.parametrize("epilogue", ["bias_gelu_tanh_residual", "two_outputs", "col_vector"])
+def test_epilogue_subtiles_store_every_column(subtile, variant, epilogue):
+    """The epilogue on column slices: N=100 is ragged against each 64/subtile-column slice."""
+    config = Config(16, 64, 16, 4, num_warps=4, num_stages=1, variant=variant, EPILOGUE_SUBTILE=subtile)
+    run_case(None, 40, 100, 48, "NT", torch.bfloat16, epilogue, config=config)
+
+
+@pytest.mark.parametrize("variant", ["persistent", "tma_persistent"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"PROGRAMS_PER_SM": 2},
+        {"FLATTEN": 1},
+        {"WARP_SPECIALIZE": 1},
+        {"FLATTEN": 1, "WARP_SPECIALIZE": 1, "EPILOGUE_SUBTILE": 2, "PROGRAMS_PER_SM": 2},
+    ],
+    ids=str,
+)
+def test_persistent_knobs(variant, knobs):
+    config = Config(16, 32, 16, 4, num_warps=4, num_stages=1, variant=variant, **knobs)
+    run_case(None, 72, 104, 40, "NN", torch.float16, "bias_gelu_tanh_residual", config=config)
+
+
+def test_hopper_knob_rules():
+    a, b = torch.randn(64, 64).half(), torch.randn(64, 64).half()
+    ep, ops = simple_epilogue(a, b)
+    problem = make_problem(a, b, ep, ops)
+    assert "below 16 columns" in config_error(problem, Config(16, 32, 16, EPILOGUE_SUBTILE=4))
+    for knob in ({"PROGRAMS_PER_SM": 2}, {"FLATTEN": 1}, {"WARP_SPECIALIZE": 1}):
+        for variant in ("default", "tma"):
+            why = config_error(problem, Config(16, 32, 16, variant=variant, **knob))
+            assert "persistent variants only" in why
+        assert config_error(problem, Config(16, 32, 16, variant="persistent", **knob)) is None
+    gemv = make_problem(a[:8], b, ep, ops, template="gemv")
+    assert "only the matmul template" in config_error(gemv, Config(16, 32, 16, EPILOGUE_SUBTILE=2))
+    # two programs per SM: twice the shared memory and half the register file at most
+    big = Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="persistent", PROGRAMS_PER_SM=2)
+    large = make_problem(torch.randn(512, 512).half(), torch.randn(512, 512).half(), ep, ops)
+    assert "shared memory" in infeasible(large, big, HOPPER)
+    small = Config(64, 64, 64, 8, num_warps=4, num_stages=3, variant="persistent", PROGRAMS_PER_SM=2)
+    assert infeasible(large, small, HOPPER) is None
+    wide = Config(128, 256, 32, 8, num_warps=8, num_stages=2, variant="persistent", PROGRAMS_PER_SM=2)
+    assert "register file" in infeasible(large, wide, HOPPER)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (2048, 14336, 4096), (129, 200, 264)], ids=str)
@@ -90,3 +152,27 @@ def test_gpu_hopper_variants(variant, layout, shape):
     m, n, k = shape
     config = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant)
     run_case(None, m, n, k, layout, torch.bfloat16, "bias_gelu_tanh_residual", device="cuda", config=config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["default", "tma", "persistent", "tma_persistent"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"EPILOGUE_SUBTILE": 2},
+        {"EPILOGUE_SUBTILE": 4},
+        {"FLATTEN": 1},
+        {"FLATTEN": 1, "WARP_SPECIALIZE": 1, "EPILOGUE_SUBTILE": 2},
+        {"WARP_SPECIALIZE": 1},
+        {"PROGRAMS_PER_SM": 2},
+    ],
+    ids=str,
+)
+def test_gpu_hopper_knobs(variant, knobs):
+    if variant in ("default", "tma") and set(knobs) != {"EPILOGUE_SUBTILE"}:
+        pytest.skip("persistent knob")
+    warps_stages = {"num_warps": 4, "num_stages": 3} if "PROGRAMS_PER_SM" in knobs else {"num_warps": 8}
+    bn = 64 if "PROGRAMS_PER_SM" in knobs else 256
+    config = Config(128, bn, 64, 8, variant=variant, **warps_stages, **knobs)
+    for m, n, k in ((2048, 14336, 4096), (1000, 1240, 520)):
+        run_case(None, m, n, k, "NT", torch.bfloat16, "bias_gelu_tanh_residual", device="cuda", config=config)

@@ -3,7 +3,10 @@ that keep infeasible configs from ever being compiled.
 
     SPACE["matmul"]: BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
                      GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
-                     num_stages in 1..6 (the matmul template has no split-K)
+                     num_stages in 1..6 (the matmul template has no split-K);
+                     the main loop (variant default, tma, persistent, tma_persistent),
+                     EPILOGUE_SUBTILE in {1, 2, 4}; for the persistent variants
+                     PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1}
     SPACE["gemv"]:   BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 16..256,
                      SPLIT_K in 1..32 with its reduction (variant default = no
                      split, two_pass or atomic), num_warps in {2, 4, 8},
@@ -19,7 +22,11 @@ A config is feasible for a problem on a device when
 - the fp32 accumulator fits the register file: BLOCK_M * BLOCK_N / (32 * num_warps)
   <= 128 registers per thread (half of the 255 a thread may have), and each
   thread holds at least 4 accumulator elements (fewer wastes warps);
-- the template accepts it (``render.config_error``: the gemv variant matches SPLIT_K);
+- the template accepts it (``render.config_error``: the gemv variant matches SPLIT_K;
+  the tma variants take 2-D problems whose rows are 16-byte aligned; the persistent knobs
+  are left at their defaults by the other variants);
+- two programs per SM (persistent) fit twice in shared memory, and their accumulators
+  take at most half of the 64K-register file;
 - split-K has at least one K block per split (gemv);
 - it avoids a Triton 3.6 miscompile seen on an H200 (2026-11-21): 2 warps with
   BLOCK_K >= 128 when K is not a multiple of 16 gave illegal memory accesses or
@@ -48,6 +55,11 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
         "GROUP_M": (1, 4, 8, 16),
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
+        "variant": ("default", "tma", "persistent", "tma_persistent"),
+        "EPILOGUE_SUBTILE": (1, 2, 4),
+        "PROGRAMS_PER_SM": (1, 2),
+        "FLATTEN": (0, 1),
+        "WARP_SPECIALIZE": (0, 1),
     },
     "gemv": {
         "BLOCK_M": (16,),
@@ -70,6 +82,7 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
 }
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 MAX_ACC_REGS = 128
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MIN_ACC_PER_THREAD = 4
 
 
@@ -142,6 +155,12 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     per_thread = config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
     if per_thread > MAX_ACC_REGS:
         return f"the accumulator needs {per_thread} registers per thread (at most {MAX_ACC_REGS})"
+    if config.PROGRAMS_PER_SM > 1:
+        programs = config.PROGRAMS_PER_SM
+        if programs * smem > limits.smem_bytes:
+            return f"{programs} programs per SM need {programs * smem} bytes of shared memory"
+        if programs * config.BLOCK_M * config.BLOCK_N > REGISTER_FILE // 2:
+            return f"{programs} programs' accumulators would take over half of the register file"
     if problem.template == "gemv":
         k_blocks = triton.cdiv(s.k, config.BLOCK_K) if isinstance(s.k, int) else 1 << 20
         if k_blocks < config.SPLIT_K:
