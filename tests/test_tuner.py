@@ -437,5 +437,10 @@ def test_space_definition_is_the_documented_one():
         "GROUP_M": (1, 4, 8, 16),
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
+        "variant": ("default", "tma", "persistent", "tma_persistent"),
+        "EPILOGUE_SUBTILE": (1, 2, 4),
+        "PROGRAMS_PER_SM": (1, 2),
+        "FLATTEN": (0, 1),
+        "WARP_SPECIALIZE": (0, 1),
     }
     json.dumps(SPACE)

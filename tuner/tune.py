@@ -30,11 +30,13 @@ from epilab.tuner.suites import Spec
 from epilab.tuner.worker import CompilePool, Worker
 
 KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the default config
-    # Hopper main loops first (benchmarks/matmul_hopper.py on an H200: see benchmarks/RESULTS.md)
+    # Hopper main loops first: the winners of benchmarks/matmul_hopper.py on an H200 (RESULTS.md)
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma", EPILOGUE_SUBTILE=2),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, EPILOGUE_SUBTILE=2),
-    Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="tma_persistent"),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=4, variant="tma"),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="persistent", FLATTEN=1),
+    # the classic loop (any GPU, any layout)
     Config(128, 256, 64, 8, num_warps=8, num_stages=4),
     Config(128, 128, 64, 8, num_warps=4, num_stages=4),
     Config(64, 128, 64, 8, num_warps=4, num_stages=4),
