@@ -3,8 +3,9 @@
 The backend's custom op runs the same problem many times with tensors of the
 same shapes. ``Replay`` keeps what the first launch bound (every scalar
 argument, the grid, Triton's compiled kernel) and, per call, only swaps the
-tensor pointers and allocates the outputs, then calls the compiled kernel's
-launcher directly: the Python cost of a launch drops from the full bind
+tensor pointers (remaking TMA descriptors over them) and allocates the outputs,
+then calls the compiled kernel's launcher directly: the Python cost of a launch
+drops from the full bind
 (checks, strides, Triton's argument binding and cache lookup) to a list copy.
 
 A replay is valid for exactly the tensors its key describes: shapes, strides,
@@ -36,6 +37,10 @@ class Replay:
         # tensors are swapped in per call; holding the first call's would keep their memory
         # alive (and break CUDA-graph trees, which require every pool allocation to be tracked)
         self.values = [None if isinstance(bound.args[n], torch.Tensor) else bound.args[n] for n in names]
+        # a TMA descriptor holds its tensor too: remade from each call's tensor
+        self.descriptors = [(names.index(d.arg), names.index(d.tensor), d) for d in bound.descriptors]
+        for i, _, _ in self.descriptors:
+            self.values[i] = None
         self.inputs = [names.index(n) for n in inputs]
         self.outputs = [names.index(f"out{i}_ptr") for i in range(len(bound.outs))]
         self.out_specs = [(o.shape, o.stride(), o.dtype) for o in bound.outs]
@@ -53,6 +58,8 @@ class Replay:
         ]
         for i, o in zip(self.outputs, outs, strict=True):
             values[i] = o
+        for i, tensor, described in self.descriptors:
+            values[i] = described.make(values[tensor])
         k = self.compiled
         stream = torch.cuda.current_stream(device).cuda_stream
         g0, g1, g2 = self.grid

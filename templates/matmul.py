@@ -351,6 +351,23 @@ class Bound:
     kernel: object = None  # the jitted kernel, and its arguments and grid (None: no launch)
     args: Mapping[str, object] | None = None
     grid: tuple[int, ...] | None = None
+    descriptors: tuple[Described, ...] = ()  # TMA descriptor arguments: remade for new tensors
+
+
+@dataclass(frozen=True)
+class Described:
+    """A tensor-descriptor argument of a launch: made from tensor argument ``tensor`` (over
+    its transpose when ``transposed``) with ``block`` tiles."""
+
+    arg: str
+    tensor: str
+    transposed: bool
+    block: tuple[int, int]
+
+    def make(self, t: torch.Tensor) -> object:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        return TensorDescriptor.from_tensor(t.t() if self.transposed else t, list(self.block))
 
 
 def bind(
@@ -404,33 +421,34 @@ def bind(
         grid = (min(sms * config.PROGRAMS_PER_SM, grid[0] * batch),)
         args.update(BATCH=batch, NUM_SMS=grid[0])
     if config.variant in ("tma", "tma_persistent"):
-        descriptors = tma_descriptors(problem, config, a, b)
-        if descriptors is None:  # these tensors' strides or addresses do not suit TMA: no descriptors
+        described = tma_descriptors(problem, config, a, b)
+        if described is None:  # these tensors' strides or addresses do not suit TMA: no descriptors
             plain = "default" if config.variant == "tma" else "persistent"
             config = dataclasses.replace(config, variant=plain)
         else:
-            args.update(a_desc=descriptors[0], b_desc=descriptors[1])
+            args.update({d.arg: d.make(t) for d, t in zip(described, (a, b), strict=True)})
             bound = single_launch(problem, config, target, index_64, grid, args, outs)
-            return Bound(bound.outs, bound.run, bound.compile)  # descriptors hold the tensors: no replay
+            return dataclasses.replace(bound, descriptors=described)
     return single_launch(problem, config, target, index_64, grid, args, outs)
 
 
-def tma_descriptors(problem: Problem, config: Config, a: torch.Tensor, b: torch.Tensor) -> tuple | None:
-    """Host-side tensor descriptors of A and B for the tma variant (each over the matrix as it
-    is stored: a column-major operand is described transposed), or None when TMA cannot read
-    these tensors (2-D only; unit inner stride; 16-byte aligned outer stride and address)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+def tma_descriptors(
+    problem: Problem, config: Config, a: torch.Tensor, b: torch.Tensor
+) -> tuple[Described, Described] | None:
+    """How the tma variants describe A and B (each as it is stored: a column-major operand
+    is described transposed), or None when TMA cannot read these tensors (2-D only; unit
+    inner stride; 16-byte aligned outer stride and address)."""
     if a.dim() != 2 or b.dim() != 2:
         return None
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
-    stored = (a if a_row else a.t(), b if b_row else b.t())
-    blocks = ([bm, bk] if a_row else [bk, bm], [bk, bn] if b_row else [bn, bk])
-    for t in stored:
+    for t in (a if a_row else a.t(), b if b_row else b.t()):
         if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
             return None
-    return tuple(TensorDescriptor.from_tensor(t, blk) for t, blk in zip(stored, blocks, strict=True))
+    return (
+        Described("a_desc", "a_ptr", not a_row, (bm, bk) if a_row else (bk, bm)),
+        Described("b_desc", "b_ptr", not b_row, (bk, bn) if b_row else (bn, bk)),
+    )
 
 
 def tile_args(config: Config) -> dict[str, object]:

@@ -459,6 +459,35 @@ def test_gpu_compiler_runs_the_gemv_template_where_its_record_wins(db_path, m, n
     assert d.template == "gemv" and d.config["variant"] == "two_pass", d
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["tma", "tma_persistent"])
+def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, variant):
+    """A recorded tma config runs through the backend; later calls replay the launch with
+    TMA descriptors remade over their own tensors (new inputs give their own results)."""
+    from epilab.db import DeviceInfo
+
+    torch.manual_seed(0)
+    lin = nn.Linear(1024, 768).to("cuda", torch.bfloat16)
+
+    def model(t):
+        return F.gelu(lin(t), approximate="tanh")
+
+    xs = [torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    with torch.no_grad():
+        compiled(model, db_path, policy="auto")(xs[0])
+        problem = _seen_problem(db_path)
+        tma = {**CONFIG, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "variant": variant}
+        _record(db_path, problem, tma, 0.5, 0.9, device=DeviceInfo.of_cuda(0))
+        torch._dynamo.reset()
+        run = compiled(model, db_path, policy="auto")
+        for x in xs:  # the first call binds, the others replay
+            check_close(run(x).float(), F.gelu(as64(lin)(x.double()), approximate="tanh"), torch.bfloat16)
+    assert all(d.template == "matmul" and d.config["variant"] == variant for d in used(epilab.explain()))
+    from epilab.compiler import op
+
+    assert any(r.descriptors for r in op._replays.values()), "the tma launch was not replayed"
+
+
 def test_epilab_tune_seen_tunes_what_the_compiler_recorded(db_path, monkeypatch):
     from typer.testing import CliRunner
 

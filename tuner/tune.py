@@ -33,7 +33,9 @@ KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the d
     # Hopper main loops first: the winners of benchmarks/matmul_hopper.py on an H200 (RESULTS.md)
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma", EPILOGUE_SUBTILE=2),
-    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, EPILOGUE_SUBTILE=2),
+    Config(
+        128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, EPILOGUE_SUBTILE=2
+    ),
     Config(128, 256, 64, 8, num_warps=8, num_stages=4, variant="tma"),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="persistent", FLATTEN=1),
     # the classic loop (any GPU, any layout)
