@@ -4,7 +4,7 @@
 
 For each problem (the ``square`` suite: pure GEMM; ``llm``: the fused projections, M >=
 ``--min-m``) and each variant, a fixed sweep of configs (``SWEEP``: the tuner's known-good
-tiles, with the epilogue subtiled and the persistent loop's knobs) is checked against the
+tiles, with the epilogue subtiled, the persistent loop's knobs and TMA stores) is checked against the
 float64 reference and timed by the tuner's own worker code (``tuner.evaluate``: CUDA events
 with L2 flushed, CUDA graphs over rotating inputs under 50 us); the best per variant is
 reported with cuBLAS on the matmul alone (the same shape, no epilogue), cuBLAS + eager
@@ -50,7 +50,17 @@ _PERSISTENT = [  # the same tiles with the persistent loop's knobs (flatten wins
     {**_SQUARE, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 2},
     {**_TALL, "num_stages": 3, "FLATTEN": 1},
 ]
-SWEEP = {"default": _CLASSIC, "tma": _CLASSIC, "persistent": _PERSISTENT, "tma_persistent": _PERSISTENT}
+_TMA_STORE = [  # outputs through tensor descriptors too
+    {**_WIDE, "num_stages": 3, "EPILOGUE_SUBTILE": 2, "TMA_STORE": 1},
+    {**_WIDE, "num_stages": 4, "TMA_STORE": 1},
+]
+_TMA_PERSISTENT_STORE = [{**knobs, "FLATTEN": 1} for knobs in _TMA_STORE]
+SWEEP = {
+    "default": _CLASSIC,
+    "tma": _CLASSIC + _TMA_STORE,
+    "persistent": _PERSISTENT,
+    "tma_persistent": _PERSISTENT + _TMA_PERSISTENT_STORE,
+}
 
 
 def ms_of(result: dict, other: dict | None = None) -> float | None:

@@ -60,7 +60,8 @@ def config_text(c: dict[str, Any] | None) -> str:
         text += f" sub{c['EPILOGUE_SUBTILE']}"
     if c.get("PROGRAMS_PER_SM", 1) != 1:
         text += f" {c['PROGRAMS_PER_SM']}/sm"
-    return text + (" flat" if c.get("FLATTEN") else "") + (" ws" if c.get("WARP_SPECIALIZE") else "")
+    flags = {"FLATTEN": " flat", "WARP_SPECIALIZE": " ws", "TMA_STORE": " tma-store"}
+    return text + "".join(flag for name, flag in flags.items() if c.get(name))
 
 
 def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_LIMIT) -> str:

@@ -426,10 +426,33 @@ def bind(
             plain = "default" if config.variant == "tma" else "persistent"
             config = dataclasses.replace(config, variant=plain)
         else:
-            args.update({d.arg: d.make(t) for d, t in zip(described, (a, b), strict=True)})
+            stores = tma_store_descriptors(config, outs) if config.TMA_STORE else ()
+            if stores is None:  # these outputs do not suit TMA: pointer stores
+                config, stores = dataclasses.replace(config, TMA_STORE=0), ()
+            tensors = (a, b, *(outs[i] for i in range(len(stores))))
+            args.update({d.arg: d.make(t) for d, t in zip((*described, *stores), tensors, strict=True)})
             bound = single_launch(problem, config, target, index_64, grid, args, outs)
-            return dataclasses.replace(bound, descriptors=described)
+            return dataclasses.replace(bound, descriptors=(*described, *stores))
     return single_launch(problem, config, target, index_64, grid, args, outs)
+
+
+def _tma_readable(t: torch.Tensor) -> bool:
+    """A 2-D tensor TMA can address: unit inner stride, 16-byte aligned row stride and address."""
+    return (
+        t.dim() == 2
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def tma_store_descriptors(config: Config, outs: tuple[torch.Tensor, ...]) -> tuple[Described, ...] | None:
+    """How TMA_STORE describes each output (one store per epilogue slice), or None when an
+    output is not a row-major, 16-byte aligned matrix."""
+    if not all(_tma_readable(o) for o in outs):
+        return None
+    block = (config.BLOCK_M, config.BLOCK_N // config.EPILOGUE_SUBTILE)
+    return tuple(Described(f"out{i}_desc", f"out{i}_ptr", False, block) for i in range(len(outs)))
 
 
 def tma_descriptors(
@@ -442,9 +465,8 @@ def tma_descriptors(
         return None
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
-    for t in (a if a_row else a.t(), b if b_row else b.t()):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            return None
+    if not (_tma_readable(a if a_row else a.t()) and _tma_readable(b if b_row else b.t())):
+        return None
     return (
         Described("a_desc", "a_ptr", not a_row, (bm, bk) if a_row else (bk, bm)),
         Described("b_desc", "b_ptr", not b_row, (bk, bn) if b_row else (bn, bk)),

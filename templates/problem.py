@@ -46,6 +46,8 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "PROGRAMS_PER_SM": (1, 2),
     "FLATTEN": (0, 1),
     "WARP_SPECIALIZE": (0, 1),
+    # tma matmul: outputs stored through tensor descriptors (where the outputs allow)
+    "TMA_STORE": (0, 1),
 }
 
 Dim = int | sympy.Expr
@@ -65,6 +67,7 @@ class Config:
     PROGRAMS_PER_SM: int = 1
     FLATTEN: int = 0
     WARP_SPECIALIZE: int = 0
+    TMA_STORE: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -93,6 +96,7 @@ class Config:
             f"{self.PROGRAMS_PER_SM}/sm" if self.PROGRAMS_PER_SM != 1 else "",
             "flat" if self.FLATTEN else "",
             "ws" if self.WARP_SPECIALIZE else "",
+            "tma-store" if self.TMA_STORE else "",
         ]
         return " ".join(
             [

@@ -69,7 +69,9 @@ class _StoredOutput:
     value: str  # Triton expression of the value to store, already in the output dtype
 
 
-def _epilogue_hooks(problem: Problem) -> dict[str, object]:
+def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, object]:
+    """``epilogue_params()`` and ``store_output(...)``; with ``tma_store`` every output is
+    stored through its tensor descriptor ``out{i}_desc`` at (m0, n0) instead of by pointers."""
     ep = problem.epilogue
     operands = [{"name": name, "kind": kind} for name, kind in ep.operands]
 
@@ -81,9 +83,13 @@ def _epilogue_hooks(problem: Problem) -> dict[str, object]:
         params += [
             f"out{i}_ptr, out{i}_stride_b, out{i}_stride_m, out{i}_stride_n," for i in range(len(ep.outputs))
         ]
+        if tma_store:
+            params.append(" ".join(f"out{i}_desc," for i in range(len(ep.outputs))))
         return "\n    ".join(params)
 
-    def store_output(*, acc: str, rm: str, rn: str, pid_b: str, mask_m: str, mask_n: str) -> str:
+    def store_output(
+        *, acc: str, rm: str, rn: str, pid_b: str, mask_m: str, mask_n: str, m0: str = "", n0: str = ""
+    ) -> str:
         leaf_vars = {"acc": acc, **{o["name"]: f"op_{o['name']}" for o in operands}}
         lines, out_vars = ep.triton_lines(leaf_vars)
         outputs = []
@@ -105,6 +111,9 @@ def _epilogue_hooks(problem: Problem) -> dict[str, object]:
                 pid_b=pid_b,
                 mask_m=mask_m,
                 mask_n=mask_n,
+                tma_store=tma_store,
+                m0=m0,
+                n0=n0,
             )
             .rstrip("\n")
         )
@@ -140,7 +149,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
     return None
 
 
-HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
+HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
 _ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
@@ -157,7 +166,7 @@ def _matmul_variant_error(problem: Problem, config: Config) -> str | None:
     if not persistent and (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
         return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
     if config.variant not in ("tma", "tma_persistent"):
-        return None
+        return "TMA_STORE needs a tma variant" if config.TMA_STORE else None
     s = problem.shape
     if s.batch != 1 or problem.op in ("bmm", "baddbmm") or "strided" in (problem.layout_a, problem.layout_b):
         return "the tma variants take 2-D problems with row- or column-major A and B"
@@ -169,6 +178,12 @@ def _matmul_variant_error(problem: Problem, config: Config) -> str | None:
                 f"the tma variants need 16-byte aligned rows; {name.upper()}'s rows of {dim} "
                 f"{problem.dtype} elements are not"
             )
+    if config.TMA_STORE:
+        for out in problem.epilogue.outputs:
+            if out.dtype == "bool":
+                return "TMA_STORE cannot store bool outputs"
+            if isinstance(s.n, int) and s.n * _ELEMENT_BYTES[out.dtype] % TMA_ALIGN_BYTES:
+                return f"TMA_STORE needs 16-byte aligned output rows; rows of {s.n} {out.dtype} are not"
     return None
 
 
@@ -217,7 +232,7 @@ def render(problem: Problem, config: Config, *, target: Target = "cuda", index_6
         flatten=bool(config.FLATTEN),
         warp_specialize=bool(config.WARP_SPECIALIZE),
         **_conv_vars(problem, config),
-        **_epilogue_hooks(problem),
+        **_epilogue_hooks(problem, tma_store=bool(config.TMA_STORE)),
     )
 
 

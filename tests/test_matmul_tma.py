@@ -10,6 +10,9 @@ import pytest
 import torch
 from test_matmul import DTYPES, run_case
 
+from epilab.templates.check import rel_error, tolerance
+from epilab.templates.epilogue import Epilogue, acc
+from epilab.templates.epilogue import ops as ops_
 from epilab.templates.matmul import bind, make_problem, tma_descriptors
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
@@ -123,6 +126,47 @@ def test_persistent_knobs(variant, knobs):
     run_case(None, 72, 104, 40, "NN", torch.float16, "bias_gelu_tanh_residual", config=config)
 
 
+@pytest.mark.parametrize("subtile", [1, 2, 4])
+@pytest.mark.parametrize("variant", ["tma", "tma_persistent"])
+@pytest.mark.parametrize("epilogue", ["bias_gelu_tanh_residual", "two_outputs", "col_vector", "cast_fp32"])
+def test_tma_stores_write_every_element_and_clip_at_the_edges(subtile, variant, epilogue):
+    """Outputs through tensor descriptors: 40x104 is ragged against 16x64 tiles (TMA clips)."""
+    config = Config(
+        16, 64, 16, 4, num_warps=4, num_stages=1, variant=variant, EPILOGUE_SUBTILE=subtile, TMA_STORE=1
+    )
+    run_case(None, 40, 104, 48, "NT", torch.float16, epilogue, config=config)
+
+
+def test_tma_store_falls_back_to_pointer_stores_for_outputs_tma_cannot_write():
+    gen = torch.Generator().manual_seed(1)
+    a, w = torch.randn(40, 64, generator=gen).half(), torch.randn(48, 64, generator=gen).half()
+    ep, ops = simple_epilogue(a, w.t(), activation="relu")
+    problem = make_problem(a, w.t(), ep, ops)
+    config = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma", TMA_STORE=1)
+    assert [d.arg for d in bind(problem, config, a, w.t(), ops).descriptors][-1] == "out0_desc"
+    out = torch.full((48, 40), float("nan"), dtype=torch.float16).t()  # column-major output
+    bound = bind(problem, config, a, w.t(), ops, out=(out,))
+    assert [d.arg for d in bound.descriptors] == ["a_desc", "b_desc"]
+    bound.run()
+    ref = torch.relu(a.double() @ w.double().t())
+    assert rel_error(out, ref) <= tolerance("float16", "ieee", "float16")
+
+
+def test_tma_store_rules():
+    a, w = torch.randn(40, 64).half(), torch.randn(44, 64).half()
+    ep, ops = simple_epilogue(a, w.t())
+    odd = make_problem(a, w.t(), ep, ops)  # rows of 44 fp16 outputs: 88 bytes
+    assert "16-byte aligned output rows" in config_error(odd, Config(16, 32, 16, variant="tma", TMA_STORE=1))
+    b = torch.randn(64, 48).half()
+    ep2, ops2 = simple_epilogue(a, b)
+    fine = make_problem(a, b, ep2, ops2)
+    assert "needs a tma variant" in config_error(fine, Config(16, 32, 16, variant="persistent", TMA_STORE=1))
+    assert config_error(fine, Config(16, 32, 16, variant="tma_persistent", TMA_STORE=1)) is None
+    mask = Epilogue.build([(ops_.gt(acc(), 0.0), "bool")])
+    boolean = make_problem(a, b, mask, {})
+    assert "bool outputs" in config_error(boolean, Config(16, 32, 16, variant="tma", TMA_STORE=1))
+
+
 def test_hopper_knob_rules():
     a, b = torch.randn(64, 64).half(), torch.randn(64, 64).half()
     ep, ops = simple_epilogue(a, b)
@@ -166,14 +210,18 @@ def test_gpu_hopper_variants(variant, layout, shape):
         {"FLATTEN": 1, "WARP_SPECIALIZE": 1, "EPILOGUE_SUBTILE": 2},
         {"WARP_SPECIALIZE": 1},
         {"PROGRAMS_PER_SM": 2},
+        {"TMA_STORE": 1},
+        {"TMA_STORE": 1, "EPILOGUE_SUBTILE": 2},
     ],
     ids=str,
 )
 def test_gpu_hopper_knobs(variant, knobs):
-    if variant in ("default", "tma") and set(knobs) != {"EPILOGUE_SUBTILE"}:
+    if variant in ("default", "tma") and not set(knobs) <= {"EPILOGUE_SUBTILE", "TMA_STORE"}:
         pytest.skip("persistent knob")
+    if "TMA_STORE" in knobs and variant not in ("tma", "tma_persistent"):
+        pytest.skip("TMA stores need a tma variant")
     warps_stages = {"num_warps": 4, "num_stages": 3} if "PROGRAMS_PER_SM" in knobs else {"num_warps": 8}
     bn = 64 if "PROGRAMS_PER_SM" in knobs else 256
     config = Config(128, bn, 64, 8, variant=variant, **warps_stages, **knobs)
-    for m, n, k in ((2048, 14336, 4096), (1000, 1240, 520)):
+    for m, n, k in ((2048, 14336, 4096), (1000, 1240, 520), (777, 136, 264)):
         run_case(None, m, n, k, "NT", torch.bfloat16, "bias_gelu_tanh_residual", device="cuda", config=config)

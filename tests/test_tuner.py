@@ -442,5 +442,6 @@ def test_space_definition_is_the_documented_one():
         "PROGRAMS_PER_SM": (1, 2),
         "FLATTEN": (0, 1),
         "WARP_SPECIALIZE": (0, 1),
+        "TMA_STORE": (0, 1),
     }
     json.dumps(SPACE)

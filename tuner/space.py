@@ -6,7 +6,8 @@ that keep infeasible configs from ever being compiled.
                      num_stages in 1..6 (the matmul template has no split-K);
                      the main loop (variant default, tma, persistent, tma_persistent),
                      EPILOGUE_SUBTILE in {1, 2, 4}; for the persistent variants
-                     PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1}
+                     PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1};
+                     for the tma variants TMA_STORE in {0, 1} (outputs through descriptors)
     SPACE["gemv"]:   BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 16..256,
                      SPLIT_K in 1..32 with its reduction (variant default = no
                      split, two_pass or atomic), num_warps in {2, 4, 8},
@@ -23,8 +24,9 @@ A config is feasible for a problem on a device when
   <= 128 registers per thread (half of the 255 a thread may have), and each
   thread holds at least 4 accumulator elements (fewer wastes warps);
 - the template accepts it (``render.config_error``: the gemv variant matches SPLIT_K;
-  the tma variants take 2-D problems whose rows are 16-byte aligned; the persistent knobs
-  are left at their defaults by the other variants);
+  the tma variants take 2-D problems whose rows are 16-byte aligned, and TMA_STORE non-bool
+  outputs with aligned rows; the persistent knobs are left at their defaults by the other
+  variants);
 - two programs per SM (persistent) fit twice in shared memory, and their accumulators
   take at most half of the 64K-register file;
 - split-K has at least one K block per split (gemv);
@@ -60,6 +62,7 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
         "PROGRAMS_PER_SM": (1, 2),
         "FLATTEN": (0, 1),
         "WARP_SPECIALIZE": (0, 1),
+        "TMA_STORE": (0, 1),
     },
     "gemv": {
         "BLOCK_M": (16,),
