@@ -1,7 +1,10 @@
 """The search loop: an optuna study per (problem, device), asked in batches.
 
 Each dimension of the template's search space is an ordinal optuna parameter
-(the index into its tuple of values), sampled by multivariate TPE. Proposals
+(the index into its tuple of values), sampled by multivariate TPE; a dimension
+that does not apply to the values drawn before it (``space.applies``: the
+persistent knobs for other variants) is not sampled and keeps its default, so
+the sampler models a conditional space instead of proposing dead combinations. Proposals
 that are infeasible never reach ``evaluate``: they are told a penalty so TPE
 learns to avoid them, and do not count as trials. Proposals already measured
 in this study are told their old value. The study is seeded with known-good
@@ -17,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import optuna
 
 from epilab.templates.problem import Config
+from epilab.tuner.space import applies
 
 PENALTY = 1e3  # told for infeasible and failed configs (objective is log10 of ms)
 STATUS_ATTR = "epilab_status"
@@ -51,12 +56,34 @@ class SearchResult:
     stopped_by: str  # trials, time, patience, exhausted
 
 
-def _decode(space: dict[str, tuple[int, ...]], params: dict[str, int]) -> Config:
-    return Config(**{name: values[params[name]] for name, values in space.items()})
+Applies = Callable[[str, Mapping[str, object]], bool]
 
 
-def _encode(space: dict[str, tuple[int, ...]], config: Config) -> dict[str, int]:
-    return {name: values.index(getattr(config, name)) for name, values in space.items()}
+def _decode(space: dict[str, tuple[int, ...]], params: Mapping[str, int]) -> Config:
+    """The config of a trial's parameters (a dimension it did not sample keeps its default)."""
+    return Config(**{name: values[params.get(name, 0)] for name, values in space.items()})
+
+
+def _encode(space: dict[str, tuple[int, ...]], config: Config, applies: Applies) -> dict[str, int]:
+    params: dict[str, int] = {}
+    chosen: dict[str, object] = {}
+    for name, values in space.items():
+        chosen[name] = getattr(config, name)
+        if applies(name, chosen):
+            params[name] = values.index(chosen[name])
+    return params
+
+
+def _ask(study: optuna.Study, space: dict[str, tuple[int, ...]], applies: Applies) -> optuna.Trial:
+    """A new trial with the dimensions that apply sampled, in the space's order."""
+    trial = study.ask()
+    chosen: dict[str, object] = {}
+    for name, values in space.items():
+        if applies(name, chosen):
+            chosen[name] = values[trial.suggest_int(name, 0, len(values) - 1)]
+        else:
+            chosen[name] = values[0]
+    return trial
 
 
 def search(
@@ -69,11 +96,9 @@ def search(
     seeds: Sequence[Config] = (),
     clock: Callable[[], float] = time.monotonic,
     on_trial: Callable[[Config, Outcome, Config | None, float | None], None] | None = None,
+    applies: Applies = applies,
 ) -> SearchResult:
     """Run (or resume) ``study`` until a budget is spent; see the module doc."""
-    distributions = {
-        name: optuna.distributions.IntDistribution(0, len(values) - 1) for name, values in space.items()
-    }
     seen: dict[Config, float] = {}
     best: Config | None = None
     best_value = math.inf
@@ -87,7 +112,7 @@ def search(
     if not study.trials:
         for c in seeds:
             if infeasible(c) is None:
-                study.enqueue_trial(_encode(space, c), skip_if_exists=True)
+                study.enqueue_trial(_encode(space, c, applies), skip_if_exists=True)
     start = clock()
     new = 0
     since_best = 0
@@ -107,7 +132,7 @@ def search(
         want = min(budget.batch, budget.trials - len(seen))
         while len(batch) < want and proposals < 50 * budget.batch:
             proposals += 1
-            trial = study.ask(distributions)
+            trial = _ask(study, space, applies)
             config = _decode(space, trial.params)
             if infeasible(config) is not None:
                 trial.set_user_attr(STATUS_ATTR, "infeasible")
@@ -148,7 +173,11 @@ def make_study(
     if restart and storage is not None:
         with contextlib.suppress(KeyError):  # nothing to delete
             optuna.delete_study(study_name=name, storage=storage)
-    sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, n_startup_trials=8, constant_liar=True)
+    with warnings.catch_warnings():  # group=True is marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(
+            multivariate=True, group=True, seed=seed, n_startup_trials=8, constant_liar=True
+        )
     return optuna.create_study(
         study_name=name, storage=storage, sampler=sampler, direction="minimize", load_if_exists=True
     )

@@ -40,6 +40,7 @@ A config is feasible for a problem on a device when
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import triton
@@ -114,7 +115,16 @@ class DeviceLimits:
 
 # What the interpreter dry run assumes: an H100/H200 (sm_90: 227 KiB per block).
 HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448)
-__all__ = ["HOPPER", "INTERPRETER_DEVICE", "SPACE", "DeviceLimits", "configs", "infeasible", "space_for"]
+__all__ = [
+    "HOPPER",
+    "INTERPRETER_DEVICE",
+    "SPACE",
+    "DeviceLimits",
+    "applies",
+    "configs",
+    "infeasible",
+    "space_for",
+]
 
 
 def _padded(dim: object) -> int:
@@ -173,6 +183,22 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     if config.num_warps == 2 and config.BLOCK_K >= 128 and not (isinstance(s.k, int) and s.k % 16 == 0):
         return "2 warps with BLOCK_K >= 128 and K not a multiple of 16 miscompile in Triton 3.6"
     return None
+
+
+PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
+
+
+def applies(name: str, chosen: Mapping[str, object]) -> bool:
+    """Whether dimension ``name`` means anything given the values chosen before it (in the
+    space's order): the persistent loop's knobs for the persistent variants, TMA_STORE for
+    the tma variants. The search does not sample a dimension that does not apply; it keeps
+    the dimension's first value (its default)."""
+    variant = chosen.get("variant", "default")
+    if name in PERSISTENT_KNOBS:
+        return variant in ("persistent", "tma_persistent")
+    if name == "TMA_STORE":
+        return variant in ("tma", "tma_persistent")
+    return True
 
 
 def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:

@@ -37,6 +37,7 @@ KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the d
         128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, EPILOGUE_SUBTILE=2
     ),
     Config(128, 256, 64, 8, num_warps=8, num_stages=4, variant="tma"),
+    Config(128, 256, 64, 8, 1, 8, 3, "tma_persistent", EPILOGUE_SUBTILE=2, FLATTEN=1, TMA_STORE=1),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="persistent", FLATTEN=1),
     # the classic loop (any GPU, any layout)
     Config(128, 256, 64, 8, num_warps=8, num_stages=4),
