@@ -6,6 +6,8 @@ loop with the same result; the rules that make a config infeasible."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_matmul import DTYPES, run_case
@@ -162,6 +164,11 @@ def test_tma_store_rules():
     fine = make_problem(a, b, ep2, ops2)
     assert "needs a tma variant" in config_error(fine, Config(16, 32, 16, variant="persistent", TMA_STORE=1))
     assert config_error(fine, Config(16, 32, 16, variant="tma_persistent", TMA_STORE=1)) is None
+    # the staged output counts against shared memory: 196608 + 65536 bytes does not fit
+    big = make_problem(torch.randn(512, 512).half(), torch.randn(512, 512).half(), ep2, ops2)
+    store = Config(256, 128, 128, 8, num_warps=8, num_stages=2, variant="tma_persistent", TMA_STORE=1)
+    assert "262144 bytes of shared memory" in infeasible(big, store, HOPPER)
+    assert infeasible(big, dataclasses.replace(store, EPILOGUE_SUBTILE=2), HOPPER) is None
     mask = Epilogue.build([(ops_.gt(acc(), 0.0), "bool")])
     boolean = make_problem(a, b, mask, {})
     assert "bool outputs" in config_error(boolean, Config(16, 32, 16, variant="tma", TMA_STORE=1))

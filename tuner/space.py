@@ -18,7 +18,9 @@ that keep infeasible configs from ever being compiled.
 
 A config is feasible for a problem on a device when
 - its pipelined tiles fit the device's shared memory:
-  num_stages * (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * element size <= limit;
+  num_stages * (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * element size <= limit, plus with
+  TMA_STORE the staged output slices, BLOCK_M * BLOCK_N / EPILOGUE_SUBTILE per output
+  element byte (an H200 refused 256x128x128 x 2 stages with a 64 KiB store buffer);
 - no block is larger than the padded problem (next power of two, at least 16);
 - the fp32 accumulator fits the register file: BLOCK_M * BLOCK_N / (32 * num_warps)
   <= 128 registers per thread (half of the 255 a thread may have), and each
@@ -163,6 +165,9 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
             return f"{name}={block} is larger than the padded dimension {_padded(dim)}"
     esize = ELEMENT_BYTES[problem.dtype]
     smem = config.num_stages * (config.BLOCK_M * config.BLOCK_K + config.BLOCK_K * config.BLOCK_N) * esize
+    if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
+        out_bytes = sum(ELEMENT_BYTES[o.dtype] for o in problem.epilogue.outputs)
+        smem += config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
     if smem > limits.smem_bytes:
         return f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
     per_thread = config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
