@@ -28,7 +28,14 @@ from epilab.templates.problem import (
     Problem,
     Shape,
 )
-from epilab.templates.render import Target, kernel_name, render, template_hash
+from epilab.templates.render import (
+    PERSISTENT_VARIANTS,
+    TMA_VARIANTS,
+    Target,
+    kernel_name,
+    render,
+    template_hash,
+)
 from epilab.templates.rules import DTYPES as TORCH_DTYPES
 
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -414,13 +421,13 @@ def bind(
         "stride_bn": bt.b[1][2],
     }
     args.update(epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n)))
-    if config.variant in ("persistent", "tma_persistent"):
+    if config.variant in PERSISTENT_VARIANTS:
         sms = (
             4 if target == "interpreter" else torch.cuda.get_device_properties(a.device).multi_processor_count
         )
         grid = (min(sms * config.PROGRAMS_PER_SM, grid[0] * batch),)
         args.update(BATCH=batch, NUM_SMS=grid[0])
-    if config.variant in ("tma", "tma_persistent"):
+    if config.variant in TMA_VARIANTS:
         described = tma_descriptors(problem, config, a, b)
         if described is None:  # these tensors' strides or addresses do not suit TMA: no descriptors
             plain = "default" if config.variant == "tma" else "persistent"

@@ -23,6 +23,7 @@ from epilab.templates.epilogue import Epilogue
 
 DTYPES = ("float16", "bfloat16", "float32")  # A and B
 OPERAND_DTYPES = ("float16", "bfloat16", "float32", "bool")
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1}
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
 CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 PRECISIONS = ("ieee", "tf32")  # how a float32 dot is done

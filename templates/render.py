@@ -19,7 +19,7 @@ from typing import Literal
 import jinja2
 import sympy
 
-from epilab.templates.problem import Config, Problem
+from epilab.templates.problem import ELEMENT_BYTES, Config, Problem
 from epilab.templates.rules import TRITON_DTYPES
 
 Target = Literal["cuda", "interpreter"]
@@ -35,6 +35,8 @@ TEMPLATE_FILES: dict[str, tuple[str, ...]] = {
 # tma: operand tiles through tensor descriptors (Hopper); persistent: one program per SM
 # looping over the tiles; tma_persistent: both
 MATMUL_VARIANTS = ("default", "tma", "persistent", "tma_persistent")
+TMA_VARIANTS = ("tma", "tma_persistent")
+PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
 GEMV_BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
 GEMV_VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
 
@@ -151,7 +153,6 @@ def config_error(problem: Problem, config: Config) -> str | None:
 
 HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
-_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def _hopper_knobs(config: Config) -> tuple[int, ...]:
@@ -162,10 +163,10 @@ def _matmul_variant_error(problem: Problem, config: Config) -> str | None:
     """The matmul template's rules for its variants and Hopper knobs."""
     if config.BLOCK_N // config.EPILOGUE_SUBTILE < 16:
         return f"EPILOGUE_SUBTILE={config.EPILOGUE_SUBTILE} slices BLOCK_N={config.BLOCK_N} below 16 columns"
-    persistent = config.variant in ("persistent", "tma_persistent")
+    persistent = config.variant in PERSISTENT_VARIANTS
     if not persistent and (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
         return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
-    if config.variant not in ("tma", "tma_persistent"):
+    if config.variant not in TMA_VARIANTS:
         return "TMA_STORE needs a tma variant" if config.TMA_STORE else None
     s = problem.shape
     if s.batch != 1 or problem.op in ("bmm", "baddbmm") or "strided" in (problem.layout_a, problem.layout_b):
@@ -173,7 +174,7 @@ def _matmul_variant_error(problem: Problem, config: Config) -> str | None:
     # The leading stride of each operand as stored (contiguous): TMA needs it 16-byte aligned
     leading = {"a": s.k if problem.layout_a == "row" else s.m, "b": s.n if problem.layout_b == "row" else s.k}
     for name, dim in leading.items():
-        if isinstance(dim, int) and dim * _ELEMENT_BYTES[problem.dtype] % TMA_ALIGN_BYTES:
+        if isinstance(dim, int) and dim * ELEMENT_BYTES[problem.dtype] % TMA_ALIGN_BYTES:
             return (
                 f"the tma variants need 16-byte aligned rows; {name.upper()}'s rows of {dim} "
                 f"{problem.dtype} elements are not"
@@ -182,7 +183,7 @@ def _matmul_variant_error(problem: Problem, config: Config) -> str | None:
         for out in problem.epilogue.outputs:
             if out.dtype == "bool":
                 return "TMA_STORE cannot store bool outputs"
-            if isinstance(s.n, int) and s.n * _ELEMENT_BYTES[out.dtype] % TMA_ALIGN_BYTES:
+            if isinstance(s.n, int) and s.n * ELEMENT_BYTES[out.dtype] % TMA_ALIGN_BYTES:
                 return f"TMA_STORE needs 16-byte aligned output rows; rows of {s.n} {out.dtype} are not"
     return None
 

@@ -49,8 +49,8 @@ import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 from epilab.templates.gemv import kernel_problem
-from epilab.templates.problem import Config, Problem, Shape
-from epilab.templates.render import config_error
+from epilab.templates.problem import ELEMENT_BYTES, Config, Problem, Shape
+from epilab.templates.render import MATMUL_VARIANTS, PERSISTENT_VARIANTS, TMA_VARIANTS, config_error
 
 SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "matmul": {
@@ -60,7 +60,7 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
         "GROUP_M": (1, 4, 8, 16),
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
-        "variant": ("default", "tma", "persistent", "tma_persistent"),
+        "variant": MATMUL_VARIANTS,
         "EPILOGUE_SUBTILE": (1, 2, 4),
         "PROGRAMS_PER_SM": (1, 2),
         "FLATTEN": (0, 1),
@@ -86,7 +86,6 @@ SPACE: dict[str, dict[str, tuple[int, ...]]] = {
         "num_stages": (1, 2, 3, 4, 5),
     },
 }
-ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 MAX_ACC_REGS = 128
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MIN_ACC_PER_THREAD = 4
@@ -200,9 +199,9 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
     the dimension's first value (its default)."""
     variant = chosen.get("variant", "default")
     if name in PERSISTENT_KNOBS:
-        return variant in ("persistent", "tma_persistent")
+        return variant in PERSISTENT_VARIANTS
     if name == "TMA_STORE":
-        return variant in ("tma", "tma_persistent")
+        return variant in TMA_VARIANTS
     return True
 
 
