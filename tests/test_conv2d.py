@@ -111,25 +111,16 @@ GEOMETRIES = {  # (n, c, h, w, k, r, s, stride, padding, dilation, groups)
 }
 
 
+def run_geometry(geometry, **kw):
+    """``run_conv`` of a (n, c, h, w, k, r, s, stride, padding, dilation, groups) tuple."""
+    *sizes, stride, padding, dilation, groups = geometry
+    return run_conv(*sizes, stride=stride, padding=padding, dilation=dilation, groups=groups, **kw)
+
+
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
 def test_conv_geometries_and_layouts(geometry, layout):
-    n, c, h, w, k, r, s, stride, padding, dilation, groups = GEOMETRIES[geometry]
-    run_conv(
-        n,
-        c,
-        h,
-        w,
-        k,
-        r,
-        s,
-        stride=stride,
-        padding=padding,
-        dilation=dilation,
-        groups=groups,
-        layout=layout,
-        config=SMALL,
-    )
+    run_geometry(GEOMETRIES[geometry], layout=layout, config=SMALL)
 
 
 @pytest.mark.parametrize(
@@ -219,23 +210,7 @@ def test_bad_conv_inputs_are_refused_clearly(case, match):
 )
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 def test_gpu_conv(geometry, layout):
-    n, c, h, w, k, r, s, stride, padding, dilation, groups = geometry
-    run_conv(
-        n,
-        c,
-        h,
-        w,
-        k,
-        r,
-        s,
-        stride=stride,
-        padding=padding,
-        dilation=dilation,
-        groups=groups,
-        layout=layout,
-        epilogue="bias_residual_relu",
-        device="cuda",
-    )
+    run_geometry(geometry, layout=layout, epilogue="bias_residual_relu", device="cuda")
 
 
 def test_a_1x1_convolution_has_a_matmul_twin_that_computes_the_same():
