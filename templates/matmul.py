@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from epilab.config import settings
 from epilab.templates.build import build, interpreter_active
@@ -371,9 +372,7 @@ class Described:
     transposed: bool
     block: tuple[int, int]
 
-    def make(self, t: torch.Tensor) -> object:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
+    def make(self, t: torch.Tensor) -> TensorDescriptor:
         return TensorDescriptor.from_tensor(t.t() if self.transposed else t, list(self.block))
 
 
