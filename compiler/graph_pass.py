@@ -122,11 +122,13 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
                     moved = torch.ops.aten.reshape.default(val(o.node), list(o.reshape))
                 args.append(add(torch.ops.aten.reshape.default, (o.node, list(o.reshape)), moved))
         problem_json, plan_json = problem.to_json(), plan.to_json()
+        fake_args = (problem_json, plan_json, val(group.a), val(group.b), [val(a) for a in args])
         with fake:
-            outs = TEMPLATE_CALL(problem_json, plan_json, val(group.a), val(group.b), [val(a) for a in args])
-        call = add(
-            torch.ops.epilab.template_call.default, (problem_json, plan_json, group.a, group.b, args), outs
-        )
+            outs = TEMPLATE_CALL(*fake_args)
+        call = add(TEMPLATE_CALL, (problem_json, plan_json, group.a, group.b, args), outs)
+        # The strides the problem was made for: Inductor holds the call's inputs to exactly these
+        # (the op's needs_exact_strides tag reads them here; without them it may re-layout them)
+        call.meta["eager_input_vals"] = (fake_args, {})
         items = [add(operator.getitem, (call, i), out) for i, out in enumerate(outs)]
         for use in group.uses:
             new = items[use.output]

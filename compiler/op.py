@@ -17,12 +17,19 @@ layouts picks the config for its M and launches the template
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import torch
 
 from epilab.compiler.decide import Plan
-from epilab.templates.conv2d import as_conv_outputs, as_matmul
+from epilab.templates.conv2d import (
+    as_conv_outputs,
+    as_matmul,
+    as_matmul_output,
+    out_shape_of,
+    out_strides_of,
+)
 from epilab.templates.launcher import Replay, replay_key
 from epilab.templates.matmul import bind
 from epilab.templates.problem import Problem
@@ -43,17 +50,40 @@ def _plan(text: str) -> Plan:
     return Plan.from_json(text)
 
 
-def _out_shape(a: torch.Tensor, b: torch.Tensor) -> list:
-    m, n = a.shape[-2], b.shape[-1]
-    if a.dim() == 3:
-        return [a.shape[0], m, n]
-    if b.dim() == 3:
-        return [b.shape[0], m, n]
-    return [m, n]
+def output_specs(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor
+) -> list[tuple[tuple[object, ...], tuple[object, ...], torch.dtype]]:
+    """Sizes, strides and dtype of each output of a call with inputs ``a`` and ``b`` (real or
+    fake). They follow from the problem and the inputs' *sizes* alone, never from the
+    inputs' strides: the fake implementation and the real call both allocate from this one
+    function, so they agree whatever strides Inductor hands the call (it may re-layout the
+    inputs of an op it did not trace). Matmul and gemv outputs are contiguous; a convolution's
+    are in the memory format of the problem's input layout (channels_last for ``nhwc``); a
+    1x1 convolution run as its matmul twin (a 4-D ``a``) gives channels_last outputs."""
+    dtypes = [DTYPES[o.dtype] for o in problem.epilogue.outputs]
+    if problem.conv is not None:
+        shape, strides = out_shape_of(problem), out_strides_of(problem)
+    elif a.dim() == 4:
+        n, _, h, w = a.shape
+        k = b.shape[0]
+        shape, strides = (n, k, h, w), (k * h * w, 1, w * k, k)
+    else:
+        batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
+        batch = [max(batches)] if len(batches) == 2 else batches  # a batch of 1 broadcasts
+        shape = (*batch, a.shape[-2], b.shape[-1])
+        strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    return [(tuple(shape), tuple(strides), dt) for dt in dtypes]
 
 
 _LIB = torch.library.Library("epilab", "DEF")
-_LIB.define("template_call(str problem, str plan, Tensor a, Tensor b, Tensor[] operands) -> Tensor[]")
+# needs_exact_strides: Inductor passes the inputs with exactly the strides of the values the
+# graph pass recorded (node.meta["eager_input_vals"]), i.e. the layouts the problem was made for
+# (torch before 2.7 has only the weaker fixed stride order).
+_EXACT_STRIDES = getattr(torch.Tag, "needs_exact_strides", torch.Tag.needs_fixed_stride_order)
+_LIB.define(
+    "template_call(str problem, str plan, Tensor a, Tensor b, Tensor[] operands) -> Tensor[]",
+    tags=(_EXACT_STRIDES,),
+)
 
 
 def template_call(
@@ -69,17 +99,19 @@ def template_call(
     as_conv = p.conv is None and a.dim() == 4
     if replay is not None:
         outs = replay(tensors)  # a view has its tensor's address: the 4-D tensors serve as they are
-    else:
-        if as_conv:
-            a, b, operands = as_matmul(a, b, operands)
-        config = _plan(plan).choose(a.shape[-2])
-        bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)))
-        compiled = bound.run()
-        if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
-            inputs = ["x_ptr", "w_ptr"] if p.conv is not None else ["a_ptr", "b_ptr"]
-            _replays[key] = Replay(bound, compiled, [*inputs, *(f"op_{n}_ptr" for n in names)])
-        outs = list(bound.outs)
-    return as_conv_outputs(outs, tensors[0]) if as_conv else outs
+        return as_conv_outputs(outs, tensors[0]) if as_conv else outs
+    outs = [torch.empty_strided(s, st, dtype=dt, device=a.device) for s, st, dt in output_specs(p, a, b)]
+    into = outs
+    if as_conv:
+        a, b, operands = as_matmul(a, b, operands)
+        into = [as_matmul_output(o) for o in outs]
+    config = _plan(plan).choose(a.shape[-2])
+    bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)), tuple(into))
+    compiled = bound.run()
+    if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
+        inputs = ["x_ptr", "w_ptr"] if p.conv is not None else ["a_ptr", "b_ptr"]
+        _replays[key] = Replay(bound, compiled, [*inputs, *(f"op_{n}_ptr" for n in names)])
+    return outs
 
 
 _LIB.impl("template_call", template_call, "CompositeExplicitAutograd")
@@ -90,20 +122,7 @@ def _fake(
     problem: str, plan: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]
 ) -> list[torch.Tensor]:
     p, _ = _problem(problem)
-    if p.conv is None and a.dim() == 4:  # a 1x1 convolution as its matmul twin: channels_last out
-        n, _, h, w = a.shape
-        k = b.shape[0]
-        return [
-            a.new_empty_strided((n, k, h, w), (k * h * w, 1, w * k, k), dtype=DTYPES[o.dtype])
-            for o in p.epilogue.outputs
-        ]
-    if p.conv is not None:
-        from epilab.templates.conv2d import out_shape_of, out_strides_of
-
-        shape4, strides = out_shape_of(p), out_strides_of(p)
-        return [a.new_empty_strided(shape4, strides, dtype=DTYPES[o.dtype]) for o in p.epilogue.outputs]
-    shape = _out_shape(a, b)
-    return [a.new_empty(shape, dtype=DTYPES[o.dtype]) for o in p.epilogue.outputs]
+    return [a.new_empty_strided(s, st, dtype=dt) for s, st, dt in output_specs(p, a, b)]
 
 
 TEMPLATE_CALL = torch.ops.epilab.template_call.default

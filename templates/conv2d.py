@@ -363,6 +363,13 @@ def as_matmul(
     return a, b, ops
 
 
+def as_matmul_output(out: torch.Tensor) -> torch.Tensor:
+    """A channels_last [N, K, H, W] output as the [N*H*W, K] matrix the matmul twin writes
+    (a view: the kernel's stores land in ``out``; any other layout is refused)."""
+    n, k, h, w = out.shape
+    return out.permute(0, 2, 3, 1).view(n * h * w, k)
+
+
 def as_conv_outputs(outs: list[torch.Tensor], x: torch.Tensor) -> list[torch.Tensor]:
     """The matmul twin's [N*H*W, K] outputs as the convolution's [N, K, H, W] (channels_last views)."""
     n, _, h, w = x.shape

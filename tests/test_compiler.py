@@ -571,6 +571,41 @@ def test_resnet_block_convolutions_take_the_template_with_bn_relu_residual_fused
     assert "kind=tile" in second.epilogue and "relu" in second.epilogue  # + the residual, then relu
 
 
+def test_template_calls_get_the_strides_their_problem_was_made_for(db_path, monkeypatch):
+    """Issue 15: a convolution after a max pool, on the template while the one before stays
+    on aten. Inductor lays out the pool's output as it likes unless the call pins its inputs'
+    strides; before the fix the call got NCHW for an NHWC problem and its output broke the
+    graph's stride assertion."""
+    from epilab.compiler import op
+    from epilab.templates.conv2d import conv_layout
+
+    torch.manual_seed(0)
+    block1 = [nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2)]
+    block2 = [nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    net = _randomized(nn.Sequential(*block1, *block2)).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        compiled(net, db_path, policy="auto")(x)
+        first, second = epilab.explain(clear=True)
+        with TuningDB.open(db_path) as db:
+            problems = [Problem.from_json(db.problem_json(d.problem_key)[1]) for d in (first, second)]
+        _record(db_path, problems[0], {**CONFIG, "BLOCK_N": 16}, 2.0, 1.0)  # aten is faster
+        _record(db_path, problems[1], {**CONFIG, "BLOCK_N": 16}, 1.0, 2.0)  # the template is
+        seen = []
+        real_bind = op.bind
+
+        def spy(problem, config, a, *args, **kw):
+            seen.append((problem.layout_a, conv_layout(a)))
+            return real_bind(problem, config, a, *args, **kw)
+
+        monkeypatch.setattr(op, "bind", spy)
+        torch._dynamo.reset()
+        out = compiled(net, db_path, policy="auto")(x)
+    check_close(out, as64(net)(x.double()))
+    assert [d.template for d in epilab.explain()] == [None, "conv2d"]
+    assert seen == [("nhwc", "nhwc")], seen
+
+
 def test_conv_with_bias_stride_and_groups_through_the_backend(db_path):
     torch.manual_seed(0)
     conv = nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=2)
