@@ -20,17 +20,18 @@ import jinja2
 import sympy
 
 from epilab.templates.problem import ELEMENT_BYTES, Config, Problem
-from epilab.templates.rules import TRITON_DTYPES
+from epilab.templates.rules import rounded
 
 Target = Literal["cuda", "interpreter"]
 TARGETS = ("cuda", "interpreter")
 TEMPLATE_DIR = Path(__file__).parent
 
 # Every file a template's source depends on; its hash covers all of them.
+_EPILOGUE_FILES = ("rounding.py.jinja", "store_output.py.jinja", "rules.py")
 TEMPLATE_FILES: dict[str, tuple[str, ...]] = {
-    "matmul": ("matmul.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
-    "gemv": ("gemv.py.jinja", "store_output.py.jinja", "rules.py"),
-    "conv2d": ("conv2d.py.jinja", "tile_order.py.jinja", "store_output.py.jinja", "rules.py"),
+    "matmul": ("matmul.py.jinja", "tile_order.py.jinja", *_EPILOGUE_FILES),
+    "gemv": ("gemv.py.jinja", *_EPILOGUE_FILES),
+    "conv2d": ("conv2d.py.jinja", "tile_order.py.jinja", *_EPILOGUE_FILES),
 }
 # tma: operand tiles through tensor descriptors (Hopper); persistent: one program per SM
 # looping over the tiles; tma_persistent: both
@@ -100,7 +101,7 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
             if out.dtype == "bool":
                 value = var if node_kind == "bool" else f"{var} != 0.0"
             else:
-                value = f"{var}.to({TRITON_DTYPES[out.dtype]})"
+                value = rounded(var, out.dtype)
             outputs.append(_StoredOutput(value))
         return (
             _ENV.get_template("store_output.py.jinja")

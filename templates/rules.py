@@ -77,13 +77,20 @@ def _pow_triton(x: str, exponent: float) -> str:
     return f"tl.where({x} < 0.0, float('nan'), {magnitude})"
 
 
+def rounded(x: str, dtype: str) -> str:
+    """Triton expression of fp32 ``x`` rounded to the float ``dtype`` (to nearest, ties to
+    even). bfloat16 goes through the kernel module's ``to_bf16`` (rounding.py.jinja),
+    which also rounds that way in Triton's interpreter; its own cast truncates."""
+    return f"to_bf16({x})" if dtype == "bfloat16" else f"{x}.to({TRITON_DTYPES[dtype]})"
+
+
 def _cast_triton(x: str, dtype: str) -> str:
     """Round through ``dtype`` (any kind in, fp32 or a predicate out)."""
     if dtype == "bool":
         return f"{x} != 0"
     if dtype == "float32":
         return f"{x}.to(tl.float32)"
-    return f"{x}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
+    return f"{rounded(x, dtype)}.to(tl.float32)"
 
 
 def _cast_torch(x: torch.Tensor, dtype: str) -> torch.Tensor:
