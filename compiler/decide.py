@@ -31,8 +31,9 @@ a 9.5 us fused template made a 1x1 small MLP 0.61x of Inductor; at decode sizes
 (8x1) a 30.6 us template saving 1.5 us made a layer 0.92x of Inductor, and a
 10.7 us one with no baseline recorded made the small MLP 0.39x.
 
-Policy ``always`` uses the template wherever it applies (the recorded config,
-else the heuristic); ``never`` does not install the pass at all (plain Inductor).
+Policy ``always`` uses the template wherever it applies (the recorded config, else the
+heuristic: for a static M or N <= 16 the gemv template's, never a 16-row matmul tile);
+``never`` does not install the pass at all (plain Inductor).
 
 Dynamic M: the problem's M is a sympy expression. The plan is a small table of
 M buckets, each with its config (the nearest record to the bucket's
@@ -204,7 +205,6 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         return made(False, None, None, "CPU tensors: templates run on CPU only with EPILAB_INTERPRET=1")
     if not problem.shape.is_static():
         return _decide_dynamic(problem, ctx, made)
-    heuristic = Plan(config=default_config(problem, ctx.target, sm_count=ctx.device.sm_count))  # type: ignore[arg-type]
     candidates = candidates_of(problem)
     found = _best_hit(candidates, ctx)
     if found is None and ctx.tune is not None and ctx.policy == "auto":
@@ -226,7 +226,10 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
     if ctx.db is None:
         missing = f"no tuning database ({ctx.db_error})"
     if ctx.policy == "always":
-        return made(True, heuristic, "heuristic", f"policy always; {missing}")
+        # a skinny matmul runs on the gemv template's heuristic, not on a 16-row matmul tile
+        chosen = next((c for c in candidates if c.template == "gemv"), problem)
+        config = default_config(chosen, ctx.target, sm_count=ctx.device.sm_count)  # type: ignore[arg-type]
+        return made(True, Plan(config=config), "heuristic", f"policy always; {missing}", chosen)
     return made(
         False,
         None,

@@ -374,6 +374,23 @@ def test_small_m_takes_the_gemv_template_when_its_record_is_faster(db_path):
     assert d.template == "gemv" and d.config["variant"] == "atomic", d
 
 
+@pytest.mark.parametrize("m,n", [(3, 40), (40, 5)], ids=["small-m", "small-n"])
+def test_always_runs_skinny_matmuls_on_the_gemv_heuristic_without_records(db_path, m, n):
+    from epilab.templates.gemv import default_gemv_config
+
+    torch.manual_seed(0)
+    lin = nn.Linear(24, n)
+    x = torch.randn(m, 24)
+    with torch.no_grad():
+        out = compiled(lambda t: torch.relu(lin(t)), db_path)(x)
+    check_close(out, torch.relu(as64(lin)(x.double())))
+    (d,) = epilab.explain()
+    assert d.template == "gemv" and d.source == "heuristic", d
+    with TuningDB.open(db_path) as db:
+        problem = Problem.from_json(db.problem_json(d.problem_key)[1])
+    assert d.config == default_gemv_config(problem, "interpreter").to_dict()
+
+
 def test_nearest_record_is_used_and_noted(db_path):
     _run(db_path, m=10)
     problem = _seen_problem(db_path)
