@@ -1,0 +1,130 @@
+"""The model zoo through the backend (issue 15): no crash, no guard failure, no wrong result.
+
+CPU (Triton's interpreter, ``tiny`` sizes): every model under policy ``always`` in fp32 and
+bf16, image models channels_last and contiguous; ``mixed`` decisions (policy auto over a
+database where some templates win, some lose and some problems have no record) in bf16;
+a training step for two models; a dynamic batch for two. GPU (``pytest -m gpu``, ``real``
+sizes, bf16): ``always`` and ``mixed`` in default mode and ``reduce-overhead``, and the
+training steps and dynamic batches of the CPU run.
+
+Each case must stay within the dtype's tolerance of float64 eager and within 2x of
+Inductor's own error (``zoo.harness``). The outcomes are also written as a markdown table
+to ``$EPILAB_ARTIFACT_DIR/zoo-<device>.md`` (default ``test-artifacts/``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from zoo import MODELS, ZOO
+from zoo.harness import Case, Outcome, run
+
+import epilab
+
+FP32, BF16 = torch.float32, torch.bfloat16
+
+
+def _layouts(model: str) -> list[bool]:
+    return [True, False] if ZOO["tiny"][model].image else [False]
+
+
+CPU_CASES = [
+    *(Case(m, dt, cl) for m in MODELS for dt in (FP32, BF16) for cl in _layouts(m)),
+    *(Case(m, BF16, cl, policy="mixed") for m in MODELS for cl in _layouts(m)),
+    Case("gpt2", FP32, training=True),
+    Case("resnet", FP32, channels_last=True, training=True),
+    Case("bert", FP32, dynamic=True),
+    Case("moe", FP32, dynamic=True),
+]
+GPU_CASES = [
+    *(
+        Case(m, BF16, cl, policy=policy, mode=mode)
+        for m in MODELS
+        for cl in _layouts(m)
+        for policy in ("always", "mixed")
+        for mode in ("default", "reduce-overhead")
+    ),
+    Case("gpt2", BF16, training=True),
+    Case("resnet", BF16, channels_last=True, training=True),
+    Case("bert", BF16, dynamic=True),
+    Case("moe", BF16, dynamic=True),
+]
+
+
+class Table:
+    """The outcomes so far as a markdown table, rewritten after each case (a run cut short
+    still leaves its rows) to ``$EPILAB_ARTIFACT_DIR/zoo-<cpu|gpu>.md``."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+
+    def add(self, o: Outcome) -> None:
+        self.outcomes.append(o)
+        folder = Path(os.environ.get("EPILAB_ARTIFACT_DIR", "test-artifacts"))
+        folder.mkdir(parents=True, exist_ok=True)
+        device = "gpu" if o.device.startswith("NVIDIA") else "cpu"
+        (folder / f"zoo-{device}.md").write_text(self.text())
+
+    def text(self) -> str:
+        first = self.outcomes[0]
+        lines = [
+            f"device: {first.device}; torch {torch.__version__}",
+            "",
+            "| model | dtype | layout | policy | mode | step | ok | error vs fp64 | Inductor's "
+            "| templates/anchors | first call s |",
+            "|---|---|---|---|---|---|---|---:|---:|---|---:|",
+        ]
+        for o in self.outcomes:
+            c = o.case
+            layout = ("nhwc" if c.channels_last else "nchw") if ZOO["tiny"][c.model].image else ""
+            step = ("train" if c.training else "eval") + (", dynamic batch" if c.dynamic else "")
+            lines.append(
+                f"| {c.model} | {str(c.dtype)[6:]} | {layout} | {c.policy} | {c.mode} | {step} | "
+                f"{'ok' if o.ok else 'FAIL'} | {o.error:.2e} | {o.inductor_error:.2e} | {o.decisions} | "
+                f"{o.compile_s:.1f} |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def table() -> Table:
+    return Table()
+
+
+def _check(outcome: Outcome) -> None:
+    assert outcome.ok, outcome.describe()
+    c = outcome.case
+    used = sum(outcome.templates.values())
+    if c.policy == "always" and not c.dynamic:
+        assert used == outcome.anchors, f"not every anchor took a template: {outcome.describe()}"
+    elif c.policy == "mixed":
+        assert 0 < used < outcome.anchors, f"the decisions are not mixed: {outcome.describe()}"
+    else:
+        assert used > 0, outcome.describe()
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.id)
+def test_zoo_on_cpu(case, table):
+    outcome = run(case, "tiny", "cpu")
+    table.add(outcome)
+    _check(outcome)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_zoo_on_gpu(case, table):
+    outcome = run(case, "real", "cuda")
+    table.add(outcome)
+    _check(outcome)
