@@ -212,6 +212,22 @@ def test_broadcast_batch_sides():
     )
 
 
+@pytest.mark.parametrize("where", ["store", "cast"])
+def test_bf16_results_round_to_nearest_even(where):
+    """Products of small integers are exact in fp32; from 257 up many are halfway between two
+    bfloat16 values. The kernel must round them to even as a GPU (and torch) does, also in
+    Triton's interpreter, whose own cast truncates."""
+    a = torch.arange(1, 65, dtype=torch.float32).bfloat16()[:, None]
+    b = torch.arange(1, 65, dtype=torch.float32).bfloat16()[None, :]
+    want = (a.float() @ b.float()).bfloat16()
+    if where == "store":  # the output's rounding
+        out = epilab.matmul(a, b)
+    else:  # a rounding cast inside the epilogue, stored as fp32
+        ep = Epilogue.build([(ops.cast(acc(), dtype="bfloat16"), "float32")])
+        out = epilab.matmul(a, b, epilogue=ep, operands={}).bfloat16()
+    assert torch.equal(out, want), f"{(out != want).sum().item()} of {want.numel()} rounded otherwise"
+
+
 def test_output_with_any_strides():
     """A preallocated, transposed (column-major) output is written correctly."""
     gen = torch.Generator().manual_seed(2)

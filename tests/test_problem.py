@@ -142,11 +142,13 @@ def test_rendered_source_reads_like_a_kernel():
     src = render_mod.render(_problem(), Config(128, 128, 64, num_warps=8))
     compile(src, "<rendered>", "exec")  # valid Python
     assert "def epilab_matmul_add_gelu(" in src
-    assert "def tile_order(" in src and src.count("@triton.jit") == 2
+    assert "def tile_order(" in src and "def to_bf16(" in src and src.count("@triton.jit") == 3
+    assert "to_bf16(" in src.split("def epilab_matmul_add_gelu(")[1]  # bf16 rounding goes through it
+    assert "0x7FFF" not in src  # on a GPU to_bf16 is the hardware cast
     assert "op_bias = tl.load(" in src and "tl.store(out0_ptr" in src
     assert ".to(tl.float32)\n        b = b.to" not in src  # bf16 upcast is for the interpreter only
     interp = render_mod.render(_problem(), Config(128, 128, 64), target="interpreter")
-    assert "a = a.to(tl.float32)" in interp
+    assert "a = a.to(tl.float32)" in interp and "0x7FFF" in interp
 
 
 def test_render_refuses_stale_problems_and_unknown_targets():
