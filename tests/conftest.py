@@ -41,3 +41,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
         elif not is_gpu and gpu_run:
             item.add_marker(pytest.mark.skip(reason="CPU interpreter test: run without -m gpu"))
+
+
+@pytest.fixture
+def fresh_compiler():
+    """A test that compiles: Dynamo reset and epilab's decisions cleared before and after,
+    Inductor's caches off, so that every compilation runs epilab's pass."""
+    import torch
+
+    import epilab
+
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
+    torch._dynamo.reset()

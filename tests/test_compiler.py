@@ -19,11 +19,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from records import record
 
 import epilab
 from epilab import config
 from epilab.compiler import backend
-from epilab.db import INTERPRETER_DEVICE, Timing, TuningDB, Versions
+from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.templates.check import rel_error
 from epilab.templates.problem import Problem
 
@@ -38,13 +39,7 @@ ACTIVATIONS = {
 SIGNATURE = {"gelu": "erf", "gelu_tanh": "tanh", "silu": "exp", "relu": "relu"}
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    epilab.explain(clear=True)
-    with torch._inductor.config.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
 
 @pytest.fixture
@@ -266,33 +261,6 @@ def _seen_problem(db_path) -> Problem:
     return Problem.from_json(text[1] if isinstance(text, tuple) else text)
 
 
-def _record(db_path, problem, config, trial_ms, baseline_ms=None, device=INTERPRETER_DEVICE):
-    import triton
-
-    versions = Versions(torch.__version__, triton.__version__)
-    with TuningDB.open(db_path) as db:
-        db.record_trial(
-            problem,
-            device,
-            config=config,
-            status="ok",
-            timing=Timing(trial_ms, trial_ms, trial_ms, "test"),
-            max_rel_error=0.0,
-            versions=versions,
-            study="test",
-            trial_number=0,
-        )
-        if baseline_ms is not None:
-            db.record_baseline(
-                problem,
-                device,
-                library="cublas",
-                timing=Timing(baseline_ms, baseline_ms, baseline_ms, "test"),
-                max_rel_error=0.0,
-                versions=versions,
-            )
-
-
 CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 2, "num_stages": 1}
 
 
@@ -322,7 +290,7 @@ def test_auto_without_records_keeps_aten_and_records_the_problem(db_path):
 )
 def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
     _run(db_path)
-    _record(db_path, _seen_problem(db_path), CONFIG, trial_ms, baseline_ms)
+    record(db_path, _seen_problem(db_path), CONFIG, trial_ms, baseline_ms)
     _run(db_path)
     (d,) = epilab.explain()
     assert d.template == want, d.reason
@@ -354,7 +322,7 @@ def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
 )
 def test_launch_bound_templates_keep_aten(db_path, act, trial_ms, baseline_ms, want):
     _run(db_path, act=act)
-    _record(db_path, _seen_problem(db_path), CONFIG, trial_ms, baseline_ms)
+    record(db_path, _seen_problem(db_path), CONFIG, trial_ms, baseline_ms)
     _run(db_path, act=act)
     (d,) = epilab.explain()
     assert d.template == want, d.reason
@@ -367,8 +335,8 @@ def test_small_m_takes_the_gemv_template_when_its_record_is_faster(db_path):
     _run(db_path, m=10)
     problem = _seen_problem(db_path)
     gemv_config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 1, "GROUP_M": 1}
-    _record(db_path, problem, CONFIG, 1.0, 3.0)
-    _record(db_path, gemv_twin(problem), {**gemv_config, "SPLIT_K": 2, "variant": "atomic"}, 0.5, 3.0)
+    record(db_path, problem, CONFIG, 1.0, 3.0)
+    record(db_path, gemv_twin(problem), {**gemv_config, "SPLIT_K": 2, "variant": "atomic"}, 0.5, 3.0)
     _run(db_path, m=10)  # checks the outputs against float64
     (d,) = epilab.explain()
     assert d.template == "gemv" and d.config["variant"] == "atomic", d
@@ -395,7 +363,7 @@ def test_nearest_record_is_used_and_noted(db_path):
     _run(db_path, m=10)
     problem = _seen_problem(db_path)
     other = dataclasses.replace(problem, shape=dataclasses.replace(problem.shape, m=16))
-    _record(db_path, other, CONFIG, 1.0, 2.0)
+    record(db_path, other, CONFIG, 1.0, 2.0)
     _run(db_path, m=10)
     (d,) = epilab.explain()
     assert d.template == "matmul" and d.source == "nearest record (M=16)", (d.source, d.reason)
@@ -467,8 +435,8 @@ def test_gpu_compiler_runs_the_gemv_template_where_its_record_wins(db_path, m, n
         problem = _seen_problem(db_path)
         gemv = {**CONFIG, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
         device = DeviceInfo.of_cuda(0)
-        _record(db_path, problem, CONFIG, 1.0, 0.9, device=device)
-        _record(db_path, gemv_twin(problem), {**gemv, "SPLIT_K": 4, "variant": "two_pass"}, 0.5, 0.9, device)
+        record(db_path, problem, CONFIG, 1.0, 0.9, device=device)
+        record(db_path, gemv_twin(problem), {**gemv, "SPLIT_K": 4, "variant": "two_pass"}, 0.5, 0.9, device)
         torch._dynamo.reset()
         out = compiled(model, db_path, policy="auto")(x)
     check_close(out.float(), F.gelu(as64(lin)(x.double()), approximate="tanh"), torch.bfloat16)
@@ -494,7 +462,7 @@ def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, vari
         compiled(model, db_path, policy="auto")(xs[0])
         problem = _seen_problem(db_path)
         tma = {**CONFIG, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "variant": variant}
-        _record(db_path, problem, tma, 0.5, 0.9, device=DeviceInfo.of_cuda(0))
+        record(db_path, problem, tma, 0.5, 0.9, device=DeviceInfo.of_cuda(0))
         torch._dynamo.reset()
         run = compiled(model, db_path, policy="auto")
         for x in xs:  # the first call binds, the others replay
@@ -606,8 +574,8 @@ def test_template_calls_get_the_strides_their_problem_was_made_for(db_path, monk
         first, second = epilab.explain(clear=True)
         with TuningDB.open(db_path) as db:
             problems = [Problem.from_json(db.problem_json(d.problem_key)[1]) for d in (first, second)]
-        _record(db_path, problems[0], {**CONFIG, "BLOCK_N": 16}, 2.0, 1.0)  # aten is faster
-        _record(db_path, problems[1], {**CONFIG, "BLOCK_N": 16}, 1.0, 2.0)  # the template is
+        record(db_path, problems[0], {**CONFIG, "BLOCK_N": 16}, 2.0, 1.0)  # aten is faster
+        record(db_path, problems[1], {**CONFIG, "BLOCK_N": 16}, 1.0, 2.0)  # the template is
         seen = []
         real_bind = op.bind
 
@@ -649,8 +617,8 @@ def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
         compiled(f, db_path, policy="auto")(x, r)
         problem = _seen_problem(db_path)
         conv_problem, matmul_problem = twins(problem)
-        _record(db_path, conv_problem, {**CONFIG, "BLOCK_M": 16}, 1.0, 2.0)
-        _record(db_path, matmul_problem, CONFIG, 0.5, 2.0)
+        record(db_path, conv_problem, {**CONFIG, "BLOCK_M": 16}, 1.0, 2.0)
+        record(db_path, matmul_problem, CONFIG, 0.5, 2.0)
         torch._dynamo.reset()
         out = compiled(f, db_path, policy="auto")(x, r)
     check_close(out, torch.relu(as64(conv)(x.double()) + r.double()))
@@ -680,7 +648,7 @@ def test_gpu_resnet_block_and_a_1x1_twin_match_eager(db_path):
         compiled(lambda t: torch.relu(conv(t)), db_path, policy="auto")(x)
         conv_problem, matmul_problem = twins(_seen_problem(db_path))
         device = DeviceInfo.of_cuda(0)
-        _record(
+        record(
             db_path,
             conv_problem,
             {**CONFIG, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4},
@@ -688,7 +656,7 @@ def test_gpu_resnet_block_and_a_1x1_twin_match_eager(db_path):
             2.0,
             device,
         )
-        _record(
+        record(
             db_path,
             matmul_problem,
             {**CONFIG, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4},

@@ -22,8 +22,6 @@ import torch
 from zoo import MODELS, ZOO
 from zoo.harness import Case, Outcome, run
 
-import epilab
-
 FP32, BF16 = torch.float32, torch.bfloat16
 
 
@@ -106,13 +104,7 @@ def _check(outcome: Outcome) -> None:
         assert used > 0, outcome.describe()
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    epilab.explain(clear=True)
-    with torch._inductor.config.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.id)

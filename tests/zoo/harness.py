@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import triton
+from records import record
 
 import epilab
-from epilab.db import INTERPRETER_DEVICE, DeviceInfo, Timing, TuningDB, Versions
+from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB
 from epilab.templates.check import rel_error
 from epilab.templates.matmul import default_config
 from epilab.templates.problem import Problem
@@ -250,40 +250,16 @@ def mix_records(spec: Spec, case: Case, device: str, db: str) -> list[str]:
     decisions = epilab.explain(clear=True)
     info = DeviceInfo.of_cuda(torch.device(device)) if device == "cuda" else INTERPRETER_DEVICE
     target = "cuda" if device == "cuda" else "interpreter"
-    versions = Versions(torch.__version__, triton.__version__)
     fates = []
     with TuningDB.open(db) as store:
-        for i, d in enumerate(decisions):
-            text = store.problem_json(d.problem_key) if d.problem_key else None
-            fate = ("wins", "loses", "wins", "missing")[i % 4]
-            if text is None:
-                fates.append("unmatched")
-                continue
-            fates.append(fate)
-            if fate == "missing":
-                continue
+        texts = [store.problem_json(d.problem_key) if d.problem_key else None for d in decisions]
+    for i, text in enumerate(texts):
+        fate = ("wins", "loses", "wins", "missing")[i % 4] if text is not None else "unmatched"
+        fates.append(fate)
+        if fate in ("wins", "loses"):
             problem = Problem.from_json(text[1])
-            config = default_config(problem, target, sm_count=info.sm_count)
-            trial, base = (1.0, 2.0) if fate == "wins" else (2.0, 1.0)
-            store.record_trial(
-                problem,
-                info,
-                config=config.to_dict(),
-                status="ok",
-                timing=Timing(trial, trial, trial, "zoo"),
-                max_rel_error=0.0,
-                versions=versions,
-                study="zoo",
-                trial_number=0,
-            )
-            store.record_baseline(
-                problem,
-                info,
-                library="cublas",
-                timing=Timing(base, base, base, "zoo"),
-                max_rel_error=0.0,
-                versions=versions,
-            )
+            config = default_config(problem, target, sm_count=info.sm_count).to_dict()
+            record(db, problem, config, *((1.0, 2.0) if fate == "wins" else (2.0, 1.0)), device=info)
     torch._dynamo.reset()
     return fates
 
