@@ -5,7 +5,7 @@ bf16, image models channels_last and contiguous; ``mixed`` decisions (policy aut
 database where some templates win, some lose and some problems have no record) in bf16;
 a training step for two models; a dynamic batch for two. GPU (``pytest -m gpu``, ``real``
 sizes, bf16): ``always`` and ``mixed`` in default mode and ``reduce-overhead``, and the
-training steps and dynamic batches of the CPU run.
+training steps (fp32) and dynamic batches of the CPU run.
 
 Each case must stay within the dtype's tolerance of float64 eager and within 2x of
 Inductor's own error (``zoo.harness``). The outcomes are also written as a markdown table
@@ -45,8 +45,10 @@ GPU_CASES = [
         for policy in ("always", "mixed")
         for mode in ("default", "reduce-overhead")
     ),
-    Case("gpt2", BF16, training=True),
-    Case("resnet", BF16, channels_last=True, training=True),
+    # training in fp32, as on CPU: a bf16 step's gradients are off float64 by ~0.17 under plain
+    # Inductor too (batch norm's backward), beyond any tolerance this table could check
+    Case("gpt2", FP32, training=True),
+    Case("resnet", FP32, channels_last=True, training=True),
     Case("bert", BF16, dynamic=True),
     Case("moe", BF16, dynamic=True),
 ]
