@@ -11,7 +11,7 @@ float64 eager. Policies: ``always`` (every anchor on a template), ``mixed`` (``a
 a database in which, anchor by anchor in graph order, the template wins, loses to its
 baseline, wins, has no record: the mixed decisions of issue 15). The same model under
 plain Inductor gives the error the backend may not exceed by more than 2x (above the
-dtype's noise floor).
+dtype's noise floor); the dtype's tolerance holds too, unless Inductor itself misses it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,11 @@ class Outcome:
 
     @property
     def bound(self) -> float:
-        return min(TOLERANCE[self.case.dtype], max(2 * self.inductor_error, NOISE[self.case.dtype]))
+        """The dtype's tolerance, tightened to twice Inductor's error (above the noise floor);
+        where Inductor itself misses the tolerance (a fp32 training step through cuDNN's
+        convolution backward is ~3e-3 off float64 on an H100), twice Inductor's error."""
+        tolerance, twice = TOLERANCE[self.case.dtype], max(2 * self.inductor_error, NOISE[self.case.dtype])
+        return twice if self.inductor_error > tolerance else min(tolerance, twice)
 
     @property
     def ok(self) -> bool:
