@@ -2,7 +2,7 @@
 problems, trial records and baselines. ``TuningDB.open(path_or_url)`` is the
 entry point; ``epilab db`` is its command line."""
 
-from epilab.db.schema import DatabaseOpenError
+from epilab.db.schema import DatabaseOpenError, DatabaseReadOnlyError
 from epilab.db.store import (
     INTERPRETER_DEVICE,
     DeviceInfo,
@@ -19,6 +19,7 @@ from epilab.db.store import (
 __all__ = [
     "INTERPRETER_DEVICE",
     "DatabaseOpenError",
+    "DatabaseReadOnlyError",
     "DeviceInfo",
     "Lookup",
     "Record",

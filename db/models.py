@@ -10,6 +10,7 @@ without importing epilab's Problem type. Every change here needs a migration in
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
@@ -25,6 +26,9 @@ METHOD_LEN = 64
 STUDY_LEN = 128
 DETAIL_LEN = 2000
 KEY_LEN = 64
+# characters no stored name may hold, and none may reach a terminal raw: C0 and C1 controls
+# (escape sequences), DEL, and the Unicode line separators and bidirectional overrides
+CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 class Base(DeclarativeBase):

@@ -10,8 +10,10 @@ connection before anything (WAL mode included) may write to them.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
@@ -29,6 +31,34 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 class DatabaseOpenError(RuntimeError):
     """The target cannot be used as an epilab database; it was not modified."""
+
+
+class DatabaseReadOnlyError(DatabaseOpenError):
+    """The database can be read but not written (file or directory permissions)."""
+
+
+def wal_mode(header: bytes) -> bool:
+    """Whether an SQLite file header says the file is in WAL mode (bytes 18-19 are 2)."""
+    return header[18:20] == b"\x02\x02"
+
+
+def readonly_uri(path: Path, header: bytes) -> tuple[str, dict[str, str]]:
+    """(URI, options) of a read-only SQLite connection to ``path``, creating no file beside it.
+
+    The path is percent-encoded, so that ``?``, ``#`` or ``%`` in a file name stay part of
+    the name. ``immutable=1`` (no locks, no ``-shm``) where a read-only connection would
+    otherwise create ``-wal``/``-shm`` files: a WAL-mode file without a ``-wal`` (no
+    connection has it open, nothing is pending: immutable reads the whole truth), or one in
+    a directory we cannot write to (where no one else can make a ``-wal`` either). With a
+    ``-wal`` present another process may be writing, and a plain read-only connection
+    shares its locks.
+    """
+    options = {"mode": "ro"}
+    if wal_mode(header):
+        wal = path.with_name(path.name + "-wal")
+        if not wal.exists() or not os.access(path.parent, os.W_OK):
+            options["immutable"] = "1"
+    return "file:" + quote(str(path.absolute()), safe="/"), options
 
 
 def _alembic_config(connection: Connection | None = None) -> AlembicConfig:
@@ -101,23 +131,32 @@ def check_sqlite_file(path: Path) -> None:
             f"{path} is a truncated SQLite file ({path.stat().st_size} bytes, its header says "
             f"{pages * page_size}); it was left untouched"
         )
+    uri, options = readonly_uri(path, header)
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{uri}?{urlencode(options)}", uri=True)
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             revision = None
             if VERSION_TABLE in tables:
                 row = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone()
                 revision = row[0] if row else None
+            # every page read once: a file damaged inside is refused before anything writes to it
+            problems = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
         raise DatabaseOpenError(f"{path} is damaged or not a database ({e}); it was left untouched") from e
+    if problems != ["ok"]:
+        raise DatabaseOpenError(
+            f"{path} is damaged ({'; '.join(p[:120] for p in problems)}); it was left untouched. "
+            "Restore it from a copy or an `epilab db export`"
+        )
     classify(str(path), tables, revision)
 
 
-def prepare(conn: Connection, where: str) -> str:
-    """Create or migrate the schema on ``conn`` (inside its transaction); returns the revision."""
+def prepare(conn: Connection, where: str, *, readonly: bool = False) -> str:
+    """Create or migrate the schema on ``conn`` (inside its transaction); returns the revision.
+    A read-only database must be at our revision already."""
     if conn.dialect.name == "postgresql":  # one creator/migrator at a time
         conn.execute(text("SELECT pg_advisory_xact_lock(7140514)"))
     tables = set(inspect(conn).get_table_names())
@@ -125,6 +164,11 @@ def prepare(conn: Connection, where: str) -> str:
     if VERSION_TABLE in tables:
         revision = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
     state = classify(where, tables, revision)
+    if state != "current" and readonly:
+        raise DatabaseReadOnlyError(
+            f"{where} is read-only and {'empty' if state == 'new' else f'at schema {revision!r}'}; "
+            f"epilab needs schema {head_revision()!r}: open it once where it can be written"
+        )
     if state != "current":
         try:
             command.upgrade(_alembic_config(conn), "head")

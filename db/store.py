@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -25,13 +26,14 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Engine, create_engine, delete, event, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
 from epilab.config import settings
 from epilab.db.keys import canonical, family_key, problem_key
 from epilab.db.models import (
+    CONTROL_CHARS,
     DETAIL_LEN,
     LIBRARIES,
     METHOD_LEN,
@@ -44,7 +46,13 @@ from epilab.db.models import (
     ProblemRow,
     TrialRecord,
 )
-from epilab.db.schema import DatabaseOpenError, check_sqlite_file, prepare
+from epilab.db.schema import (
+    DatabaseOpenError,
+    DatabaseReadOnlyError,
+    check_sqlite_file,
+    prepare,
+    readonly_uri,
+)
 
 T = TypeVar("T")
 # what identifies a measurement (the unique constraints of models.py)
@@ -53,6 +61,8 @@ IDENTITY: dict[type, tuple[str, ...]] = {
     BaselineRecord: ("problem_id", "device_id", "library", "torch_version", "triton_version"),
 }
 BUSY_TIMEOUT_MS = 60_000
+# (a record's config) -> whether this epilab can run it (templates.problem.Config.is_valid)
+ConfigCheck = Callable[[Mapping[str, Any]], bool]
 
 
 class ProblemLike(Protocol):
@@ -178,78 +188,134 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def _check_str(name: str, value: object, limit: int) -> str:
-    if not isinstance(value, str) or not value or len(value) > limit:
+def check_str(name: str, value: object, limit: int) -> str:
+    if not isinstance(value, str) or not value or len(value) > limit or CONTROL_CHARS.search(value):
         raise ValueError(
-            f"{name} must be a non-empty string of at most {limit} characters, got {value!r:.80}"
+            f"{name} must be a non-empty string of at most {limit} printable characters, got {value!r:.80}"
         )
     return value
+
+
+def _clean_detail(detail: str) -> str:
+    """A failure's text (a compiler's message, a traceback) as stored: its start, with lines
+    and tabs kept and every other control character (a colour code, an escape) replaced."""
+    return CONTROL_CHARS.sub(
+        lambda m: m[0] if m[0] in "\n\t" else "\N{REPLACEMENT CHARACTER}", detail[:DETAIL_LEN]
+    )
 
 
 def _check_num(name: str, value: object, *, optional: bool = True) -> float | None:
     if value is None and optional:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    except OverflowError:  # an int beyond float's range
+        number = None
+    if number is None or not math.isfinite(number) or number < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r:.80}")
-    return float(value)
+    return number
 
 
 def _aware(dt: datetime) -> datetime:
     return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
 
 
-def resolve_url(target: str | Path | None) -> tuple[str, Path | None]:
-    """(SQLAlchemy URL, SQLite path or None) for a path or URL; None means the default."""
+def resolve_url(target: str | Path | None) -> tuple[URL, Path | None]:
+    """The one place where a path or URL becomes a database URL: (SQLAlchemy URL, SQLite
+    file or None); None means the default (EPILAB_DB, else the cache dir).
+
+    A path is a file name, whatever characters it holds (``?``, ``%``, ``#`` stay in the
+    name; the URL is built, never formatted from text). An SQLite URL names a file and takes
+    no options: ``?mode=...`` or ``?uri=true`` would make SQLite open something other than
+    the file checked before opening.
+    """
     target = settings().db if target is None else target
     text = str(target)
-    if "://" in text:
-        try:
-            url = make_url(text)
-        except (ArgumentError, ValueError) as e:
-            raise DatabaseOpenError(f"{text!r} is not a database URL ({e})") from e
-        path = (
-            Path(url.database).expanduser() if url.get_backend_name() == "sqlite" and url.database else None
+    if "://" not in text:
+        path = Path(text).expanduser().resolve()
+        return URL.create("sqlite", database=str(path)), path
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError) as e:
+        raise DatabaseOpenError(f"{text!r} is not a database URL ({e})") from e
+    if url.get_backend_name() != "sqlite":
+        return url, None
+    if url.query:
+        raise DatabaseOpenError(
+            f"{url.render_as_string()!r}: an SQLite URL takes no options ({sorted(url.query)}); "
+            "give the file's path (or sqlite:///path) alone"
         )
-        return url.render_as_string(hide_password=False), path
-    path = Path(text).expanduser().resolve()
-    return f"sqlite:///{path}", path
+    if not url.database or url.database == ":memory:":
+        raise DatabaseOpenError(
+            f"{text!r} names no file: an in-memory database would keep no records; give a path"
+        )
+    path = Path(url.database).expanduser().resolve()
+    return url.set(database=str(path)), path
+
+
+def _writable(path: Path) -> bool:
+    """Whether SQLite can write ``path``: the file, and its directory (for the journal)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def _readonly_url(url: URL, path: Path) -> URL:
+    with path.open("rb") as f:
+        uri, options = readonly_uri(path, f.read(100))
+    return url.set(database=uri, query={"uri": "true", **options})
 
 
 class TuningDB:
     """Devices, problems, trial records and baselines, in SQLite or any SQLAlchemy database."""
 
-    def __init__(self, engine: Engine, url: str, revision: str, storage_url: str) -> None:
+    def __init__(
+        self, engine: Engine, url: str, revision: str, full_url: URL, *, readonly: bool = False
+    ) -> None:
         self.engine = engine
         self._writer = engine.execution_options(epilab_write=True)
-        self.url = url  # for display: password hidden
-        self.storage_url = storage_url  # full URL, for optuna's storage in the same database
+        self.url = url  # for display: the file, or the URL with its password hidden
+        self.full_url = full_url
+        self.storage_url = full_url.render_as_string(hide_password=False)  # optuna's, same database
         self.revision = revision
+        self.readonly = readonly
+
+    def optuna_storage(self, *, create: bool = True) -> Any:
+        """Optuna's RDB storage of the studies, in this database, waiting for locks as long
+        as epilab's own writes do (optuna's default is SQLite's 5 s, then a crash)."""
+        import optuna
+
+        return optuna.storages.RDBStorage(
+            self.storage_url,
+            engine_kwargs={"connect_args": _connect_args(self.full_url)},
+            skip_table_creation=not create,
+        )
 
     # ------------------------------------------------------------------ open
     @classmethod
     def open(cls, target: str | Path | None = None) -> TuningDB:
-        """Open (creating or migrating) the database at a path or URL; see the module doc."""
+        """Open (creating or migrating) the database at a path or URL; see the module doc.
+        An SQLite file that cannot be written is opened read-only: reads work, writes raise
+        DatabaseReadOnlyError."""
         url, path = resolve_url(target)
+        readonly = False
         if path is not None:
             check_sqlite_file(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-        engine = _engine(url)
-        shown = make_url(url).render_as_string(hide_password=True)
+            _make_parent(path)
+            if path.exists() and not _writable(path):
+                url, readonly = _readonly_url(url, path), True
+        engine = _engine(url, readonly=readonly)
+        shown = str(path) if path is not None else url.render_as_string(hide_password=True)
         try:
-            with engine.execution_options(epilab_write=True).begin() as conn:
-                revision = prepare(conn, str(path) if path else shown)
+            with engine.execution_options(epilab_write=not readonly).begin() as conn:
+                revision = prepare(conn, shown, readonly=readonly)
         except OperationalError as e:
             engine.dispose()
+            if _is_readonly(e):
+                raise DatabaseReadOnlyError(f"cannot create or migrate {shown}: {e.orig}") from e
             raise DatabaseOpenError(f"cannot open {shown}: {e.orig}") from e
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, shown, revision, url)
+        return cls(engine, shown, revision, url, readonly=readonly)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -274,11 +340,18 @@ class TuningDB:
 
     def write(self, fn: Callable[[Session], T], *, attempts: int = 5) -> T:
         """Run ``fn`` in one write transaction, retrying if the database stays busy."""
+        if self.readonly:
+            raise DatabaseReadOnlyError(
+                f"cannot write to {self.url}: it is read-only (the file or its directory); "
+                "nothing was changed"
+            )
         for attempt in range(attempts):
             try:
                 with self.session(write=True) as s:
                     return fn(s)
             except OperationalError as e:
+                if _is_readonly(e):
+                    raise DatabaseReadOnlyError(f"cannot write to {self.url}: {e.orig}") from e
                 if attempt + 1 == attempts or not _is_busy(e):
                     raise
                 time.sleep(0.05 * 2**attempt)
@@ -364,8 +437,8 @@ class TuningDB:
         return (sqlite_insert if s.get_bind().dialect.name == "sqlite" else pg_insert)(model)
 
     def device_id(self, s: Session, device: DeviceInfo) -> int:
-        _check_str("device name", device.name, NAME_LEN)
-        _check_str("device capability", device.capability, 16)
+        check_str("device name", device.name, NAME_LEN)
+        check_str("device capability", device.capability, 16)
         if isinstance(device.sm_count, bool) or not isinstance(device.sm_count, int) or device.sm_count <= 0:
             raise ValueError(f"device sm_count must be a positive int, got {device.sm_count!r}")
         values = {"name": device.name, "capability": device.capability, "sm_count": device.sm_count}
@@ -397,23 +470,35 @@ class TuningDB:
         s.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update, where=where))
 
     # --------------------------------------------------------------- queries
-    def best(self, key: str, device: DeviceInfo, versions: Versions | None = None) -> Lookup | None:
+    def best(
+        self,
+        key: str,
+        device: DeviceInfo,
+        versions: Versions | None = None,
+        usable: ConfigCheck | None = None,
+    ) -> Lookup | None:
         """The fastest ok record of problem ``key`` on ``device``, preferring records made
-        with the same torch and triton versions."""
+        with the same torch and triton versions; records whose config ``usable`` rejects
+        (one this version of the templates cannot run) are passed over."""
         with self.session() as s:
             rows = s.execute(
                 _records_query(TrialRecord, device).where(
                     ProblemRow.key == key, TrialRecord.status == "ok", TrialRecord.median_ms.is_not(None)
                 )
             ).all()
-            return _pick(rows, versions, exact=True)
+            return _pick(_usable(rows, usable), versions, exact=True)
 
     def lookup(
-        self, problem: ProblemLike, device: DeviceInfo, versions: Versions | None = None, m: int | None = None
+        self,
+        problem: ProblemLike,
+        device: DeviceInfo,
+        versions: Versions | None = None,
+        m: int | None = None,
+        usable: ConfigCheck | None = None,
     ) -> Lookup | None:
         """``best`` for the problem, else the nearest M of its family (log2 distance),
         marked as a fallback. ``m`` is the M to aim for when the problem's M is symbolic."""
-        exact = self.best(problem.key, device, versions)
+        exact = self.best(problem.key, device, versions, usable)
         if exact is not None:
             return exact
         text = problem.to_json()
@@ -430,6 +515,7 @@ class TuningDB:
                     TrialRecord.median_ms.is_not(None),
                 )
             ).all()
+        rows = _usable(rows, usable)
         if not rows:
             return None
         nearest = min(abs(math.log2(r.ProblemRow.m) - math.log2(want)) for r in rows)
@@ -566,14 +652,14 @@ def problem_values(problem_json: str, epilogue_text: str, key: str | None = None
         "key": computed,
         "family": family_key(problem_json),
         "json": problem_json,
-        "op": _check_str("op", d["op"], 32),
-        "template": _check_str("template", d["template"], 64),
-        "template_hash": _check_str("template_hash", d["template_hash"], 64),
-        "dtype": _check_str("dtype", d["dtype"], 16),
-        "layout_a": _check_str("layout_a", d["layout_a"], 16),
-        "layout_b": _check_str("layout_b", d["layout_b"], 16),
-        "precision": _check_str("precision", d.get("precision", "ieee"), 16),
-        "epilogue": _check_str("epilogue", epilogue_text, 20_000),
+        "op": check_str("op", d["op"], 32),
+        "template": check_str("template", d["template"], 64),
+        "template_hash": check_str("template_hash", d["template_hash"], 64),
+        "dtype": check_str("dtype", d["dtype"], 16),
+        "layout_a": check_str("layout_a", d["layout_a"], 16),
+        "layout_b": check_str("layout_b", d["layout_b"], 16),
+        "precision": check_str("precision", d.get("precision", "ieee"), 16),
+        "epilogue": check_str("epilogue", epilogue_text, 20_000),
         **{dim: shape[dim] if isinstance(shape[dim], int) else None for dim in ("batch", "m", "n", "k")},
     }
 
@@ -596,17 +682,17 @@ def trial_values(
     if status == "ok" and (timing is None or max_rel_error is None):
         raise ValueError("an ok trial needs its timing and its error against the reference")
     if trial_number is not None and (
-        isinstance(trial_number, bool) or not isinstance(trial_number, int) or trial_number < 0
+        isinstance(trial_number, bool) or not isinstance(trial_number, int) or not 0 <= trial_number < 2**31
     ):
-        raise ValueError(f"trial_number must be an int >= 0, got {trial_number!r}")
+        raise ValueError(f"trial_number must be an int in 0..2**31-1, got {trial_number!r:.40}")
     if detail is not None:
         if not isinstance(detail, str):
             raise ValueError(f"detail must be a string, got {type(detail).__name__}")
-        detail = detail[:DETAIL_LEN]  # error text: keep its start
+        detail = _clean_detail(detail)
     return {
         "config": canonical(config),
         "status": status,
-        "study": _check_str("study", study, STUDY_LEN),
+        "study": check_str("study", study, STUDY_LEN),
         "trial_number": trial_number,
         "detail": detail,
         **_timed_values(timing, max_rel_error, versions, created_at),
@@ -635,9 +721,9 @@ def _timed_values(
         "tflops": _check_num("tflops", t.tflops if t else None),
         "gbps": _check_num("gbps", t.gbps if t else None),
         "max_rel_error": _check_num("max_rel_error", max_rel_error),
-        "timing_method": _check_str("timing method", t.method if t else "none", METHOD_LEN),
-        "torch_version": _check_str("torch version", versions.torch, VERSION_LEN),
-        "triton_version": _check_str("triton version", versions.triton, VERSION_LEN),
+        "timing_method": check_str("timing method", t.method if t else "none", METHOD_LEN),
+        "torch_version": check_str("torch version", versions.torch, VERSION_LEN),
+        "triton_version": check_str("triton version", versions.triton, VERSION_LEN),
         "created_at": _aware(created_at).astimezone(timezone.utc),
     }
 
@@ -645,32 +731,60 @@ def _timed_values(
 # ------------------------------------------------------------------ helpers
 
 
-def _engine(url: str) -> Engine:
-    is_sqlite = make_url(url).get_backend_name() == "sqlite"
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000} if is_sqlite else {})
-    if is_sqlite:
+def _connect_args(url: URL) -> dict[str, Any]:
+    """The driver's connection arguments: SQLite waits ``BUSY_TIMEOUT_MS`` for a lock."""
+    return {"timeout": BUSY_TIMEOUT_MS / 1000} if url.get_backend_name() == "sqlite" else {}
+
+
+def _engine(url: URL, *, readonly: bool = False) -> Engine:
+    try:
+        engine = create_engine(url, connect_args=_connect_args(url))
+    except NoSuchModuleError as e:
+        raise DatabaseOpenError(
+            f"{url.render_as_string()!r}: no database driver for {url.drivername!r}; epilab keeps its "
+            "records in SQLite (a path) or PostgreSQL (postgresql+psycopg://user@host/db)"
+        ) from e
+    except ImportError as e:
+        raise DatabaseOpenError(
+            f"{url.render_as_string()!r}: the driver {e.name!r} is not installed "
+            "(for PostgreSQL: pip install 'epilab[postgres]')"
+        ) from e
+    if url.get_backend_name() == "sqlite":
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # transactions are begun below, not by the driver
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA journal_mode = WAL")
-            cur.execute("PRAGMA synchronous = NORMAL")
+            if not readonly:  # switching to WAL writes the header
+                cur.execute("PRAGMA journal_mode = WAL")
+                cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
             cur.close()
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Any) -> None:
             write = conn.get_execution_options().get("epilab_write", False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write and not readonly else "BEGIN")
 
     return engine
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatabaseOpenError(f"cannot create the directory of {path}: {e.strerror}") from e
 
 
 def _is_busy(e: OperationalError) -> bool:
     text = str(e.orig).lower()
     return "locked" in text or "busy" in text or "deadlock" in text or "could not serialize" in text
+
+
+def _is_readonly(e: OperationalError) -> bool:
+    text = str(e.orig).lower()
+    return "readonly database" in text or "read-only" in text
 
 
 def _is_stale(p: Any, current_hashes: Mapping[str, str]) -> bool:
@@ -724,6 +838,20 @@ def _record(row: Any) -> Record:
         detail=r.detail if is_trial else None,
         created_at=_aware(r.created_at),
     )
+
+
+def _usable(rows: list[Any], usable: ConfigCheck | None) -> list[Any]:
+    if usable is None:
+        return rows
+    out = []
+    for row in rows:
+        try:
+            config = json.loads(row[0].config)
+        except ValueError:
+            continue
+        if isinstance(config, dict) and usable(config):
+            out.append(row)
+    return out
 
 
 def _pick(rows: list[Any], versions: Versions | None, *, exact: bool) -> Lookup | None:

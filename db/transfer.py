@@ -34,16 +34,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from epilab.db.keys import canonical
-from epilab.db.models import BaselineRecord, Device, ProblemRow, TrialRecord
+from epilab.db.models import NAME_LEN, BaselineRecord, Device, ProblemRow, TrialRecord
 from epilab.db.store import (
     DeviceInfo,
     Timing,
     TuningDB,
     Versions,
     baseline_values,
+    check_str,
     problem_values,
     trial_values,
 )
+from epilab.files import write_text_atomic
 
 FORMAT = "epilab-tuning-db"
 VERSION = 1
@@ -114,9 +116,7 @@ def export_json(db: TuningDB, path: str | Path) -> dict[str, int]:
         "trials": trials,
         "baselines": baselines,
     }
-    tmp = Path(path).with_suffix(Path(path).suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False))
     return {"problems": len(problems), "trials": len(trials), "baselines": len(baselines)}
 
 
@@ -128,9 +128,11 @@ def import_json(
     if path.stat().st_size > MAX_FILE_BYTES:
         raise ValueError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB; refusing to import it")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply to be an epilab export") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path} is not an epilab export (format must be {FORMAT!r})")
     if doc.get("version") != VERSION:
@@ -145,6 +147,8 @@ def import_json(
         shown = "\n  ".join(errors[:MAX_ERRORS_SHOWN])
         more = f"\n  ... and {len(errors) - MAX_ERRORS_SHOWN} more" if len(errors) > MAX_ERRORS_SHOWN else ""
         raise ValueError(f"{path}: {len(errors)} invalid row(s); nothing was imported:\n  {shown}{more}")
+
+    trials, baselines = _newest(trials, "config"), _newest(baselines, "library")
 
     def run(s: Session) -> ImportReport:
         ids = {
@@ -180,7 +184,7 @@ def _checked_problems(items: Any, parse: ProblemParser, errors: list[str]) -> di
                 )
             values = problem_values(item["json"], text, key)
             out[key] = values
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as e:
             errors.append(f"{where}: {e}")
     return out
 
@@ -206,9 +210,22 @@ def _checked_rows(
                     f"problem {str(item['problem'])[:16]!r} is not among the file's valid problems"
                 )
             out.append((_device(item["device"]), item["problem"], convert(item)))
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, OverflowError) as e:
             errors.append(f"{where}: {e}")
     return out
+
+
+def _newest(
+    rows: list[tuple[DeviceInfo, str, dict[str, Any]]], what: str
+) -> list[tuple[DeviceInfo, str, dict[str, Any]]]:
+    """One row per record identity (the file may repeat one): the newest, as the merge rule
+    would keep; so the counts reported are the records written."""
+    kept: dict[tuple[Any, ...], tuple[DeviceInfo, str, dict[str, Any]]] = {}
+    for device, key, row in rows:
+        identity = (device, key, row[what], row["torch_version"], row["triton_version"])
+        if identity not in kept or kept[identity][2]["created_at"] < row["created_at"]:
+            kept[identity] = (device, key, row)
+    return list(kept.values())
 
 
 def _check_keys(item: Any, fields: frozenset[str], where: str) -> None:
@@ -228,10 +245,11 @@ def _device(d: Any) -> DeviceInfo:
         or not 0 < d["sm_count"] < 100_000
     ):
         raise ValueError(f"device sm_count must be a positive int, got {d['sm_count']!r:.40}")
-    for k in ("name", "capability"):
-        if not isinstance(d[k], str) or not d[k] or len(d[k]) > 128:
-            raise ValueError(f"device {k} must be a short non-empty string")
-    return DeviceInfo(d["name"], d["capability"], d["sm_count"])
+    return DeviceInfo(
+        check_str("device name", d["name"], NAME_LEN),
+        check_str("device capability", d["capability"], 16),
+        d["sm_count"],
+    )
 
 
 def _timing(r: dict[str, Any]) -> Timing | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from epilab.files import write_text_atomic
 from epilab.reports import plots
 from epilab.reports.data import ReportData, epilogue_summary
 
@@ -64,8 +65,8 @@ def config_text(c: dict[str, Any] | None) -> str:
     return text + "".join(flag for name, flag in flags.items() if c.get(name))
 
 
-def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_LIMIT) -> str:
-    """The report page. ``storage``: optuna storage of the studies (None: no study plots)."""
+def render(data: ReportData, *, db: Any = None, detail_limit: int = DETAIL_LIMIT) -> str:
+    """The report page. ``db``: the TuningDB whose optuna studies to draw (None: no study plots)."""
     summary_figs = {
         name: fig
         for name, fig in (
@@ -76,7 +77,7 @@ def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_
         if fig is not None
     }
     details = []
-    studies, why_not = _open_studies(storage) if any(p.studies for p in data.tuned) else (None, None)
+    studies, why_not = _open_studies(db) if any(p.studies for p in data.tuned) else (None, None)
     for i, p in enumerate(sorted(data.tuned, key=lambda p: p.label)):
         figures, notes = [], [why_not] if why_not else []
         if studies is not None and i < detail_limit:
@@ -102,23 +103,17 @@ def render(data: ReportData, *, storage: Any = None, detail_limit: int = DETAIL_
     )
 
 
-def _open_studies(url: Any) -> tuple[Any, str | None]:
-    """Optuna's storage of the studies (one connection for every problem), or why not."""
-    if url is None:
+def _open_studies(db: Any) -> tuple[Any, str | None]:
+    """Optuna's storage of the studies in ``db`` (a TuningDB; one connection for every
+    problem), or why not."""
+    if db is None:
         return None, None
-    import optuna
-
     try:
-        return optuna.storages.RDBStorage(url, skip_table_creation=True), None
+        return db.optuna_storage(create=False), None
     except Exception as e:  # an optuna schema of another version, a missing table: say so, draw the rest
         return None, f"the optuna studies could not be read: {str(e).splitlines()[0][:200]}"
 
 
 def write(data: ReportData, out: str | Path, **kw: Any) -> Path:
     """Render and write atomically (a half-written report never replaces a good one)."""
-    out = Path(out)
-    text = render(data, **kw)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return write_text_atomic(out, render(data, **kw))

@@ -284,7 +284,7 @@ def test_study_history_and_importances_from_the_database(db):
         trial.suggest_int("num_stages", 1, 6)
         study.tell(trial, PENALTY)
     data = _collect(db)
-    text = report_html.render(data, storage=db.storage_url)
+    text = report_html.render(data, db=db)
     page = _Page(text)
     key = problem.key[:16]
     figs = [json.loads(page.scripts[f"fig-{key}-{i}"]) for i in (1, 2)]
@@ -332,7 +332,7 @@ def test_report_in_headless_chromium(db, tmp_path):
         trial = study.ask()
         trial.suggest_categorical("num_stages", [1, 2, 3, 4])
         study.tell(trial, -1.0 + 0.05 * t)
-    out = report_html.write(_collect(db), tmp_path / "report.html", storage=db.storage_url)
+    out = report_html.write(_collect(db), tmp_path / "report.html", db=db)
     url = out.resolve().as_uri()
     artifacts = Path(os.environ.get("EPILAB_ARTIFACT_DIR", "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
