@@ -17,6 +17,7 @@ import os as _os
 import sys as _sys
 from typing import Any
 
+from epilab.config import SettingsError as _SettingsError
 from epilab.config import settings as _settings
 from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
 from epilab.templates.problem import Config
@@ -26,8 +27,13 @@ __version__ = "0.1.0"
 
 
 def enable_interpreter_if_asked() -> None:
-    """Set TRITON_INTERPRET=1 when epilab's interpreter mode is on and Triton is not loaded yet."""
-    if _settings().interpret and "triton" not in _sys.modules:
+    """Set TRITON_INTERPRET=1 when epilab's interpreter mode is on and Triton is not loaded yet.
+    Bad settings do not stop ``import epilab``: they are reported where they are first used."""
+    try:
+        interpret = _settings().interpret
+    except _SettingsError:
+        return
+    if interpret and "triton" not in _sys.modules:
         _os.environ["TRITON_INTERPRET"] = "1"
 
 

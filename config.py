@@ -53,13 +53,18 @@ class Settings:
         return self.cache_dir / "kernels"
 
 
+class SettingsError(ValueError):
+    """An ``EPILAB_*`` variable holds a value epilab cannot use: which, and what is accepted.
+    Raised where the settings are first needed, never on ``import epilab``."""
+
+
 def _parse_bool(name: str, value: str) -> bool:
     v = value.strip().lower()
     if v in _TRUE:
         return True
     if v in _FALSE:
         return False
-    raise ValueError(f"{name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+    raise SettingsError(f"{name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -68,17 +73,19 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     xdg = env.get("XDG_CACHE_HOME")
     default_cache = Path(xdg) / "epilab" if xdg else Path.home() / ".cache" / "epilab"
     cache_dir = Path(env.get("EPILAB_CACHE_DIR") or default_cache).expanduser()
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise SettingsError(f"EPILAB_CACHE_DIR={str(cache_dir)!r} is a file; give a directory")
     db = env.get("EPILAB_DB") or str(cache_dir / "tuning.db")
     interpret = _parse_bool("EPILAB_INTERPRET", env.get("EPILAB_INTERPRET", "0")) or _parse_bool(
         "TRITON_INTERPRET", env.get("TRITON_INTERPRET", "0")
     )
     policy = env.get("EPILAB_POLICY", "auto").strip().lower() or "auto"
     if policy not in POLICIES:
-        raise ValueError(f"EPILAB_POLICY={policy!r} is not a policy; use one of {POLICIES}")
+        raise SettingsError(f"EPILAB_POLICY={policy!r} is not a policy; use one of {POLICIES}")
     log_level = env.get("EPILAB_LOG", "WARNING").strip().upper()
     log_level = _LOG_SWITCH.get(log_level, log_level)
     if log_level not in _LOG_LEVELS:
-        raise ValueError(f"EPILAB_LOG={log_level!r} is not a log level; use 1, 0 or one of {_LOG_LEVELS}")
+        raise SettingsError(f"EPILAB_LOG={log_level!r} is not a log level; use 1, 0 or one of {_LOG_LEVELS}")
     debug_dir = env.get("EPILAB_DEBUG_DIR")
     return Settings(
         cache_dir=cache_dir,

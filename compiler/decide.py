@@ -256,14 +256,9 @@ def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup]
 def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | None:
     if ctx.db is None or ctx.device is None:
         return None
-    hit = ctx.db.lookup(problem, ctx.device, ctx.versions, m=m)
-    if hit is None or hit.record.config is None:
-        return None
-    try:
-        Config.from_dict(hit.record.config)
-    except ValueError:
-        return None  # a config this version cannot run: as if nothing were recorded
-    return hit
+    # records whose config this version cannot run (another version's, a bad import) are passed over
+    hit = ctx.db.lookup(problem, ctx.device, ctx.versions, m=m, usable=Config.is_valid)
+    return None if hit is None or hit.record.config is None else hit
 
 
 def _plan(hit: Lookup) -> Plan:

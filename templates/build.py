@@ -21,7 +21,7 @@ from types import ModuleType
 
 import triton
 
-from epilab.config import settings
+from epilab.config import SettingsError, settings
 from epilab.templates.render import TARGETS, Target
 
 _lock = threading.Lock()
@@ -44,6 +44,16 @@ def _write_once(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_or_explain(path: Path, text: str, variable: str, where: Path) -> None:
+    try:
+        _write_once(path, text)
+    except OSError as e:
+        raise SettingsError(
+            f"cannot write rendered kernels under {where} ({e.strerror}); set {variable} to a "
+            "directory this user can write"
+        ) from e
 
 
 def interpreter_active() -> bool:
@@ -71,9 +81,9 @@ def build(source: str, *, target: Target) -> ModuleType:
             return module
         conf = settings()
         path = conf.kernel_dir / key[:2] / f"{key}.py"
-        _write_once(path, source)
+        _write_or_explain(path, source, "EPILAB_CACHE_DIR", conf.kernel_dir)
         if conf.debug_dir is not None:
-            _write_once(conf.debug_dir / f"{key[:16]}.py", source)
+            _write_or_explain(conf.debug_dir / f"{key[:16]}.py", source, "EPILAB_DEBUG_DIR", conf.debug_dir)
         spec = importlib.util.spec_from_file_location(f"epilab_kernel_{key[:24]}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)

@@ -40,6 +40,10 @@ LEAVES = ("acc", "operand", "const")
 OPERAND_KINDS = ("row", "col", "tile", "scalar")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 
+# What reading JSON of the wrong shape raises (a list where an object belongs, an index out
+# of range, an int too large, nesting too deep): at a parser's boundary, all mean "malformed"
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError)
+
 
 def check_operand_name(name: object) -> str:
     """Operand names become kernel parameter names: plain identifiers only."""
@@ -268,17 +272,17 @@ class Epilogue:
                 for op, args, attrs in d["nodes"]
             ]
             raw_outputs = [Output(int(n), str(dt)) for n, dt in d["outputs"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not a valid epilogue: {e}") from e
-        return Epilogue.build(
-            list(
-                zip(
-                    Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs(),
-                    [o.dtype for o in raw_outputs],
-                    strict=True,
+            return Epilogue.build(
+                list(
+                    zip(
+                        Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs(),
+                        [o.dtype for o in raw_outputs],
+                        strict=True,
+                    )
                 )
             )
-        )
+        except MALFORMED as e:
+            raise ValueError(f"not a valid epilogue: {type(e).__name__}: {str(e)[:200]}") from e
 
     @staticmethod
     def from_json(text: str) -> Epilogue:

@@ -299,7 +299,40 @@ def launch(
     """
     if problem_of(problem, a, b, operands) != problem:
         raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
+    if out is not None:
+        check_apart(out, (a, b, *operands.values()))
     return launch_unchecked(problem, config, a, b, operands, out)
+
+
+def check_apart(outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+    """Refuse outputs that may overlap themselves, each other or an input: tiles are written
+    as others are still read, so any overlap gives wrong results. Conservative: memory
+    ranges that interleave without touching (even and odd columns) are refused too."""
+    for i, o in enumerate(outs):
+        if _may_overlap_itself(o):
+            raise ValueError(f"out[{i}] (strides {o.stride()}) overlaps itself; outputs must not")
+        for j, other in enumerate([*outs[:i], *inputs]):
+            if _ranges_meet(o, other):
+                what = f"out[{j}]" if j < i else f"input {j - i} of the call"
+                raise ValueError(f"out[{i}] shares memory with {what}; outputs must be apart from them")
+
+
+def _may_overlap_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share an address: dims by increasing stride, each
+    stride must step over all that the smaller ones address."""
+    reach = 1
+    for stride, size in sorted((abs(st), s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1):
+        if stride < reach:
+            return True
+        reach = stride * size
+    return False
+
+
+def _ranges_meet(x: torch.Tensor, y: torch.Tensor) -> bool:
+    if x.device != y.device or x.numel() == 0 or y.numel() == 0:
+        return False
+    x0, y0 = x.data_ptr(), y.data_ptr()
+    return x0 < y0 + _extent(y) * y.element_size() and y0 < x0 + _extent(x) * x.element_size()
 
 
 def problem_of(

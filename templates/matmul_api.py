@@ -61,8 +61,20 @@ def matmul(
     For any other epilogue pass ``epilogue`` (an ``Epilogue``) and the tensors
     it reads as ``operands``; the result is one tensor per epilogue output.
     ``config`` picks the tiling; without one ``default_config`` chooses.
+
+    There is no backward: with grad mode on, inputs that require grad are refused (the
+    result would silently stop the gradient). To train, compile the model with
+    ``torch.compile(model, backend="epilab")``, which differentiates it as Inductor does.
     """
     check_inputs(a, b)
+    inputs = {"a": a, "b": b, "bias": bias, "residual": residual, **(operands or {})}
+    needs_grad = [n for n, t in inputs.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needs_grad and torch.is_grad_enabled():
+        raise NotImplementedError(
+            f"epilab.matmul has no backward, and {', '.join(needs_grad)} require(s) grad: call it "
+            "under torch.no_grad() (inference), or compile the model with torch.compile(model, "
+            'backend="epilab") to train it'
+        )
     if epilogue is not None:
         if (
             bias is not None

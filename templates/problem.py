@@ -19,7 +19,7 @@ from typing import Any
 
 import sympy
 
-from epilab.templates.epilogue import Epilogue
+from epilab.templates.epilogue import MALFORMED, Epilogue
 
 DTYPES = ("float16", "bfloat16", "float32")  # A and B
 OPERAND_DTYPES = ("float16", "bfloat16", "float32", "bool")
@@ -52,6 +52,7 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
 }
 
 Dim = int | sympy.Expr
+MAX_DIM = 2**31 - 1  # a dim the database's integer columns (and Triton's int32 indices) can hold
 
 
 @dataclass(frozen=True)
@@ -74,18 +75,35 @@ class Config:
         for f in fields(self):
             value = getattr(self, f.name)
             allowed = CHOICES[f.name]
-            if isinstance(value, bool) or value not in allowed:
-                raise ValueError(f"config {f.name}={value!r} is not allowed; choose one of {allowed}")
+            kind = type(allowed[0])  # int or str; 64.0 == 64, True == 1, but neither launches a kernel
+            if type(value) is not kind or value not in allowed:
+                raise ValueError(
+                    f"config {f.name}={value!r:.40} is not allowed; choose one of {allowed} ({kind.__name__})"
+                )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Config:
+        """The one validation of a config from outside (an import, a database row, a user):
+        known fields only, each an exact value of ``CHOICES``; raises ValueError."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a config must be an object of {list(CHOICES)}, got {type(d).__name__}")
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
-            raise ValueError(f"unknown config field(s) {sorted(unknown)}; known: {list(CHOICES)}")
+            shown = sorted(str(k)[:40] for k in unknown)[:5]
+            raise ValueError(f"unknown config field(s) {shown}; known: {list(CHOICES)}")
         try:
             return cls(**d)
         except TypeError as e:
-            raise ValueError(f"incomplete config {dict(d)}: {e}") from e
+            raise ValueError(f"incomplete config: {e}") from e
+
+    @classmethod
+    def is_valid(cls, d: Mapping[str, Any]) -> bool:
+        """Whether ``from_dict(d)`` accepts ``d`` (the database reader skips rows it does not)."""
+        try:
+            cls.from_dict(d)
+        except ValueError:
+            return False
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,8 +140,8 @@ class Shape:
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, sympy.Expr)):
                 raise TypeError(f"shape.{f.name} must be an int or sympy expression, got {v!r}")
-            if isinstance(v, int) and v < 0:
-                raise ValueError(f"shape.{f.name}={v} is negative")
+            if isinstance(v, int) and not 0 <= v <= MAX_DIM:
+                raise ValueError(f"shape.{f.name}={str(v)[:40]} is not in 0..{MAX_DIM}")
 
     def to_dict(self) -> dict[str, int | str]:
         return {f.name: _dim_json(getattr(self, f.name)) for f in fields(self)}
@@ -160,10 +178,10 @@ def _dim_parse(v: Any) -> Dim:
     A small parser of our own: text from a database is never handed to eval
     (which sympy.sympify would do).
     """
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DIM:
         return v
     if not isinstance(v, str) or len(v) > 200:
-        raise ValueError(f"shape dim {v!r} is not a non-negative int or a symbolic size")
+        raise ValueError(f"shape dim {v!r:.40} is not an int in 0..{MAX_DIM} or a symbolic size")
     text = v.replace(" ", "")
     signs_terms = re.findall(r"([+-]?)([^+-]+)", text)
     if not text or "".join(s + t for s, t in signs_terms) != text:
@@ -338,9 +356,14 @@ class Problem:
                 precision=str(d.get("precision", "ieee")),
                 conv=ConvGeometry.from_dict(d["conv"]) if "conv" in d else None,
             )
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"not a valid problem: missing or malformed {e}") from e
+        except ValueError:
+            raise
+        except MALFORMED as e:
+            raise ValueError(f"not a valid problem: missing or malformed {type(e).__name__}: {e}") from e
 
     @classmethod
     def from_json(cls, text: str) -> Problem:
-        return cls.from_dict(json.loads(text))
+        try:
+            return cls.from_dict(json.loads(text))
+        except RecursionError:
+            raise ValueError("not a valid problem: nested too deeply") from None
