@@ -349,12 +349,19 @@ def _short(e: BaseException) -> str:
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     """Entry point of a worker for one task (see worker.py)."""
     kind = task["kind"]
-    if kind == "candidate":
-        return evaluate_candidate(task["problem"], task["config"], task["seed"])
-    if kind == "baseline":
-        return evaluate_baseline(task["problem"], task["library"], task["seed"])
-    if kind == "compile":
-        return compile_candidate(task["problem"], task["config"])
+    try:
+        if kind == "candidate":
+            return evaluate_candidate(task["problem"], task["config"], task["seed"])
+        if kind == "baseline":
+            return evaluate_baseline(task["problem"], task["library"], task["seed"])
+        if kind == "compile":
+            return compile_candidate(task["problem"], task["config"])
+    except (torch.OutOfMemoryError, MemoryError) as e:  # the problem is too large, not the config wrong
+        return _result("out_of_resources", detail=f"out of memory: {_short(e)}", restart=True)
+    except RuntimeError as e:
+        if "can't allocate memory" not in str(e):  # the CPU allocator's words
+            raise
+        return _result("out_of_resources", detail=f"out of memory: {_short(e)}", restart=True)
     raise ValueError(f"unknown task kind {kind!r}")
 
 

@@ -99,6 +99,7 @@ class DeviceLimits:
     capability: str
     sm_count: int
     smem_bytes: int  # opt-in shared memory per block
+    memory_bytes: int = 0  # the device's memory (0: not known); the interpreter's is the host's
 
     @classmethod
     def of(cls, device: object) -> DeviceLimits:
@@ -106,7 +107,13 @@ class DeviceLimits:
 
         props = torch.cuda.get_device_properties(device)
         smem = getattr(props, "shared_memory_per_block_optin", 0) or 232_448
-        return cls(props.name, f"{props.major}.{props.minor}", props.multi_processor_count, int(smem))
+        return cls(
+            props.name,
+            f"{props.major}.{props.minor}",
+            props.multi_processor_count,
+            int(smem),
+            int(props.total_memory),
+        )
 
     @property
     def info(self) -> DeviceInfo:

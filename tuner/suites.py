@@ -295,36 +295,61 @@ def spec_from_dict(d: Any) -> Spec:
 
 
 def load_shapes(path: str | Path) -> list[Spec]:
-    """Specs from a JSON list or JSON Lines file; a ValueError names the bad line."""
+    """Specs from a JSON list or a JSON Lines file (``#`` comments and blank lines allowed);
+    a ValueError names the file, the line and what is wrong. Linear in the file's size."""
     path = Path(path)
-    text = path.read_text()
-    specs: list[Spec] = []
-    if text.lstrip().startswith("["):
-        decoder = json.JSONDecoder()
-        pos = text.index("[") + 1
-        while True:
-            while pos < len(text) and text[pos] in " \t\r\n,":
-                pos += 1
-            if pos >= len(text):
-                raise ValueError(f"{path}: the list is not closed with ']'")
-            if text[pos] == "]":
-                break
-            line = text.count("\n", 0, pos) + 1
-            try:
-                obj, pos = decoder.raw_decode(text, pos)
-                specs.append(spec_from_dict(obj))
-            except (json.JSONDecodeError, ValueError, TypeError) as e:
-                raise ValueError(f"{path}:{line}: {e}") from None
-    else:
-        for line_no, line in enumerate(text.splitlines(), 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            try:
-                specs.append(spec_from_dict(json.loads(line)))
-            except (json.JSONDecodeError, ValueError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: {e}") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    specs = _json_list(path, text) if text.lstrip().startswith("[") else _json_lines(path, text)
     if not specs:
         raise ValueError(f"{path}: no problems in the file")
+    return specs
+
+
+def _spec_at(path: Path, line: int, parse: Any) -> Spec:
+    try:
+        return spec_from_dict(parse())
+    except RecursionError:
+        raise ValueError(f"{path}:{line}: nested too deeply to be a problem") from None
+    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{path}:{line}: {e}") from None
+
+
+def _json_list(path: Path, text: str) -> list[Spec]:
+    decoder = json.JSONDecoder()
+    specs: list[Spec] = []
+    pos = text.index("[") + 1
+    line, counted = 1, 0  # the line of `pos`, counted up to `counted` (each character once)
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text):
+            raise ValueError(f"{path}: the list is not closed with ']'")
+        line, counted = line + text.count("\n", counted, pos), pos
+        if text[pos] == "]":
+            break
+        start = pos
+
+        def parse(start: int = start) -> Any:
+            nonlocal pos
+            obj, pos = decoder.raw_decode(text, start)
+            return obj
+
+        specs.append(_spec_at(path, line, parse))
+    rest = text[pos + 1 :].strip()
+    if rest:
+        line += text.count("\n", counted, pos)
+        raise ValueError(f"{path}:{line}: text after the list's closing ']': {rest[:40]!r}")
+    return specs
+
+
+def _json_lines(path: Path, text: str) -> list[Spec]:
+    specs = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            specs.append(_spec_at(path, line_no, lambda line=line: json.loads(line)))
     return specs
 
 

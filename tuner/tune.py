@@ -9,8 +9,10 @@ and records the requested baselines.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import os
 import re
 import time
 from collections import Counter
@@ -94,6 +96,7 @@ class ProblemResult:
     stopped_by: str
     statuses: dict[str, int]
     seconds: float
+    refused: str | None = None  # why the problem was not tuned (too large for the device)
 
     @property
     def speedup(self) -> float | None:
@@ -118,6 +121,47 @@ def problem_bytes(problem: Problem) -> int:
         total += count * DTYPES[spec.dtype].itemsize
     total += sum(batch * m * n * DTYPES[o.dtype].itemsize for o in problem.epilogue.outputs)
     return total
+
+
+def evaluation_bytes(problem: Problem) -> int:
+    """About what checking a candidate allocates at once: the inputs and outputs, and the
+    float64 reference (A and B converted, the accumulator and the epilogue's temporaries)."""
+    s = problem.shape
+    batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
+    if problem.conv is not None:
+        g = problem.conv
+        a_elems = batch * g.c * g.h * g.w
+    else:
+        a_elems = batch * m * k
+    b_elems = (batch if problem.op in ("bmm", "baddbmm") else 1) * k * n
+    return problem_bytes(problem) + 8 * (a_elems + b_elems + 3 * batch * m * n)
+
+
+def too_large(problem: Problem, memory_bytes: int) -> str | None:
+    """Why ``problem`` cannot be evaluated in ``memory_bytes`` of device memory, or None."""
+    need = evaluation_bytes(problem)
+    if memory_bytes <= 0 or need <= 0.9 * memory_bytes:
+        return None
+    return (
+        f"too large: checking a candidate needs about {_size(need)} (inputs, outputs and the float64 "
+        f"reference); the device has {_size(memory_bytes)}"
+    )
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if nbytes < 1000 or unit == "TB":
+            return f"{nbytes:.3g} {unit}"
+        nbytes /= 1000
+    raise AssertionError("unreachable")
+
+
+def host_memory_bytes() -> int:
+    """The host's physical memory (the interpreter's device), or 0 where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _timing(result: dict, flops: int, nbytes: int) -> Timing | None:
@@ -148,7 +192,8 @@ class Tuner:
         self.db = db
         self.options = options
         if options.interpret:
-            self.device, self.limits = INTERPRETER_DEVICE, HOPPER
+            self.device = INTERPRETER_DEVICE
+            self.limits = dataclasses.replace(HOPPER, memory_bytes=host_memory_bytes())
         else:
             self.limits = DeviceLimits.of(options.device_index)
             self.device = self.limits.info
@@ -163,6 +208,7 @@ class Tuner:
             if options.jobs > 0 and not options.interpret
             else None
         )
+        self.storage = db.optuna_storage()  # the studies, beside the records
         self._seeds = itertools.count(options.seed * 1_000_003 + 1)
         self._trial_numbers = itertools.count()
 
@@ -249,9 +295,12 @@ class Tuner:
         if not problem.shape.is_static():
             raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
         started = time.monotonic()
+        refused = too_large(problem, self.limits.memory_bytes)
+        if refused is not None:  # refused up front: nothing allocated, nothing recorded, the run goes on
+            return ProblemResult(label, problem.key, None, None, None, {}, 0, 0, "refused", {}, 0.0, refused)
         self.db.put_problem(problem)
         name = study_name(problem, self.device)
-        study = make_study(name, self.db.storage_url, restart=self.options.restart, seed=self.options.seed)
+        study = make_study(name, self.storage, restart=self.options.restart, seed=self.options.seed)
         statuses: Counter[str] = Counter()
 
         def progress(config: Config, outcome: Outcome, best: Config | None, best_ms: float | None) -> None:
