@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from typing import Annotated, Any
@@ -11,24 +12,75 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 import epilab
 from epilab import config
+
+
+def user_error(e: BaseException) -> str | None:
+    """The one-line message of an exception the command line expects (bad input, a bad
+    setting, a file or database that cannot be used), or None for a bug (a traceback)."""
+    from sqlalchemy.exc import DatabaseError
+
+    from epilab.db.schema import DatabaseOpenError
+
+    if isinstance(e, (DatabaseOpenError, ValueError)):
+        return str(e)
+    if isinstance(e, OSError):
+        where = f": {e.filename}" if e.filename else ""
+        return f"{e.strerror or e}{where}"
+    if isinstance(e, DatabaseError):  # damaged pages met while reading, a lock held too long
+        return f"the database could not be used: {str(e.orig).splitlines()[0][:300]}"
+    optuna = sys.modules.get("optuna")
+    if optuna is not None and isinstance(e, optuna.exceptions.StorageInternalError):
+        cause = e.__cause__ or e
+        return f"the optuna studies could not be used: {str(getattr(cause, 'orig', cause)).splitlines()[0]}"
+    return None
+
+
+class _Commands(TyperGroup):
+    """epilab's commands, with one formatter of expected errors: an `error:` line on stderr
+    and exit status 1, never a traceback; anything else is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            message = user_error(e)
+            if message is None:
+                raise
+            err_console.print(f"[red]error:[/red] {printable(message)}", soft_wrap=True)
+            raise typer.Exit(1) from None
+
+
+def printable(text: object) -> str:
+    """Text from outside (a database, a file, an exception) as it may reach a terminal: rich
+    markup escaped, and every control character but line breaks and tabs (an escape sequence,
+    a bidi override) shown as its code instead of acting."""
+    from epilab.db.models import CONTROL_CHARS
+
+    return escape(CONTROL_CHARS.sub(lambda m: m[0] if m[0] in "\n\t" else repr(m[0])[1:-1], str(text)))
+
 
 app = typer.Typer(
     name="epilab",
     help="Autotuned Triton templates for matmul-like ops with fused epilogues.",
     no_args_is_help=True,
     add_completion=False,
+    cls=_Commands,
 )
 console = Console()
+err_console = Console(stderr=True)
 
 _DTYPES = ("float16", "bfloat16", "float32")
 
 
 @app.callback()
-def _main() -> None:
+def _main(ctx: typer.Context) -> None:
     """Autotuned Triton templates for matmul-like ops with fused epilogues."""
+    if ctx.invoked_subcommand != "version":
+        config.settings()  # a bad EPILAB_* value is an error line now, whatever the command reads
 
 
 @app.command()
@@ -158,15 +210,13 @@ def tune(
     import torch
 
     if (suite is not None) + (shapes is not None) + seen != 1:
-        raise _fail(ValueError("give exactly one of --suite NAME, --shapes FILE or --seen"))
+        raise ValueError("give exactly one of --suite NAME, --shapes FILE or --seen")
     if interpret:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
-        raise _fail(
-            ValueError(
-                "no CUDA device: epilab tune times kernels on a GPU. Use --interpret for a "
-                "correctness-only dry run in Triton's interpreter (timings are not GPU times)"
-            )
+        raise ValueError(
+            "no CUDA device: epilab tune times kernels on a GPU. Use --interpret for a "
+            "correctness-only dry run in Triton's interpreter (timings are not GPU times)"
         )
     from epilab.templates.problem import Problem
     from epilab.templates.twins import twins
@@ -175,46 +225,44 @@ def tune(
     from epilab.tuner.suites import suite as builtin_suite
     from epilab.tuner.tune import TuneOptions, Tuner
 
+    specs = builtin_suite(suite) if suite is not None else load_shapes(shapes) if shapes else []
     try:
-        specs = builtin_suite(suite) if suite is not None else load_shapes(shapes) if shapes else []
         device_index = 0 if interpret else torch.device(device).index or 0
-        if not interpret and device_index >= torch.cuda.device_count():
-            raise ValueError(f"{device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
-        options = TuneOptions(
-            budget=Budget(trials=trials, seconds=time_budget, patience=patience),
-            baselines=tuple(b for b in baselines.split(",") if b),
-            restart=not resume,
-            jobs=0 if interpret else jobs,
-            device_index=device_index,
-            interpret=interpret,
-            seed=seed,
-        )
-    except (ValueError, OSError, RuntimeError) as e:
-        raise _fail(e) from None
-    store = _open_db(db)
+    except RuntimeError as e:  # torch's words for a device string it cannot parse
+        raise typer.BadParameter(str(e), param_hint="--device") from None
+    if not interpret and device_index >= torch.cuda.device_count():
+        raise ValueError(f"{device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
+    options = TuneOptions(
+        budget=Budget(trials=trials, seconds=time_budget, patience=patience),
+        baselines=tuple(b for b in baselines.split(",") if b),
+        restart=not resume,
+        jobs=0 if interpret else jobs,
+        device_index=device_index,
+        interpret=interpret,
+        seed=seed,
+    )
+    work = [
+        (spec.label() if i == 0 else f"{spec.label()} [{p.template}]", p)
+        for spec in specs
+        for i, p in enumerate(twins(spec.problem()))
+    ]
+    if only is not None and not seen:  # checked before the database is opened (or created)
+        work = [work[i] for i in _indices(only, len(work))]
+    store = _open_db(db, write=True)
     results = []
     interrupted = False
-    with config.patch(interpret=interpret), Tuner(store, options) as tuner:
-        work = [
-            (spec.label() if i == 0 else f"{spec.label()} [{p.template}]", p)
-            for spec in specs
-            for i, p in enumerate(twins(spec.problem()))
-        ]
+    with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
         if seen:
             recorded = store.untuned(tuner.device, _current_hashes())
             work = [(problem_label(p), p) for p in map(Problem.from_json, recorded)]
-            if not work:
-                console.print(
-                    f"nothing to tune: every problem recorded in {escape(store.url)} has records "
-                    f"on {escape(tuner.device.name)}"
-                )
-        try:
             if only is not None:
                 work = [work[i] for i in _indices(only, len(work))]
-        except ValueError as e:
-            raise _fail(e) from None
+            if not work:
+                console.print(
+                    f"nothing to tune: every problem recorded in {printable(store.url)} has records "
+                    f"on {printable(tuner.device.name)}"
+                )
         results, interrupted = _run_tuning(tuner, work, trials)
-    store.close()
     _tune_summary(results, interpret)
     if interrupted:
         console.print(
@@ -255,6 +303,8 @@ def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int) -> tuple[l
                 base = result.baselines.get("cublas") or result.baselines.get("cudnn")
                 vs = f" vs library+eager {base:.4f} ms" if base else ""
                 best = "none" if result.best_ms is None else f"{result.best_ms:.4f} ms"
+                if result.refused is not None:
+                    best, vs = "-", f"  [yellow]refused[/yellow]: {printable(result.refused)}"
                 progress.update(
                     task, completed=trials, description=f"[{i}/{len(jobs)}] {label}  best {best}{vs}"
                 )
@@ -299,7 +349,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
         base = r.baselines.get("cublas") or r.baselines.get("cudnn")
         table.add_row(
             r.label,
-            "-" if r.best is None else r.best.short().replace(" default", ""),
+            "refused" if r.refused else "-" if r.best is None else r.best.short().replace(" default", ""),
             _ms(r.best_ms),
             ""
             if r.tflops is None or interpret
@@ -313,6 +363,9 @@ def _tune_summary(results: list, interpret: bool) -> None:
             f"{r.seconds:.0f}",
         )
     console.print(table)
+    for r in results:
+        if r.refused is not None:
+            console.print(f"[yellow]not tuned[/yellow] {printable(r.label)}: {printable(r.refused)}")
 
 
 # ------------------------------------------------------------------ epilab db
@@ -344,6 +397,7 @@ def report(
     """
     from pathlib import Path
 
+    from epilab.files import check_target
     from epilab.reports import data as report_data
     from epilab.reports import html as report_html
 
@@ -360,29 +414,26 @@ def report(
             raise typer.BadParameter(str(e), param_hint="--suite") from None
     filters = ", ".join(f"{k} {v}" for k, v in (("suite", suite), ("op", op)) if v)
     if db is not None and "://" not in db and not Path(db).exists():  # a report never creates a database
-        console.print(f"[red]error:[/red] no database at {escape(db)} (give a path or URL that exists)")
-        raise typer.Exit(1)
+        raise ValueError(f"no database at {db} (give a path or URL that exists)")
+    check_target(out)
     store = _open_db(db)
     with store, console.status("reading the database and drawing the plots"):
-        try:
-            data = report_data.collect(
-                store.snapshot(),
-                db_url=store.url,
-                current_hashes=_current_hashes(),
-                device=device,
-                keys=keys,
-                op=op,
-                filters=filters,
-                peak_tflops=peak_tflops,
-                peak_gbs=peak_gbs,
-            )
-        except ValueError as e:
-            raise _fail(e) from None
-        path = report_html.write(data, out, storage=store.storage_url)
+        data = report_data.collect(
+            store.snapshot(),
+            db_url=store.url,
+            current_hashes=_current_hashes(),
+            device=device,
+            keys=keys,
+            op=op,
+            filters=filters,
+            peak_tflops=peak_tflops,
+            peak_gbs=peak_gbs,
+        )
+        path = report_html.write(data, out, db=store)
     tuned = len(data.tuned)
     console.print(
-        f"wrote {escape(str(path))} ({path.stat().st_size / 1e6:.1f} MB): {tuned} problem(s) tuned"
-        + (f" on {escape(data.device.name)}" if data.device else "")
+        f"wrote {printable(path)} ({path.stat().st_size / 1e6:.1f} MB): {tuned} problem(s) tuned"
+        + (f" on {printable(data.device.name)}" if data.device else "")
         + ("" if tuned else " — nothing tuned yet")
     )
     if open_it:
@@ -401,19 +452,18 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON for scripts instead of tables")]
 
 
-def _open_db(target: str | None):  # -> TuningDB
-    from epilab.db import DatabaseOpenError, TuningDB
+def _open_db(target: str | None, *, write: bool = False):  # -> TuningDB
+    """The database of ``--db`` (else EPILAB_DB, else the cache dir's); ``write``: refuse a
+    read-only one now, before any work that would have nowhere to go."""
+    from epilab.db import DatabaseReadOnlyError, TuningDB
 
-    try:
-        return TuningDB.open(target)
-    except DatabaseOpenError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(1) from None
-
-
-def _fail(e: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {e}")
-    return typer.Exit(1)
+    store = TuningDB.open(target)
+    if write and store.readonly:
+        store.close()
+        raise DatabaseReadOnlyError(
+            f"{store.url} is read-only (the file or its directory): this command writes to it"
+        )
+    return store
 
 
 def _current_hashes() -> dict[str, str]:
@@ -452,8 +502,8 @@ def _config_text(config: dict | None) -> str:
 
 
 def _add_row(table: Table, *cells: object) -> None:
-    """Strings from a database are data: escape rich markup in them."""
-    table.add_row(*(escape(str(c)) for c in cells))
+    """Strings from a database are data: neither markup nor terminal control."""
+    table.add_row(*(printable(c) for c in cells))
 
 
 def _ms(v: float | None) -> str:
@@ -468,7 +518,7 @@ def db_stats(db: DbOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         _print_json(stats)
         return
-    console.print(f"epilab tuning database {escape(stats.url)} (schema {stats.revision})")
+    console.print(f"epilab tuning database {printable(stats.url)} (schema {printable(stats.revision)})")
     table = Table()
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -480,7 +530,7 @@ def db_stats(db: DbOption = None, as_json: JsonOption = False) -> None:
     table.add_row("stale problems (template changed)", str(stats.stale_problems))
     table.add_row("stale trial records", str(stats.stale_trials))
     for template, n in stats.stale_by_template.items():
-        table.add_row(f"  stale problems of template {template}", str(n))
+        table.add_row(f"  stale problems of template {printable(template)}", str(n))
     console.print(table)
     if stats.stale_problems:
         console.print("Stale records are never used; remove them with [bold]epilab db prune --stale[/bold].")
@@ -497,10 +547,7 @@ def db_list(
 ) -> None:
     """Trial records, newest first, with their problems."""
     with _open_db(db) as store:
-        try:
-            rows = store.list_records(op=op, device=device, status=status, limit=limit)
-        except ValueError as e:
-            raise _fail(e) from None
+        rows = store.list_records(op=op, device=device, status=status, limit=limit)
     if as_json:
         _print_json([{"problem": p, "record": r} for p, r in rows])
         return
@@ -550,12 +597,9 @@ def db_show(
     import json
 
     with _open_db(db) as store:
-        try:
-            found = store.problem_json(key)
-        except ValueError as e:
-            raise _fail(e) from None
+        found = store.problem_json(key)
         if found is None:
-            raise _fail(ValueError(f"no problem with key {key!r}"))
+            raise ValueError(f"no problem with key {key!r}")
         full_key, text = found
         records, baselines = store.records(full_key), store.baselines(full_key)
     if as_json:
@@ -563,7 +607,7 @@ def db_show(
             {"key": full_key, "problem": json.loads(text), "records": records, "baselines": baselines}
         )
         return
-    console.print(f"[bold]problem[/bold] {full_key}")
+    console.print(f"[bold]problem[/bold] {printable(full_key)}")
     console.print_json(text)
     table = Table(title="records (fastest ok first) and baselines")
     for col in (
@@ -605,12 +649,14 @@ def db_show(
 def db_export(file: Annotated[str, typer.Argument(help="JSON file to write")], db: DbOption = None) -> None:
     """Write the whole database as JSON (for sharing, or import elsewhere)."""
     from epilab.db.transfer import export_json
+    from epilab.files import check_target
 
+    check_target(file)
     with _open_db(db) as store:
         counts = export_json(store, file)
     console.print(
         f"exported {counts['problems']} problems, {counts['trials']} trial records and "
-        f"{counts['baselines']} baselines to {file}"
+        f"{counts['baselines']} baselines to {printable(file)}"
     )
 
 
@@ -620,28 +666,30 @@ def db_import(
 ) -> None:
     """Merge an export into the database: all rows are checked first; the newer record wins."""
     from epilab.db.transfer import import_json
-    from epilab.templates.problem import Config, Problem
 
-    def parse_problem(text: str) -> tuple[str, str]:
-        problem = Problem.from_json(text)
-        if problem.to_json() != text:
-            raise ValueError("problem JSON is not in epilab's canonical form")
-        return problem.key, problem.epilogue.text()
-
-    with _open_db(db) as store:
-        try:
-            report = import_json(
-                store,
-                file,
-                parse_problem=parse_problem,
-                validate_config=lambda d: Config.from_dict(d).to_dict(),
-            )
-        except (ValueError, OSError) as e:
-            raise _fail(e) from None
+    with _open_db(db, write=True) as store:
+        report = import_json(store, file, parse_problem=parse_problem, validate_config=validate_config)
     console.print(
         f"imported {report.problems} problems, {report.trials} trial records and "
-        f"{report.baselines} baselines from {file} (newer records win)"
+        f"{report.baselines} baselines from {printable(file)} (newer records win)"
     )
+
+
+def parse_problem(text: str) -> tuple[str, str]:
+    """What `db import` checks of a problem's JSON: (key, canonical epilogue text)."""
+    from epilab.templates.problem import Problem
+
+    problem = Problem.from_json(text)
+    if problem.to_json() != text:
+        raise ValueError("problem JSON is not in epilab's canonical form")
+    return problem.key, problem.epilogue.text()
+
+
+def validate_config(d: Any) -> dict[str, Any]:
+    """What `db import` checks of a config: ``Config.from_dict``, the one validation."""
+    from epilab.templates.problem import Config
+
+    return Config.from_dict(d).to_dict()
 
 
 @db_app.command("prune")
@@ -653,8 +701,8 @@ def db_prune(
 ) -> None:
     """Remove records that can no longer be used."""
     if not stale:
-        raise _fail(ValueError("say what to prune: --stale (records made for other template versions)"))
-    with _open_db(db) as store:
+        raise ValueError("say what to prune: --stale (records made for other template versions)")
+    with _open_db(db, write=True) as store:
         removed = store.prune_stale(_current_hashes())
     console.print(f"removed {removed} stale problem(s) with their records")
 
