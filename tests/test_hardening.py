@@ -1,0 +1,759 @@
+"""Attacks on epilab's inputs, as a careless user or an attacker would try them: one table.
+
+Each row is one command line run against files the row prepares, and what must come of
+it: the exit status, a pattern the output must show (an ``error:`` line for a refusal),
+files that must be byte-identical afterwards, files that must not exist. Every row also
+checks that no traceback and no terminal control character reached the output. A new
+command gets the same treatment by adding rows.
+
+Rows marked ``unprivileged`` test permissions (a read-only file or directory): run as
+root they drop the capabilities that bypass file permissions first, in a child process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from records import record
+from typer.testing import CliRunner
+
+from epilab import config
+from epilab.cli import app
+from epilab.db import INTERPRETER_DEVICE, TuningDB
+from epilab.db.models import CONTROL_CHARS, Device
+from epilab.db.transfer import export_json
+from epilab.templates.problem import Config
+from epilab.tuner.suites import Spec, load_shapes
+
+PROBLEM = Spec(32, 32, 32, dtype="float32").problem()
+CONFIG = Config(16, 16, 16, 1, num_warps=4, num_stages=1).to_dict()
+HOSTILE_NAME = "GPU\x1b[2J\x1b]0;pwned\x07 \u202egnp.exe"
+
+
+# ------------------------------------------------------------------ files the rows use
+
+
+def epilab_db(path: Path, problems: int = 1) -> Path:
+    """An epilab database with ``problems`` problems (PROBLEM first), each with a trial and a
+    baseline."""
+    for m in range(32, 32 + problems):
+        record(str(path), Spec(m, 32, 32, dtype="float32").problem(), CONFIG, 0.5, 0.6)
+    return path
+
+
+def foreign_db(path: Path, *, wal: bool = False) -> Path:
+    """Another application's SQLite file (optionally in WAL mode)."""
+    con = sqlite3.connect(path)
+    if wal:
+        con.execute("PRAGMA journal_mode = WAL")
+    con.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, name TEXT)")
+    con.execute("INSERT INTO photos (name) VALUES ('cat.png')")
+    con.commit()
+    con.close()
+    return path
+
+
+def future_db(path: Path) -> Path:
+    epilab_db(path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE epilab_alembic_version SET version_num = '0099_from_the_future'")
+    con.commit()
+    con.close()
+    return path
+
+
+def truncated_db(path: Path) -> Path:
+    epilab_db(path, problems=60)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def corrupted_db(path: Path) -> Path:
+    """Its header intact, a page in the middle overwritten."""
+    epilab_db(path, problems=60)
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    middle = (len(data) // page // 2) * page
+    data[middle : middle + page] = bytes(range(256)) * (page // 256)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def hostile_names_db(path: Path) -> Path:
+    """A database written before names were checked: a device name with escape sequences,
+    one with HTML."""
+    epilab_db(path)
+    with TuningDB.open(path) as db, db.session(write=True) as s:
+        s.query(Device).update({Device.name: HOSTILE_NAME + "<script>alert(1)</script>"})
+    return path
+
+
+def export_doc(tmp: Path) -> dict:
+    """`epilab db export` of a small database, as a dict to spoil."""
+    db_path = epilab_db(tmp / "source.db")
+    with TuningDB.open(db_path) as db:
+        export_json(db, tmp / "valid.json")
+    return json.loads((tmp / "valid.json").read_text())
+
+
+def spoiled_export(spoil: Callable[[dict], object]) -> Callable[[Path], None]:
+    def prepare(d: Path) -> None:
+        doc = export_doc(d)
+        spoil(doc)
+        (d / "import.json").write_text(json.dumps(doc))
+        epilab_db(d / "target.db")
+
+    return prepare
+
+
+def _set_trial(key: str, value: object) -> Callable[[dict], None]:
+    def spoil(doc: dict) -> None:
+        doc["trials"][0][key] = value
+
+    return spoil
+
+
+def _set_config(key: str, value: object) -> Callable[[dict], None]:
+    def spoil(doc: dict) -> None:
+        doc["trials"][0]["config"][key] = value
+
+    return spoil
+
+
+def _set_device_name(name: str) -> Callable[[dict], None]:
+    def spoil(doc: dict) -> None:
+        doc["trials"][0]["device"]["name"] = name
+
+    return spoil
+
+
+def _duplicate_trial(doc: dict) -> None:
+    doc["trials"].append(dict(doc["trials"][0]))
+
+
+def write(name: str, text: str | bytes) -> Callable[[Path], None]:
+    def prepare(d: Path) -> None:
+        (d / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+
+    return prepare
+
+
+def both(*steps: Callable[[Path], object]) -> Callable[[Path], None]:
+    def prepare(d: Path) -> None:
+        for step in steps:
+            step(d)
+
+    return prepare
+
+
+def at(name: str, make: Callable[[Path], Path], *args: object, **kw: object) -> Callable[[Path], Path]:
+    return lambda d: make(d / name, *args, **kw)
+
+
+def read_only(name: str) -> Callable[[Path], None]:
+    return lambda d: (d / name).chmod(0o444)
+
+
+def read_only_dir(d: Path) -> None:
+    d.chmod(0o555)
+
+
+# ------------------------------------------------------------------ the table
+
+
+@dataclass(frozen=True)
+class Attack:
+    id: str
+    argv: tuple[str, ...]  # `{d}` is the row's directory
+    prepare: Callable[[Path], object] = lambda d: None
+    env: Mapping[str, str] = field(default_factory=dict)  # `{d}` as in argv
+    code: int = 1
+    says: str = "error: "  # a pattern the output must contain
+    unchanged: tuple[str, ...] = ()  # files that must be byte-identical afterwards
+    absent: tuple[str, ...] = ()  # files that must not exist afterwards
+    present: tuple[str, ...] = ()  # files that must exist afterwards
+    check: Callable[[Path, str], None] | None = None  # anything else
+    unprivileged: bool = False  # permissions must apply (dropped when running as root)
+    subprocess: bool = False  # a fresh interpreter (settings read at import)
+
+
+def _ok_record_of_small_problem(d: Path, output: str) -> None:
+    with TuningDB.open(d / "t.db") as db:
+        assert [r.status for r in db.records(Spec(16, 16, 16, dtype="float32").problem().key)] == ["ok"]
+
+
+def _one_trial_stored(d: Path, output: str) -> None:
+    with TuningDB.open(d / "target.db") as db:
+        assert len(db.records(PROBLEM.key)) == 1  # the file's record merged with the same one
+
+
+def _report_escapes_names(d: Path, output: str) -> None:
+    html = (d / "r.html").read_text()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
+
+
+SMALL_AND_HUGE = json.dumps(
+    [{"m": 1 << 20, "n": 1 << 20, "k": 1 << 20}, {"m": 16, "n": 16, "k": 16, "dtype": "float32"}]
+)
+TUNE = ("tune", "--interpret", "--trials", "1", "--patience", "1")
+DB = ("--db", "{d}/t.db")
+
+ATTACKS = [
+    # --- database paths: the name is a file name, whatever it holds
+    Attack(
+        "db path with ?",
+        ("db", "stats", "--db", "{d}/victim.db?scratch"),
+        at("victim.db", epilab_db),
+        code=0,
+        says="problems",
+        unchanged=("victim.db",),
+        present=("victim.db?scratch",),
+    ),
+    Attack(
+        "db path with %",
+        ("db", "stats", "--db", "{d}/pct%41.db"),
+        code=0,
+        says="problems",
+        present=("pct%41.db",),
+        absent=("pctA.db",),
+    ),
+    Attack(
+        "db path with ? beside a foreign file",
+        ("db", "stats", "--db", "{d}/other.db?"),
+        at("other.db", foreign_db),
+        code=0,
+        says="problems",
+        unchanged=("other.db",),
+    ),
+    Attack(
+        "sqlite URL with options",
+        ("db", "stats", "--db", "sqlite:///{d}/x.db?mode=memory"),
+        says="takes no options",
+        absent=("x.db",),
+    ),
+    Attack("unknown database URL", ("db", "stats"), env={"EPILAB_DB": "mongodb://h/x"}, says="no database driver"),
+    # --- files that are not (usable) epilab databases: refused, left byte-identical
+    Attack(
+        "a text file as the db",
+        ("db", "stats", "--db", "{d}/notes.txt"),
+        write("notes.txt", "hello, not a database\n" * 10),
+        says="not an SQLite database",
+        unchanged=("notes.txt",),
+    ),
+    Attack(
+        "a truncated db",
+        ("db", "stats", "--db", "{d}/t.db"),
+        at("t.db", truncated_db),
+        says="truncated",
+        unchanged=("t.db",),
+    ),
+    Attack(
+        "a foreign SQLite db",
+        ("db", "import", "{d}/valid.json", "--db", "{d}/other.db"),
+        both(at("other.db", foreign_db), lambda d: export_doc(d)),
+        says="not an epilab database",
+        unchanged=("other.db",),
+    ),
+    Attack(
+        "a foreign WAL-mode db",
+        ("db", "stats", "--db", "{d}/other.db"),
+        at("other.db", foreign_db, wal=True),
+        says="not an epilab database",
+        unchanged=("other.db",),
+        absent=("other.db-wal", "other.db-shm"),
+    ),
+    Attack(
+        "a db from a newer epilab",
+        ("db", "prune", "--stale", "--db", "{d}/t.db"),
+        at("t.db", future_db),
+        says="newer epilab",
+        unchanged=("t.db",),
+    ),
+    Attack("a directory as the db", ("db", "stats", "--db", "{d}"), says="is a directory"),
+    Attack(
+        "a db with damaged pages: stats",
+        ("db", "stats", *DB),
+        at("t.db", corrupted_db),
+        says="damaged",
+        unchanged=("t.db",),
+    ),
+    Attack(
+        "a db with damaged pages: tune",
+        (*TUNE, "--suite", "smoke", *DB),
+        at("t.db", corrupted_db),
+        says="damaged",
+        unchanged=("t.db",),
+    ),
+    # --- permissions
+    Attack(
+        "import into a read-only db",
+        ("db", "import", "{d}/valid.json", *DB),
+        both(lambda d: export_doc(d), at("t.db", epilab_db), read_only("t.db")),
+        says="read-only",
+        unchanged=("t.db",),
+        unprivileged=True,
+    ),
+    Attack(
+        "tune into a read-only db",
+        (*TUNE, "--suite", "smoke", *DB),
+        both(at("t.db", epilab_db), read_only("t.db")),
+        says="read-only",
+        unchanged=("t.db",),
+        unprivileged=True,
+    ),
+    Attack(
+        "stats of a db in a read-only directory",
+        ("db", "stats", *DB),
+        both(at("t.db", epilab_db), read_only_dir),
+        code=0,
+        says="problems +│ +1",
+        unchanged=("t.db",),
+        absent=("t.db-wal", "t.db-shm"),
+        unprivileged=True,
+    ),
+    Attack(
+        "a cache dir nobody can write",
+        ("demo", "--m", "8", "--n", "8", "--k", "8", "--dtype", "float32"),
+        read_only_dir,
+        env={"EPILAB_CACHE_DIR": "{d}"},
+        says="cannot write rendered kernels under",
+        unprivileged=True,
+    ),
+    # --- imports: refused whole, the database untouched
+    Attack(
+        "import: a float in a config",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        spoiled_export(_set_config("BLOCK_M", 16.0)),
+        says="BLOCK_M=16.0 is not allowed",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: a bool in a config",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        spoiled_export(_set_config("num_warps", True)),
+        says="num_warps=True is not allowed",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: an unknown key",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        spoiled_export(_set_trial("owner", "root")),
+        says="nothing was imported",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: escape sequences in a device name",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        spoiled_export(_set_device_name(HOSTILE_NAME)),
+        says="printable characters",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: trial_number 10**30",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        spoiled_export(_set_trial("trial_number", 10**30)),
+        says="trial_number must be an int",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: median_ms 1e999",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        spoiled_export(_set_trial("median_ms", 10**400)),
+        says="median_ms must be a finite number",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: 100k-deep nesting",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        both(write("import.json", "[" * 100_000), at("target.db", epilab_db)),
+        says="nested too deeply",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: not JSON",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        both(write("import.json", b"\xff\xfe{"), at("target.db", epilab_db)),
+        says="is not JSON",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: a duplicated trial",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        spoiled_export(_duplicate_trial),
+        code=0,
+        says="imported 1 problems, 1 trial records",
+        check=_one_trial_stored,
+    ),
+    # --- what a database holds reaches the terminal and the report as data
+    Attack(
+        "list: escape sequences in a stored name",
+        ("db", "list", *DB),
+        at("t.db", hostile_names_db),
+        code=0,
+        says=r"GPU\\x1b\[2J",
+    ),
+    Attack(
+        "show: escape sequences in a stored name",
+        ("db", "show", PROBLEM.key[:12], *DB),
+        at("t.db", hostile_names_db),
+        code=0,
+        says=r"GPU\\x1b\[2J",
+    ),
+    Attack(
+        "report: HTML in a stored name",
+        ("report", *DB, "--out", "{d}/r.html"),
+        at("t.db", hostile_names_db),
+        code=0,
+        says="wrote",
+        check=_report_escapes_names,
+    ),
+    # --- settings: reported where used, never a traceback, never on `version`
+    Attack(
+        "bad EPILAB_POLICY: version",
+        ("version",),
+        env={"EPILAB_POLICY": "bogus"},
+        code=0,
+        says="epilab 0.1.0",
+        subprocess=True,
+    ),
+    Attack(
+        "bad EPILAB_POLICY: stats",
+        ("db", "stats", *DB),
+        env={"EPILAB_POLICY": "bogus"},
+        says="EPILAB_POLICY='bogus' is not a policy",
+        subprocess=True,
+    ),
+    Attack("bad EPILAB_LOG", ("db", "stats", *DB), env={"EPILAB_LOG": "loud"}, says="is not a log level"),
+    Attack(
+        "EPILAB_CACHE_DIR is a file",
+        ("db", "stats"),
+        write("cache", "x"),
+        env={"EPILAB_CACHE_DIR": "{d}/cache", "EPILAB_DB": ""},
+        says="is a file; give a directory",
+    ),
+    Attack(
+        "EPILAB_CACHE_DIR=/proc",
+        ("demo", "--m", "8", "--n", "8", "--k", "8", "--dtype", "float32"),
+        env={"EPILAB_CACHE_DIR": "/proc"},
+        says="cannot write rendered kernels under /proc",
+    ),
+    # --- files to write
+    Attack("export into a directory", ("db", "export", "{d}", *DB), says="is a directory", absent=("t.db",)),
+    Attack(
+        "export into a missing directory",
+        ("db", "export", "{d}/nope/x.json", *DB),
+        at("t.db", epilab_db),
+        says="does not exist",
+    ),
+    Attack(
+        "report into a directory",
+        ("report", *DB, "--out", "{d}"),
+        at("t.db", epilab_db),
+        says="is a directory",
+    ),
+    Attack(
+        "report into a missing directory",
+        ("report", *DB, "--out", "{d}/nope/r.html"),
+        at("t.db", epilab_db),
+        says="does not exist",
+    ),
+    # --- shapes files and the tuner
+    Attack(
+        "shapes: text after the list",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write("s.json", '[{"m": 16, "n": 16, "k": 16}] and then some'),
+        says="text after the list",
+        absent=("t.db",),
+    ),
+    Attack(
+        "shapes: deep nesting",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write("s.json", "[" + "[" * 100_000),
+        says="nested too deeply",
+        absent=("t.db",),
+    ),
+    Attack(
+        "shapes: not UTF-8",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write("s.json", b'[{"m": 16\xff}]'),
+        says="not UTF-8",
+        absent=("t.db",),
+    ),
+    Attack(
+        "tune: a bad --only",
+        (*TUNE, "--suite", "smoke", "--only", "9", *DB),
+        says="--only '9'",
+        absent=("t.db",),
+    ),
+    Attack(
+        "tune: a problem larger than the device",
+        (*TUNE, "--shapes", "{d}/s.json", "--time-budget", "60", *DB),
+        write("s.json", SMALL_AND_HUGE),
+        code=0,
+        says="not tuned.*too large",
+        check=_ok_record_of_small_problem,
+    ),
+]
+
+
+# ------------------------------------------------------------------ running a row
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _invoke(argv: list[str], env: dict[str, str]) -> tuple[int, str, str | None]:
+    """Run the command line in this process: (exit status, output, an unexpected exception)."""
+    from epilab.cli import console
+
+    config._current = None  # settings follow this row's environment
+    width, console.width = console.width, 200  # table cells unfolded, for `says`
+    try:
+        result = CliRunner().invoke(app, argv, env=env)
+    finally:
+        config._current = None
+        console.width = width
+    exc = result.exception
+    unexpected = None if exc is None or isinstance(exc, SystemExit) else repr(exc)
+    return result.exit_code, result.output, unexpected
+
+
+def _subprocess(argv: list[str], env: dict[str, str]) -> tuple[int, str, str | None]:
+    full = {**os.environ, **env}
+    for k, v in env.items():
+        if v == "":
+            full.pop(k, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "epilab.cli", *argv], env=full, capture_output=True, text=True, timeout=300
+    )
+    return done.returncode, done.stdout + done.stderr, None
+
+
+_DAC_CAPABILITIES = (1 << 1) | (1 << 2) | (1 << 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+
+
+def _drop_dac_capabilities() -> bool:
+    """Make permissions apply to this (root) process: False where the kernel refuses."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        return False
+    data[0].effective &= ~_DAC_CAPABILITIES & 0xFFFFFFFF
+    data[0].permitted &= ~_DAC_CAPABILITIES & 0xFFFFFFFF
+    return libc.capset(ctypes.byref(header), data) == 0
+
+
+def _unprivileged(argv: list[str], env: dict[str, str]) -> tuple[int, str, str | None]:
+    """``_invoke`` where file permissions apply: as is for a user, in a child process without
+    the capabilities that let root ignore them otherwise."""
+    if os.geteuid() != 0:
+        return _invoke(argv, env)
+    read, write_ = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop, run, send the outcome back, leave without cleanup
+        try:
+            outcome = _invoke(argv, env) if _drop_dac_capabilities() else (-1, "capset refused", None)
+        except BaseException as e:
+            outcome = (-2, "", repr(e))
+        with os.fdopen(write_, "wb") as f:
+            pickle.dump(outcome, f)
+        os._exit(0)
+    os.close(write_)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    outcome = pickle.loads(data)
+    if outcome[0] == -1:
+        pytest.skip("running as root, and the kernel did not let the test drop CAP_DAC_OVERRIDE")
+    return outcome
+
+
+@pytest.fixture
+def row_dir():
+    """A directory for one row, which even a read-only row's cleanup can remove."""
+    d = Path(tempfile.mkdtemp(prefix="epilab-attack-"))
+    yield d
+    for p in [d, *d.rglob("*")]:
+        if p.is_dir() and not p.is_symlink():
+            p.chmod(0o755)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.id for a in ATTACKS])
+def test_attack(attack: Attack, row_dir: Path):
+    d = row_dir
+    attack.prepare(d)
+    before = {name: _sha(d / name) for name in attack.unchanged}
+    argv = [a.format(d=d) for a in attack.argv]
+    env = {k: v.format(d=d) for k, v in attack.env.items()}
+    run = _subprocess if attack.subprocess else _unprivileged if attack.unprivileged else _invoke
+    code, output, unexpected = run(argv, env)
+    assert unexpected is None, f"{attack.id}: {unexpected}\n{output}"
+    assert "Traceback" not in output, output
+    assert code == attack.code, f"exit status {code}, not {attack.code}:\n{output}"
+    flowed = re.sub(r"\s+", " ", output)  # a table's cells may wrap
+    assert re.search(attack.says, output) or re.search(attack.says, flowed), f"/{attack.says}/ not in:\n{output}"
+    shown = [c for c in CONTROL_CHARS.findall(output) if c not in "\n\t"]
+    assert not shown, f"control characters reached the terminal: {shown!r}"
+    for name, sha in before.items():
+        assert _sha(d / name) == sha, f"{name} was changed"
+    for name in attack.absent:
+        assert not (d / name).exists(), f"{name} was left behind"
+    for name in attack.present:
+        assert (d / name).exists(), f"{name} was not written"
+    if attack.check is not None:
+        attack.check(d, output)
+
+
+# ------------------------------------------------------------------ the same, below the CLI
+
+
+def test_config_accepts_only_exact_values():
+    for bad in ({"BLOCK_M": 16.0}, {"num_warps": 4.0}, {"num_stages": True}, {"variant": 1}):
+        with pytest.raises(ValueError, match="is not allowed"):
+            Config.from_dict({**CONFIG, **bad})
+    with pytest.raises(ValueError, match="is not allowed"):
+        Config(16.0, 16, 16, num_warps=4.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must be an object"):
+        Config.from_dict([16, 16, 16])  # type: ignore[arg-type]
+    assert Config.from_dict(CONFIG).to_dict() == CONFIG
+
+
+def test_the_db_reader_passes_over_configs_this_version_cannot_run(tmp_path):
+    """A record stored before configs were checked (floats, from an import) must not be
+    picked: the next usable one is."""
+    path = str(tmp_path / "t.db")
+    record(path, PROBLEM, CONFIG, 2.0)
+    record(path, PROBLEM, {**CONFIG, "BLOCK_N": 32}, 1.0)
+    with TuningDB.open(path) as db, db.session(write=True) as s:
+        from epilab.db.models import TrialRecord
+
+        row = s.query(TrialRecord).filter(TrialRecord.median_ms == 1.0).one()
+        row.config = row.config.replace('"BLOCK_N":32', '"BLOCK_N":32.0')
+    with TuningDB.open(path) as db:
+        assert db.best(PROBLEM.key, INTERPRETER_DEVICE).record.config["BLOCK_N"] == 32.0  # fastest
+        hit = db.lookup(PROBLEM, INTERPRETER_DEVICE, usable=Config.is_valid)
+        assert hit is not None and hit.record.config == CONFIG
+
+
+def test_a_path_is_a_file_name_whatever_it_holds(tmp_path):
+    for name in ("a?b.db", "pct%41.db", "hash#x.db", "sp ace.db"):
+        with TuningDB.open(tmp_path / name) as db:
+            db.put_problem(PROBLEM)
+        assert (tmp_path / name).exists(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["a?b.db", "pct%41.db", "hash#x.db", "sp ace.db"]
+    )
+
+
+def test_optuna_waits_for_a_lock_as_long_as_epilab_does(tmp_path):
+    """Another process holding the write lock for longer than SQLite's default 5 s must
+    make the tuner's study wait, not crash."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    path = tmp_path / "t.db"
+    with TuningDB.open(path) as db:
+        storage = db.optuna_storage()
+        optuna.create_study(study_name="warm", storage=storage)
+        locked, release = threading.Event(), threading.Event()
+
+        def hold_the_lock() -> None:
+            con = sqlite3.connect(path, isolation_level=None)
+            con.execute("BEGIN IMMEDIATE")
+            locked.set()
+            release.wait()
+            time.sleep(6.0)
+            con.execute("COMMIT")
+            con.close()
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        locked.wait()
+        release.set()
+        start = time.monotonic()
+        study = optuna.create_study(study_name="during-the-lock", storage=storage)
+        waited = time.monotonic() - start
+        holder.join()
+        assert study.study_name == "during-the-lock" and waited > 5.0
+
+
+def test_shapes_files_parse_in_linear_time(tmp_path):
+    """1.2 MB took 13 s when every object counted the newlines from the start."""
+    objs = [{"m": i % 4000 + 1, "n": 64, "k": 64} for i in range(40_000)]
+    path = tmp_path / "s.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(o) for o in objs) + "\n]\n")
+    start = time.perf_counter()
+    specs = load_shapes(path)
+    assert len(specs) == 40_000 and specs[-1].m == objs[-1]["m"]
+    assert time.perf_counter() - start < 4.0
+    path.write_text('[\n{"m": 1, "n": 1, "k": 1},\n\n{"m": 0, "n": 1, "k": 1}]')
+    with pytest.raises(ValueError, match=r"s\.json:4: m must be"):
+        load_shapes(path)
+
+
+def test_launch_refuses_outputs_that_overlap():
+    from epilab.templates.matmul import launch, make_problem
+    from epilab.templates.matmul_api import simple_epilogue
+
+    with config.patch(interpret=True):
+        a, b = torch.randn(16, 16), torch.randn(16, 16)
+        ep, ops_ = simple_epilogue(a, b)
+        problem = make_problem(a, b, ep, ops_)
+        cfg = Config(16, 16, 16, 1, num_warps=1, num_stages=1)
+        with pytest.raises(ValueError, match="shares memory with input 0"):
+            launch(problem, cfg, a, b, ops_, out=(a,))
+        overlapping = torch.empty(16 + 15).as_strided((16, 16), (1, 1))
+        with pytest.raises(ValueError, match="overlaps itself"):
+            launch(problem, cfg, a, b, ops_, out=(overlapping,))
+        out = torch.empty(16, 16)
+        (got,) = launch(problem, cfg, a, b, ops_, out=(out,))
+        assert got is out and torch.allclose(out, a @ b, atol=1e-4)
+
+
+def test_matmul_refuses_inputs_that_require_grad():
+    import epilab
+
+    a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16)
+    with config.patch(interpret=True):
+        with pytest.raises(NotImplementedError, match="no backward, and a require"):
+            epilab.matmul(a, b)
+        with torch.no_grad():
+            assert torch.allclose(epilab.matmul(a, b), a.detach() @ b, atol=1e-4)
+
+
+def test_a_worker_out_of_memory_is_a_recorded_failure_not_the_end_of_the_run():
+    """Below the tuner's up-front refusal, a task whose tensors do not fit comes back as
+    out_of_resources (the problem's fault, not the config's), never as a bug."""
+    from epilab.tuner.evaluate import run_task
+
+    huge = Spec(1 << 20, 1 << 20, 1 << 20, dtype="float32").problem()
+    with config.patch(interpret=True):
+        result = run_task({"kind": "candidate", "problem": huge.to_json(), "config": CONFIG, "seed": 0})
+    assert result["status"] == "out_of_resources" and "out of memory" in result["detail"], result
