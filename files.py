@@ -1,10 +1,30 @@
-"""Writing a file the user named: refused clearly when it cannot be, never half-written."""
+"""Files the user names: read only when they are regular files of bounded size, written
+atomically; refused clearly when they cannot be (a ValueError that says why)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+MAX_READ_BYTES = 512 * 2**20
+
+
+def read_text_bounded(path: str | Path, what: str, limit: int = MAX_READ_BYTES) -> str:
+    """The UTF-8 text of ``path``, a regular file of at most ``limit`` bytes: a device
+    (``/dev/zero``), a FIFO or a directory is refused rather than read forever or blocked on.
+    A missing file is a FileNotFoundError; bytes that are not UTF-8, a ValueError."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} is not a regular file; give the {what} file itself")
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit >> 20} MiB; refusing to read it as a {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def check_target(path: str | Path) -> Path:

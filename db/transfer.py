@@ -45,7 +45,7 @@ from epilab.db.store import (
     problem_values,
     trial_values,
 )
-from epilab.files import write_text_atomic
+from epilab.files import read_text_bounded, write_text_atomic
 
 FORMAT = "epilab-tuning-db"
 VERSION = 1
@@ -125,11 +125,9 @@ def import_json(
 ) -> ImportReport:
     """Validate all of ``path``, then merge it in one transaction (see the module doc)."""
     path = Path(path)
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB; refusing to import it")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(read_text_bounded(path, "epilab export", MAX_FILE_BYTES))
+    except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not JSON: {e}") from None
     except RecursionError:
         raise ValueError(f"{path} is nested too deeply to be an epilab export") from None

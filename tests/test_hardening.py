@@ -388,10 +388,24 @@ ATTACKS = [
         unchanged=("target.db",),
     ),
     Attack(
-        "import: not JSON",
+        "import: not UTF-8",
         ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         both(write("import.json", b"\xff\xfe{"), at("target.db", epilab_db)),
+        says="not UTF-8 text",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: not JSON",
+        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
+        both(write("import.json", "{'format': 'epilab-tuning-db'}"), at("target.db", epilab_db)),
         says="is not JSON",
+        unchanged=("target.db",),
+    ),
+    Attack(
+        "import: a device file (/dev/zero)",
+        ("db", "import", "/dev/zero", "--db", "{d}/target.db"),
+        at("target.db", epilab_db),
+        says="is not a regular file",
         unchanged=("target.db",),
     ),
     Attack(
@@ -495,6 +509,12 @@ ATTACKS = [
         (*TUNE, "--shapes", "{d}/s.json", *DB),
         write("s.json", b'[{"m": 16\xff}]'),
         says="not UTF-8",
+        absent=("t.db",),
+    ),
+    Attack(
+        "shapes: a device file (/dev/zero)",
+        (*TUNE, "--shapes", "/dev/zero", *DB),
+        says="is not a regular file",
         absent=("t.db",),
     ),
     Attack(

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from epilab.files import read_text_bounded
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
 from epilab.templates.problem import DTYPES, ConvGeometry, OperandSpec, Problem, Shape
 from epilab.templates.render import template_hash
@@ -298,10 +299,7 @@ def load_shapes(path: str | Path) -> list[Spec]:
     """Specs from a JSON list or a JSON Lines file (``#`` comments and blank lines allowed);
     a ValueError names the file, the line and what is wrong. Linear in the file's size."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_text_bounded(path, "shapes")
     specs = _json_list(path, text) if text.lstrip().startswith("[") else _json_lines(path, text)
     if not specs:
         raise ValueError(f"{path}: no problems in the file")
