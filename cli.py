@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -32,6 +33,10 @@ def user_error(e: BaseException) -> str | None:
         return f"{e.strerror or e}{where}"
     if isinstance(e, DatabaseError):  # damaged pages met while reading, a lock held too long
         return f"the database could not be used: {str(e.orig).splitlines()[0][:300]}"
+    if isinstance(e, MemoryError) or (
+        isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
+    ):  # torch's OutOfMemoryError, and its CPU allocator's words: too large for this machine
+        return f"out of memory: {str(e).splitlines()[0][:300]}"
     optuna = sys.modules.get("optuna")
     if optuna is not None and isinstance(e, optuna.exceptions.StorageInternalError):
         cause = e.__cause__ or e
@@ -403,6 +408,9 @@ def report(
 
     if op is not None and op not in ("mm", "addmm", "bmm", "baddbmm"):
         raise typer.BadParameter(f"{op!r} is not one of mm, addmm, bmm, baddbmm", param_hint="--op")
+    for hint, peak in (("--peak-tflops", peak_tflops), ("--peak-gbs", peak_gbs)):
+        if peak is not None and not (math.isfinite(peak) and peak > 0):
+            raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)
     keys = None
     if suite is not None:
         from epilab.templates.twins import twins

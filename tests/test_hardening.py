@@ -469,6 +469,19 @@ ATTACKS = [
         env={"EPILAB_CACHE_DIR": "/proc"},
         says="cannot write rendered kernels under /proc",
     ),
+    Attack(
+        "demo: larger than the machine",
+        ("demo", "--m", "1000000000", "--n", "8", "--k", "1000000", "--dtype", "float32"),
+        says="error: out of memory",  # 4 PB: beyond any address space, so refused at once
+    ),
+    Attack(
+        "report: a peak that is not a number",
+        ("report", *DB, "--peak-tflops", "nan", "--out", "{d}/r.html"),
+        at("t.db", epilab_db),
+        code=2,
+        says="must be a positive number",
+        absent=("r.html",),
+    ),
     # --- files to write
     Attack("export into a directory", ("db", "export", "{d}", *DB), says="is a directory", absent=("t.db",)),
     Attack(
