@@ -210,6 +210,14 @@ def _report_escapes_names(d: Path, output: str) -> None:
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
 
 
+def import_attack(id: str, prepare: Callable[[Path], object], *, says: str, **kw: object) -> Attack:
+    """`db import import.json` into target.db, which must stay byte-identical unless the
+    row says otherwise (a file that imports)."""
+    kw.setdefault("unchanged", () if kw.get("code", 1) == 0 else ("target.db",))
+    argv = ("db", "import", "{d}/import.json", "--db", "{d}/target.db")
+    return Attack(id, argv, prepare, says=says, **kw)  # type: ignore[arg-type]
+
+
 SMALL_AND_HUGE = json.dumps(
     [{"m": 1 << 20, "n": 1 << 20, "k": 1 << 20}, {"m": 16, "n": 16, "k": 16, "dtype": "float32"}]
 )
@@ -338,68 +346,50 @@ ATTACKS = [
         unprivileged=True,
     ),
     # --- imports: refused whole, the database untouched
-    Attack(
+    import_attack(
         "import: a float in a config",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         spoiled_export(_set_config("BLOCK_M", 16.0)),
         says="BLOCK_M=16.0 is not allowed",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: a bool in a config",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         spoiled_export(_set_config("num_warps", True)),
         says="num_warps=True is not allowed",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: an unknown key",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         spoiled_export(_set_trial("owner", "root")),
         says="nothing was imported",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: escape sequences in a device name",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         spoiled_export(_set_device_name(HOSTILE_NAME)),
         says="printable characters",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: trial_number 10**30",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         spoiled_export(_set_trial("trial_number", 10**30)),
         says="trial_number must be an int",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: median_ms 1e999",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         spoiled_export(_set_trial("median_ms", 10**400)),
         says="median_ms must be a finite number",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: 100k-deep nesting",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         both(write("import.json", "[" * 100_000), at("target.db", epilab_db)),
         says="nested too deeply",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: not UTF-8",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         both(write("import.json", b"\xff\xfe{"), at("target.db", epilab_db)),
         says="not UTF-8 text",
-        unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: not JSON",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         both(write("import.json", "{'format': 'epilab-tuning-db'}"), at("target.db", epilab_db)),
         says="is not JSON",
-        unchanged=("target.db",),
     ),
     Attack(
         "import: a device file (/dev/zero)",
@@ -408,9 +398,8 @@ ATTACKS = [
         says="is not a regular file",
         unchanged=("target.db",),
     ),
-    Attack(
+    import_attack(
         "import: a duplicated trial",
-        ("db", "import", "{d}/import.json", "--db", "{d}/target.db"),
         spoiled_export(_duplicate_trial),
         code=0,
         says="imported 1 problems, 1 trial records",
