@@ -49,7 +49,6 @@ from epilab.files import read_text_bounded, write_text_atomic
 
 FORMAT = "epilab-tuning-db"
 VERSION = 1
-MAX_FILE_BYTES = 512 * 2**20
 MAX_ERRORS_SHOWN = 20
 
 _TIMED = (
@@ -126,7 +125,7 @@ def import_json(
     """Validate all of ``path``, then merge it in one transaction (see the module doc)."""
     path = Path(path)
     try:
-        doc = json.loads(read_text_bounded(path, "epilab export", MAX_FILE_BYTES))
+        doc = json.loads(read_text_bounded(path, "epilab export"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not JSON: {e}") from None
     except RecursionError:
