@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from epilab.templates.epilogue import Expr, ops
-from epilab.templates.matmul import dtype_name
+from epilab.templates.runtime import dtype_name
 
 aten = torch.ops.aten
 prims = torch.ops.prims

@@ -33,10 +33,10 @@ import torch.fx as fx
 
 from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, VIEWS, Unsupported
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand
-from epilab.templates.matmul import dtype_name, layout_of, operand_layout
 from epilab.templates.problem import Dim, OperandSpec, Problem, Shape
 from epilab.templates.render import template_hash
 from epilab.templates.rules import DTYPES as EPILOGUE_DTYPES
+from epilab.templates.runtime import dtype_name, layout_of, operand_layout
 
 ANCHOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 OPERAND_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.bool)

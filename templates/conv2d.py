@@ -22,18 +22,18 @@ import torch.nn.functional as F
 import triton
 
 from epilab.templates.epilogue import Epilogue
-from epilab.templates.matmul import (
-    _INT32_MAX,
-    Bound,
-    _extent,
-    dtype_name,
-    epilogue_args,
-    single_launch,
-    target_for,
-)
 from epilab.templates.problem import OPERAND_DTYPES, Config, ConvGeometry, OperandSpec, Problem, Shape
 from epilab.templates.render import template_hash
 from epilab.templates.rules import DTYPES as TORCH_DTYPES
+from epilab.templates.runtime import (
+    INT32_MAX,
+    Bound,
+    dtype_name,
+    epilogue_args,
+    extent,
+    single_launch,
+    target_for,
+)
 
 _Pair = int | tuple[int, int]
 
@@ -233,7 +233,7 @@ def bind_conv(
     ops3 = _operands_3d(problem.epilogue, operands, shape4)
     outs3 = tuple(gemm_view(o, p, q) for o in outs)
     target = target_for(x.device)
-    index_64 = any(_extent(t) > _INT32_MAX for t in (x, weight, *outs, *operands.values()))
+    index_64 = any(extent(t) > INT32_MAX for t in (x, weight, *outs, *operands.values()))
     k_g = k // g.groups
     grid = (triton.cdiv(p * q, config.BLOCK_M) * triton.cdiv(k_g, config.BLOCK_N), n, g.groups)
     if n > 65535 or g.groups > 65535:

@@ -22,19 +22,18 @@ import torch
 import triton
 
 from epilab.templates.epilogue import Epilogue, Node
-from epilab.templates.matmul import (
-    _INT32_MAX,
-    Bound,
-    _extent,
-    _kernel,
-    check_inputs,
-    epilogue_args,
-    outputs_for,
-    target_for,
-    trivial_bound,
-)
+from epilab.templates.matmul import check_inputs, trivial_bound
 from epilab.templates.problem import Config, Problem, Shape
 from epilab.templates.render import GEMV_BLOCK_M, config_error, template_hash
+from epilab.templates.runtime import (
+    INT32_MAX,
+    Bound,
+    epilogue_args,
+    extent,
+    kernel_for,
+    outputs_for,
+    target_for,
+)
 
 _FLIP = {"row": "col", "col": "row"}
 
@@ -110,7 +109,7 @@ def bind_gemv(
     kp = kernel_problem(problem)
     target = target_for(a.device)
     tensors = [a, b, *outs, *operands.values()]
-    index_64 = any(_extent(t) > _INT32_MAX for t in tensors)
+    index_64 = any(extent(t) > INT32_MAX for t in tensors)
     grid_n = triton.cdiv(n, config.BLOCK_N)
     split = config.SPLIT_K
     if config.variant == "two_pass":
@@ -139,7 +138,7 @@ def bind_gemv(
         "num_stages": config.num_stages,
     }
     grid = (grid_n, split)
-    kernel = _kernel(kp, config, target, index_64)
+    kernel = kernel_for(kp, config, target, index_64)
     launcher = kernel[grid]
     if config.variant != "two_pass":
 
@@ -150,7 +149,7 @@ def bind_gemv(
         if config.variant == "atomic":  # its workspace is part of the launch: not replayable
             return Bound(outs, lambda: launcher(**args), compile_one)
         return Bound(outs, lambda: launcher(**args), compile_one, kernel, args, grid)
-    reduce = _kernel(kp, config, target, index_64, "_reduce")
+    reduce = kernel_for(kp, config, target, index_64, "_reduce")
     reduce_args = {
         **ep_args,
         "ws_ptr": ws,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from triton import knobs
 
-from epilab.templates.matmul import Bound
+from epilab.templates.runtime import Bound
 
 
 def replay_key(tensors: Sequence[torch.Tensor]) -> tuple:

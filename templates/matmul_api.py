@@ -18,12 +18,11 @@ from epilab.templates.matmul import (
     H100_SMS,
     check_inputs,
     default_config,
-    dtype_name,
     launch_unchecked,
     make_problem,
-    target_for,
 )
 from epilab.templates.problem import Config
+from epilab.templates.runtime import dtype_name, target_for
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from epilab.templates.check import poisoned_like, rel_error, tolerance
-from epilab.templates.matmul import bind, problem_of, reference, target_for
+from epilab.templates.matmul import bind, problem_of, reference
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import DTYPES
+from epilab.templates.runtime import target_for
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
 
 GRAPH_BELOW_MS = 0.05  # also time kernels shorter than this by CUDA-graph replay

@@ -1,0 +1,258 @@
+"""What every template kind shares at run time: dtypes by name, the target a device runs
+on, how operands and outputs are laid out and passed, the check that outputs stand apart
+from the inputs, the kernel cache, and ``Bound`` (a launch with every argument fixed, which
+``launcher.Replay`` and CUDA graphs run again)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from epilab.config import settings
+from epilab.templates.build import build, interpreter_active
+from epilab.templates.epilogue import Epilogue
+from epilab.templates.problem import Config, Dim, Problem
+from epilab.templates.render import Target, kernel_name, render
+from epilab.templates.rules import DTYPES as TORCH_DTYPES
+
+_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+INT32_MAX = 2**31 - 1
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"dtype {dtype} is not supported here; use one of {sorted(TORCH_DTYPES)}")
+    return name
+
+
+# ------------------------------------------------------------------ tensors in
+
+
+def target_for(device: torch.device) -> Target:
+    """Where kernels run: compiled for CUDA, or in Triton's interpreter when it is on."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"device {device} is not supported; use a CUDA device (or CPU with EPILAB_INTERPRET=1)"
+        )
+    if device.type == "cpu" and not settings().interpret:
+        raise ValueError(
+            "epilab kernels need CUDA tensors; got CPU tensors. Set EPILAB_INTERPRET=1 "
+            "to run them on the CPU in Triton's interpreter (slow: for tests)"
+        )
+    if interpreter_active():
+        return "interpreter"
+    if device.type == "cpu":
+        raise RuntimeError(
+            "EPILAB_INTERPRET is on, but Triton was imported before it was: set EPILAB_INTERPRET=1 "
+            "(or TRITON_INTERPRET=1) in the environment before Python starts"
+        )
+    return "cuda"
+
+
+def layout_of(sizes: Sequence[Dim], strides: Sequence[Dim]) -> str:
+    """'row' if the last dim is contiguous, 'col' if the one before it is (sizes and
+    strides may be sympy expressions: only a literal 1 counts)."""
+    if strides[-1] == 1 or sizes[-1] == 1:
+        return "row"
+    if strides[-2] == 1 or sizes[-2] == 1:
+        return "col"
+    return "strided"
+
+
+def operand_layout(kind: str, sizes: Sequence[Dim], strides: Sequence[Dim]) -> str:
+    """The layout an OperandSpec records for an operand of ``kind`` with these sizes."""
+    if kind == "scalar":
+        return "scalar"
+    if kind in ("row", "col"):
+        return "vector"
+    return layout_of(sizes, strides) if len(sizes) >= 2 else "row"
+
+
+def operand_strides(
+    name: str, kind: str, t: torch.Tensor, out_shape: tuple[int, ...]
+) -> tuple[int, int, int]:
+    """Strides (batch, m, n) of operand ``t`` broadcast to C; 0 where it broadcasts."""
+    if t.dim() > len(out_shape) or any(
+        size not in (1, want) for size, want in zip(reversed(t.shape), reversed(out_shape), strict=False)
+    ):
+        raise ValueError(
+            f"operand {name!r} of shape {tuple(t.shape)} does not broadcast to the output "
+            f"shape {out_shape} (each dim must be 1 or match, and it may not have more dims)"
+        )
+    sizes = [1] * (3 - t.dim()) + list(t.shape)
+    strides = [0] * (3 - t.dim()) + list(t.stride())
+    sb, sm, sn = (0 if size == 1 else stride for size, stride in zip(sizes, strides, strict=True))
+    needs = {"row": sm == 0, "col": sn == 0, "scalar": sm == 0 and sn == 0, "tile": True}
+    if not needs[kind] or (kind == "scalar" and sizes[0] != 1):
+        want = {"row": "[N] or [1, N]", "col": "[M, 1]", "scalar": "a single element"}[kind]
+        raise ValueError(f"operand {name!r} is declared {kind} ({want}) but has shape {tuple(t.shape)}")
+    return sb, sm, sn
+
+
+def epilogue_args(
+    ep: Epilogue,
+    operands: Mapping[str, torch.Tensor],
+    outs: tuple[torch.Tensor, ...],
+    out_shape: tuple[int, ...],
+    out3: tuple[int, int, int],
+) -> dict[str, object]:
+    """The kernel arguments ``epilogue_params()`` declares: each operand's pointer and
+    (batch, m, n) strides (0 where it broadcasts), then each output's."""
+    args: dict[str, object] = {}
+    for name, kind in ep.operands:
+        t = operands[name]
+        sb, sm, sn = operand_strides(name, kind, t, out_shape)
+        args.update(
+            {
+                f"op_{name}_ptr": t,
+                f"op_{name}_stride_b": sb,
+                f"op_{name}_stride_m": sm,
+                f"op_{name}_stride_n": sn,
+            }
+        )
+    for i, o in enumerate(outs):
+        o3 = o if o.dim() == 3 else o.unsqueeze(0).expand(out3)
+        args.update(
+            {
+                f"out{i}_ptr": o,
+                f"out{i}_stride_b": o3.stride(0) if o.dim() == 3 else 0,
+                f"out{i}_stride_m": o3.stride(1),
+                f"out{i}_stride_n": o3.stride(2),
+            }
+        )
+    return args
+
+
+def outputs_for(
+    problem: Problem, shape: tuple[int, ...], device: torch.device, out: tuple[torch.Tensor, ...] | None
+) -> tuple[torch.Tensor, ...]:
+    dtypes = [TORCH_DTYPES[o.dtype] for o in problem.epilogue.outputs]
+    if out is None:
+        return tuple(torch.empty(shape, dtype=dt, device=device) for dt in dtypes)
+    if len(out) != len(dtypes):
+        raise ValueError(f"out has {len(out)} tensors; the epilogue has {len(dtypes)} outputs")
+    for i, (o, dt) in enumerate(zip(out, dtypes, strict=True)):
+        if tuple(o.shape) != shape or o.dtype != dt or o.device != device:
+            raise ValueError(
+                f"out[{i}] must be {dt} of shape {shape} on {device}, got {o.dtype} "
+                f"{tuple(o.shape)} on {o.device}"
+            )
+        if 0 in o.stride() and o.numel() > 1:
+            raise ValueError(f"out[{i}] has a zero stride; outputs must not overlap")
+    return tuple(out)
+
+
+def check_apart(outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+    """Refuse outputs that may overlap themselves, each other or an input: tiles are written
+    as others are still read, so any overlap gives wrong results. Conservative: memory
+    ranges that interleave without touching (even and odd columns) are refused too."""
+    for i, o in enumerate(outs):
+        if _may_overlap_itself(o):
+            raise ValueError(f"out[{i}] (strides {o.stride()}) overlaps itself; outputs must not")
+        for j, other in enumerate([*outs[:i], *inputs]):
+            if _ranges_meet(o, other):
+                what = f"out[{j}]" if j < i else f"input {j - i} of the call"
+                raise ValueError(f"out[{i}] shares memory with {what}; outputs must be apart from them")
+
+
+def _may_overlap_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share an address: dims by increasing stride, each
+    stride must step over all that the smaller ones address."""
+    reach = 1
+    for stride, size in sorted((abs(st), s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1):
+        if stride < reach:
+            return True
+        reach = stride * size
+    return False
+
+
+def _ranges_meet(x: torch.Tensor, y: torch.Tensor) -> bool:
+    if x.device != y.device or x.numel() == 0 or y.numel() == 0:
+        return False
+    x0, y0 = x.data_ptr(), y.data_ptr()
+    return x0 < y0 + extent(y) * y.element_size() and y0 < x0 + extent(x) * x.element_size()
+
+
+def extent(t: torch.Tensor) -> int:
+    """One past the largest element offset ``t`` addresses."""
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A launch with every argument fixed: ``run()`` launches it again (for timing and
+    CUDA graphs, with no per-call Python beyond Triton's launcher); ``compile()``
+    compiles it without launching."""
+
+    outs: tuple[torch.Tensor, ...]
+    run: Callable[[], object]  # returns Triton's compiled kernel when it launched one
+    compile: Callable[[], None]
+    kernel: object = None  # the jitted kernel, and its arguments and grid (None: no launch)
+    args: Mapping[str, object] | None = None
+    grid: tuple[int, ...] | None = None
+    descriptors: tuple[Described, ...] = ()  # TMA descriptor arguments: remade for new tensors
+
+
+@dataclass(frozen=True)
+class Described:
+    """A tensor-descriptor argument of a launch: made from tensor argument ``tensor`` (over
+    its transpose when ``transposed``) with ``block`` tiles."""
+
+    arg: str
+    tensor: str
+    transposed: bool
+    block: tuple[int, int]
+
+    def make(self, t: torch.Tensor) -> TensorDescriptor:
+        return TensorDescriptor.from_tensor(t.t() if self.transposed else t, list(self.block))
+
+
+_kernels: dict[tuple[Problem, Config, Target, bool, str], object] = {}
+
+
+def kernel_for(problem: Problem, config: Config, target: Target, index_64: bool, suffix: str = "") -> object:
+    """The jitted kernel (``kernel_name`` + ``suffix``) for this problem and config,
+    rendered and built once."""
+    key = (problem, config, target, index_64, suffix)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        module = build(render(problem, config, target=target, index_64=index_64), target=target)
+        kernel = _kernels[key] = getattr(module, kernel_name(problem) + suffix)
+    return kernel
+
+
+def tile_args(config: Config) -> dict[str, object]:
+    """The tiling arguments every tiled template takes."""
+    return {
+        "BLOCK_M": config.BLOCK_M,
+        "BLOCK_N": config.BLOCK_N,
+        "BLOCK_K": config.BLOCK_K,
+        "GROUP_M": config.GROUP_M,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+
+
+def single_launch(
+    problem: Problem,
+    config: Config,
+    target: Target,
+    index_64: bool,
+    grid: tuple[int, ...],
+    args: dict[str, object],
+    outs: tuple[torch.Tensor, ...],
+) -> Bound:
+    """The Bound of one kernel launch (replayable) with ``args`` (tiling arguments added)."""
+    args = {**args, **tile_args(config)}
+    kernel = kernel_for(problem, config, target, index_64)
+    launcher = kernel[grid]
+
+    def compile_only() -> None:
+        if target != "interpreter":  # the interpreter has nothing to compile
+            kernel.warmup(grid=grid, **args)
+
+    return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)  # type: ignore[arg-type]
