@@ -127,7 +127,8 @@ def demo(
             raise typer.BadParameter(f"must be positive, got {v}", param_hint=name)
 
     from epilab.templates.check import rel_error, tolerance
-    from epilab.templates.matmul import default_config, make_problem, reference
+    from epilab.templates.kinds import default_config
+    from epilab.templates.matmul import make_problem, reference
     from epilab.templates.matmul_api import simple_epilogue
 
     if not cuda:  # numpy warns about padded lanes, which the store masks out
@@ -223,8 +224,8 @@ def tune(
             "no CUDA device: epilab tune times kernels on a GPU. Use --interpret for a "
             "correctness-only dry run in Triton's interpreter (timings are not GPU times)"
         )
+    from epilab.templates.kinds import twins
     from epilab.templates.problem import Problem
-    from epilab.templates.twins import twins
     from epilab.tuner.search import Budget
     from epilab.tuner.suites import load_shapes, problem_label
     from epilab.tuner.suites import suite as builtin_suite
@@ -413,7 +414,7 @@ def report(
             raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)
     keys = None
     if suite is not None:
-        from epilab.templates.twins import twins
+        from epilab.templates.kinds import twins
         from epilab.tuner.suites import suite as builtin_suite
 
         try:

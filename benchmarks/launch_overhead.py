@@ -18,8 +18,9 @@ import torch
 
 from epilab.compiler.decide import Plan
 from epilab.compiler.op import template_call
+from epilab.templates.kinds import bind, default_config
 from epilab.templates.launcher import Replay
-from epilab.templates.matmul import bind, default_config, make_problem
+from epilab.templates.matmul import make_problem
 from epilab.templates.matmul_api import simple_epilogue
 
 

@@ -34,7 +34,8 @@ import triton.testing
 
 import epilab
 from epilab.templates.check import rel_error
-from epilab.templates.matmul import default_config, launch, make_problem, reference
+from epilab.templates.kinds import default_config, launch
+from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
 from epilab.tuner.timing import time_graph

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from epilab.db import TuningDB
-from epilab.templates.twins import twins
+from epilab.templates.kinds import twins
 from epilab.tuner.suites import SUITES
 
 

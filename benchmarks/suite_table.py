@@ -18,7 +18,7 @@ from epilab.cli import _current_hashes
 from epilab.db import TuningDB
 from epilab.reports.data import collect
 from epilab.reports.html import config_text
-from epilab.templates.twins import twins
+from epilab.templates.kinds import twins
 from epilab.tuner.suites import SUITES
 
 

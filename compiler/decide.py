@@ -51,9 +51,8 @@ from typing import Any
 
 from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
-from epilab.templates.matmul import default_config
+from epilab.templates.kinds import default_config, twins
 from epilab.templates.problem import Config, Problem
-from epilab.templates.twins import twins
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
 FUSED_LAUNCH_BOUND_MS = 0.02  # without CUDA graphs: shorter templates keep aten

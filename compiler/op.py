@@ -30,8 +30,8 @@ from epilab.templates.conv2d import (
     out_shape_of,
     out_strides_of,
 )
+from epilab.templates.kinds import bind
 from epilab.templates.launcher import Replay, replay_key
-from epilab.templates.matmul import bind
 from epilab.templates.problem import Problem
 from epilab.templates.rules import DTYPES
 

@@ -23,7 +23,7 @@ import triton
 
 from epilab.templates.epilogue import Epilogue
 from epilab.templates.problem import OPERAND_DTYPES, Config, ConvGeometry, OperandSpec, Problem, Shape
-from epilab.templates.render import template_hash
+from epilab.templates.render import TEMPLATE_FILES, Target, config_error, template_hash
 from epilab.templates.rules import DTYPES as TORCH_DTYPES
 from epilab.templates.runtime import (
     INT32_MAX,
@@ -374,3 +374,101 @@ def as_conv_outputs(outs: list[torch.Tensor], x: torch.Tensor) -> list[torch.Ten
     """The matmul twin's [N*H*W, K] outputs as the convolution's [N, K, H, W] (channels_last views)."""
     n, _, h, w = x.shape
     return [o.view(n, h, w, o.shape[-1]).permute(0, 3, 1, 2) for o in outs]
+
+
+# ------------------------------------------------------------------ the kind
+
+# where the tuner searches (block sizes are capped at the kernel shape when a study starts)
+SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
+    "BLOCK_M": (16, 32, 64, 128, 256),
+    "BLOCK_N": (16, 32, 64, 128, 256),
+    "BLOCK_K": (16, 32, 64, 128),
+    "GROUP_M": (1, 4, 8),
+    "num_warps": (2, 4, 8),
+    "num_stages": (1, 2, 3, 4, 5),
+}
+
+SEEDS = [  # for the conv2d template: wide pixel tiles, channel blocks of 64 or 32
+    Config(128, 64, 64, 8, num_warps=4, num_stages=3),
+    Config(128, 128, 64, 8, num_warps=8, num_stages=3),
+    Config(64, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(256, 64, 32, 8, num_warps=8, num_stages=3),
+    Config(64, 128, 32, 8, num_warps=4, num_stages=4),
+]
+
+
+def conv_kernel_shape(problem: Problem) -> Shape:
+    """What one program's tiles cover: one group's output channels."""
+    s = problem.shape
+    assert problem.conv is not None
+    return Shape(s.batch, s.m, int(s.n) // problem.conv.groups, s.k)
+
+
+def conv_problem_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    """The problem these tensors make under ``problem``'s geometry and precision."""
+    g = problem.conv
+    if g is None:
+        raise ValueError("a conv2d template problem needs its convolution geometry")
+    return make_conv_problem(
+        a,
+        b,
+        problem.epilogue,
+        operands,
+        stride=g.stride,
+        padding=g.padding,
+        dilation=g.dilation,
+        groups=g.groups,
+        precision=problem.precision,
+    )
+
+
+class _Conv2dKind:
+    """The conv2d template as a ``TemplateKind`` (see kind.py)."""
+
+    name = "conv2d"
+    files = TEMPLATE_FILES["conv2d"]
+    space = SPACE
+    seeds = tuple(SEEDS)
+
+    def check(self, problem: Problem, config: Config) -> str | None:
+        return config_error(problem, config)
+
+    def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
+        return default_conv_config(problem, target)
+
+    def kernel_shape(self, problem: Problem) -> Shape:
+        return conv_kernel_shape(problem)
+
+    def problem_of(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> Problem:
+        return conv_problem_of(problem, a, b, operands)
+
+    def bind(
+        self,
+        problem: Problem,
+        config: Config,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        operands: Mapping[str, torch.Tensor],
+        out: tuple[torch.Tensor, ...] | None,
+    ) -> Bound:
+        return bind_conv(problem, config, a, b, operands, out)
+
+    def inputs(
+        self, problem: Problem, device: torch.device, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        return conv_inputs(problem, device, gen)
+
+    def reference(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        return conv_reference(problem, a, b, operands)
+
+    def twin_of(self, problem: Problem) -> Problem | None:
+        return None  # no other kind's problem is a convolution
+
+
+KIND = _Conv2dKind()

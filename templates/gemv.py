@@ -22,9 +22,9 @@ import torch
 import triton
 
 from epilab.templates.epilogue import Epilogue, Node
-from epilab.templates.matmul import check_inputs, trivial_bound
+from epilab.templates.matmul import check_inputs, matmul_inputs, matmul_problem_of, reference, trivial_bound
 from epilab.templates.problem import Config, Problem, Shape
-from epilab.templates.render import GEMV_BLOCK_M, config_error, template_hash
+from epilab.templates.render import GEMV_BLOCK_M, TEMPLATE_FILES, Target, config_error, template_hash
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
@@ -208,3 +208,75 @@ def gemv_twin(problem: Problem) -> Problem | None:
     ):
         return None
     return dataclasses.replace(problem, template="gemv", template_hash=template_hash("gemv"))
+
+
+# ------------------------------------------------------------------ the kind
+
+# where the tuner searches (block sizes are capped at the kernel shape when a study starts)
+SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
+    "BLOCK_M": (16,),
+    "BLOCK_N": (16, 32, 64, 128, 256),
+    "BLOCK_K": (16, 32, 64, 128, 256),
+    "GROUP_M": (1,),
+    "SPLIT_K": (1, 2, 4, 8, 16, 32),
+    "variant": ("default", "two_pass", "atomic"),
+    "num_warps": (2, 4, 8),
+    "num_stages": (1, 2, 3, 4, 5, 6),
+}
+
+SEEDS = [  # for the gemv template: a plain slab, and two-pass split-K
+    Config(16, 64, 128, 1, 1, num_warps=4, num_stages=3),
+    Config(16, 128, 128, 1, 4, num_warps=4, num_stages=3, variant="two_pass"),
+    Config(16, 64, 256, 1, 8, num_warps=4, num_stages=3, variant="two_pass"),
+    Config(16, 32, 256, 1, 16, num_warps=4, num_stages=4, variant="two_pass"),
+]
+
+
+class _GemvKind:
+    """The gemv template as a ``TemplateKind`` (see kind.py)."""
+
+    name = "gemv"
+    files = TEMPLATE_FILES["gemv"]
+    space = SPACE
+    seeds = tuple(SEEDS)
+
+    def check(self, problem: Problem, config: Config) -> str | None:
+        return config_error(problem, config)
+
+    def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
+        return default_gemv_config(problem, target, sm_count=sm_count)
+
+    def kernel_shape(self, problem: Problem) -> Shape:
+        return kernel_problem(problem).shape
+
+    def problem_of(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> Problem:
+        return matmul_problem_of(problem, a, b, operands)
+
+    def bind(
+        self,
+        problem: Problem,
+        config: Config,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        operands: Mapping[str, torch.Tensor],
+        out: tuple[torch.Tensor, ...] | None,
+    ) -> Bound:
+        return bind_gemv(problem, config, a, b, operands, out)
+
+    def inputs(
+        self, problem: Problem, device: torch.device, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        return matmul_inputs(problem, device, gen)
+
+    def reference(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        return reference(problem.epilogue, a, b, operands)
+
+    def twin_of(self, problem: Problem) -> Problem | None:
+        return gemv_twin(problem)
+
+
+KIND = _GemvKind()

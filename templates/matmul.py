@@ -26,9 +26,12 @@ from epilab.templates.problem import (
     Shape,
 )
 from epilab.templates.render import (
+    MATMUL_VARIANTS,
     PERSISTENT_VARIANTS,
+    TEMPLATE_FILES,
     TMA_VARIANTS,
     Target,
+    config_error,
     template_hash,
 )
 from epilab.templates.rules import DTYPES as TORCH_DTYPES
@@ -36,7 +39,6 @@ from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
     Described,
-    check_apart,
     dtype_name,
     epilogue_args,
     extent,
@@ -148,7 +150,7 @@ def make_problem(
 H100_SMS = 132  # H100 SXM and H200: the default when no device is at hand
 
 
-def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int = H100_SMS) -> Config:
+def default_matmul_config(problem: Problem, target: Target = "cuda", *, sm_count: int = H100_SMS) -> Config:
     """The documented heuristic used when no config is given (untuned).
 
     Interpreter: tiles just large enough for the problem (16..64 per dim), since
@@ -160,16 +162,8 @@ def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int =
     (down to 32) so that small problems still fill the chip. 8 warps for tiles
     of 128x256 or more, else 4; 4 stages; GROUP_M=8. (These choices come from
     benchmarks/matmul_quick.py --probe on an H200: see benchmarks/RESULTS.md.)
-    Symbolic dims count as large. The gemv template has its own (``gemv.default_gemv_config``).
+    Symbolic dims count as large.
     """
-    if problem.template == "gemv":
-        from epilab.templates.gemv import default_gemv_config
-
-        return default_gemv_config(problem, target, sm_count=sm_count)
-    if problem.template == "conv2d":
-        from epilab.templates.conv2d import default_conv_config
-
-        return default_conv_config(problem, target)
     s = problem.shape
 
     def fit(dim: object, lo: int, hi: int) -> int:
@@ -201,46 +195,11 @@ def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int =
 # ------------------------------------------------------------------- launch
 
 
-def launch(
-    problem: Problem,
-    config: Config,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    operands: Mapping[str, torch.Tensor],
-    out: tuple[torch.Tensor, ...] | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """Run ``problem`` with ``config``; returns the epilogue's outputs.
-
-    ``out`` (optional) are preallocated outputs of the right shape and dtype,
-    with any strides; otherwise contiguous ones are allocated.
-    """
-    if problem_of(problem, a, b, operands) != problem:
-        raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
-    if out is not None:
-        check_apart(out, (a, b, *operands.values()))
-    return launch_unchecked(problem, config, a, b, operands, out)
-
-
-def problem_of(
+def matmul_problem_of(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> Problem:
-    """The problem these tensors make under ``problem``'s op, template, precision (and conv
-    geometry): equal to ``problem`` exactly when they fit it (checks them all)."""
-    if problem.conv is not None:
-        from epilab.templates.conv2d import make_conv_problem
-
-        g = problem.conv
-        return make_conv_problem(
-            a,
-            b,
-            problem.epilogue,
-            operands,
-            stride=g.stride,
-            padding=g.padding,
-            dilation=g.dilation,
-            groups=g.groups,
-            precision=problem.precision,
-        )
+    """The problem these tensors make under ``problem``'s op, template and precision: equal
+    to ``problem`` exactly when they fit it (checks them all). Serves the gemv kind too."""
     return make_problem(
         a,
         b,
@@ -252,21 +211,7 @@ def problem_of(
     )
 
 
-def launch_unchecked(
-    problem: Problem,
-    config: Config,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    operands: Mapping[str, torch.Tensor],
-    out: tuple[torch.Tensor, ...] | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """``launch`` for tensors already checked against ``problem`` by ``make_problem``."""
-    bound = bind(problem, config, a, b, operands, out)
-    bound.run()
-    return bound.outs
-
-
-def bind(
+def bind_matmul(
     problem: Problem,
     config: Config,
     a: torch.Tensor,
@@ -274,15 +219,7 @@ def bind(
     operands: Mapping[str, torch.Tensor],
     out: tuple[torch.Tensor, ...] | None = None,
 ) -> Bound:
-    """Everything ``launch_unchecked`` does up to the launch itself."""
-    if problem.template == "gemv":
-        from epilab.templates.gemv import bind_gemv
-
-        return bind_gemv(problem, config, a, b, operands, out)
-    if problem.template == "conv2d":
-        from epilab.templates.conv2d import bind_conv
-
-        return bind_conv(problem, config, a, b, operands, out)
+    """Everything a launch of the matmul template does up to the launch itself."""
     bt = check_inputs(a, b)
     ep = problem.epilogue
     outs = outputs_for(problem, bt.out_shape, a.device, out)
@@ -398,3 +335,146 @@ def reference(
     """The outputs computed in float64 (on the inputs' device), before output rounding."""
     acc64 = torch.matmul(a.double(), b.double())
     return epilogue.evaluate(acc64, {k: v.double() for k, v in operands.items()})
+
+
+def random_tensor(
+    rows: int,
+    cols: int,
+    batch: int | None,
+    layout: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """Random values of ``dtype`` [batch,] rows x cols in ``layout`` (col: a transposed
+    view; strided: every other column of a twice-as-wide tensor)."""
+    lead = () if batch is None else (batch,)
+    if dtype == torch.bool:
+        return torch.rand((*lead, rows, cols), generator=gen, device=device) > 0.5
+    stored = {"col": (*lead, cols, rows), "strided": (*lead, rows, 2 * cols)}.get(layout, (*lead, rows, cols))
+    t = torch.randn(stored, generator=gen, device=device).to(dtype)
+    if layout == "col":
+        return t.transpose(-1, -2)
+    return t[..., ::2] if layout == "strided" else t
+
+
+def matmul_inputs(
+    problem: Problem, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Random A, B and operands with exactly the problem's shapes, dtypes and layouts."""
+    s = problem.shape
+    dtype = TORCH_DTYPES[problem.dtype]
+    batch = int(s.batch) if problem.op in ("bmm", "baddbmm") or s.batch != 1 else None
+    m, n, k = int(s.m), int(s.n), int(s.k)
+    a = random_tensor(m, k, batch, problem.layout_a, dtype, device, gen)
+    b = random_tensor(k, n, batch, problem.layout_b, dtype, device, gen)
+    kinds = dict(problem.epilogue.operands)
+    operands = {}
+    for spec in problem.operands:
+        odt, kind = TORCH_DTYPES[spec.dtype], kinds[spec.name]
+        if kind == "row":
+            operands[spec.name] = random_tensor(1, n, None, "row", odt, device, gen)[0]
+        elif kind == "col":
+            operands[spec.name] = random_tensor(m, 1, None, "row", odt, device, gen)
+        elif kind == "scalar":
+            operands[spec.name] = random_tensor(1, 1, None, "row", odt, device, gen)[0]
+        else:
+            operands[spec.name] = random_tensor(m, n, batch, spec.layout, odt, device, gen)
+    return a, b, operands
+
+
+# ------------------------------------------------------------------ the kind
+
+# where the tuner searches (block sizes are capped at the kernel shape when a study starts)
+SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
+    "BLOCK_M": (16, 32, 64, 128, 256),
+    "BLOCK_N": (16, 32, 64, 128, 256),
+    "BLOCK_K": (16, 32, 64, 128, 256),
+    "GROUP_M": (1, 4, 8, 16),
+    "num_warps": (2, 4, 8),
+    "num_stages": (1, 2, 3, 4, 5, 6),
+    "variant": MATMUL_VARIANTS,
+    "EPILOGUE_SUBTILE": (1, 2, 4),
+    "PROGRAMS_PER_SM": (1, 2),
+    "FLATTEN": (0, 1),
+    "WARP_SPECIALIZE": (0, 1),
+    "TMA_STORE": (0, 1),
+}
+
+SEEDS = [  # seeds enqueued in every new study (when feasible), after the default config
+    # Hopper main loops first: the winners of benchmarks/matmul_hopper.py on an H200 (RESULTS.md)
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma", EPILOGUE_SUBTILE=2),
+    Config(
+        128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, EPILOGUE_SUBTILE=2
+    ),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=4, variant="tma"),
+    Config(128, 256, 64, 8, 1, 8, 3, "tma_persistent", EPILOGUE_SUBTILE=2, FLATTEN=1, TMA_STORE=1),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="persistent", FLATTEN=1),
+    # the classic loop (any GPU, any layout)
+    Config(128, 256, 64, 8, num_warps=8, num_stages=4),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4),
+    Config(64, 128, 64, 8, num_warps=4, num_stages=4),
+    Config(64, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(128, 128, 32, 8, num_warps=4, num_stages=4),
+    Config(32, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(16, 64, 128, 1, num_warps=2, num_stages=4),
+]
+
+
+def _conv_as_matmul(problem: Problem) -> Problem | None:
+    if problem.conv is None:
+        return None
+    from epilab.templates.conv2d import matmul_twin  # conv2d builds on this module
+
+    return matmul_twin(problem)
+
+
+class _MatmulKind:
+    """The matmul template as a ``TemplateKind`` (see kind.py)."""
+
+    name = "matmul"
+    files = TEMPLATE_FILES["matmul"]
+    space = SPACE
+    seeds = tuple(SEEDS)
+
+    def check(self, problem: Problem, config: Config) -> str | None:
+        return config_error(problem, config)
+
+    def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
+        return default_matmul_config(problem, target, sm_count=sm_count)
+
+    def kernel_shape(self, problem: Problem) -> Shape:
+        return problem.shape
+
+    def problem_of(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> Problem:
+        return matmul_problem_of(problem, a, b, operands)
+
+    def bind(
+        self,
+        problem: Problem,
+        config: Config,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        operands: Mapping[str, torch.Tensor],
+        out: tuple[torch.Tensor, ...] | None,
+    ) -> Bound:
+        return bind_matmul(problem, config, a, b, operands, out)
+
+    def inputs(
+        self, problem: Problem, device: torch.device, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        return matmul_inputs(problem, device, gen)
+
+    def reference(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        return reference(problem.epilogue, a, b, operands)
+
+    def twin_of(self, problem: Problem) -> Problem | None:
+        return _conv_as_matmul(problem)
+
+
+KIND = _MatmulKind()

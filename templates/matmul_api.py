@@ -14,13 +14,8 @@ from functools import lru_cache
 import torch
 
 from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops
-from epilab.templates.matmul import (
-    H100_SMS,
-    check_inputs,
-    default_config,
-    launch_unchecked,
-    make_problem,
-)
+from epilab.templates.kinds import default_config, launch_unchecked
+from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
 from epilab.templates.problem import Config
 from epilab.templates.runtime import dtype_name, target_for
 

@@ -603,7 +603,7 @@ def test_conv_with_bias_stride_and_groups_through_the_backend(db_path):
 
 
 def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
-    from epilab.templates.twins import twins
+    from epilab.templates.kinds import twins
 
     torch.manual_seed(0)
     conv = nn.Conv2d(32, 24, 1).to(memory_format=torch.channels_last)
@@ -629,7 +629,7 @@ def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
 @pytest.mark.gpu
 def test_gpu_resnet_block_and_a_1x1_twin_match_eager(db_path):
     from epilab.db import DeviceInfo
-    from epilab.templates.twins import twins
+    from epilab.templates.kinds import twins
 
     torch.manual_seed(0)
     model = _randomized(Bottleneck(64)).to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)

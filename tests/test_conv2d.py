@@ -215,8 +215,7 @@ def test_gpu_conv(geometry, layout):
 
 def test_a_1x1_convolution_has_a_matmul_twin_that_computes_the_same():
     from epilab.templates.conv2d import as_conv_outputs, as_matmul, matmul_twin
-    from epilab.templates.matmul import launch
-    from epilab.templates.twins import twins
+    from epilab.templates.kinds import launch, twins
 
     gen = torch.Generator().manual_seed(0)
     x = (
@@ -260,7 +259,7 @@ def test_fp32_convolutions_use_tf32_only_when_asked():
 
 
 def test_launch_checks_conv_tensors_against_their_problem():
-    from epilab.templates.matmul import launch
+    from epilab.templates.kinds import launch
 
     x = torch.randn(1, 16, 6, 5)
     w = torch.randn(8, 16, 3, 3)

@@ -13,7 +13,8 @@ import torch
 
 from epilab.templates.check import rel_error
 from epilab.templates.epilogue import Epilogue, Node, Output, acc, apply, const, operand, ops
-from epilab.templates.matmul import default_config, launch, make_problem
+from epilab.templates.kinds import default_config, launch
+from epilab.templates.matmul import make_problem
 from epilab.templates.rules import DTYPES, RULES
 
 

@@ -12,7 +12,8 @@ import torch
 from test_matmul import DTYPES, run_case
 
 from epilab.templates.check import rel_error
-from epilab.templates.matmul import launch, make_problem, reference
+from epilab.templates.kinds import launch
+from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
 
@@ -55,7 +56,7 @@ def test_gemv_epilogues_and_dtypes(epilogue, dtype, config):
 
 
 def test_atomic_split_leaves_its_workspace_clean_for_the_next_launch():
-    from epilab.templates.matmul import bind
+    from epilab.templates.kinds import bind
 
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(4, 50, generator=gen).to(torch.float16)
@@ -116,7 +117,7 @@ def test_gpu_gemv(config, m, n, k):
 def test_gpu_atomic_split_k_gives_the_full_sum_every_launch(split, warps):
     """The race an H200 showed before the per-thread fence (a split's adds not yet
     performed when the last split read the sum) was intermittent: launch many times."""
-    from epilab.templates.matmul import bind
+    from epilab.templates.kinds import bind
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(4, 8192, generator=gen, device="cuda").to(torch.bfloat16)

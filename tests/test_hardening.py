@@ -741,7 +741,8 @@ def test_shapes_files_parse_in_linear_time(tmp_path):
 
 
 def test_launch_refuses_outputs_that_overlap():
-    from epilab.templates.matmul import launch, make_problem
+    from epilab.templates.kinds import launch
+    from epilab.templates.matmul import make_problem
     from epilab.templates.matmul_api import simple_epilogue
 
     with config.patch(interpret=True):

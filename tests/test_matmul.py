@@ -16,7 +16,8 @@ import torch
 import epilab
 from epilab.templates.check import poisoned_like, rel_error, tolerance
 from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
-from epilab.templates.matmul import default_config, launch, make_problem, reference
+from epilab.templates.kinds import default_config, launch
+from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import ACTIVATIONS
 from epilab.templates.problem import Config
 

@@ -15,7 +15,8 @@ from test_matmul import DTYPES, run_case
 from epilab.templates.check import rel_error, tolerance
 from epilab.templates.epilogue import Epilogue, acc
 from epilab.templates.epilogue import ops as ops_
-from epilab.templates.matmul import bind, make_problem, tma_descriptors
+from epilab.templates.kinds import bind
+from epilab.templates.matmul import make_problem, tma_descriptors
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
 from epilab.templates.render import config_error

@@ -30,7 +30,8 @@ from epilab.templates.check import rel_error
 from epilab.templates.conv2d import conv_epilogue, make_conv_problem, matmul_twin
 from epilab.templates.epilogue import Epilogue, acc, operand, ops
 from epilab.templates.gemv import gemv_twin
-from epilab.templates.matmul import default_config, make_problem, reference
+from epilab.templates.kinds import default_config
+from epilab.templates.matmul import make_problem, reference
 from epilab.templates.problem import Problem
 
 GEN = torch.Generator().manual_seed(0)

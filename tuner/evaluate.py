@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from epilab.templates.check import poisoned_like, rel_error, tolerance
-from epilab.templates.matmul import bind, problem_of, reference
+from epilab.templates.kinds import bind, kind_of, problem_of
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import DTYPES
 from epilab.templates.runtime import target_for
@@ -44,81 +44,25 @@ def target_for_is_interpreter() -> bool:
     return interpreter_active()
 
 
-def _tensor(
-    rows: int,
-    cols: int,
-    batch: int | None,
-    layout: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    gen: torch.Generator,
-) -> torch.Tensor:
-    lead = () if batch is None else (batch,)
-    if dtype == torch.bool:
-        return torch.rand((*lead, rows, cols), generator=gen, device=device) > 0.5
-    stored = {"col": (*lead, cols, rows), "strided": (*lead, rows, 2 * cols)}.get(layout, (*lead, rows, cols))
-    t = torch.randn(stored, generator=gen, device=device).to(dtype)
-    if layout == "col":
-        return t.transpose(-1, -2)
-    return t[..., ::2] if layout == "strided" else t
-
-
 def make_inputs(
     problem: Problem, device: torch.device, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Fresh random A, B and operands with exactly the problem's shapes, dtypes and layouts
-    (for conv2d: the input, the weight and the operands)."""
-    s = problem.shape
-    if not s.is_static():
+    """Fresh random inputs of exactly the problem's shapes, dtypes and layouts, made by its
+    kind (checked against the problem: a kind whose inputs do not fit it is a bug)."""
+    if not problem.shape.is_static():
         raise ValueError("tuning needs a static shape")
     gen = torch.Generator(device=device).manual_seed(seed)
-    if problem.op == "conv2d":
-        return _conv_inputs(problem, device, gen)
-    dtype = DTYPES[problem.dtype]
-    batch = int(s.batch) if problem.op in BATCHED_OPS or s.batch != 1 else None
-    m, n, k = int(s.m), int(s.n), int(s.k)
-    a = _tensor(m, k, batch, problem.layout_a, dtype, device, gen)
-    b = _tensor(k, n, batch, problem.layout_b, dtype, device, gen)
-    kinds = dict(problem.epilogue.operands)
-    operands = {}
-    for spec in problem.operands:
-        odt, kind = DTYPES[spec.dtype], kinds[spec.name]
-        if kind == "row":
-            operands[spec.name] = _tensor(1, n, None, "row", odt, device, gen)[0]
-        elif kind == "col":
-            operands[spec.name] = _tensor(m, 1, None, "row", odt, device, gen)
-        elif kind == "scalar":
-            operands[spec.name] = _tensor(1, 1, None, "row", odt, device, gen)[0]
-        else:
-            operands[spec.name] = _tensor(m, n, batch, spec.layout, odt, device, gen)
-    return _checked(problem, a, b, operands)
-
-
-def _checked(
-    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    a, b, operands = kind_of(problem).inputs(problem, device, gen)
     if problem_of(problem, a, b, operands) != problem:
         raise ValueError("could not build inputs that match the problem")
     return a, b, operands
 
 
-def _conv_inputs(
-    problem: Problem, device: torch.device, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    from epilab.templates.conv2d import conv_inputs
-
-    return _checked(problem, *conv_inputs(problem, device, gen))
-
-
 def reference_of(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
-    """The float64 reference of any problem (matmul-like or conv2d)."""
-    if problem.op == "conv2d":
-        from epilab.templates.conv2d import conv_reference
-
-        return conv_reference(problem, a, b, operands)
-    return reference(problem.epilogue, a, b, operands)
+    """The float64 reference of any problem, from its kind."""
+    return kind_of(problem).reference(problem, a, b, operands)
 
 
 def _output_buffers(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:

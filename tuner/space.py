@@ -48,44 +48,10 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-from epilab.templates.gemv import kernel_problem
-from epilab.templates.problem import ELEMENT_BYTES, Config, Problem, Shape
-from epilab.templates.render import MATMUL_VARIANTS, PERSISTENT_VARIANTS, TMA_VARIANTS, config_error
+from epilab.templates.kinds import kind_of
+from epilab.templates.problem import ELEMENT_BYTES, Config, Problem
+from epilab.templates.render import PERSISTENT_VARIANTS, TMA_VARIANTS
 
-SPACE: dict[str, dict[str, tuple[int, ...]]] = {
-    "matmul": {
-        "BLOCK_M": (16, 32, 64, 128, 256),
-        "BLOCK_N": (16, 32, 64, 128, 256),
-        "BLOCK_K": (16, 32, 64, 128, 256),
-        "GROUP_M": (1, 4, 8, 16),
-        "num_warps": (2, 4, 8),
-        "num_stages": (1, 2, 3, 4, 5, 6),
-        "variant": MATMUL_VARIANTS,
-        "EPILOGUE_SUBTILE": (1, 2, 4),
-        "PROGRAMS_PER_SM": (1, 2),
-        "FLATTEN": (0, 1),
-        "WARP_SPECIALIZE": (0, 1),
-        "TMA_STORE": (0, 1),
-    },
-    "gemv": {
-        "BLOCK_M": (16,),
-        "BLOCK_N": (16, 32, 64, 128, 256),
-        "BLOCK_K": (16, 32, 64, 128, 256),
-        "GROUP_M": (1,),
-        "SPLIT_K": (1, 2, 4, 8, 16, 32),
-        "variant": ("default", "two_pass", "atomic"),
-        "num_warps": (2, 4, 8),
-        "num_stages": (1, 2, 3, 4, 5, 6),
-    },
-    "conv2d": {
-        "BLOCK_M": (16, 32, 64, 128, 256),
-        "BLOCK_N": (16, 32, 64, 128, 256),
-        "BLOCK_K": (16, 32, 64, 128),
-        "GROUP_M": (1, 4, 8),
-        "num_warps": (2, 4, 8),
-        "num_stages": (1, 2, 3, 4, 5),
-    },
-}
 MAX_ACC_REGS = 128
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MIN_ACC_PER_THREAD = 4
@@ -126,7 +92,6 @@ HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448)
 __all__ = [
     "HOPPER",
     "INTERPRETER_DEVICE",
-    "SPACE",
     "DeviceLimits",
     "applies",
     "configs",
@@ -139,29 +104,15 @@ def _padded(dim: object) -> int:
     return 1 << 30 if not isinstance(dim, int) else max(16, triton.next_power_of_2(max(dim, 1)))
 
 
-def _kernel_shape(problem: Problem) -> Shape:
-    """The shape the kernel sees (a gemv problem with a small N runs transposed; a conv2d
-    program covers one group's output channels)."""
-    if problem.template == "gemv":
-        return kernel_problem(problem).shape
-    if problem.conv is not None:
-        s = problem.shape
-        return Shape(s.batch, s.m, int(s.n) // problem.conv.groups, s.k)
-    return problem.shape
-
-
 def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | None:
     """Why ``config`` cannot run ``problem`` on the device, or None when it can."""
-    space = SPACE.get(problem.template)
-    if space is None:
-        return f"no search space for template {problem.template!r}"
-    for name, values in space.items():
+    for name, values in kind_of(problem).space.items():
         if getattr(config, name) not in values:
             return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
-    why = config_error(problem, config)
+    why = kind_of(problem).check(problem, config)
     if why is not None:
         return why
-    s = _kernel_shape(problem)
+    s = kind_of(problem).kernel_shape(problem)
     for name, block, dim in (
         ("BLOCK_M", config.BLOCK_M, s.m),
         ("BLOCK_N", config.BLOCK_N, s.n),
@@ -215,17 +166,17 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
 def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:
     """The template's space with block sizes cut at the padded problem dims, so the
     sampler never proposes blocks the problem cannot use."""
-    s = _kernel_shape(problem)
+    s = kind_of(problem).kernel_shape(problem)
     caps = {"BLOCK_M": _padded(s.m), "BLOCK_N": _padded(s.n), "BLOCK_K": _padded(s.k)}
     return {
         name: tuple(v for v in values if v <= caps.get(name, v)) or values[:1]
-        for name, values in SPACE[problem.template].items()
+        for name, values in kind_of(problem).space.items()
     }
 
 
 def configs(problem: Problem, limits: DeviceLimits) -> list[Config]:
     """Every feasible config of the problem's template, in a stable order."""
-    space = SPACE[problem.template]
+    space = kind_of(problem).space
     return [
         c
         for values in itertools.product(*space.values())

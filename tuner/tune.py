@@ -23,7 +23,7 @@ import torch
 import triton
 
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
-from epilab.templates.matmul import default_config
+from epilab.templates.kinds import kind_of
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import DTYPES
 from epilab.tuner.search import Budget, Outcome, make_study, search
@@ -31,38 +31,6 @@ from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, infeasi
 from epilab.tuner.suites import Spec
 from epilab.tuner.worker import CompilePool, Worker
 
-KNOWN_GOOD = [  # seeds enqueued in every new study (when feasible), after the default config
-    # Hopper main loops first: the winners of benchmarks/matmul_hopper.py on an H200 (RESULTS.md)
-    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
-    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma", EPILOGUE_SUBTILE=2),
-    Config(
-        128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, EPILOGUE_SUBTILE=2
-    ),
-    Config(128, 256, 64, 8, num_warps=8, num_stages=4, variant="tma"),
-    Config(128, 256, 64, 8, 1, 8, 3, "tma_persistent", EPILOGUE_SUBTILE=2, FLATTEN=1, TMA_STORE=1),
-    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="persistent", FLATTEN=1),
-    # the classic loop (any GPU, any layout)
-    Config(128, 256, 64, 8, num_warps=8, num_stages=4),
-    Config(128, 128, 64, 8, num_warps=4, num_stages=4),
-    Config(64, 128, 64, 8, num_warps=4, num_stages=4),
-    Config(64, 64, 64, 8, num_warps=4, num_stages=4),
-    Config(128, 128, 32, 8, num_warps=4, num_stages=4),
-    Config(32, 64, 64, 8, num_warps=4, num_stages=4),
-    Config(16, 64, 128, 1, num_warps=2, num_stages=4),
-]
-KNOWN_GOOD_CONV = [  # for the conv2d template: wide pixel tiles, channel blocks of 64 or 32
-    Config(128, 64, 64, 8, num_warps=4, num_stages=3),
-    Config(128, 128, 64, 8, num_warps=8, num_stages=3),
-    Config(64, 64, 64, 8, num_warps=4, num_stages=4),
-    Config(256, 64, 32, 8, num_warps=8, num_stages=3),
-    Config(64, 128, 32, 8, num_warps=4, num_stages=4),
-]
-KNOWN_GOOD_GEMV = [  # for the gemv template: a plain slab, and two-pass split-K
-    Config(16, 64, 128, 1, 1, num_warps=4, num_stages=3),
-    Config(16, 128, 128, 1, 4, num_warps=4, num_stages=3, variant="two_pass"),
-    Config(16, 64, 256, 1, 8, num_warps=4, num_stages=3, variant="two_pass"),
-    Config(16, 32, 256, 1, 16, num_warps=4, num_stages=4, variant="two_pass"),
-]
 LIBRARIES = ("cublas", "cublaslt", "cudnn", "inductor", "inductor-max-autotune")
 
 
@@ -276,8 +244,8 @@ class Tuner:
         """Known-good configs a new study tries first: the default heuristic's, then the
         template's known-good list."""
         target = "interpreter" if self.options.interpret else "cuda"
-        known = {"gemv": KNOWN_GOOD_GEMV, "conv2d": KNOWN_GOOD_CONV}.get(problem.template, KNOWN_GOOD)
-        return [default_config(problem, target, sm_count=self.limits.sm_count), *known]
+        kind = kind_of(problem)
+        return [kind.default_config(problem, target, sm_count=self.limits.sm_count), *kind.seeds]
 
     def tune(
         self, spec: Spec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None

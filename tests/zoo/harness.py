@@ -33,7 +33,7 @@ from records import record
 import epilab
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB
 from epilab.templates.check import rel_error
-from epilab.templates.matmul import default_config
+from epilab.templates.kinds import default_config
 from epilab.templates.problem import Problem
 from zoo import ZOO, Spec
 from zoo.convnets import randomize_norms
