@@ -17,7 +17,10 @@ from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 STATUSES = ("ok", "compile_error", "out_of_resources", "incorrect", "timeout", "crashed")
+# the libraries a baseline may name; the tuner times all but "eager" (kept for records of
+# plain eager torch from older databases and benchmark scripts)
 LIBRARIES = ("cublas", "cublaslt", "cudnn", "eager", "inductor", "inductor-max-autotune")
+TIMED_LIBRARIES = tuple(name for name in LIBRARIES if name != "eager")
 
 # bounds on strings (checked on import and write; the columns are sized to them)
 NAME_LEN = 128

@@ -23,6 +23,7 @@ import torch
 import triton
 
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
+from epilab.db.models import TIMED_LIBRARIES
 from epilab.templates.kinds import kind_of
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import DTYPES
@@ -30,8 +31,6 @@ from epilab.tuner.search import Budget, Outcome, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, infeasible, space_for
 from epilab.tuner.suites import Spec
 from epilab.tuner.worker import CompilePool, Worker
-
-LIBRARIES = ("cublas", "cublaslt", "cudnn", "inductor", "inductor-max-autotune")
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,9 @@ class TuneOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        unknown = set(self.baselines) - set(LIBRARIES)
+        unknown = set(self.baselines) - set(TIMED_LIBRARIES)
         if unknown:
-            raise ValueError(f"unknown baseline(s) {sorted(unknown)}; choose from {LIBRARIES}")
+            raise ValueError(f"unknown baseline(s) {sorted(unknown)}; choose from {TIMED_LIBRARIES}")
 
 
 @dataclass(frozen=True)
