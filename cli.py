@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 import epilab
 from epilab import config
+from epilab.templates.dtypes import INPUT_DTYPES
 
 
 def user_error(e: BaseException) -> str | None:
@@ -78,8 +79,6 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-_DTYPES = ("float16", "bfloat16", "float32")
-
 
 @app.callback()
 def _main(ctx: typer.Context) -> None:
@@ -104,7 +103,7 @@ def demo(
     ] = None,
     n: Annotated[int | None, typer.Option(help="columns of B and C (default: 2048 / 80)")] = None,
     k: Annotated[int | None, typer.Option(help="inner dimension (default: 2048 / 72)")] = None,
-    dtype: Annotated[str, typer.Option(help=f"input dtype: one of {', '.join(_DTYPES)}")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(help=f"input dtype: one of {', '.join(INPUT_DTYPES)}")] = "bfloat16",
     seed: Annotated[int, typer.Option(help="random seed of the inputs")] = 0,
 ) -> None:
     """Run one fused matmul, gelu_tanh(A @ B + bias) + residual, and print its error.
@@ -113,8 +112,8 @@ def demo(
     """
     import torch
 
-    if dtype not in _DTYPES:
-        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(_DTYPES)}", param_hint="--dtype")
+    if dtype not in INPUT_DTYPES:
+        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(INPUT_DTYPES)}", param_hint="--dtype")
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
@@ -476,9 +475,9 @@ def _open_db(target: str | None, *, write: bool = False):  # -> TuningDB
 
 
 def _current_hashes() -> dict[str, str]:
-    from epilab.templates.render import TEMPLATE_FILES, template_hash
+    from epilab.templates.kinds import current_hashes
 
-    return {name: template_hash(name) for name in TEMPLATE_FILES}
+    return current_hashes()
 
 
 def _print_json(obj: object) -> None:

@@ -26,12 +26,11 @@ from functools import partial
 import torch
 import triton
 
+from epilab.templates.matmul import VARIANTS
 from epilab.templates.problem import Config
-from epilab.templates.render import MATMUL_VARIANTS
 from epilab.tuner.evaluate import evaluate_baseline, evaluate_candidate
 from epilab.tuner.suites import SUITES
 
-VARIANTS = MATMUL_VARIANTS
 _WIDE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}
 _SQUARE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
 _TALL = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}

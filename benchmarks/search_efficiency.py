@@ -21,7 +21,7 @@ import time
 
 from epilab.db import TuningDB
 from epilab.tuner.search import Budget, make_study, search
-from epilab.tuner.space import configs, infeasible, space_for
+from epilab.tuner.space import applies, configs, infeasible, space_for
 from epilab.tuner.suites import Spec
 from epilab.tuner.tune import TuneOptions, Tuner
 
@@ -73,6 +73,7 @@ def main() -> None:
                 budget=Budget(trials=max(CHECKPOINTS), seconds=1e9, patience=10**6),
                 seeds=tuner.seeds(problem),
                 on_trial=on_trial,
+                applies=applies(problem),
             )
             search_s = time.monotonic() - start
             rows.append(

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from epilab.templates import dtypes
 from epilab.templates.epilogue import Expr, ops
-from epilab.templates.runtime import dtype_name
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -44,7 +44,7 @@ def _number(name: str, v: object) -> float:
 
 def _cast(x: Expr, dtype: object) -> Expr:
     try:
-        name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else None
+        name = dtypes.name_of(dtype) if isinstance(dtype, torch.dtype) else None
     except TypeError:
         name = None
     if name is None and dtype is not torch.bool:

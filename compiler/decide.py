@@ -51,7 +51,7 @@ from typing import Any
 
 from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
-from epilab.templates.kinds import default_config, twins
+from epilab.templates.kinds import default_config, twins, untuned_choice
 from epilab.templates.problem import Config, Problem
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
@@ -226,7 +226,7 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         missing = f"no tuning database ({ctx.db_error})"
     if ctx.policy == "always":
         # a skinny matmul runs on the gemv template's heuristic, not on a 16-row matmul tile
-        chosen = next((c for c in candidates if c.template == "gemv"), problem)
+        chosen = untuned_choice(problem)
         config = default_config(chosen, ctx.target, sm_count=ctx.device.sm_count)  # type: ignore[arg-type]
         return made(True, Plan(config=config), "heuristic", f"policy always; {missing}", chosen)
     return made(
@@ -239,7 +239,7 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
 
 
 def candidates_of(problem: Problem) -> list[Problem]:
-    """The templates that can run the problem (``templates.twins``): its own, gemv for a
+    """The templates that can run the problem (``kinds.twins``): its own, gemv for a
     static M or N <= 16, matmul for a 1x1 NHWC convolution."""
     return twins(problem)
 

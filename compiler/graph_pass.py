@@ -24,8 +24,8 @@ from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, val
 from epilab.compiler.op import TEMPLATE_CALL
+from epilab.templates.kinds import current_hashes
 from epilab.templates.problem import Problem
-from epilab.templates.render import TEMPLATE_FILES, template_hash
 
 log = logging.getLogger("epilab.compiler")
 _SOURCES = sorted(Path(__file__).parent.glob("*.py"))
@@ -36,8 +36,8 @@ def code_version() -> str:
     h = hashlib.sha256()
     for path in _SOURCES:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    for template in sorted(TEMPLATE_FILES):
-        h.update(template_hash(template).encode())
+    for _, template_hash in sorted(current_hashes().items()):
+        h.update(template_hash.encode())
     return h.hexdigest()
 
 

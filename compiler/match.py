@@ -32,14 +32,14 @@ import torch
 import torch.fx as fx
 
 from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, VIEWS, Unsupported
+from epilab.templates import dtypes
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand
-from epilab.templates.problem import Dim, OperandSpec, Problem, Shape
-from epilab.templates.render import template_hash
-from epilab.templates.rules import DTYPES as EPILOGUE_DTYPES
-from epilab.templates.runtime import dtype_name, layout_of, operand_layout
+from epilab.templates.kinds import template_hash
+from epilab.templates.problem import BATCHED_OPS, Dim, OperandSpec, Problem, Shape
+from epilab.templates.runtime import layout_of, operand_layout
 
-ANCHOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-OPERAND_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.bool)
+ANCHOR_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.INPUT_DTYPES)
+OPERAND_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.OPERAND_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class _Grower:
             bias_expr = self.operand(bias, self.O, "bias")
             value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
         if av.dtype != torch.float32:
-            value = Expr("cast", (value,), (("dtype", dtype_name(av.dtype)),))
+            value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
         self.values[node] = value
         self.shape_src[node] = None
         self.order.append(node)
@@ -185,7 +185,7 @@ class _Grower:
             self.operands[(bias, None)] = Operand("bias", bias, "row", None)
             value = value + operand("bias", "row")
         if xv.dtype != torch.float32:
-            value = Expr("cast", (value,), (("dtype", dtype_name(xv.dtype)),))
+            value = Expr("cast", (value,), (("dtype", dtypes.name_of(xv.dtype)),))
         self.values[node] = value
         self.shape_src[node] = None
         self.order.append(node)
@@ -294,7 +294,7 @@ class _Grower:
             self.values[node] = self.values[src]  # type: ignore[index]
             return True
         builder = POINTWISE.get(target)
-        if builder is None or dtype_name_or_none(out.dtype) is None:
+        if builder is None or dtypes.name_or_none(out.dtype) is None:
             return False
         S = list(out.shape)
         group_args = [a for a in node.all_input_nodes if a in self.values]
@@ -337,13 +337,6 @@ class _Grower:
             self.desc.add(node)
 
 
-def dtype_name_or_none(dtype: torch.dtype) -> str | None:
-    for name, dt in EPILOGUE_DTYPES.items():
-        if dt == dtype:
-            return name
-    return None
-
-
 def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group:
     """The largest epilogue group of ``anchor`` over ``after`` (the nodes following it)."""
     g = _Grower(anchor)
@@ -356,7 +349,7 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
     for node in g.order:
         if all(u in members for u in node.users):
             continue
-        dt = str(dtype_name_or_none(val(node).dtype))  # type: ignore[union-attr, arg-type]
+        dt = str(dtypes.name_or_none(val(node).dtype))  # type: ignore[union-attr, arg-type]
         key = (id(g.values[node]), dt)
         if key not in index:
             index[key] = len(exprs)
@@ -406,7 +399,7 @@ def _problem(
 ) -> Problem:
     av, bv = val(a), val(b)
     assert av is not None and bv is not None
-    batched = op in ("bmm", "baddbmm")
+    batched = op in BATCHED_OPS
     if av.dim() != (3 if batched else 2) or bv.dim() != av.dim():
         raise NoGroup(f"{op} inputs of {av.dim()} and {bv.dim()} dims")
     sa = [dim_of(d) for d in av.shape]
@@ -424,12 +417,12 @@ def _problem(
                 moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
             sizes, strides = list(moved.shape), list(moved.stride())
         layout = operand_layout(o.kind, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
-        specs.append(OperandSpec(o.name, str(dtype_name_or_none(ov.dtype)), layout))
+        specs.append(OperandSpec(o.name, str(dtypes.name_or_none(ov.dtype)), layout))
     problem = Problem(
         op=op,
         template="matmul",
         template_hash=template_hash("matmul"),
-        dtype=dtype_name(av.dtype),
+        dtype=dtypes.name_of(av.dtype),
         layout_a=layout_of(sa[-2:], stride_a[-2:]),
         layout_b=layout_of(sb[-2:], stride_b[-2:]),
         operands=tuple(specs),

@@ -23,6 +23,7 @@ from functools import lru_cache
 import torch
 
 from epilab.compiler.decide import Plan
+from epilab.templates import dtypes
 from epilab.templates.conv2d import (
     as_conv_outputs,
     as_matmul,
@@ -33,7 +34,6 @@ from epilab.templates.conv2d import (
 from epilab.templates.kinds import bind
 from epilab.templates.launcher import Replay, replay_key
 from epilab.templates.problem import Problem
-from epilab.templates.rules import DTYPES
 
 _replays: dict[tuple, Replay] = {}
 MAX_REPLAYS = 4096
@@ -60,7 +60,7 @@ def output_specs(
     inputs of an op it did not trace). Matmul and gemv outputs are contiguous; a convolution's
     are in the memory format of the problem's input layout (channels_last for ``nhwc``); a
     1x1 convolution run as its matmul twin (a 4-D ``a``) gives channels_last outputs."""
-    dtypes = [DTYPES[o.dtype] for o in problem.epilogue.outputs]
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
     if problem.conv is not None:
         shape, strides = out_shape_of(problem), out_strides_of(problem)
     elif a.dim() == 4:
@@ -72,7 +72,7 @@ def output_specs(
         batch = [max(batches)] if len(batches) == 2 else batches  # a batch of 1 broadcasts
         shape = (*batch, a.shape[-2], b.shape[-1])
         strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-    return [(tuple(shape), tuple(strides), dt) for dt in dtypes]
+    return [(tuple(shape), tuple(strides), dt) for dt in out_dtypes]
 
 
 _LIB = torch.library.Library("epilab", "DEF")

@@ -21,14 +21,15 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from epilab.templates import dtypes
 from epilab.templates.epilogue import Epilogue
-from epilab.templates.problem import OPERAND_DTYPES, Config, ConvGeometry, OperandSpec, Problem, Shape
-from epilab.templates.render import TEMPLATE_FILES, Target, config_error, template_hash
-from epilab.templates.rules import DTYPES as TORCH_DTYPES
+from epilab.templates.matmul import FILES as MATMUL_FILES
+from epilab.templates.matmul import hopper_knobs_error, idle_threads_error
+from epilab.templates.problem import Config, ConvGeometry, OperandSpec, Problem, Shape
+from epilab.templates.render import EPILOGUE_FILES, Target, files_hash
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
-    dtype_name,
     epilogue_args,
     extent,
     single_launch,
@@ -36,6 +37,33 @@ from epilab.templates.runtime import (
 )
 
 _Pair = int | tuple[int, int]
+FILES = ("conv2d.py.jinja", "tile_order.py.jinja", *EPILOGUE_FILES)
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the conv2d template for ``problem`` (None when it does)."""
+    why = hopper_knobs_error(config)
+    if why is not None:
+        return why
+    if problem.conv is None:
+        return "the conv2d template needs a conv2d problem"
+    if config.SPLIT_K != 1 or config.variant != "default":
+        return "the conv2d template has no split-K or variants; use SPLIT_K=1, variant 'default'"
+    return None
+
+
+def render_vars(problem: Problem, config: Config) -> dict[str, object]:
+    """The geometry the conv2d template renders as constants."""
+    g = problem.conv
+    assert g is not None
+    return {
+        "g": g,
+        "groups": g.groups,
+        "c_g": g.c_per_group,
+        "k_g": int(problem.shape.n) // g.groups,
+        "depthwise": g.c_per_group == 1,
+        "even_c": g.c_per_group % config.BLOCK_K == 0,
+    }
 
 
 def _pair(v: _Pair, name: str) -> tuple[int, int]:
@@ -122,7 +150,7 @@ def make_conv_problem(
     for name, t in (("input", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"conv2d {name} must be a 4-D tensor, got {getattr(t, 'shape', type(t))}")
-    if x.dtype != weight.dtype or dtype_name(x.dtype) not in ("float16", "bfloat16", "float32"):
+    if x.dtype != weight.dtype or dtypes.name_or_none(x.dtype) not in dtypes.INPUT_DTYPES:
         raise TypeError(
             f"input and weight must share a float16/bfloat16/float32 dtype, got {x.dtype}, {weight.dtype}"
         )
@@ -144,8 +172,10 @@ def make_conv_problem(
         raise ValueError(f"operands {sorted(operands)} do not match the epilogue's {sorted(declared)}")
     _operands_3d(epilogue, operands, (n, k, geometry.p, geometry.q))
     for name, t in operands.items():
-        if t.device != x.device or dtype_name(t.dtype) not in OPERAND_DTYPES:
-            raise ValueError(f"operand {name!r} must be on {x.device} with a dtype in {OPERAND_DTYPES}")
+        if t.device != x.device or dtypes.name_or_none(t.dtype) not in dtypes.OPERAND_DTYPES:
+            raise ValueError(
+                f"operand {name!r} must be on {x.device} with a dtype in {dtypes.OPERAND_DTYPES}"
+            )
     return conv_problem(
         x,
         weight,
@@ -167,7 +197,7 @@ def conv_problem(
     """The conv2d Problem of checked tensors (real or fake): (name, kind, tensor) per operand."""
     specs = [
         OperandSpec(
-            name, dtype_name(t.dtype), {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
+            name, dtypes.name_of(t.dtype), {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
         )
         for name, kind, t in operands
     ]
@@ -175,8 +205,8 @@ def conv_problem(
     return Problem(
         op="conv2d",
         template="conv2d",
-        template_hash=template_hash("conv2d"),
-        dtype=dtype_name(x.dtype),
+        template_hash=files_hash(FILES),
+        dtype=dtypes.name_of(x.dtype),
         layout_a=conv_layout(x),
         layout_b=conv_layout(weight),
         operands=tuple(specs),
@@ -217,16 +247,18 @@ def bind_conv(
     n, k, p, q = shape4
     if tuple(x.shape) != (n, g.c, g.h, g.w) or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s):
         raise ValueError(f"input {tuple(x.shape)} / weight {tuple(weight.shape)} do not match the problem")
-    dtypes = [TORCH_DTYPES[o.dtype] for o in problem.epilogue.outputs]
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
     if out is None:  # the input's memory format, as torch's conv2d does
         fmt = torch.channels_last if conv_layout(x) == "nhwc" else torch.contiguous_format
-        outs = tuple(torch.empty(shape4, dtype=dt, device=x.device, memory_format=fmt) for dt in dtypes)
+        outs = tuple(torch.empty(shape4, dtype=dt, device=x.device, memory_format=fmt) for dt in out_dtypes)
     else:
-        if len(out) != len(dtypes) or any(
+        if len(out) != len(out_dtypes) or any(
             tuple(o.shape) != shape4 or o.dtype != dt or o.device != x.device
-            for o, dt in zip(out, dtypes, strict=False)
+            for o, dt in zip(out, out_dtypes, strict=False)
         ):
-            raise ValueError(f"out must be {len(dtypes)} tensor(s) of shape {shape4} with dtypes {dtypes}")
+            raise ValueError(
+                f"out must be {len(out_dtypes)} tensor(s) of shape {shape4} with dtypes {out_dtypes}"
+            )
         outs = tuple(out)
     if n == 0:
         return Bound(outs, lambda: None, lambda: None)
@@ -250,7 +282,7 @@ def bind_conv(
         stride_wr=weight.stride(2),
         stride_ws=weight.stride(3),
     )
-    return single_launch(problem, config, target, index_64, grid, args, outs)
+    return single_launch(KIND, problem, config, target, index_64, grid, args, outs)
 
 
 def conv_epilogue(
@@ -281,7 +313,7 @@ def conv_inputs(
     g = problem.conv
     assert g is not None
     n, k, p, q = out_shape_of(problem)
-    dtype = TORCH_DTYPES[problem.dtype]
+    dtype = dtypes.torch_dtype(problem.dtype)
 
     def make(shape: tuple[int, ...], layout: str, dt: torch.dtype, scale: float = 1.0) -> torch.Tensor:
         t = (torch.randn(shape, generator=gen, device=device) * scale).to(dt)
@@ -292,7 +324,7 @@ def conv_inputs(
     kinds = dict(problem.epilogue.operands)
     operands = {}
     for spec in problem.operands:
-        odt = TORCH_DTYPES[spec.dtype]
+        odt = dtypes.torch_dtype(spec.dtype)
         shape = {"row": (k,), "scalar": ()}.get(kinds[spec.name], (n, k, p, q))
         operands[spec.name] = make(shape, spec.layout, odt)
     return x, weight, operands
@@ -338,7 +370,7 @@ def matmul_twin(problem: Problem) -> Problem | None:
     return Problem(
         op="mm",
         template="matmul",
-        template_hash=template_hash("matmul"),
+        template_hash=files_hash(MATMUL_FILES),
         dtype=problem.dtype,
         layout_a="row",
         layout_b="col",  # B[c, k] = weight[k, c]: C-contiguous in both weight layouts
@@ -424,22 +456,54 @@ def conv_problem_of(
     )
 
 
+def empty_conv_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Outputs of the problem's [N, K, P, Q] shape, channels_last."""
+    shape = out_shape_of(problem)
+    return tuple(
+        torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device).contiguous(
+            memory_format=torch.channels_last
+        )
+        for o in problem.epilogue.outputs
+    )
+
+
+def eager_conv(
+    problem: Problem, x: torch.Tensor, weight: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """cuDNN (torch's conv2d) then the epilogue in eager torch."""
+    g = problem.conv
+    assert g is not None
+    acc = F.conv2d(x, weight, None, g.stride, g.padding, g.dilation, g.groups)
+    return tuple(conv_epilogue(problem, acc, operands))
+
+
 class _Conv2dKind:
     """The conv2d template as a ``TemplateKind`` (see kind.py)."""
 
     name = "conv2d"
-    files = TEMPLATE_FILES["conv2d"]
+    files = FILES
     space = SPACE
     seeds = tuple(SEEDS)
+    prefer_untuned = False
+    library = "cudnn"
 
     def check(self, problem: Problem, config: Config) -> str | None:
         return config_error(problem, config)
+
+    def search_error(self, problem: Problem, config: Config) -> str | None:
+        return idle_threads_error(config)
+
+    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
+        return True
 
     def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
         return default_conv_config(problem, target)
 
     def kernel_shape(self, problem: Problem) -> Shape:
         return conv_kernel_shape(problem)
+
+    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
+        return render_vars(problem, config)
 
     def problem_of(
         self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
@@ -457,6 +521,9 @@ class _Conv2dKind:
     ) -> Bound:
         return bind_conv(problem, config, a, b, operands, out)
 
+    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return empty_conv_outputs(problem, device)
+
     def inputs(
         self, problem: Problem, device: torch.device, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -467,8 +534,20 @@ class _Conv2dKind:
     ) -> tuple[torch.Tensor, ...]:
         return conv_reference(problem, a, b, operands)
 
-    def twin_of(self, problem: Problem) -> Problem | None:
-        return None  # no other kind's problem is a convolution
+    def baseline(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        return eager_conv(problem, a, b, operands)
+
+    def input_elements(self, problem: Problem) -> tuple[int, int]:
+        g = problem.conv
+        assert g is not None
+        s = problem.shape
+        return int(s.batch) * g.c * g.h * g.w, int(s.n) * int(s.k)
+
+    def twins(self, problem: Problem) -> tuple[Problem, ...]:
+        twin = matmul_twin(problem)
+        return () if twin is None else (twin,)
 
 
 KIND = _Conv2dKind()

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from epilab.templates.rules import DTYPES, RULES, STRING_ATTRS, Kind, literal, result_kind
+from epilab.templates.dtypes import OUTPUT_DTYPES
+from epilab.templates.rules import RULES, STRING_ATTRS, Kind, literal, result_kind
 
 AttrValue = float | bool | str
 LEAVES = ("acc", "operand", "const")
@@ -192,8 +193,8 @@ def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValu
         if op in ("operand",) or key in STRING_ATTRS:
             if not isinstance(v, str):
                 raise ValueError(f"attribute {key!r} of {op!r} must be a string, got {v!r}")
-            if key == "dtype" and v not in DTYPES:
-                raise ValueError(f"cast to {v!r}: dtype must be one of {sorted(DTYPES)}")
+            if key == "dtype" and v not in OUTPUT_DTYPES:
+                raise ValueError(f"cast to {v!r}: dtype must be one of {sorted(OUTPUT_DTYPES)}")
         elif op == "const" and isinstance(v, bool):
             pass
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -400,8 +401,8 @@ def _validate(ep: Epilogue) -> None:
     for o in ep.outputs:
         if not 0 <= o.node < len(ep.nodes):
             raise ValueError(f"output names node %{o.node}, which does not exist")
-        if o.dtype not in DTYPES:
-            raise ValueError(f"output dtype {o.dtype!r} is not one of {sorted(DTYPES)}")
+        if o.dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"output dtype {o.dtype!r} is not one of {sorted(OUTPUT_DTYPES)}")
         if not depends_on_acc[o.node]:
             raise ValueError(f"output %{o.node} does not depend on the accumulator")
 

@@ -22,9 +22,19 @@ import torch
 import triton
 
 from epilab.templates.epilogue import Epilogue, Node
-from epilab.templates.matmul import check_inputs, matmul_inputs, matmul_problem_of, reference, trivial_bound
+from epilab.templates.matmul import (
+    check_inputs,
+    eager_matmul,
+    empty_matmul_outputs,
+    hopper_knobs_error,
+    matmul_input_elements,
+    matmul_inputs,
+    matmul_problem_of,
+    reference,
+    trivial_bound,
+)
 from epilab.templates.problem import Config, Problem, Shape
-from epilab.templates.render import GEMV_BLOCK_M, TEMPLATE_FILES, Target, config_error, template_hash
+from epilab.templates.render import EPILOGUE_FILES, Target, files_hash
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
@@ -36,12 +46,41 @@ from epilab.templates.runtime import (
 )
 
 _FLIP = {"row": "col", "col": "row"}
+FILES = ("gemv.py.jinja", *EPILOGUE_FILES)
+BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
+VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the gemv template for ``problem`` (None when it does)."""
+    why = hopper_knobs_error(config)
+    if why is not None:
+        return why
+    s = problem.shape
+    if config.BLOCK_M != BLOCK_M:
+        return f"the gemv template computes M in one tile of {BLOCK_M} rows; use BLOCK_M={BLOCK_M}"
+    if config.variant not in VARIANTS:
+        return f"the gemv template has no variant {config.variant!r}; use one of {VARIANTS}"
+    if (config.variant == "default") != (config.SPLIT_K == 1):
+        return f"gemv variant {config.variant!r} with SPLIT_K={config.SPLIT_K}: 'default' means SPLIT_K=1"
+    if s.batch != 1 or not any(isinstance(d, int) and d <= BLOCK_M for d in (s.m, s.n)):
+        return f"the gemv template takes 2-D problems with a static M or N <= {BLOCK_M}, got {s}"
+    return None
+
+
+def split_k_error(problem: Problem, config: Config) -> str | None:
+    """The tuner's rule: every split has at least one K block."""
+    k = problem.shape.k
+    k_blocks = triton.cdiv(k, config.BLOCK_K) if isinstance(k, int) else 1 << 20
+    if k_blocks < config.SPLIT_K:
+        return f"SPLIT_K={config.SPLIT_K} exceeds the {k_blocks} K blocks"
+    return None
 
 
 def is_transposed(problem: Problem) -> bool:
     """A gemv problem with a small N rather than a small M (C.T = B.T @ A.T is computed)."""
     m, n = problem.shape.m, problem.shape.n
-    return not (isinstance(m, int) and m <= GEMV_BLOCK_M) and isinstance(n, int) and n <= GEMV_BLOCK_M
+    return not (isinstance(m, int) and m <= BLOCK_M) and isinstance(n, int) and n <= BLOCK_M
 
 
 def _flip_kinds(ep: Epilogue) -> Epilogue:
@@ -138,7 +177,7 @@ def bind_gemv(
         "num_stages": config.num_stages,
     }
     grid = (grid_n, split)
-    kernel = kernel_for(kp, config, target, index_64)
+    kernel = kernel_for(KIND, kp, config, target, index_64)
     launcher = kernel[grid]
     if config.variant != "two_pass":
 
@@ -149,7 +188,7 @@ def bind_gemv(
         if config.variant == "atomic":  # its workspace is part of the launch: not replayable
             return Bound(outs, lambda: launcher(**args), compile_one)
         return Bound(outs, lambda: launcher(**args), compile_one, kernel, args, grid)
-    reduce = kernel_for(kp, config, target, index_64, "_reduce")
+    reduce = kernel_for(KIND, kp, config, target, index_64, "_reduce")
     reduce_args = {
         **ep_args,
         "ws_ptr": ws,
@@ -198,7 +237,7 @@ def gemv_twin(problem: Problem) -> Problem | None:
     s = problem.shape
 
     def small(d: object) -> bool:
-        return isinstance(d, int) and d <= GEMV_BLOCK_M
+        return isinstance(d, int) and d <= BLOCK_M
 
     if (
         problem.template != "matmul"
@@ -207,7 +246,7 @@ def gemv_twin(problem: Problem) -> Problem | None:
         or not (small(s.m) or small(s.n))
     ):
         return None
-    return dataclasses.replace(problem, template="gemv", template_hash=template_hash("gemv"))
+    return dataclasses.replace(problem, template="gemv", template_hash=files_hash(FILES))
 
 
 # ------------------------------------------------------------------ the kind
@@ -236,12 +275,20 @@ class _GemvKind:
     """The gemv template as a ``TemplateKind`` (see kind.py)."""
 
     name = "gemv"
-    files = TEMPLATE_FILES["gemv"]
+    files = FILES
     space = SPACE
     seeds = tuple(SEEDS)
+    prefer_untuned = True
+    library = "cublas"
 
     def check(self, problem: Problem, config: Config) -> str | None:
         return config_error(problem, config)
+
+    def search_error(self, problem: Problem, config: Config) -> str | None:
+        return split_k_error(problem, config)
+
+    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
+        return True
 
     def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
         return default_gemv_config(problem, target, sm_count=sm_count)
@@ -249,10 +296,14 @@ class _GemvKind:
     def kernel_shape(self, problem: Problem) -> Shape:
         return kernel_problem(problem).shape
 
+    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
+        return {}
+
     def problem_of(
         self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
     ) -> Problem:
-        return matmul_problem_of(problem, a, b, operands)
+        found = matmul_problem_of(problem, a, b, operands)
+        return dataclasses.replace(found, template=self.name, template_hash=files_hash(FILES))
 
     def bind(
         self,
@@ -265,6 +316,9 @@ class _GemvKind:
     ) -> Bound:
         return bind_gemv(problem, config, a, b, operands, out)
 
+    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return empty_matmul_outputs(problem, device)
+
     def inputs(
         self, problem: Problem, device: torch.device, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -275,8 +329,17 @@ class _GemvKind:
     ) -> tuple[torch.Tensor, ...]:
         return reference(problem.epilogue, a, b, operands)
 
-    def twin_of(self, problem: Problem) -> Problem | None:
-        return gemv_twin(problem)
+    def baseline(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        return eager_matmul(problem, a, b, operands)
+
+    def input_elements(self, problem: Problem) -> tuple[int, int]:
+        return matmul_input_elements(problem)
+
+    def twins(self, problem: Problem) -> tuple[Problem, ...]:
+        twin = gemv_twin(problem)
+        return () if twin is None else (twin,)
 
 
 KIND = _GemvKind()

@@ -25,12 +25,26 @@ InputSet = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 
 class TemplateKind(Protocol):
     name: str
-    files: tuple[str, ...]  # every file its source depends on (the template hash covers them)
+    files: tuple[str, ...]  # its Jinja file first, then every file its source depends on (hashed)
     space: Mapping[str, tuple[int, ...] | tuple[str, ...]]  # the tuner's search space
     seeds: Sequence[Config]  # known-good configs a new study tries first
+    library: str  # the vendor library it is timed against: "cublas" or "cudnn"
+    prefer_untuned: bool  # its heuristic beats the other template's on the twins it takes
 
+    # -- configs
     def check(self, problem: Problem, config: Config) -> str | None:
-        """Why ``config`` does not fit this template for ``problem`` (None when it does)."""
+        """Why ``config`` does not fit this template for ``problem`` (None when it does):
+        what rendering refuses."""
+        ...
+
+    def search_error(self, problem: Problem, config: Config) -> str | None:
+        """Why the tuner should not spend a trial on ``config`` though the template takes it
+        (idle threads, empty split-K slices), or None."""
+        ...
+
+    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
+        """Whether search dimension ``name`` means anything given the values chosen before
+        it (in the space's order); one that does not keeps its first value."""
         ...
 
     def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
@@ -41,6 +55,11 @@ class TemplateKind(Protocol):
         """The shape the kernel's tiles cover (blocks are capped at it)."""
         ...
 
+    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
+        """What its Jinja file needs beyond what every template gets (``render.render``)."""
+        ...
+
+    # -- tensors
     def problem_of(
         self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
     ) -> Problem:
@@ -61,6 +80,12 @@ class TemplateKind(Protocol):
         built, its arguments fixed."""
         ...
 
+    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Uninitialised outputs as a launch without ``out`` allocates them (shape, dtype,
+        memory format)."""
+        ...
+
+    # -- checking and measuring
     def inputs(self, problem: Problem, device: torch.device, gen: torch.Generator) -> InputSet:
         """Random A, B and operands with exactly the problem's shapes, dtypes and layouts."""
         ...
@@ -71,7 +96,20 @@ class TemplateKind(Protocol):
         """The outputs in float64, before rounding to their dtypes."""
         ...
 
-    def twin_of(self, problem: Problem) -> Problem | None:
-        """The same computation as ``problem`` (of another kind) on this template, where
-        this template can run it; None otherwise."""
+    def baseline(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        """The outputs computed in eager torch at the input dtype (``library`` for the main
+        loop, torch for the epilogue), not yet rounded to the output dtypes."""
+        ...
+
+    def input_elements(self, problem: Problem) -> tuple[int, int]:
+        """Elements of A and B as stored (a convolution's input and weight, not its im2col
+        matrix): with the operands and outputs, the bytes a kernel must move."""
+        ...
+
+    # -- other templates
+    def twins(self, problem: Problem) -> tuple[Problem, ...]:
+        """The same computation as ``problem`` on other templates, those this kind knows of
+        (conv2d: a 1x1 convolution as a matmul; gemv: a skinny matmul on gemv)."""
         ...

@@ -6,6 +6,7 @@ Adding a kind is one module beside its Jinja file, exposing ``KIND``, and one li
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from epilab.templates import conv2d, gemv, matmul
 from epilab.templates.kind import TemplateKind
 from epilab.templates.problem import Config, Problem
-from epilab.templates.render import Target
+from epilab.templates.render import Target, files_hash, render
 from epilab.templates.runtime import Bound, check_apart
 
 KINDS: dict[str, TemplateKind] = {
@@ -33,6 +34,27 @@ def kind_of(problem_or_name: Problem | str) -> TemplateKind:
     if kind is None:
         raise ValueError(f"unknown template {name!r}; known: {sorted(KINDS)}")
     return kind
+
+
+def template_hash(name: str) -> str:
+    """The hash of a template's files: a record made under another is stale."""
+    return files_hash(kind_of(name).files)
+
+
+def current_hashes() -> dict[str, str]:
+    """Every template's current hash, by name."""
+    return {name: files_hash(kind.files) for name, kind in KINDS.items()}
+
+
+def for_template(problem: Problem, name: str) -> Problem:
+    """``problem`` for the template ``name`` (its current hash): the same computation on
+    another template, which that template's ``check`` may still refuse."""
+    return dataclasses.replace(problem, template=name, template_hash=template_hash(name))
+
+
+def source(problem: Problem, config: Config, *, target: Target = "cuda", index_64: bool = False) -> str:
+    """The Triton source its kind renders for ``problem`` tiled by ``config``."""
+    return render(kind_of(problem), problem, config, target=target, index_64=index_64)
 
 
 def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int = matmul.H100_SMS) -> Config:
@@ -61,9 +83,16 @@ def bind(
 
 
 def twins(problem: Problem) -> list[Problem]:
-    """``problem`` first, then the same computation on every other kind that can run it."""
-    found = [k.twin_of(problem) for k in KINDS.values() if k.name != problem.template]
-    return [problem, *(t for t in found if t is not None)]
+    """``problem`` first, then the same computation on the other templates that can run it
+    (every kind is asked: the problem's own knows its rewrites, another its own cases)."""
+    return [problem, *(t for kind in KINDS.values() for t in kind.twins(problem))]
+
+
+def untuned_choice(problem: Problem) -> Problem:
+    """The problem an untuned (heuristic) config runs: the first twin whose kind runs its
+    cases better untuned than their own template does (gemv for a skinny matmul), else
+    ``problem``."""
+    return next((t for t in twins(problem)[1:] if kind_of(t).prefer_untuned), problem)
 
 
 def launch(

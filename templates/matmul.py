@@ -16,30 +16,20 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from epilab.templates import dtypes
 from epilab.templates.epilogue import Epilogue
 from epilab.templates.problem import (
-    DTYPES,
-    OPERAND_DTYPES,
+    BATCHED_OPS,
     Config,
     OperandSpec,
     Problem,
     Shape,
 )
-from epilab.templates.render import (
-    MATMUL_VARIANTS,
-    PERSISTENT_VARIANTS,
-    TEMPLATE_FILES,
-    TMA_VARIANTS,
-    Target,
-    config_error,
-    template_hash,
-)
-from epilab.templates.rules import DTYPES as TORCH_DTYPES
+from epilab.templates.render import EPILOGUE_FILES, Target, files_hash
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
     Described,
-    dtype_name,
     epilogue_args,
     extent,
     layout_of,
@@ -51,6 +41,70 @@ from epilab.templates.runtime import (
 )
 
 _GRID_Y_MAX = 65535
+
+
+# ------------------------------------------------------------------ what the template accepts
+
+FILES = ("matmul.py.jinja", "tile_order.py.jinja", *EPILOGUE_FILES)
+# tma: operand tiles through tensor descriptors (Hopper); persistent: one program per SM
+# looping over the tiles; tma_persistent: both
+VARIANTS = ("default", "tma", "persistent", "tma_persistent")
+TMA_VARIANTS = ("tma", "tma_persistent")
+PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
+HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
+PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
+TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
+
+
+def hopper_knobs_error(config: Config) -> str | None:
+    """For the other templates: the matmul's Hopper knobs must keep their defaults."""
+    if any(getattr(config, k) != getattr(Config(16, 16, 16), k) for k in HOPPER_KNOBS):
+        return f"only the matmul template has the knobs {sorted(HOPPER_KNOBS)}; leave them at their defaults"
+    return None
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the matmul template for ``problem`` (None when it does)."""
+    if config.SPLIT_K != 1:
+        return "the matmul template has no split-K; use SPLIT_K=1"
+    if config.variant not in VARIANTS:
+        return f"the matmul template has no variant {config.variant!r}; use one of {VARIANTS}"
+    if config.BLOCK_N // config.EPILOGUE_SUBTILE < 16:
+        return f"EPILOGUE_SUBTILE={config.EPILOGUE_SUBTILE} slices BLOCK_N={config.BLOCK_N} below 16 columns"
+    persistent = config.variant in PERSISTENT_VARIANTS
+    if not persistent and (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
+        return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
+    if config.variant not in TMA_VARIANTS:
+        return "TMA_STORE needs a tma variant" if config.TMA_STORE else None
+    s = problem.shape
+    if s.batch != 1 or problem.op in BATCHED_OPS or "strided" in (problem.layout_a, problem.layout_b):
+        return "the tma variants take 2-D problems with row- or column-major A and B"
+    # The leading stride of each operand as stored (contiguous): TMA needs it 16-byte aligned
+    leading = {"a": s.k if problem.layout_a == "row" else s.m, "b": s.n if problem.layout_b == "row" else s.k}
+    for name, dim in leading.items():
+        if isinstance(dim, int) and dim * dtypes.itemsize(problem.dtype) % TMA_ALIGN_BYTES:
+            return (
+                f"the tma variants need 16-byte aligned rows; {name.upper()}'s rows of {dim} "
+                f"{problem.dtype} elements are not"
+            )
+    if config.TMA_STORE:
+        for out in problem.epilogue.outputs:
+            if out.dtype == "bool":
+                return "TMA_STORE cannot store bool outputs"
+            if isinstance(s.n, int) and s.n * dtypes.itemsize(out.dtype) % TMA_ALIGN_BYTES:
+                return f"TMA_STORE needs 16-byte aligned output rows; rows of {s.n} {out.dtype} are not"
+    return None
+
+
+def applies(name: str, chosen: Mapping[str, object]) -> bool:
+    """Whether search dimension ``name`` means anything given the values chosen before it:
+    the persistent loop's knobs for the persistent variants, TMA_STORE for the tma ones."""
+    variant = chosen.get("variant", "default")
+    if name in PERSISTENT_KNOBS:
+        return variant in PERSISTENT_VARIANTS
+    if name == "TMA_STORE":
+        return variant in TMA_VARIANTS
+    return True
 
 
 @dataclass(frozen=True)
@@ -76,8 +130,8 @@ def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() not in (2, 3):
             raise ValueError(f"{name} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
-        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"{name} has dtype {t.dtype}; supported input dtypes: {DTYPES}")
+        if dtypes.name_or_none(t.dtype) not in dtypes.INPUT_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported input dtypes: {dtypes.INPUT_DTYPES}")
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     if a.device != b.device:
@@ -104,7 +158,6 @@ def make_problem(
     *,
     op: str = "matmul",
     precision: str = "ieee",
-    template: str = "matmul",
 ) -> Problem:
     """The Problem that ``launch`` would run for these tensors (checks them all)."""
     bt = check_inputs(a, b)
@@ -124,17 +177,17 @@ def make_problem(
             raise TypeError(f"operand {name!r} must be a tensor, got {type(t).__name__}")
         if t.device != a.device:
             raise ValueError(f"operand {name!r} is on {t.device}, the inputs on {a.device}")
-        if t.dtype not in (TORCH_DTYPES[d] for d in OPERAND_DTYPES):
-            raise TypeError(f"operand {name!r} has dtype {t.dtype}; supported: {OPERAND_DTYPES}")
+        if dtypes.name_or_none(t.dtype) not in dtypes.OPERAND_DTYPES:
+            raise TypeError(f"operand {name!r} has dtype {t.dtype}; supported: {dtypes.OPERAND_DTYPES}")
         operand_strides(name, kind, t, bt.out_shape)
-        specs.append(OperandSpec(name, dtype_name(t.dtype), operand_layout(kind, t.shape, t.stride())))
+        specs.append(OperandSpec(name, dtypes.name_of(t.dtype), operand_layout(kind, t.shape, t.stride())))
     (batch, m, k), a_strides = bt.a
     n = bt.b[0][2]
     return Problem(
         op=op,
-        template=template,
-        template_hash=template_hash(template),
-        dtype=dtype_name(a.dtype),
+        template="matmul",
+        template_hash=files_hash(FILES),
+        dtype=dtypes.name_of(a.dtype),
         layout_a=layout_of((m, k), a_strides[1:]),
         layout_b=layout_of(bt.b[0][1:], bt.b[1][1:]),
         operands=tuple(specs),
@@ -198,17 +251,9 @@ def default_matmul_config(problem: Problem, target: Target = "cuda", *, sm_count
 def matmul_problem_of(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> Problem:
-    """The problem these tensors make under ``problem``'s op, template and precision: equal
-    to ``problem`` exactly when they fit it (checks them all). Serves the gemv kind too."""
-    return make_problem(
-        a,
-        b,
-        problem.epilogue,
-        operands,
-        op=problem.op,
-        precision=problem.precision,
-        template=problem.template,
-    )
+    """The matmul problem these tensors make under ``problem``'s op and precision: equal
+    to ``problem`` exactly when they fit it (checks them all)."""
+    return make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision)
 
 
 def bind_matmul(
@@ -264,9 +309,9 @@ def bind_matmul(
                 config, stores = dataclasses.replace(config, TMA_STORE=0), ()
             tensors = (a, b, *(outs[i] for i in range(len(stores))))
             args.update({d.arg: d.make(t) for d, t in zip((*described, *stores), tensors, strict=True)})
-            bound = single_launch(problem, config, target, index_64, grid, args, outs)
+            bound = single_launch(KIND, problem, config, target, index_64, grid, args, outs)
             return dataclasses.replace(bound, descriptors=(*described, *stores))
-    return single_launch(problem, config, target, index_64, grid, args, outs)
+    return single_launch(KIND, problem, config, target, index_64, grid, args, outs)
 
 
 def _tma_readable(t: torch.Tensor) -> bool:
@@ -363,15 +408,15 @@ def matmul_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Random A, B and operands with exactly the problem's shapes, dtypes and layouts."""
     s = problem.shape
-    dtype = TORCH_DTYPES[problem.dtype]
-    batch = int(s.batch) if problem.op in ("bmm", "baddbmm") or s.batch != 1 else None
+    dtype = dtypes.torch_dtype(problem.dtype)
+    batch = int(s.batch) if problem.op in BATCHED_OPS or s.batch != 1 else None
     m, n, k = int(s.m), int(s.n), int(s.k)
     a = random_tensor(m, k, batch, problem.layout_a, dtype, device, gen)
     b = random_tensor(k, n, batch, problem.layout_b, dtype, device, gen)
     kinds = dict(problem.epilogue.operands)
     operands = {}
     for spec in problem.operands:
-        odt, kind = TORCH_DTYPES[spec.dtype], kinds[spec.name]
+        odt, kind = dtypes.torch_dtype(spec.dtype), kinds[spec.name]
         if kind == "row":
             operands[spec.name] = random_tensor(1, n, None, "row", odt, device, gen)[0]
         elif kind == "col":
@@ -393,7 +438,7 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "GROUP_M": (1, 4, 8, 16),
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3, 4, 5, 6),
-    "variant": MATMUL_VARIANTS,
+    "variant": VARIANTS,
     "EPILOGUE_SUBTILE": (1, 2, 4),
     "PROGRAMS_PER_SM": (1, 2),
     "FLATTEN": (0, 1),
@@ -422,30 +467,70 @@ SEEDS = [  # seeds enqueued in every new study (when feasible), after the defaul
 ]
 
 
-def _conv_as_matmul(problem: Problem) -> Problem | None:
-    if problem.conv is None:
-        return None
-    from epilab.templates.conv2d import matmul_twin  # conv2d builds on this module
+MIN_ACC_PER_THREAD = 4  # fewer accumulator elements per thread wastes warps
 
-    return matmul_twin(problem)
+
+def idle_threads_error(config: Config) -> str | None:
+    """A tiled template's search rule: each thread holds at least 4 accumulator elements."""
+    if config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps) < MIN_ACC_PER_THREAD:
+        return f"{config.num_warps} warps for a {config.BLOCK_M}x{config.BLOCK_N} tile leave threads idle"
+    return None
+
+
+def output_shape(problem: Problem) -> tuple[int, ...]:
+    """The outputs' shape: [batch,] M, N (3-D when the inputs are)."""
+    s = problem.shape
+    m, n = int(s.m), int(s.n)
+    return (int(s.batch), m, n) if problem.op in BATCHED_OPS or s.batch != 1 else (m, n)
+
+
+def matmul_input_elements(problem: Problem) -> tuple[int, int]:
+    s = problem.shape
+    batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
+    return batch * m * k, (batch if problem.op in BATCHED_OPS else 1) * k * n
+
+
+def eager_matmul(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """cuBLAS (torch.matmul) then the epilogue in eager torch."""
+    return tuple(problem.epilogue.evaluate(torch.matmul(a, b), dict(operands)))
+
+
+def empty_matmul_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
+    shape = output_shape(problem)
+    return tuple(
+        torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device) for o in problem.epilogue.outputs
+    )
 
 
 class _MatmulKind:
     """The matmul template as a ``TemplateKind`` (see kind.py)."""
 
     name = "matmul"
-    files = TEMPLATE_FILES["matmul"]
+    files = FILES
     space = SPACE
     seeds = tuple(SEEDS)
+    prefer_untuned = False
+    library = "cublas"
 
     def check(self, problem: Problem, config: Config) -> str | None:
         return config_error(problem, config)
+
+    def search_error(self, problem: Problem, config: Config) -> str | None:
+        return idle_threads_error(config)
+
+    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
+        return applies(name, chosen)
 
     def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
         return default_matmul_config(problem, target, sm_count=sm_count)
 
     def kernel_shape(self, problem: Problem) -> Shape:
         return problem.shape
+
+    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
+        return {}
 
     def problem_of(
         self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
@@ -463,6 +548,9 @@ class _MatmulKind:
     ) -> Bound:
         return bind_matmul(problem, config, a, b, operands, out)
 
+    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return empty_matmul_outputs(problem, device)
+
     def inputs(
         self, problem: Problem, device: torch.device, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -473,8 +561,16 @@ class _MatmulKind:
     ) -> tuple[torch.Tensor, ...]:
         return reference(problem.epilogue, a, b, operands)
 
-    def twin_of(self, problem: Problem) -> Problem | None:
-        return _conv_as_matmul(problem)
+    def baseline(
+        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        return eager_matmul(problem, a, b, operands)
+
+    def input_elements(self, problem: Problem) -> tuple[int, int]:
+        return matmul_input_elements(problem)
+
+    def twins(self, problem: Problem) -> tuple[Problem, ...]:
+        return ()
 
 
 KIND = _MatmulKind()

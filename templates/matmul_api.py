@@ -13,11 +13,12 @@ from functools import lru_cache
 
 import torch
 
+from epilab.templates import dtypes
 from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops
 from epilab.templates.kinds import default_config, launch_unchecked
 from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
 from epilab.templates.problem import Config
-from epilab.templates.runtime import dtype_name, target_for
+from epilab.templates.runtime import target_for
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
@@ -125,7 +126,7 @@ def simple_epilogue(
             raise TypeError(f"{name} must be a number, got {v!r}")
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-    dtype = dtype_name(out_dtype) if out_dtype is not None else dtype_name(a.dtype)
+    dtype = dtypes.name_of(out_dtype if out_dtype is not None else a.dtype)
     if dtype == "bool":
         raise TypeError("out_dtype must be a floating dtype")
     bias_kind = None if bias is None else _kind_of(bias, out_shape, "bias")

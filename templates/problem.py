@@ -19,15 +19,14 @@ from typing import Any
 
 import sympy
 
+from epilab.templates.dtypes import INPUT_DTYPES, OPERAND_DTYPES
 from epilab.templates.epilogue import MALFORMED, Epilogue
 
-DTYPES = ("float16", "bfloat16", "float32")  # A and B
-OPERAND_DTYPES = ("float16", "bfloat16", "float32", "bool")
-ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1}
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
 CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 PRECISIONS = ("ieee", "tf32")  # how a float32 dot is done
 OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "conv2d")
+BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
 
 # The values a Config may hold (the tuner's search space draws from these).
 CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
@@ -292,8 +291,8 @@ class Problem:
         object.__setattr__(self, "operands", tuple(sorted(self.operands, key=lambda o: o.name)))
         if self.op not in OPS:
             raise ValueError(f"op {self.op!r} is not one of {OPS}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"input dtype {self.dtype!r} is not supported; use one of {DTYPES}")
+        if self.dtype not in INPUT_DTYPES:
+            raise ValueError(f"input dtype {self.dtype!r} is not supported; use one of {INPUT_DTYPES}")
         layouts = CONV_LAYOUTS if self.op == "conv2d" else LAYOUTS
         for name, layout in (("A", self.layout_a), ("B", self.layout_b)):
             if layout not in layouts:

@@ -1,4 +1,4 @@
-"""What every template kind shares at run time: dtypes by name, the target a device runs
+"""What every template kind shares at run time: the target a device runs
 on, how operands and outputs are laid out and passed, the check that outputs stand apart
 from the inputs, the kernel cache, and ``Bound`` (a launch with every argument fixed, which
 ``launcher.Replay`` and CUDA graphs run again)."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -16,17 +17,12 @@ from epilab.templates.build import build, interpreter_active
 from epilab.templates.epilogue import Epilogue
 from epilab.templates.problem import Config, Dim, Problem
 from epilab.templates.render import Target, kernel_name, render
-from epilab.templates.rules import DTYPES as TORCH_DTYPES
 
-_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+if TYPE_CHECKING:
+    from epilab.templates.kind import TemplateKind
+from epilab.templates import dtypes
+
 INT32_MAX = 2**31 - 1
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    name = _NAMES.get(dtype)
-    if name is None:
-        raise TypeError(f"dtype {dtype} is not supported here; use one of {sorted(TORCH_DTYPES)}")
-    return name
 
 
 # ------------------------------------------------------------------ tensors in
@@ -130,12 +126,12 @@ def epilogue_args(
 def outputs_for(
     problem: Problem, shape: tuple[int, ...], device: torch.device, out: tuple[torch.Tensor, ...] | None
 ) -> tuple[torch.Tensor, ...]:
-    dtypes = [TORCH_DTYPES[o.dtype] for o in problem.epilogue.outputs]
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
     if out is None:
-        return tuple(torch.empty(shape, dtype=dt, device=device) for dt in dtypes)
-    if len(out) != len(dtypes):
-        raise ValueError(f"out has {len(out)} tensors; the epilogue has {len(dtypes)} outputs")
-    for i, (o, dt) in enumerate(zip(out, dtypes, strict=True)):
+        return tuple(torch.empty(shape, dtype=dt, device=device) for dt in out_dtypes)
+    if len(out) != len(out_dtypes):
+        raise ValueError(f"out has {len(out)} tensors; the epilogue has {len(out_dtypes)} outputs")
+    for i, (o, dt) in enumerate(zip(out, out_dtypes, strict=True)):
         if tuple(o.shape) != shape or o.dtype != dt or o.device != device:
             raise ValueError(
                 f"out[{i}] must be {dt} of shape {shape} on {device}, got {o.dtype} "
@@ -214,13 +210,15 @@ class Described:
 _kernels: dict[tuple[Problem, Config, Target, bool, str], object] = {}
 
 
-def kernel_for(problem: Problem, config: Config, target: Target, index_64: bool, suffix: str = "") -> object:
-    """The jitted kernel (``kernel_name`` + ``suffix``) for this problem and config,
-    rendered and built once."""
+def kernel_for(
+    kind: TemplateKind, problem: Problem, config: Config, target: Target, index_64: bool, suffix: str = ""
+) -> object:
+    """The jitted kernel (``kernel_name`` + ``suffix``) of ``kind``'s template for this
+    problem and config, rendered and built once."""
     key = (problem, config, target, index_64, suffix)
     kernel = _kernels.get(key)
     if kernel is None:
-        module = build(render(problem, config, target=target, index_64=index_64), target=target)
+        module = build(render(kind, problem, config, target=target, index_64=index_64), target=target)
         kernel = _kernels[key] = getattr(module, kernel_name(problem) + suffix)
     return kernel
 
@@ -238,6 +236,7 @@ def tile_args(config: Config) -> dict[str, object]:
 
 
 def single_launch(
+    kind: TemplateKind,
     problem: Problem,
     config: Config,
     target: Target,
@@ -248,7 +247,7 @@ def single_launch(
 ) -> Bound:
     """The Bound of one kernel launch (replayable) with ``args`` (tiling arguments added)."""
     args = {**args, **tile_args(config)}
-    kernel = kernel_for(problem, config, target, index_64)
+    kernel = kernel_for(kind, problem, config, target, index_64)
     launcher = kernel[grid]
 
     def compile_only() -> None:

@@ -246,14 +246,14 @@ def test_a_1x1_convolution_has_a_matmul_twin_that_computes_the_same():
 
 
 def test_fp32_convolutions_use_tf32_only_when_asked():
-    from epilab.templates.render import render
+    from epilab.templates.kinds import source
 
     x, w = torch.randn(1, 16, 5, 5), torch.randn(16, 16, 3, 3)
     ep = _epilogue("none", "float32")
     for precision in ("ieee", "tf32"):
         problem = make_conv_problem(x, w, ep, {}, padding=1, precision=precision)
         assert problem.precision == precision
-        assert f'input_precision="{precision}"' in render(problem, SMALL)
+        assert f'input_precision="{precision}"' in source(problem, SMALL)
     half = make_conv_problem(x.half(), w.half(), _epilogue("none", "float16"), {}, precision="tf32")
     assert half.precision == "ieee"  # tf32 is a float32 matter
 

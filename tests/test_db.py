@@ -25,8 +25,8 @@ from epilab.db import DatabaseOpenError, DeviceInfo, Timing, TuningDB, Versions
 from epilab.db import schema as db_schema
 from epilab.db.transfer import export_json, import_json
 from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.templates.kinds import template_hash
 from epilab.templates.problem import Config, OperandSpec, Problem, Shape
-from epilab.templates.render import template_hash
 
 PG_URL = os.environ.get("EPILAB_TEST_POSTGRES_URL")
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132)

@@ -12,7 +12,7 @@ import torch
 from test_matmul import DTYPES, run_case
 
 from epilab.templates.check import rel_error
-from epilab.templates.kinds import launch
+from epilab.templates.kinds import for_template, launch
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
@@ -62,7 +62,7 @@ def test_atomic_split_leaves_its_workspace_clean_for_the_next_launch():
     a = torch.randn(4, 50, generator=gen).to(torch.float16)
     w = torch.randn(40, 50, generator=gen).to(torch.float16)
     ep, ops = simple_epilogue(a, w.t(), activation="silu")
-    problem = make_problem(a, w.t(), ep, ops, template="gemv")
+    problem = for_template(make_problem(a, w.t(), ep, ops), "gemv")
     bound = bind(problem, CONFIGS["atomic4"], a, w.t(), ops)
     ref = reference(ep, a, w.t(), ops)[0]
     for _ in range(3):  # a dirty workspace or counter would double the sum on the second run
@@ -84,7 +84,7 @@ def test_atomic_split_leaves_its_workspace_clean_for_the_next_launch():
 def test_bad_gemv_configs_are_refused_clearly(config, m, match):
     a, w = torch.randn(m, 8), torch.randn(8, 17)
     ep, ops = simple_epilogue(a, w)
-    problem = make_problem(a, w, ep, ops, template="gemv")
+    problem = for_template(make_problem(a, w, ep, ops), "gemv")
     with pytest.raises(ValueError, match=match):
         launch(problem, config, a, w, ops)
 
@@ -123,7 +123,7 @@ def test_gpu_atomic_split_k_gives_the_full_sum_every_launch(split, warps):
     a = torch.randn(4, 8192, generator=gen, device="cuda").to(torch.bfloat16)
     w = torch.randn(2048, 8192, generator=gen, device="cuda").to(torch.bfloat16)
     ep, ops = simple_epilogue(a, w.t(), activation="gelu")
-    problem = make_problem(a, w.t(), ep, ops, template="gemv")
+    problem = for_template(make_problem(a, w.t(), ep, ops), "gemv")
     config = Config(16, 32, 64, 1, split, num_warps=warps, num_stages=3, variant="atomic")
     ref = reference(ep, a, w.t(), ops)[0]
     bad = 0

@@ -16,7 +16,7 @@ import torch
 import epilab
 from epilab.templates.check import poisoned_like, rel_error, tolerance
 from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
-from epilab.templates.kinds import default_config, launch
+from epilab.templates.kinds import default_config, for_template, launch
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import ACTIVATIONS
 from epilab.templates.problem import Config
@@ -129,7 +129,7 @@ def run_case(
     }
     if batch is None:  # 2-D problem: operands have no batch dim
         operands = {name: (v[0] if v.dim() == 3 else v) for name, v in operands.items()}
-    problem = make_problem(a, b, ep, operands, template=template)
+    problem = for_template(make_problem(a, b, ep, operands), template)
     config = config or default_config(problem, "cuda" if device == "cuda" else "interpreter")
     out_shape = (m, n) if batch is None else (batch, m, n)
     outs = tuple(

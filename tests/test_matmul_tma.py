@@ -15,15 +15,18 @@ from test_matmul import DTYPES, run_case
 from epilab.templates.check import rel_error, tolerance
 from epilab.templates.epilogue import Epilogue, acc
 from epilab.templates.epilogue import ops as ops_
-from epilab.templates.kinds import bind
+from epilab.templates.kinds import bind, for_template, kind_of
 from epilab.templates.matmul import make_problem, tma_descriptors
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
-from epilab.templates.render import config_error
 from epilab.tuner.space import HOPPER, infeasible
 
 TMA = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma")
 HOPPER_VARIANTS = ["tma", "persistent", "tma_persistent"]
+
+
+def config_error(problem, config):
+    return kind_of(problem).check(problem, config)
 
 
 @pytest.mark.parametrize("variant", HOPPER_VARIANTS)
@@ -100,7 +103,7 @@ def test_tma_variant_is_refused_where_it_cannot_apply():
     assert "2-D problems" in config_error(make_problem(a, b, ep, ops, op="bmm"), TMA)
     a2, w2 = torch.randn(8, 32), torch.randn(32, 16)
     ep2, ops2 = simple_epilogue(a2, w2)
-    gemv = make_problem(a2, w2, ep2, ops2, template="gemv")
+    gemv = for_template(make_problem(a2, w2, ep2, ops2), "gemv")
     assert "no variant 'tma'" in config_error(gemv, Config(16, 32, 16, 1, variant="tma"))
 
 
@@ -185,7 +188,7 @@ def test_hopper_knob_rules():
             why = config_error(problem, Config(16, 32, 16, variant=variant, **knob))
             assert "persistent variants only" in why
         assert config_error(problem, Config(16, 32, 16, variant="persistent", **knob)) is None
-    gemv = make_problem(a[:8], b, ep, ops, template="gemv")
+    gemv = for_template(make_problem(a[:8], b, ep, ops), "gemv")
     assert "only the matmul template" in config_error(gemv, Config(16, 32, 16, EPILOGUE_SUBTILE=2))
     # two programs per SM: twice the shared memory and half the register file at most
     big = Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="persistent", PROGRAMS_PER_SM=2)

@@ -14,6 +14,7 @@ from epilab import config as epilab_config
 from epilab.templates import build as build_mod
 from epilab.templates import render as render_mod
 from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.templates.kinds import kind_of, source, template_hash
 from epilab.templates.matmul import make_problem
 from epilab.templates.problem import CHOICES, Config, OperandSpec, Problem, Shape, symbol
 
@@ -23,7 +24,7 @@ def _problem(shape: Shape | None = None, **changes) -> Problem:
     fields = dict(
         op="addmm",
         template="matmul",
-        template_hash=render_mod.template_hash("matmul"),
+        template_hash=template_hash("matmul"),
         dtype="bfloat16",
         layout_a="row",
         layout_b="col",
@@ -134,12 +135,12 @@ def test_make_problem_reads_layouts_and_operands():
 )
 def test_even_k_is_decided_with_sympy(k, block_k, even):
     assert render_mod.divides(block_k, k) is even
-    src = render_mod.render(_problem(shape=Shape(1, 128, 128, k)), Config(64, 64, block_k))
+    src = source(_problem(shape=Shape(1, 128, 128, k)), Config(64, 64, block_k))
     assert ("k_left = K - k * BLOCK_K" not in src) is even
 
 
 def test_rendered_source_reads_like_a_kernel():
-    src = render_mod.render(_problem(), Config(128, 128, 64, num_warps=8))
+    src = source(_problem(), Config(128, 128, 64, num_warps=8))
     compile(src, "<rendered>", "exec")  # valid Python
     assert "def epilab_matmul_add_gelu(" in src
     assert "def tile_order(" in src and "def to_bf16(" in src and src.count("@triton.jit") == 3
@@ -147,29 +148,29 @@ def test_rendered_source_reads_like_a_kernel():
     assert "0x7FFF" not in src  # on a GPU to_bf16 is the hardware cast
     assert "op_bias = tl.load(" in src and "tl.store(out0_ptr" in src
     assert ".to(tl.float32)\n        b = b.to" not in src  # bf16 upcast is for the interpreter only
-    interp = render_mod.render(_problem(), Config(128, 128, 64), target="interpreter")
+    interp = source(_problem(), Config(128, 128, 64), target="interpreter")
     assert "a = a.to(tl.float32)" in interp and "0x7FFF" in interp
 
 
 def test_render_refuses_stale_problems_and_unknown_targets():
     with pytest.raises(ValueError, match="another version of template"):
-        render_mod.render(_problem(template_hash="0" * 64), Config(64, 64, 64))
+        source(_problem(template_hash="0" * 64), Config(64, 64, 64))
     with pytest.raises(ValueError, match="target"):
-        render_mod.render(_problem(), Config(64, 64, 64), target="rocm")
+        source(_problem(), Config(64, 64, 64), target="rocm")
 
 
 def test_template_hash_changes_when_a_template_file_changes(tmp_path, monkeypatch):
-    for name in render_mod.TEMPLATE_FILES["matmul"]:
+    for name in kind_of("matmul").files:
         shutil.copy(render_mod.TEMPLATE_DIR / name, tmp_path / name)
     monkeypatch.setattr(render_mod, "TEMPLATE_DIR", tmp_path)
-    render_mod.template_hash.cache_clear()
+    render_mod.files_hash.cache_clear()
     try:
-        before = render_mod.template_hash("matmul")
+        before = template_hash("matmul")
         (tmp_path / "matmul.py.jinja").write_text((tmp_path / "matmul.py.jinja").read_text() + "\n# edited\n")
-        render_mod.template_hash.cache_clear()
-        assert render_mod.template_hash("matmul") != before
+        render_mod.files_hash.cache_clear()
+        assert template_hash("matmul") != before
     finally:
-        render_mod.template_hash.cache_clear()
+        render_mod.files_hash.cache_clear()
 
 
 # ------------------------------------------------------------------- build

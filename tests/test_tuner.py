@@ -19,7 +19,7 @@ from epilab.templates.kinds import kind_of
 from epilab.templates.problem import Config, Problem
 from epilab.tuner.evaluate import make_inputs
 from epilab.tuner.search import Budget, Outcome, make_study, search
-from epilab.tuner.space import HOPPER, DeviceLimits, configs, infeasible, space_for
+from epilab.tuner.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
 from epilab.tuner.suites import SUITES, ConvSpec, Spec, load_shapes
 from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes
 from epilab.tuner.worker import Worker
@@ -116,6 +116,7 @@ def _run(study, evaluate, budget, **kw):
         evaluate=evaluate,
         infeasible=lambda c: infeasible(BIG, c, HOPPER),
         budget=budget,
+        applies=applies(BIG),
         **kw,
     )
 

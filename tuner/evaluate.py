@@ -15,19 +15,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from epilab.templates import dtypes
 from epilab.templates.check import poisoned_like, rel_error, tolerance
 from epilab.templates.kinds import bind, kind_of, problem_of
-from epilab.templates.problem import Config, Problem
-from epilab.templates.rules import DTYPES
+from epilab.templates.problem import BATCHED_OPS, Config, Problem
 from epilab.templates.runtime import target_for
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
 
 GRAPH_BELOW_MS = 0.05  # also time kernels shorter than this by CUDA-graph replay
 ROTATE_L2_MULTIPLE = 3  # graph replays rotate over input sets of this many times L2 in all ...
 MAX_INPUT_SETS = 16  # ... but never more sets than this (tiny problems stay in L2: the method says so)
-BATCHED_OPS = ("bmm", "baddbmm")
+# the family of each vendor baseline: a kind is timed against those of its ``library``
+VENDOR_LIBRARIES = {"cublas": "cublas", "cublaslt": "cublas", "cudnn": "cudnn"}
 
 
 def device_for_tuning() -> torch.device:
@@ -66,21 +66,8 @@ def reference_of(
 
 
 def _output_buffers(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """NaN-filled outputs (conv2d: channels_last), so an element the kernel skips shows."""
-    if problem.op == "conv2d":
-        from epilab.templates.conv2d import out_shape_of
-
-        shape = out_shape_of(problem)
-        fmt = torch.channels_last
-    else:
-        shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-        fmt = torch.contiguous_format
-    return tuple(
-        poisoned_like(
-            torch.empty(shape, dtype=DTYPES[o.dtype], device=a.device).contiguous(memory_format=fmt)
-        )
-        for o in problem.epilogue.outputs
-    )
+    """NaN-filled outputs (as the kind lays them out), so an element the kernel skips shows."""
+    return tuple(poisoned_like(o) for o in kind_of(problem).empty_outputs(problem, a.device))
 
 
 def _known_failure(e: BaseException) -> tuple[str, bool] | None:
@@ -205,32 +192,26 @@ def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Ten
     """A function ``(a, b, operands) -> outputs`` computing the problem with ``library``, or
     None where it does not apply.
 
-    cublas: torch.matmul (cuBLAS) then the epilogue in eager torch at the input dtype;
-    cudnn: the same for conv2d problems (torch's conv2d: cuDNN);
+    cublas, cudnn: the kind's ``baseline`` (its ``library``: torch.matmul for the matmul
+    kinds, torch's conv2d for conv2d) then the epilogue in eager torch at the input dtype;
     cublaslt: torch._addmm_activation (cuBLASLt epilogue) for bias + relu / gelu(tanh) on 2-D inputs;
     inductor / inductor-max-autotune: torch.compile of the cublas function (once: input sets
     of the same shapes and strides reuse the compiled code).
     """
     ep = problem.epilogue
-    out_dtypes = [DTYPES[o.dtype] for o in ep.outputs]
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in ep.outputs]
 
-    conv = problem.conv
+    kind = kind_of(problem)
 
     def eager(
         a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, ...]:
-        if conv is not None:
-            from epilab.templates.conv2d import conv_epilogue
-
-            acc = F.conv2d(a, b, None, conv.stride, conv.padding, conv.dilation, conv.groups)
-            outs = conv_epilogue(problem, acc, operands)
-        else:
-            outs = ep.evaluate(torch.matmul(a, b), operands)
+        outs = kind.baseline(problem, a, b, operands)
         return tuple(v.to(dt) for v, dt in zip(outs, out_dtypes, strict=True))
 
-    if library in ("cublas", "cublaslt", "cudnn") and (library == "cudnn") != (conv is not None):
-        return None  # cuBLAS serves matmul problems, cuDNN convolutions
-    if library in ("cublas", "cudnn"):
+    if library in VENDOR_LIBRARIES and VENDOR_LIBRARIES[library] != kind.library:
+        return None  # cuBLAS (and cuBLASLt) serve the matmul kinds, cuDNN convolutions
+    if library == kind.library:
         return eager
     if library == "cublaslt":
         gelu = _bias_activation(problem)

@@ -2,8 +2,8 @@
 
 Each dimension of the template's search space is an ordinal optuna parameter
 (the index into its tuple of values), sampled by multivariate TPE; a dimension
-that does not apply to the values drawn before it (``space.applies``: the
-persistent knobs for other variants) is not sampled and keeps its default, so
+that does not apply to the values drawn before it (the kind's ``applies``:
+the matmul's persistent knobs for its other variants) is not sampled and keeps its default, so
 the sampler models a conditional space instead of proposing dead combinations. Proposals
 that are infeasible never reach ``evaluate``: they are told a penalty so TPE
 learns to avoid them, and do not count as trials. Proposals already measured
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import optuna
 
 from epilab.templates.problem import Config
-from epilab.tuner.space import applies
 
 PENALTY = 1e3  # told for infeasible and failed configs (objective is log10 of ms)
 STATUS_ATTR = "epilab_status"
@@ -96,7 +95,7 @@ def search(
     seeds: Sequence[Config] = (),
     clock: Callable[[], float] = time.monotonic,
     on_trial: Callable[[Config, Outcome, Config | None, float | None], None] | None = None,
-    applies: Applies = applies,
+    applies: Applies,
 ) -> SearchResult:
     """Run (or resume) ``study`` until a budget is spent; see the module doc."""
     seen: dict[Config, float] = {}

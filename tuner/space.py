@@ -23,15 +23,15 @@ A config is feasible for a problem on a device when
   element byte (an H200 refused 256x128x128 x 2 stages with a 64 KiB store buffer);
 - no block is larger than the padded problem (next power of two, at least 16);
 - the fp32 accumulator fits the register file: BLOCK_M * BLOCK_N / (32 * num_warps)
-  <= 128 registers per thread (half of the 255 a thread may have), and each
-  thread holds at least 4 accumulator elements (fewer wastes warps);
-- the template accepts it (``render.config_error``: the gemv variant matches SPLIT_K;
+  <= 128 registers per thread (half of the 255 a thread may have);
+- the template accepts it (its kind's ``check``: the gemv variant matches SPLIT_K;
   the tma variants take 2-D problems whose rows are 16-byte aligned, and TMA_STORE non-bool
   outputs with aligned rows; the persistent knobs are left at their defaults by the other
   variants);
 - two programs per SM (persistent) fit twice in shared memory, and their accumulators
   take at most half of the 64K-register file;
-- split-K has at least one K block per split (gemv);
+- the kind's search rule passes (``search_error``): split-K has at least one K block
+  per split (gemv); each thread holds at least 4 accumulator elements (matmul, conv2d);
 - it avoids a Triton 3.6 miscompile seen on an H200 (2026-11-21): 2 warps with
   BLOCK_K >= 128 when K is not a multiple of 16 gave illegal memory accesses or
   wrong results (K=777, B stored K-contiguous; 4 warps, or BLOCK_K=64, were right).
@@ -42,19 +42,18 @@ A config is feasible for a problem on a device when
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
+from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
-from epilab.templates.problem import ELEMENT_BYTES, Config, Problem
-from epilab.templates.render import PERSISTENT_VARIANTS, TMA_VARIANTS
+from epilab.templates.problem import Config, Problem
 
 MAX_ACC_REGS = 128
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
-MIN_ACC_PER_THREAD = 4
 
 
 @dataclass(frozen=True)
@@ -106,13 +105,14 @@ def _padded(dim: object) -> int:
 
 def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | None:
     """Why ``config`` cannot run ``problem`` on the device, or None when it can."""
-    for name, values in kind_of(problem).space.items():
+    kind = kind_of(problem)
+    for name, values in kind.space.items():
         if getattr(config, name) not in values:
             return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
-    why = kind_of(problem).check(problem, config)
+    why = kind.check(problem, config)
     if why is not None:
         return why
-    s = kind_of(problem).kernel_shape(problem)
+    s = kind.kernel_shape(problem)
     for name, block, dim in (
         ("BLOCK_M", config.BLOCK_M, s.m),
         ("BLOCK_N", config.BLOCK_N, s.n),
@@ -120,10 +120,10 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     ):
         if block > _padded(dim):
             return f"{name}={block} is larger than the padded dimension {_padded(dim)}"
-    esize = ELEMENT_BYTES[problem.dtype]
+    esize = itemsize(problem.dtype)
     smem = config.num_stages * (config.BLOCK_M * config.BLOCK_K + config.BLOCK_K * config.BLOCK_N) * esize
     if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
-        out_bytes = sum(ELEMENT_BYTES[o.dtype] for o in problem.epilogue.outputs)
+        out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
         smem += config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
     if smem > limits.smem_bytes:
         return f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
@@ -136,31 +136,18 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
             return f"{programs} programs per SM need {programs * smem} bytes of shared memory"
         if programs * config.BLOCK_M * config.BLOCK_N > REGISTER_FILE // 2:
             return f"{programs} programs' accumulators would take over half of the register file"
-    if problem.template == "gemv":
-        k_blocks = triton.cdiv(s.k, config.BLOCK_K) if isinstance(s.k, int) else 1 << 20
-        if k_blocks < config.SPLIT_K:
-            return f"SPLIT_K={config.SPLIT_K} exceeds the {k_blocks} K blocks"
-    elif per_thread < MIN_ACC_PER_THREAD:
-        return f"{config.num_warps} warps for a {config.BLOCK_M}x{config.BLOCK_N} tile leave threads idle"
+    why = kind.search_error(problem, config)
+    if why is not None:
+        return why
     if config.num_warps == 2 and config.BLOCK_K >= 128 and not (isinstance(s.k, int) and s.k % 16 == 0):
         return "2 warps with BLOCK_K >= 128 and K not a multiple of 16 miscompile in Triton 3.6"
     return None
 
 
-PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
-
-
-def applies(name: str, chosen: Mapping[str, object]) -> bool:
-    """Whether dimension ``name`` means anything given the values chosen before it (in the
-    space's order): the persistent loop's knobs for the persistent variants, TMA_STORE for
-    the tma variants. The search does not sample a dimension that does not apply; it keeps
-    the dimension's first value (its default)."""
-    variant = chosen.get("variant", "default")
-    if name in PERSISTENT_KNOBS:
-        return variant in PERSISTENT_VARIANTS
-    if name == "TMA_STORE":
-        return variant in TMA_VARIANTS
-    return True
+def applies(problem: Problem) -> Callable[[str, Mapping[str, object]], bool]:
+    """Which search dimensions mean anything given the values drawn before them (the
+    problem's kind decides: the matmul's persistent knobs only for its persistent variants)."""
+    return kind_of(problem).applies
 
 
 def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:

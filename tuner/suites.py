@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from epilab.files import read_text_bounded
+from epilab.templates.dtypes import INPUT_DTYPES
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
-from epilab.templates.problem import DTYPES, ConvGeometry, OperandSpec, Problem, Shape
-from epilab.templates.render import template_hash
+from epilab.templates.kinds import template_hash
+from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
 
 
 def _bias() -> Expr:
@@ -104,8 +105,8 @@ class Spec:
             isinstance(self.batch, bool) or not isinstance(self.batch, int) or not 0 < self.batch <= 65535
         ):
             raise ValueError(f"batch must be an int in 1..65535, got {self.batch!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.dtype not in INPUT_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {INPUT_DTYPES}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} is not one of {LAYOUTS}")
         if self.epilogue not in EPILOGUES:

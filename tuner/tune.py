@@ -24,11 +24,11 @@ import triton
 
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
 from epilab.db.models import TIMED_LIBRARIES
+from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
 from epilab.templates.problem import Config, Problem
-from epilab.templates.rules import DTYPES
 from epilab.tuner.search import Budget, Outcome, make_study, search
-from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, infeasible, space_for
+from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.tuner.suites import Spec
 from epilab.tuner.worker import CompilePool, Worker
 
@@ -72,21 +72,16 @@ class ProblemResult:
 
 
 def problem_bytes(problem: Problem) -> int:
-    """Fewest bytes a kernel must move: A and B read, operands read, outputs written
-    (conv2d: the input and the weight, not the im2col matrix)."""
+    """Fewest bytes a kernel must move: A and B read (as stored: a convolution's input and
+    weight, not its im2col matrix), operands read, outputs written."""
     s = problem.shape
-    esize = DTYPES[problem.dtype].itemsize
-    batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
-    b_batch = batch if problem.op in ("bmm", "baddbmm") else 1
-    total = esize * (batch * m * k + b_batch * k * n)
-    if problem.conv is not None:
-        g = problem.conv
-        total = esize * (batch * g.c * g.h * g.w + n * k)
+    batch, m, n = int(s.batch), int(s.m), int(s.n)
+    total = itemsize(problem.dtype) * sum(kind_of(problem).input_elements(problem))
     kinds = dict(problem.epilogue.operands)
     for spec in problem.operands:
         count = {"row": n, "col": m, "scalar": 1}.get(kinds[spec.name], batch * m * n)
-        total += count * DTYPES[spec.dtype].itemsize
-    total += sum(batch * m * n * DTYPES[o.dtype].itemsize for o in problem.epilogue.outputs)
+        total += count * itemsize(spec.dtype)
+    total += sum(batch * m * n * itemsize(o.dtype) for o in problem.epilogue.outputs)
     return total
 
 
@@ -94,14 +89,8 @@ def evaluation_bytes(problem: Problem) -> int:
     """About what checking a candidate allocates at once: the inputs and outputs, and the
     float64 reference (A and B converted, the accumulator and the epilogue's temporaries)."""
     s = problem.shape
-    batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
-    if problem.conv is not None:
-        g = problem.conv
-        a_elems = batch * g.c * g.h * g.w
-    else:
-        a_elems = batch * m * k
-    b_elems = (batch if problem.op in ("bmm", "baddbmm") else 1) * k * n
-    return problem_bytes(problem) + 8 * (a_elems + b_elems + 3 * batch * m * n)
+    a_elems, b_elems = kind_of(problem).input_elements(problem)
+    return problem_bytes(problem) + 8 * (a_elems + b_elems + 3 * int(s.batch) * int(s.m) * int(s.n))
 
 
 def too_large(problem: Problem, memory_bytes: int) -> str | None:
@@ -283,6 +272,7 @@ class Tuner:
             budget=self.options.budget,
             seeds=self.seeds(problem),
             on_trial=progress,
+            applies=applies(problem),
         )
         flops = problem.shape.flops()
         baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))

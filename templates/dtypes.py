@@ -1,0 +1,66 @@
+"""The one dtype table: every dtype epilab handles, by canonical name, with its torch
+dtype, its Triton type, its element size and the roles it may take.
+
+The torch and Triton columns come from the rule table (``rules.DTYPES`` and
+``rules.TRITON_DTYPES``), which renders the epilogue's casts and is hashed into every
+template: stating them there once keeps the template hashes of existing records. Every
+other module asks this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from epilab.templates import rules
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # canonical: "float16", "bfloat16", "float32", "bool"
+    torch: torch.dtype
+    triton: str  # the Triton type a store converts to
+    itemsize: int  # bytes per element
+    input: bool  # may be A and B of a matmul or a convolution
+    operand: bool  # may be an epilogue operand (bias, residual, scale, mask)
+    output: bool  # may be an epilogue output or a cast's target
+
+
+TABLE: dict[str, DType] = {
+    name: DType(
+        name,
+        dt,
+        rules.TRITON_DTYPES[name],
+        dt.itemsize,
+        input=dt.is_floating_point,
+        operand=True,
+        output=True,
+    )
+    for name, dt in rules.DTYPES.items()
+}
+INPUT_DTYPES = tuple(name for name, d in TABLE.items() if d.input)
+OPERAND_DTYPES = tuple(name for name, d in TABLE.items() if d.operand)
+OUTPUT_DTYPES = tuple(name for name, d in TABLE.items() if d.output)
+_BY_TORCH = {d.torch: name for name, d in TABLE.items()}
+
+
+def name_or_none(dtype: torch.dtype) -> str | None:
+    """The canonical name of a torch dtype, None for one epilab does not handle."""
+    return _BY_TORCH.get(dtype)
+
+
+def name_of(dtype: torch.dtype) -> str:
+    """The canonical name of a torch dtype; TypeError for one epilab does not handle."""
+    name = _BY_TORCH.get(dtype)
+    if name is None:
+        raise TypeError(f"dtype {dtype} is not supported here; use one of {sorted(TABLE)}")
+    return name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return TABLE[name].torch
+
+
+def itemsize(name: str) -> int:
+    return TABLE[name].itemsize
