@@ -1,6 +1,6 @@
 """epilab: autotuned Triton templates for matmul-like ops with fused epilogues.
 
-Public surface (see DESIGN.md): ``torch.compile(model, backend="epilab")`` and
+Public surface (see docs/design.md): ``torch.compile(model, backend="epilab")`` and
 ``epilab.compile`` (the backend), ``epilab.explain()`` (its decisions),
 ``epilab.matmul`` (one fused matmul), the epilogue builders (``acc``,
 ``operand``, ``const``, ``ops``, ``Epilogue``), ``Config``, and the ``epilab``

@@ -305,7 +305,7 @@ def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int) -> tuple[l
                     )
 
                 result = tuner.tune_problem(problem, label, on_trial)
-                base = result.baselines.get("cublas") or result.baselines.get("cudnn")
+                base = result.library_ms
                 vs = f" vs library+eager {base:.4f} ms" if base else ""
                 best = "none" if result.best_ms is None else f"{result.best_ms:.4f} ms"
                 if result.refused is not None:
@@ -351,7 +351,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
         table.add_column(col, justify="left" if col in ("problem", "best config") else "right")
     for r in results:
         failed = sum(n for s, n in r.statuses.items() if s != "ok")
-        base = r.baselines.get("cublas") or r.baselines.get("cudnn")
+        base = r.library_ms
         table.add_row(
             r.label,
             "refused" if r.refused else "-" if r.best is None else r.best.short().replace(" default", ""),

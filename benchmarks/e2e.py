@@ -17,7 +17,7 @@ kernels are compared, not launch schemes); epilab (``backend="epilab"``, policy
 auto, the warm database); with ``--cuda-graphs`` also Inductor and epilab with
 ``mode="reduce-overhead"``. Every compiled variant is checked against eager first.
 
-Method (METHOD.md): per-call latency is the median of CUDA-event timings of one
+Method: per-call latency is the median of CUDA-event timings of one
 call at a time after warm-up, L2 flushed before each (``tuner.timing.time_cuda``);
 ``graph`` is the per-call time of a CUDA graph of 10 calls (launch gaps removed).
 The GPU is kept busy for 2 s before the first case; every variant of a case is
@@ -280,7 +280,7 @@ def measure(args: argparse.Namespace) -> None:
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "method": __doc__.split("Method (METHOD.md): ")[1].strip() if __doc__ else "",
+        "method": __doc__.split("Method: ")[1].strip() if __doc__ else "",
         "rows": rows,
         "explain": explained,
     }

@@ -9,7 +9,7 @@ Columns:
 - eager: torch addmm + gelu + add, as eager PyTorch runs it (3 kernels);
 - inductor: torch.compile of that function (cuBLAS addmm + one fused Triton kernel).
 
-Method (METHOD.md): floors from FLOPs and bytes against ceilings measured in the
+Method: floors from FLOPs and bytes against ceilings measured in the
 same run (a 2 GiB device copy, an 8192^3 bf16 cuBLAS matmul); every version is
 checked against a float64 reference before it is timed; random inputs; times are
 medians of CUDA-event timings after warm-up, two ways: (1) per-call time of

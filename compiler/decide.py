@@ -10,26 +10,23 @@ Policy ``auto`` (the default):
    no baseline recorded, the tuned config is used.
 2. No record: with ``tune_missing`` the problem is tuned now with a small budget
    and stored, then rule 1 applies. Otherwise the aten op. The documented rule
-   for using the untuned heuristic config is "nowhere": on an H200 the heuristic
-   config ranged from 0.70x to 1.34x of Inductor's cuBLAS + fused epilogue over
-   the cases of ``benchmarks/heuristic_probe.py`` (benchmarks/RESULTS.md), with
-   losses at small K next to wins at the same K, so no shape rule we measured
-   keeps the promise that switching the backend on never makes a model slower.
+   for using the untuned heuristic config is "nowhere": over the cases of
+   ``benchmarks/heuristic_probe.py`` the heuristic config lost to Inductor's cuBLAS
+   + fused epilogue at some shapes and won at others of the same K (benchmarks/
+   RESULTS.md, "Untuned heuristic vs Inductor"), so no shape rule we measured keeps
+   the promise that switching the backend on never makes a model slower.
 
 Launch-bound problems: without CUDA graphs a template call costs more CPU time
-than what it replaces (benchmarks/launch_overhead.py on the H200 host: 22 us
-for the op and its Triton launch, 12 us for a cuBLAS addmm), and for short
-kernels that decides the model's speed. So, unless the graph is replayed as a
-CUDA graph (``mode="reduce-overhead"``, where kernel times alone decide), the
-aten op is kept when the tuned kernel takes under ``FUSED_LAUNCH_BOUND_MS``
-(20 us), or under ``LAUNCH_BOUND_MS`` (50 us) when the template fuses nothing
-(its aten path is a single cuBLAS call); between 20 and 50 us it must save at
-least ``LAUNCH_EXTRA_MS`` (10 us, the measured difference of the two launches)
-over the best baseline, and without a recorded baseline it is not used at all.
-The thresholds come from benchmarks/e2e.py on an H200 (benchmarks/RESULTS.md):
-a 9.5 us fused template made a 1x1 small MLP 0.61x of Inductor; at decode sizes
-(8x1) a 30.6 us template saving 1.5 us made a layer 0.92x of Inductor, and a
-10.7 us one with no baseline recorded made the small MLP 0.39x.
+than what it replaces (benchmarks/launch_overhead.py; RESULTS.md, "Launch cost"),
+and for short kernels that decides the model's speed. So, unless the graph is
+replayed as a CUDA graph (``mode="reduce-overhead"``, where kernel times alone
+decide), the aten op is kept when the tuned kernel takes under
+``FUSED_LAUNCH_BOUND_MS``, or under ``LAUNCH_BOUND_MS`` when the template fuses
+nothing (its aten path is a single cuBLAS call); between the two it must save at
+least ``LAUNCH_EXTRA_MS`` (the measured difference of the two launches) over the
+best baseline, and without a recorded baseline it is not used at all. The
+thresholds come from the end-to-end runs of benchmarks/e2e.py (RESULTS.md, issues 5
+and 6), where short fused templates made small models slower than Inductor.
 
 Policy ``always`` uses the template wherever it applies (the recorded config, else the
 heuristic: for a static M or N <= 16 the gemv template's, never a 16-row matmul tile);
@@ -56,7 +53,7 @@ from epilab.templates.problem import Config, Problem
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
 FUSED_LAUNCH_BOUND_MS = 0.02  # without CUDA graphs: shorter templates keep aten
-LAUNCH_EXTRA_MS = 0.010  # without CUDA graphs: what a template call costs over the aten op (22 vs 12 us)
+LAUNCH_EXTRA_MS = 0.010  # without CUDA graphs: what a template call costs over the aten op (RESULTS.md)
 
 # Representative M of each bucket and the bucket's upper bound (geometric midpoints).
 BUCKETS: tuple[tuple[int, int | None], ...] = (

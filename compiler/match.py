@@ -33,9 +33,10 @@ import torch.fx as fx
 
 from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, VIEWS, Unsupported
 from epilab.templates import dtypes
+from epilab.templates.conv2d import conv_problem
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand
-from epilab.templates.kinds import template_hash
-from epilab.templates.problem import BATCHED_OPS, Dim, OperandSpec, Problem, Shape
+from epilab.templates.kinds import default_template, template_hash
+from epilab.templates.problem import BATCHED_OPS, ConvGeometry, Dim, OperandSpec, Problem, Shape
 from epilab.templates.runtime import layout_of, operand_layout
 
 ANCHOR_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.INPUT_DTYPES)
@@ -117,6 +118,12 @@ def _static(shape: Sequence[object]) -> bool:
 
 
 class _Grower:
+    """Grows an epilogue group from an anchor; a subclass per anchor family (``GROWERS``)
+    says how its anchor starts the group, how an operand of its output is read, whether
+    views may join and which problem the group makes."""
+
+    takes_views = True  # views that split or merge the output's rows may join
+
     def __init__(self, anchor: fx.Node) -> None:
         self.anchor = anchor
         self.op = ANCHORS[anchor.target]  # type: ignore[index]
@@ -131,80 +138,22 @@ class _Grower:
         self.operands: dict[tuple[fx.Node, tuple[int, ...] | None], Operand] = {}
         self.order: list[fx.Node] = []
 
-    # -- the anchor
+    # -- the anchor family's part
     def start(self) -> tuple[fx.Node, fx.Node]:
-        if self.op == "conv2d":
-            return self.start_conv()
-        node = self.anchor
-        args = list(node.args)
-        kwargs = dict(node.kwargs)
-        if self.op in ("addmm", "baddbmm"):
-            bias, a, b = args[:3]
-            beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
-            alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
-        else:
-            (a, b), bias, beta, alpha = args[:2], None, 0, 1
-        av, bv = val(a), val(b)
-        if av is None or bv is None:
-            raise NoGroup("an input has no shape information")
-        if av.dtype not in ANCHOR_DTYPES or av.dtype != bv.dtype:
-            raise NoGroup(f"inputs {av.dtype}/{bv.dtype}: the templates take float16, bfloat16, float32")
-        if self.out.dtype != av.dtype:
-            raise NoGroup(f"output dtype {self.out.dtype} differs from the inputs' {av.dtype}")
-        for name, x in (("alpha", alpha), ("beta", beta)):
-            if isinstance(x, bool) or not isinstance(x, (int, float)):
-                raise NoGroup(f"{name}={x!r} is not a number")
-        value: Expr = acc() if alpha == 1 else acc() * float(alpha)
-        if bias is not None and beta != 0:
-            bias_expr = self.operand(bias, self.O, "bias")
-            value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
-        if av.dtype != torch.float32:
-            value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
-        self.values[node] = value
-        self.shape_src[node] = None
-        self.order.append(node)
-        return a, b  # type: ignore[return-value]
+        """Take the anchor in: its value, its operands; returns its A and B nodes."""
+        raise NotImplementedError
 
-    def start_conv(self) -> tuple[fx.Node, fx.Node]:
-        node = self.anchor
-        x, w, bias, stride, padding, dilation, transposed, _, groups = node.args[:9]
-        xv, wv = val(x), val(w)
-        if xv is None or wv is None:
-            raise NoGroup("an input has no shape information")
-        if transposed or xv.dim() != 4 or len(stride) != 2:  # type: ignore[arg-type]
-            raise NoGroup("only 2-D, non-transposed convolutions have a template")
-        if xv.dtype not in ANCHOR_DTYPES or wv.dtype != xv.dtype or self.out.dtype != xv.dtype:
-            raise NoGroup(f"inputs {xv.dtype}/{wv.dtype}: the templates take float16, bfloat16, float32")
-        if not _static(self.O) or not _static(xv.shape):
-            raise NoGroup("the conv2d template takes static shapes")
-        self.conv_args = (list(stride), list(padding), list(dilation), int(groups))  # type: ignore[arg-type]
-        value: Expr = acc()
-        if bias is not None:
-            if not isinstance(bias, fx.Node):
-                raise NoGroup(f"bias {bias!r} is not a tensor")
-            self.operands[(bias, None)] = Operand("bias", bias, "row", None)
-            value = value + operand("bias", "row")
-        if xv.dtype != torch.float32:
-            value = Expr("cast", (value,), (("dtype", dtypes.name_of(xv.dtype)),))
-        self.values[node] = value
-        self.shape_src[node] = None
-        self.order.append(node)
-        return x, w  # type: ignore[return-value]
-
-    def conv_kind(
+    def operand_kind(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
     ) -> tuple[str, tuple[int, ...] | None]:
-        """How an operand of a [N, K, P, Q] output is read: per channel (passed as [K]), whole, one."""
-        if not same_shape(S, self.O):
-            raise Unsupported("a conv2d group takes no views")
-        one = [same(p, 1) for p in pad]
-        if all(one):
-            return "scalar", None
-        if one == [True, False, True, True]:
-            return "row", (-1,)
-        if not any(one):
-            return "tile", None
-        raise Unsupported(f"operand {node.name} broadcasts over part of the output")
+        """How tensor ``node`` (its shape padded to ``S``'s rank: ``pad``) is read at
+        positions of shape ``S``: its operand kind, and the reshape it is passed through."""
+        raise NotImplementedError
+
+    def problem(
+        self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
+    ) -> Problem:
+        raise NotImplementedError
 
     # -- operands
     def operand(self, node: object, S: Sequence[object], name: str | None = None) -> Expr:
@@ -224,32 +173,7 @@ class _Grower:
         pad = [1] * (len(S) - len(shape)) + shape
         if not all(same(p, 1) or same(p, s) for p, s in zip(pad, S, strict=True)):
             raise Unsupported(f"operand {node.name} of shape {tuple(shape)} does not broadcast to {tuple(S)}")
-        one = [same(p, 1) for p in pad]
-        reshape: tuple[int, ...] | None = None
-        if self.op == "conv2d":
-            kind, reshape = self.conv_kind(node, pad, S)
-        elif same_shape(S, self.O):
-            if all(one):
-                kind = "scalar"
-            elif one[-2]:
-                kind = "row"
-            elif one[-1]:
-                kind = "col"
-            else:
-                kind = "tile"
-        else:  # S splits or merges the output's rows: pass the operand in the output's shape
-            last = -1 if one[-1] else int(expr_of(self.O[-1])) if _static(self.O[-1:]) else None
-            if last is None:
-                raise Unsupported("a symbolic N after a view")
-            if all(one[:-1]):
-                kind, reshape = ("scalar" if one[-1] else "row"), (-1,)
-            elif all(not o for o in one[:-1]):
-                if len(self.O) == 3 and not _static(self.O[:1]):
-                    raise Unsupported("a symbolic batch after a view")
-                lead = [-1] if len(self.O) == 2 else [int(expr_of(self.O[0])), -1]
-                kind, reshape = ("col" if one[-1] else "tile"), (*lead, 1 if one[-1] else last)
-            else:
-                raise Unsupported(f"operand {node.name} broadcasts over part of the rows")
+        kind, reshape = self.operand_kind(node, pad, S)
         key = (node, reshape)
         if key not in self.operands:
             count = sum(1 for o in self.operands.values() if o.name != "bias")
@@ -268,7 +192,7 @@ class _Grower:
             return False
         target = node.target
         if target in VIEWS or target in IDENTITY:
-            if self.op == "conv2d" and target not in IDENTITY:
+            if not self.takes_views and target not in IDENTITY:
                 return False
             src = node.args[0]
             sizes = [n for n in node.all_input_nodes if n is not src]  # symbolic sizes are nodes too
@@ -337,9 +261,187 @@ class _Grower:
             self.desc.add(node)
 
 
+class _MatmulGrower(_Grower):
+    """mm, addmm, bmm, baddbmm: operands of the output's shape or broadcast along its rows or
+    columns; views that split or merge rows join."""
+
+    def start(self) -> tuple[fx.Node, fx.Node]:
+        node = self.anchor
+        args = list(node.args)
+        kwargs = dict(node.kwargs)
+        if self.op in ("addmm", "baddbmm"):
+            bias, a, b = args[:3]
+            beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+            alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+        else:
+            (a, b), bias, beta, alpha = args[:2], None, 0, 1
+        av, bv = val(a), val(b)
+        if av is None or bv is None:
+            raise NoGroup("an input has no shape information")
+        if av.dtype not in ANCHOR_DTYPES or av.dtype != bv.dtype:
+            raise NoGroup(f"inputs {av.dtype}/{bv.dtype}: the templates take float16, bfloat16, float32")
+        if self.out.dtype != av.dtype:
+            raise NoGroup(f"output dtype {self.out.dtype} differs from the inputs' {av.dtype}")
+        for name, x in (("alpha", alpha), ("beta", beta)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise NoGroup(f"{name}={x!r} is not a number")
+        value: Expr = acc() if alpha == 1 else acc() * float(alpha)
+        if bias is not None and beta != 0:
+            bias_expr = self.operand(bias, self.O, "bias")
+            value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
+        if av.dtype != torch.float32:
+            value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
+        self.values[node] = value
+        self.shape_src[node] = None
+        self.order.append(node)
+        return a, b  # type: ignore[return-value]
+
+    def operand_kind(
+        self, node: fx.Node, pad: list[object], S: Sequence[object]
+    ) -> tuple[str, tuple[int, ...] | None]:
+        one = [same(p, 1) for p in pad]
+        reshape: tuple[int, ...] | None = None
+        if same_shape(S, self.O):
+            if all(one):
+                kind = "scalar"
+            elif one[-2]:
+                kind = "row"
+            elif one[-1]:
+                kind = "col"
+            else:
+                kind = "tile"
+        else:  # S splits or merges the output's rows: pass the operand in the output's shape
+            last = -1 if one[-1] else int(expr_of(self.O[-1])) if _static(self.O[-1:]) else None
+            if last is None:
+                raise Unsupported("a symbolic N after a view")
+            if all(one[:-1]):
+                kind, reshape = ("scalar" if one[-1] else "row"), (-1,)
+            elif all(not o for o in one[:-1]):
+                if len(self.O) == 3 and not _static(self.O[:1]):
+                    raise Unsupported("a symbolic batch after a view")
+                lead = [-1] if len(self.O) == 2 else [int(expr_of(self.O[0])), -1]
+                kind, reshape = ("col" if one[-1] else "tile"), (*lead, 1 if one[-1] else last)
+            else:
+                raise Unsupported(f"operand {node.name} broadcasts over part of the rows")
+        return kind, reshape
+
+    def problem(
+        self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
+    ) -> Problem:
+        op = self.op
+        av, bv = val(a), val(b)
+        assert av is not None and bv is not None
+        batched = op in BATCHED_OPS
+        if av.dim() != (3 if batched else 2) or bv.dim() != av.dim():
+            raise NoGroup(f"{op} inputs of {av.dim()} and {bv.dim()} dims")
+        sa = [dim_of(d) for d in av.shape]
+        sb = [dim_of(d) for d in bv.shape]
+        stride_a = [dim_of(d) for d in av.stride()]
+        stride_b = [dim_of(d) for d in bv.stride()]
+        shape = Shape(sa[0] if batched else 1, sa[-2], sb[-1], sa[-1])
+        specs = []
+        for o in operands:
+            ov = val(o.node)
+            assert ov is not None
+            sizes, strides = list(ov.shape), list(ov.stride())
+            if o.reshape is not None:
+                with fake_mode_of(ov):
+                    moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
+                sizes, strides = list(moved.shape), list(moved.stride())
+            layout = operand_layout(o.kind, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
+            specs.append(OperandSpec(o.name, str(dtypes.name_or_none(ov.dtype)), layout))
+        problem = Problem(
+            op=op,
+            template=default_template(op),
+            template_hash=template_hash(default_template(op)),
+            dtype=dtypes.name_of(av.dtype),
+            layout_a=layout_of(sa[-2:], stride_a[-2:]),
+            layout_b=layout_of(sb[-2:], stride_b[-2:]),
+            operands=tuple(specs),
+            epilogue=epilogue,
+            shape=shape,
+            precision=precision if av.dtype == torch.float32 else "ieee",
+        )
+        try:
+            if Problem.from_json(problem.to_json()) != problem:
+                raise ValueError("differs after a JSON round trip")
+        except ValueError as e:
+            raise NoGroup(f"the shape {shape} cannot be stored ({e})") from e
+        return problem
+
+
+class _ConvGrower(_Grower):
+    """2-D convolutions: operands per output channel, scalars and whole tensors; no views."""
+
+    takes_views = False
+
+    def start(self) -> tuple[fx.Node, fx.Node]:
+        node = self.anchor
+        x, w, bias, stride, padding, dilation, transposed, _, groups = node.args[:9]
+        xv, wv = val(x), val(w)
+        if xv is None or wv is None:
+            raise NoGroup("an input has no shape information")
+        if transposed or xv.dim() != 4 or len(stride) != 2:  # type: ignore[arg-type]
+            raise NoGroup("only 2-D, non-transposed convolutions have a template")
+        if xv.dtype not in ANCHOR_DTYPES or wv.dtype != xv.dtype or self.out.dtype != xv.dtype:
+            raise NoGroup(f"inputs {xv.dtype}/{wv.dtype}: the templates take float16, bfloat16, float32")
+        if not _static(self.O) or not _static(xv.shape):
+            raise NoGroup("the conv2d template takes static shapes")
+        self.conv_args = (list(stride), list(padding), list(dilation), int(groups))  # type: ignore[arg-type]
+        value: Expr = acc()
+        if bias is not None:
+            if not isinstance(bias, fx.Node):
+                raise NoGroup(f"bias {bias!r} is not a tensor")
+            self.operands[(bias, None)] = Operand("bias", bias, "row", None)
+            value = value + operand("bias", "row")
+        if xv.dtype != torch.float32:
+            value = Expr("cast", (value,), (("dtype", dtypes.name_of(xv.dtype)),))
+        self.values[node] = value
+        self.shape_src[node] = None
+        self.order.append(node)
+        return x, w  # type: ignore[return-value]
+
+    def operand_kind(
+        self, node: fx.Node, pad: list[object], S: Sequence[object]
+    ) -> tuple[str, tuple[int, ...] | None]:
+        """How an operand of a [N, K, P, Q] output is read: per channel (passed as [K]), whole, one."""
+        if not same_shape(S, self.O):
+            raise Unsupported("a conv2d group takes no views")
+        one = [same(p, 1) for p in pad]
+        if all(one):
+            return "scalar", None
+        if one == [True, False, True, True]:
+            return "row", (-1,)
+        if not any(one):
+            return "tile", None
+        raise Unsupported(f"operand {node.name} broadcasts over part of the output")
+
+    def problem(
+        self, x: fx.Node, w: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
+    ) -> Problem:
+        xv, wv = val(x), val(w)
+        assert xv is not None and wv is not None
+        stride, padding, dilation, groups = self.conv_args
+        _, c, h, wd = (int(expr_of(d)) for d in xv.shape)
+        _, _, r, s = (int(expr_of(d)) for d in wv.shape)
+        try:
+            geometry = ConvGeometry(h, wd, c, r, s, tuple(stride), tuple(padding), tuple(dilation), groups)
+        except ValueError as e:
+            raise NoGroup(str(e)) from e
+        return conv_problem(
+            xv, wv, geometry, epilogue, [(o.name, o.kind, val(o.node)) for o in operands], precision
+        )  # type: ignore[misc]
+
+
+GROWERS: dict[str, type[_Grower]] = {
+    **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm"), _MatmulGrower),
+    "conv2d": _ConvGrower,
+}
+
+
 def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group:
     """The largest epilogue group of ``anchor`` over ``after`` (the nodes following it)."""
-    g = _Grower(anchor)
+    g = GROWERS[ANCHORS[anchor.target]](anchor)  # type: ignore[index]
     a, b = g.start()
     g.grow(after)
     members = set(g.order)
@@ -368,74 +470,8 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
         nodes=g.order,
         operands=operands,
         uses=uses,
-        problem=_conv_problem(g, a, b, operands, epilogue, precision)
-        if g.op == "conv2d"
-        else _problem(g.op, a, b, operands, epilogue, precision),
+        problem=g.problem(a, b, operands, epilogue, precision),
     )
-
-
-def _conv_problem(
-    g: _Grower, x: fx.Node, w: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
-) -> Problem:
-    from epilab.templates.conv2d import conv_problem
-    from epilab.templates.problem import ConvGeometry
-
-    xv, wv = val(x), val(w)
-    assert xv is not None and wv is not None
-    stride, padding, dilation, groups = g.conv_args
-    _, c, h, wd = (int(expr_of(d)) for d in xv.shape)
-    _, _, r, s = (int(expr_of(d)) for d in wv.shape)
-    try:
-        geometry = ConvGeometry(h, wd, c, r, s, tuple(stride), tuple(padding), tuple(dilation), groups)
-    except ValueError as e:
-        raise NoGroup(str(e)) from e
-    return conv_problem(
-        xv, wv, geometry, epilogue, [(o.name, o.kind, val(o.node)) for o in operands], precision
-    )  # type: ignore[misc]
-
-
-def _problem(
-    op: str, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
-) -> Problem:
-    av, bv = val(a), val(b)
-    assert av is not None and bv is not None
-    batched = op in BATCHED_OPS
-    if av.dim() != (3 if batched else 2) or bv.dim() != av.dim():
-        raise NoGroup(f"{op} inputs of {av.dim()} and {bv.dim()} dims")
-    sa = [dim_of(d) for d in av.shape]
-    sb = [dim_of(d) for d in bv.shape]
-    stride_a = [dim_of(d) for d in av.stride()]
-    stride_b = [dim_of(d) for d in bv.stride()]
-    shape = Shape(sa[0] if batched else 1, sa[-2], sb[-1], sa[-1])
-    specs = []
-    for o in operands:
-        ov = val(o.node)
-        assert ov is not None
-        sizes, strides = list(ov.shape), list(ov.stride())
-        if o.reshape is not None:
-            with fake_mode_of(ov):
-                moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
-            sizes, strides = list(moved.shape), list(moved.stride())
-        layout = operand_layout(o.kind, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
-        specs.append(OperandSpec(o.name, str(dtypes.name_or_none(ov.dtype)), layout))
-    problem = Problem(
-        op=op,
-        template="matmul",
-        template_hash=template_hash("matmul"),
-        dtype=dtypes.name_of(av.dtype),
-        layout_a=layout_of(sa[-2:], stride_a[-2:]),
-        layout_b=layout_of(sb[-2:], stride_b[-2:]),
-        operands=tuple(specs),
-        epilogue=epilogue,
-        shape=shape,
-        precision=precision if av.dtype == torch.float32 else "ieee",
-    )
-    try:
-        if Problem.from_json(problem.to_json()) != problem:
-            raise ValueError("differs after a JSON round trip")
-    except ValueError as e:
-        raise NoGroup(f"the shape {shape} cannot be stored ({e})") from e
-    return problem
 
 
 def fake_mode_of(v: torch.Tensor | None) -> object:

@@ -2,40 +2,32 @@
 
 It is defined with ``torch.library.Library`` (schema, one implementation for
 every device, and ``torch.library.register_fake`` for shapes) rather than the
-``torch.library.custom_op`` decorator: on an H200 host the decorator's Python
-wrappers cost about 26 us per call on top of a 20 us Triton launch
-(benchmarks/launch_overhead.py), which decode-sized models pay once per matmul.
+``torch.library.custom_op`` decorator: its Python wrappers cost more per call than
+the Triton launch itself (benchmarks/launch_overhead.py; RESULTS.md, "Launch cost"),
+which decode-sized models pay once per matmul.
 
 Its only non-tensor arguments are the canonical problem JSON and the plan JSON
 (a config, or configs by M bucket), so graphs that hold it stay serializable
 and cacheable. Operands come in the problem's order (sorted by name). Both JSON
 texts are parsed once per process; the first call with given tensor shapes and
 layouts picks the config for its M and launches the template
-(``templates.matmul``); later calls like it replay that launch
+(its kind's ``bind``); later calls like it replay that launch
 (``templates.launcher``), which keeps the per-call Python cost small.
 """
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import torch
 
 from epilab.compiler.decide import Plan
-from epilab.templates import dtypes
-from epilab.templates.conv2d import (
-    as_conv_outputs,
-    as_matmul,
-    as_matmul_output,
-    out_shape_of,
-    out_strides_of,
-)
+from epilab.templates import dtypes, kinds
 from epilab.templates.kinds import bind
 from epilab.templates.launcher import Replay, replay_key
 from epilab.templates.problem import Problem
 
-_replays: dict[tuple, Replay] = {}
+_replays: dict[tuple, tuple[Replay, kinds.TwinCall | None]] = {}
 MAX_REPLAYS = 4096
 
 
@@ -54,25 +46,13 @@ def output_specs(
     problem: Problem, a: torch.Tensor, b: torch.Tensor
 ) -> list[tuple[tuple[object, ...], tuple[object, ...], torch.dtype]]:
     """Sizes, strides and dtype of each output of a call with inputs ``a`` and ``b`` (real or
-    fake). They follow from the problem and the inputs' *sizes* alone, never from the
-    inputs' strides: the fake implementation and the real call both allocate from this one
-    function, so they agree whatever strides Inductor hands the call (it may re-layout the
-    inputs of an op it did not trace). Matmul and gemv outputs are contiguous; a convolution's
-    are in the memory format of the problem's input layout (channels_last for ``nhwc``); a
-    1x1 convolution run as its matmul twin (a 4-D ``a``) gives channels_last outputs."""
+    fake), from the kind (``kinds.output_specs``): they follow from the problem and the
+    inputs' *sizes* alone, never from the inputs' strides, so the fake implementation and
+    the real call agree whatever strides Inductor hands the call (it may re-layout the
+    inputs of an op it did not trace)."""
     out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
-    if problem.conv is not None:
-        shape, strides = out_shape_of(problem), out_strides_of(problem)
-    elif a.dim() == 4:
-        n, _, h, w = a.shape
-        k = b.shape[0]
-        shape, strides = (n, k, h, w), (k * h * w, 1, w * k, k)
-    else:
-        batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
-        batch = [max(batches)] if len(batches) == 2 else batches  # a batch of 1 broadcasts
-        shape = (*batch, a.shape[-2], b.shape[-1])
-        strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-    return [(tuple(shape), tuple(strides), dt) for dt in out_dtypes]
+    specs = kinds.output_specs(problem, a, b)
+    return [(tuple(sz), tuple(st), dt) for (sz, st), dt in zip(specs, out_dtypes, strict=True)]
 
 
 _LIB = torch.library.Library("epilab", "DEF")
@@ -89,28 +69,29 @@ _LIB.define(
 def template_call(
     problem: str, plan: str, a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor]
 ) -> list[torch.Tensor]:
-    """Run the template of ``problem`` with the plan's config for this call's M. A 4-D ``a``
-    with a matmul problem is a 1x1 convolution run as its matmul twin (``conv2d.matmul_twin``):
-    its tensors are viewed as matrices and its outputs viewed back."""
+    """Run the template of ``problem`` with the plan's config for this call's M. A twin
+    called with its original problem's tensors (a 1x1 convolution's 4-D tensors for its
+    matmul twin) runs on the views its kind gives (``kinds.twin_call``)."""
     tensors = [a, b, *operands]
     key = (problem, plan, replay_key(tensors))
-    replay = _replays.get(key)
+    found = _replays.get(key)
+    if found is not None:
+        replay, twin = found
+        outs = replay(tensors)  # a view has its tensor's address: the call's tensors serve as they are
+        return twin.from_kernel(outs, tensors[0]) if twin is not None else outs
     p, names = _problem(problem)
-    as_conv = p.conv is None and a.dim() == 4
-    if replay is not None:
-        outs = replay(tensors)  # a view has its tensor's address: the 4-D tensors serve as they are
-        return as_conv_outputs(outs, tensors[0]) if as_conv else outs
+    twin = kinds.twin_call(p, a, b)
     outs = [torch.empty_strided(s, st, dtype=dt, device=a.device) for s, st, dt in output_specs(p, a, b)]
     into = outs
-    if as_conv:
-        a, b, operands = as_matmul(a, b, operands)
-        into = [as_matmul_output(o) for o in outs]
+    if twin is not None:
+        a, b, operands = twin.inputs(a, b, operands)
+        into = [twin.to_kernel(o) for o in outs]
     config = _plan(plan).choose(a.shape[-2])
     bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)), tuple(into))
     compiled = bound.run()
     if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
-        inputs = ["x_ptr", "w_ptr"] if p.conv is not None else ["a_ptr", "b_ptr"]
-        _replays[key] = Replay(bound, compiled, [*inputs, *(f"op_{n}_ptr" for n in names)])
+        inputs = [*kinds.kind_of(p).input_args, *(f"op_{n}_ptr" for n in names)]
+        _replays[key] = (Replay(bound, compiled, inputs), twin)
     return outs
 
 

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, Record, Snapshot, comparable_ms
+from epilab.templates.kinds import KINDS
 
 # name fragment -> (dense fp16/bf16 tensor TFLOP/s, fp32 TFLOP/s, memory GB/s); first match wins
 DATA_SHEET_PEAKS: tuple[tuple[str, float, float, float], ...] = (
@@ -28,7 +29,7 @@ DATA_SHEET_PEAKS: tuple[tuple[str, float, float, float], ...] = (
     ("H200", 989.4, 66.9, 4800.0),
     ("A100", 312.0, 19.5, 2039.0),
 )
-LIBRARY_ORDER = ("cublas", "cublaslt", "inductor", "inductor-max-autotune")
+LIBRARY_ORDER = ("cublas", "cudnn", "cublaslt", "inductor", "inductor-max-autotune")
 MAX_FAILURES = 500  # failed trials listed (newest first); the count covers all
 
 
@@ -68,6 +69,17 @@ class ProblemReport:
     @property
     def label(self) -> str:
         return f"{self.shape} {self.dtype} {self.layouts} {epilogue_summary(self.epilogue)} [{self.template}]"
+
+    @property
+    def library(self) -> str:
+        """The vendor library its template's kind is timed against (cuBLAS, or cuDNN for
+        conv2d; cuBLAS for a template this version does not know)."""
+        kind = KINDS.get(self.template)
+        return kind.library if kind is not None else "cublas"
+
+    @property
+    def library_speedup(self) -> float | None:
+        return self.speedups.get(self.library)
 
     @property
     def intensity(self) -> float:

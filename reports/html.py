@@ -86,7 +86,10 @@ def render(data: ReportData, *, db: Any = None, detail_limit: int = DETAIL_LIMIT
             notes = [f"study plots are drawn for the first {detail_limit} problems only"]
         details.append({"problem": p, "figures": [script_json(f) for f in figures], "notes": notes})
     versions = data.versions
-    best_worst = sorted((p for p in data.tuned if "cublas" in p.speedups), key=lambda p: p.speedups["cublas"])
+    best_worst = sorted(
+        (p for p in data.tuned if p.library_speedup is not None),
+        key=lambda p: p.library_speedup,  # type: ignore[arg-type, return-value]
+    )
     return _ENV.get_template("report.html.jinja").render(
         data=data,
         cuda=sorted({c for v in versions if (c := _cuda_of(v))}),

@@ -21,7 +21,13 @@ from epilab.reports.data import ProblemReport, ReportData
 # log10(ms) comes near this (1e100 ms). Kept here so that reports depend on db only.
 MEASURED_BELOW = 100.0
 
-COLORS = {"tuned": "#1f77b4", "cublas": "#ff7f0e", "cublaslt": "#bcbd22", "inductor": "#2ca02c"}
+COLORS = {
+    "tuned": "#1f77b4",
+    "cublas": "#ff7f0e",
+    "cudnn": "#d62728",
+    "cublaslt": "#bcbd22",
+    "inductor": "#2ca02c",
+}
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=60), height=420)
 
 
@@ -83,15 +89,17 @@ def roofline(data: ReportData) -> str | None:
         text=[_text(p.label) for p in rows],
         marker=dict(size=9, color=COLORS["tuned"]),
     )
-    if "cublas" in data.libraries():
-        have = [p for p in rows if "cublas" in p.baselines]
+    for library in ("cublas", "cudnn"):  # each problem's own kind's library
+        have = [p for p in rows if p.library == library and library in p.baselines]
+        if not have:
+            continue
         fig.add_scatter(
             x=[p.intensity for p in have],
-            y=[p.tflops(p.baselines["cublas"]) for p in have],
+            y=[p.tflops(p.baselines[library]) for p in have],
             mode="markers",
-            name="cublas (+eager epilogue)",
+            name=f"{library} (+eager epilogue)",
             text=[_text(p.label) for p in have],
-            marker=dict(size=7, symbol="x", color=COLORS["cublas"]),
+            marker=dict(size=7, symbol="x", color=COLORS[library]),
         )
     fig.update_layout(
         title="Roofline",

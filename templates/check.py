@@ -2,7 +2,7 @@
 
 The error of an output is ``||out - ref|| / ||ref||`` over the whole tensor
 (NaN or inf anywhere counts as an infinite error), checked against a bound that
-depends on how the inputs were multiplied and on the output dtype (DESIGN.md,
+depends on how the inputs were multiplied and on the output dtype (docs/design.md,
 "Testing"). Bool outputs must match exactly.
 """
 

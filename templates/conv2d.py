@@ -23,10 +23,11 @@ import triton
 
 from epilab.templates import dtypes
 from epilab.templates.epilogue import Epilogue
+from epilab.templates.kind import TemplateKind, TwinCall
 from epilab.templates.matmul import FILES as MATMUL_FILES
 from epilab.templates.matmul import hopper_knobs_error, idle_threads_error
 from epilab.templates.problem import Config, ConvGeometry, OperandSpec, Problem, Shape
-from epilab.templates.render import EPILOGUE_FILES, Target, files_hash
+from epilab.templates.render import EPILOGUE_FILES, files_hash
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
@@ -408,6 +409,17 @@ def as_conv_outputs(outs: list[torch.Tensor], x: torch.Tensor) -> list[torch.Ten
     return [o.view(n, h, w, o.shape[-1]).permute(0, 3, 1, 2) for o in outs]
 
 
+def matmul_twin_call(problem: Problem, x: torch.Tensor, weight: torch.Tensor) -> TwinCall | None:
+    """A matmul twin (``matmul_twin``) called with its 1x1 convolution's 4-D tensors: its
+    outputs are channels_last [N, K, H, W], its tensors and outputs are matrix views."""
+    if problem.conv is not None or x.dim() != 4:
+        return None
+    n, _, h, w = x.shape
+    k = weight.shape[0]
+    spec = ((n, k, h, w), (k * h * w, 1, w * k, k))
+    return TwinCall([spec for _ in problem.epilogue.outputs], as_matmul, as_matmul_output, as_conv_outputs)
+
+
 # ------------------------------------------------------------------ the kind
 
 # where the tuner searches (block sizes are capped at the kernel shape when a study starts)
@@ -477,77 +489,41 @@ def eager_conv(
     return tuple(conv_epilogue(problem, acc, operands))
 
 
-class _Conv2dKind:
-    """The conv2d template as a ``TemplateKind`` (see kind.py)."""
-
-    name = "conv2d"
-    files = FILES
-    space = SPACE
-    seeds = tuple(SEEDS)
-    prefer_untuned = False
-    library = "cudnn"
-
-    def check(self, problem: Problem, config: Config) -> str | None:
-        return config_error(problem, config)
-
-    def search_error(self, problem: Problem, config: Config) -> str | None:
-        return idle_threads_error(config)
-
-    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
-        return True
-
-    def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
-        return default_conv_config(problem, target)
-
-    def kernel_shape(self, problem: Problem) -> Shape:
-        return conv_kernel_shape(problem)
-
-    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
-        return render_vars(problem, config)
-
-    def problem_of(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> Problem:
-        return conv_problem_of(problem, a, b, operands)
-
-    def bind(
-        self,
-        problem: Problem,
-        config: Config,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        operands: Mapping[str, torch.Tensor],
-        out: tuple[torch.Tensor, ...] | None,
-    ) -> Bound:
-        return bind_conv(problem, config, a, b, operands, out)
-
-    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
-        return empty_conv_outputs(problem, device)
-
-    def inputs(
-        self, problem: Problem, device: torch.device, gen: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        return conv_inputs(problem, device, gen)
-
-    def reference(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        return conv_reference(problem, a, b, operands)
-
-    def baseline(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        return eager_conv(problem, a, b, operands)
-
-    def input_elements(self, problem: Problem) -> tuple[int, int]:
-        g = problem.conv
-        assert g is not None
-        s = problem.shape
-        return int(s.batch) * g.c * g.h * g.w, int(s.n) * int(s.k)
-
-    def twins(self, problem: Problem) -> tuple[Problem, ...]:
-        twin = matmul_twin(problem)
-        return () if twin is None else (twin,)
+def conv_input_elements(problem: Problem) -> tuple[int, int]:
+    g = problem.conv
+    assert g is not None
+    s = problem.shape
+    return int(s.batch) * g.c * g.h * g.w, int(s.n) * int(s.k)
 
 
-KIND = _Conv2dKind()
+def conv_twins(problem: Problem) -> tuple[Problem, ...]:
+    twin = matmul_twin(problem)
+    return () if twin is None else (twin,)
+
+
+KIND = TemplateKind(
+    name="conv2d",
+    files=FILES,
+    ops=("conv2d",),
+    library="cudnn",
+    input_args=("x_ptr", "w_ptr"),
+    space=SPACE,
+    seeds=tuple(SEEDS),
+    check=config_error,
+    default_config=lambda problem, target, *, sm_count=0: default_conv_config(problem, target),
+    kernel_shape=conv_kernel_shape,
+    problem_of=conv_problem_of,
+    bind=bind_conv,
+    output_specs=lambda problem, a, b: (
+        [(out_shape_of(problem), out_strides_of(problem))] * len(problem.epilogue.outputs)
+    ),
+    empty_outputs=empty_conv_outputs,
+    inputs=conv_inputs,
+    reference=conv_reference,
+    baseline=eager_conv,
+    input_elements=conv_input_elements,
+    render_vars=render_vars,
+    search_error=lambda problem, config: idle_threads_error(config),
+    twins=conv_twins,
+    twin_call=matmul_twin_call,
+)

@@ -22,6 +22,7 @@ import torch
 import triton
 
 from epilab.templates.epilogue import Epilogue, Node
+from epilab.templates.kind import TemplateKind
 from epilab.templates.matmul import (
     check_inputs,
     eager_matmul,
@@ -29,12 +30,13 @@ from epilab.templates.matmul import (
     hopper_knobs_error,
     matmul_input_elements,
     matmul_inputs,
+    matmul_output_specs,
     matmul_problem_of,
     reference,
     trivial_bound,
 )
 from epilab.templates.problem import Config, Problem, Shape
-from epilab.templates.render import EPILOGUE_FILES, Target, files_hash
+from epilab.templates.render import EPILOGUE_FILES, files_hash
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
@@ -271,75 +273,39 @@ SEEDS = [  # for the gemv template: a plain slab, and two-pass split-K
 ]
 
 
-class _GemvKind:
-    """The gemv template as a ``TemplateKind`` (see kind.py)."""
-
-    name = "gemv"
-    files = FILES
-    space = SPACE
-    seeds = tuple(SEEDS)
-    prefer_untuned = True
-    library = "cublas"
-
-    def check(self, problem: Problem, config: Config) -> str | None:
-        return config_error(problem, config)
-
-    def search_error(self, problem: Problem, config: Config) -> str | None:
-        return split_k_error(problem, config)
-
-    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
-        return True
-
-    def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
-        return default_gemv_config(problem, target, sm_count=sm_count)
-
-    def kernel_shape(self, problem: Problem) -> Shape:
-        return kernel_problem(problem).shape
-
-    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
-        return {}
-
-    def problem_of(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> Problem:
-        found = matmul_problem_of(problem, a, b, operands)
-        return dataclasses.replace(found, template=self.name, template_hash=files_hash(FILES))
-
-    def bind(
-        self,
-        problem: Problem,
-        config: Config,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        operands: Mapping[str, torch.Tensor],
-        out: tuple[torch.Tensor, ...] | None,
-    ) -> Bound:
-        return bind_gemv(problem, config, a, b, operands, out)
-
-    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
-        return empty_matmul_outputs(problem, device)
-
-    def inputs(
-        self, problem: Problem, device: torch.device, gen: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        return matmul_inputs(problem, device, gen)
-
-    def reference(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        return reference(problem.epilogue, a, b, operands)
-
-    def baseline(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        return eager_matmul(problem, a, b, operands)
-
-    def input_elements(self, problem: Problem) -> tuple[int, int]:
-        return matmul_input_elements(problem)
-
-    def twins(self, problem: Problem) -> tuple[Problem, ...]:
-        twin = gemv_twin(problem)
-        return () if twin is None else (twin,)
+def gemv_problem_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    """The gemv problem these tensors make (the matmul's, on this template)."""
+    found = matmul_problem_of(problem, a, b, operands)
+    return dataclasses.replace(found, template="gemv", template_hash=files_hash(FILES))
 
 
-KIND = _GemvKind()
+def gemv_twins(problem: Problem) -> tuple[Problem, ...]:
+    twin = gemv_twin(problem)
+    return () if twin is None else (twin,)
+
+
+KIND = TemplateKind(
+    name="gemv",
+    files=FILES,
+    ops=(),  # no op is made for it first: it runs the matmul problems it takes (its twins)
+    library="cublas",
+    input_args=("a_ptr", "b_ptr"),
+    space=SPACE,
+    seeds=tuple(SEEDS),
+    check=config_error,
+    default_config=default_gemv_config,
+    kernel_shape=lambda problem: kernel_problem(problem).shape,
+    problem_of=gemv_problem_of,
+    bind=bind_gemv,
+    output_specs=matmul_output_specs,
+    empty_outputs=empty_matmul_outputs,
+    inputs=matmul_inputs,
+    reference=lambda problem, a, b, operands: reference(problem.epilogue, a, b, operands),
+    baseline=eager_matmul,
+    input_elements=matmul_input_elements,
+    search_error=split_k_error,
+    twins=gemv_twins,
+    prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile
+)

@@ -1,115 +1,120 @@
-"""What a template kind is: the ``TemplateKind`` protocol.
+"""What a template kind is: ``TemplateKind``, one object per template.
 
-A kind is one module beside its Jinja file (``matmul.py`` with ``matmul.py.jinja``), whose
-``KIND`` object answers every question the rest of epilab has about the template: its
-files, which configs it takes, where the tuner searches, what it starts from, how a
-problem is checked against tensors, bound and launched, how the tuner makes its inputs
-and float64 reference, and which problems of other kinds it can also run (its twins).
-``templates/kinds.py`` lists the kinds; nothing outside the kind modules branches on a
-template's name.
+A kind is one module beside its Jinja file (``matmul.py`` with ``matmul.py.jinja``) whose
+``KIND = TemplateKind(...)`` answers every question the rest of epilab has about the
+template: its files, which configs it takes, where the tuner searches, what it starts
+from, how a problem is made from tensors, bound and launched, what its calls return, how
+the tuner and the tests make its inputs and float64 reference, what it is timed against,
+and which other templates run the same computation (its twins). ``templates/kinds.py``
+lists the kinds; nothing outside the kind modules branches on a template's name. (The
+model: Inductor's ``TritonTemplate`` objects with their config heuristics.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
 from epilab.templates.problem import Config, Problem, Shape
-from epilab.templates.render import Target
 from epilab.templates.runtime import Bound
 
 InputSet = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+# sizes and strides of an output (ints, or SymInts of a traced call)
+OutputSpec = tuple[tuple[object, ...], tuple[object, ...]]
+Tensors = tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]  # A, B and the operands of a call
 
 
-class TemplateKind(Protocol):
+@dataclass(frozen=True)
+class TwinCall:
+    """A call of a twin (another template's problem) with its original problem's tensors,
+    as the kind that made the twin converts them: the call's outputs, the views the twin's
+    kernel reads and writes, and its outputs viewed back as the call's."""
+
+    outputs: list[OutputSpec]
+    inputs: Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor]], Tensors]
+    to_kernel: Callable[[torch.Tensor], torch.Tensor]  # a call output as the kernel's output
+    from_kernel: Callable[[list[torch.Tensor], torch.Tensor], list[torch.Tensor]]  # (outs, call's a)
+
+
+Tensor = torch.Tensor
+Operands = Mapping[str, torch.Tensor]
+
+
+def _no_vars(problem: Problem, config: Config) -> dict[str, object]:
+    return {}
+
+
+def _no_error(problem: Problem, config: Config) -> str | None:
+    return None
+
+
+def _always(name: str, chosen: Mapping[str, object]) -> bool:
+    return True
+
+
+def _no_twins(problem: Problem) -> tuple[Problem, ...]:
+    return ()
+
+
+def _no_twin_call(problem: Problem, a: Tensor, b: Tensor) -> TwinCall | None:
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class TemplateKind:
+    """A template and everything epilab asks of it (functions take the problem first)."""
+
     name: str
     files: tuple[str, ...]  # its Jinja file first, then every file its source depends on (hashed)
-    space: Mapping[str, tuple[int, ...] | tuple[str, ...]]  # the tuner's search space
-    seeds: Sequence[Config]  # known-good configs a new study tries first
+    ops: tuple[str, ...]  # the problem ops it is made for first (``kinds.default_template``)
     library: str  # the vendor library it is timed against: "cublas" or "cudnn"
-    prefer_untuned: bool  # its heuristic beats the other template's on the twins it takes
-
+    input_args: tuple[str, str]  # its kernel's pointer arguments of A and B
     # -- configs
-    def check(self, problem: Problem, config: Config) -> str | None:
-        """Why ``config`` does not fit this template for ``problem`` (None when it does):
-        what rendering refuses."""
-        ...
-
-    def search_error(self, problem: Problem, config: Config) -> str | None:
-        """Why the tuner should not spend a trial on ``config`` though the template takes it
-        (idle threads, empty split-K slices), or None."""
-        ...
-
-    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
-        """Whether search dimension ``name`` means anything given the values chosen before
-        it (in the space's order); one that does not keeps its first value."""
-        ...
-
-    def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
-        """The untuned heuristic config."""
-        ...
-
-    def kernel_shape(self, problem: Problem) -> Shape:
-        """The shape the kernel's tiles cover (blocks are capped at it)."""
-        ...
-
-    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
-        """What its Jinja file needs beyond what every template gets (``render.render``)."""
-        ...
-
+    space: Mapping[str, tuple[int, ...] | tuple[str, ...]]  # the tuner's search space
+    seeds: tuple[Config, ...]  # known-good configs a new study tries first
+    # why ``config`` does not fit the template for ``problem`` (what rendering refuses), or None
+    check: Callable[[Problem, Config], str | None]
+    # the untuned heuristic: (problem, target, *, sm_count) -> Config
+    default_config: Callable[..., Config]
+    kernel_shape: Callable[[Problem], Shape]  # the shape its tiles cover (blocks are capped at it)
     # -- tensors
-    def problem_of(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> Problem:
-        """The problem these tensors make under ``problem``'s op, precision and geometry:
-        equal to ``problem`` exactly when they fit it."""
-        ...
-
-    def bind(
-        self,
-        problem: Problem,
-        config: Config,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        operands: Mapping[str, torch.Tensor],
-        out: tuple[torch.Tensor, ...] | None,
-    ) -> Bound:
-        """Everything up to the launch: outputs allocated (or ``out`` checked), the kernel
-        built, its arguments fixed."""
-        ...
-
-    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """Uninitialised outputs as a launch without ``out`` allocates them (shape, dtype,
-        memory format)."""
-        ...
-
+    # (problem, a, b, operands) -> the problem these tensors make under ``problem``'s op,
+    # precision and geometry: equal to ``problem`` exactly when they fit it
+    problem_of: Callable[[Problem, Tensor, Tensor, Operands], Problem]
+    # (problem, config, a, b, operands, out) -> everything up to the launch: outputs
+    # allocated (or ``out`` checked), the kernel built, its arguments fixed
+    bind: Callable[..., Bound]
+    # (problem, a, b) -> sizes and strides of each output of a call, from the problem and the
+    # inputs' *sizes* alone: the compiler's fake and real calls both allocate from it
+    output_specs: Callable[[Problem, Tensor, Tensor], list[OutputSpec]]
+    # (problem, device) -> uninitialised outputs in the layout its callers get (conv2d: channels_last)
+    empty_outputs: Callable[[Problem, torch.device], tuple[Tensor, ...]]
     # -- checking and measuring
-    def inputs(self, problem: Problem, device: torch.device, gen: torch.Generator) -> InputSet:
-        """Random A, B and operands with exactly the problem's shapes, dtypes and layouts."""
-        ...
+    # (problem, device, generator) -> random A, B, operands of exactly the problem's shapes,
+    # dtypes and layouts
+    inputs: Callable[[Problem, torch.device, torch.Generator], InputSet]
+    # (problem, a, b, operands) -> the outputs in float64, before rounding to their dtypes
+    reference: Callable[[Problem, Tensor, Tensor, Operands], tuple[Tensor, ...]]
+    # (problem, a, b, operands) -> ``library`` for the main loop and eager torch for the
+    # epilogue, at the input dtype, not yet rounded to the output dtypes
+    baseline: Callable[[Problem, Tensor, Tensor, Operands], tuple[Tensor, ...]]
+    # elements of A and B as stored (a convolution's input and weight, not its im2col
+    # matrix): with the operands and outputs, the bytes a kernel must move
+    input_elements: Callable[[Problem], tuple[int, int]]
+    # -- optional parts
+    render_vars: Callable[[Problem, Config], dict[str, object]] = _no_vars  # beyond the common ones
+    # why the tuner should not spend a trial on a config the template takes, or None
+    search_error: Callable[[Problem, Config], str | None] = _no_error
+    # whether search dimension ``name`` means anything given the values chosen before it
+    applies: Callable[[str, Mapping[str, object]], bool] = _always
+    # the same computation as ``problem`` on other templates, those this kind knows of
+    # (conv2d: a 1x1 convolution as a matmul; gemv: a skinny matmul on gemv)
+    twins: Callable[[Problem], tuple[Problem, ...]] = _no_twins
+    # for a twin this kind made, called with the original problem's tensors: how they convert
+    twin_call: Callable[[Problem, Tensor, Tensor], TwinCall | None] = _no_twin_call
+    prefer_untuned: bool = False  # its heuristic beats the other template's on the twins it takes
 
-    def reference(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        """The outputs in float64, before rounding to their dtypes."""
-        ...
-
-    def baseline(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        """The outputs computed in eager torch at the input dtype (``library`` for the main
-        loop, torch for the epilogue), not yet rounded to the output dtypes."""
-        ...
-
-    def input_elements(self, problem: Problem) -> tuple[int, int]:
-        """Elements of A and B as stored (a convolution's input and weight, not its im2col
-        matrix): with the operands and outputs, the bytes a kernel must move."""
-        ...
-
-    # -- other templates
-    def twins(self, problem: Problem) -> tuple[Problem, ...]:
-        """The same computation as ``problem`` on other templates, those this kind knows of
-        (conv2d: a 1x1 convolution as a matmul; gemv: a skinny matmul on gemv)."""
-        ...
+    def __repr__(self) -> str:
+        return f"TemplateKind({self.name!r})"

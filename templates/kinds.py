@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from epilab.templates import conv2d, gemv, matmul
-from epilab.templates.kind import TemplateKind
+from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.problem import Config, Problem
 from epilab.templates.render import Target, files_hash, render
 from epilab.templates.runtime import Bound, check_apart
@@ -34,6 +34,14 @@ def kind_of(problem_or_name: Problem | str) -> TemplateKind:
     if kind is None:
         raise ValueError(f"unknown template {name!r}; known: {sorted(KINDS)}")
     return kind
+
+
+def default_template(op: str) -> str:
+    """The template a problem of ``op`` is made for first (its twins may run elsewhere)."""
+    for kind in KINDS.values():
+        if op in kind.ops:
+            return kind.name
+    raise ValueError(f"no template is made for op {op!r}")
 
 
 def template_hash(name: str) -> str:
@@ -95,6 +103,22 @@ def untuned_choice(problem: Problem) -> Problem:
     return next((t for t in twins(problem)[1:] if kind_of(t).prefer_untuned), problem)
 
 
+def twin_call(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> TwinCall | None:
+    """How a twin called with its original problem's tensors converts them (the kind that
+    made the twin says), or None for a problem called with its own tensors."""
+    for kind in KINDS.values():
+        found = kind.twin_call(problem, a, b)
+        if found is not None:
+            return found
+    return None
+
+
+def output_specs(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> list[OutputSpec]:
+    """Sizes and strides of each output of a call of ``problem`` with ``a`` and ``b``."""
+    twin = twin_call(problem, a, b)
+    return twin.outputs if twin is not None else kind_of(problem).output_specs(problem, a, b)
+
+
 def launch(
     problem: Problem,
     config: Config,
@@ -108,11 +132,22 @@ def launch(
     ``out`` (optional) are preallocated outputs of the right shape and dtype,
     with any strides; otherwise contiguous ones are allocated.
     """
+    check_call(problem, a, b, operands, out)
+    return launch_unchecked(problem, config, a, b, operands, out)
+
+
+def check_call(
+    problem: Problem,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+) -> None:
+    """Refuse tensors that do not make ``problem``, and outputs that overlap the inputs."""
     if problem_of(problem, a, b, operands) != problem:
         raise ValueError("the tensors do not match the problem (shape, dtype, layout or operands differ)")
     if out is not None:
         check_apart(out, (a, b, *operands.values()))
-    return launch_unchecked(problem, config, a, b, operands, out)
 
 
 def launch_unchecked(

@@ -10,6 +10,7 @@ by every batch), any strides. Operands broadcast to C's shape.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import triton
 
 from epilab.templates import dtypes
 from epilab.templates.epilogue import Epilogue
+from epilab.templates.kind import OutputSpec, TemplateKind
 from epilab.templates.problem import (
     BATCHED_OPS,
     Config,
@@ -263,8 +265,12 @@ def bind_matmul(
     b: torch.Tensor,
     operands: Mapping[str, torch.Tensor],
     out: tuple[torch.Tensor, ...] | None = None,
+    *,
+    kind: TemplateKind | None = None,
 ) -> Bound:
-    """Everything a launch of the matmul template does up to the launch itself."""
+    """Everything a launch of the matmul template does up to the launch itself (``kind``:
+    a kind that renders this template under its own name and rules; the matmul's)."""
+    kind = KIND if kind is None else kind
     bt = check_inputs(a, b)
     ep = problem.epilogue
     outs = outputs_for(problem, bt.out_shape, a.device, out)
@@ -309,9 +315,9 @@ def bind_matmul(
                 config, stores = dataclasses.replace(config, TMA_STORE=0), ()
             tensors = (a, b, *(outs[i] for i in range(len(stores))))
             args.update({d.arg: d.make(t) for d, t in zip((*described, *stores), tensors, strict=True)})
-            bound = single_launch(KIND, problem, config, target, index_64, grid, args, outs)
+            bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
             return dataclasses.replace(bound, descriptors=(*described, *stores))
-    return single_launch(KIND, problem, config, target, index_64, grid, args, outs)
+    return single_launch(kind, problem, config, target, index_64, grid, args, outs)
 
 
 def _tma_readable(t: torch.Tensor) -> bool:
@@ -497,6 +503,15 @@ def eager_matmul(
     return tuple(problem.epilogue.evaluate(torch.matmul(a, b), dict(operands)))
 
 
+def matmul_output_specs(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> list[OutputSpec]:
+    """Contiguous outputs of [batch,] M, N from the inputs' sizes (a batch of 1 broadcasts)."""
+    batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
+    batch = [max(batches)] if len(batches) == 2 else batches
+    shape = (*batch, a.shape[-2], b.shape[-1])
+    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    return [(tuple(shape), strides) for _ in problem.epilogue.outputs]
+
+
 def empty_matmul_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
     shape = output_shape(problem)
     return tuple(
@@ -504,73 +519,25 @@ def empty_matmul_outputs(problem: Problem, device: torch.device) -> tuple[torch.
     )
 
 
-class _MatmulKind:
-    """The matmul template as a ``TemplateKind`` (see kind.py)."""
-
-    name = "matmul"
-    files = FILES
-    space = SPACE
-    seeds = tuple(SEEDS)
-    prefer_untuned = False
-    library = "cublas"
-
-    def check(self, problem: Problem, config: Config) -> str | None:
-        return config_error(problem, config)
-
-    def search_error(self, problem: Problem, config: Config) -> str | None:
-        return idle_threads_error(config)
-
-    def applies(self, name: str, chosen: Mapping[str, object]) -> bool:
-        return applies(name, chosen)
-
-    def default_config(self, problem: Problem, target: Target, *, sm_count: int) -> Config:
-        return default_matmul_config(problem, target, sm_count=sm_count)
-
-    def kernel_shape(self, problem: Problem) -> Shape:
-        return problem.shape
-
-    def render_vars(self, problem: Problem, config: Config) -> dict[str, object]:
-        return {}
-
-    def problem_of(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> Problem:
-        return matmul_problem_of(problem, a, b, operands)
-
-    def bind(
-        self,
-        problem: Problem,
-        config: Config,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        operands: Mapping[str, torch.Tensor],
-        out: tuple[torch.Tensor, ...] | None,
-    ) -> Bound:
-        return bind_matmul(problem, config, a, b, operands, out)
-
-    def empty_outputs(self, problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
-        return empty_matmul_outputs(problem, device)
-
-    def inputs(
-        self, problem: Problem, device: torch.device, gen: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        return matmul_inputs(problem, device, gen)
-
-    def reference(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        return reference(problem.epilogue, a, b, operands)
-
-    def baseline(
-        self, problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, ...]:
-        return eager_matmul(problem, a, b, operands)
-
-    def input_elements(self, problem: Problem) -> tuple[int, int]:
-        return matmul_input_elements(problem)
-
-    def twins(self, problem: Problem) -> tuple[Problem, ...]:
-        return ()
-
-
-KIND = _MatmulKind()
+KIND = TemplateKind(
+    name="matmul",
+    files=FILES,
+    ops=("mm", "addmm", "bmm", "baddbmm", "matmul"),
+    library="cublas",
+    input_args=("a_ptr", "b_ptr"),
+    space=SPACE,
+    seeds=tuple(SEEDS),
+    check=config_error,
+    default_config=default_matmul_config,
+    kernel_shape=lambda problem: problem.shape,
+    problem_of=matmul_problem_of,
+    bind=bind_matmul,
+    output_specs=matmul_output_specs,
+    empty_outputs=empty_matmul_outputs,
+    inputs=matmul_inputs,
+    reference=lambda problem, a, b, operands: reference(problem.epilogue, a, b, operands),
+    baseline=eager_matmul,
+    input_elements=matmul_input_elements,
+    search_error=lambda problem, config: idle_threads_error(config),
+    applies=applies,
+)

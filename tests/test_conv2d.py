@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epilab.templates.check import poisoned_like, rel_error, tolerance
-from epilab.templates.conv2d import bind_conv, conv_reference, default_conv_config, make_conv_problem
+from epilab.templates.check import rel_error, tolerance
+from epilab.templates.conv2d import conv_reference, default_conv_config, make_conv_problem
 from epilab.templates.epilogue import Epilogue, acc, operand, ops
 from epilab.templates.problem import Config, ConvGeometry, Problem
+from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -80,17 +81,10 @@ def run_conv(
         x, weight, ep, operands, stride=stride, padding=padding, dilation=dilation, groups=groups
     )
     config = config or default_conv_config(problem, "interpreter" if device == "cpu" else "cuda")
-    outs = tuple(poisoned_like(torch.empty(out_shape, dtype=dtype, device=device)) for _ in ep.outputs)
+    outs = tuple(torch.empty(out_shape, dtype=dtype, device=device) for _ in ep.outputs)
     if out_layout == "nhwc":
         outs = tuple(o.contiguous(memory_format=torch.channels_last) for o in outs)
-    bound = bind_conv(problem, config, x, weight, operands, out=outs if out_layout else None)
-    bound.run()
-    refs = conv_reference(problem, x, weight, operands)
-    bound_ = tolerance(name, problem.precision, name)
-    for o, ref in zip(bound.outs, refs, strict=True):
-        assert o.shape == ref.shape
-        err = rel_error(o, ref)
-        assert err <= bound_, f"rel error {err:.3e} > {bound_:.0e}"
+    bound = checked_launch(problem, config, x, weight, operands, out=outs if out_layout else None)
     return problem, bound
 
 

@@ -32,7 +32,7 @@ A config is feasible for a problem on a device when
   take at most half of the 64K-register file;
 - the kind's search rule passes (``search_error``): split-K has at least one K block
   per split (gemv); each thread holds at least 4 accumulator elements (matmul, conv2d);
-- it avoids a Triton 3.6 miscompile seen on an H200 (2026-11-21): 2 warps with
+- it avoids a Triton 3.6 miscompile: 2 warps with
   BLOCK_K >= 128 when K is not a multiple of 16 gave illegal memory accesses or
   wrong results (K=777, B stored K-contiguous; 4 warps, or BLOCK_K=64, were right).
   The tuner's check against float64 caught it first; this rule keeps the tuner

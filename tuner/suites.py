@@ -30,7 +30,7 @@ Built-in suites:
 
 A spec may name its ``template`` (matmul, default, or gemv for M or N <= 16); matmul
 specs with M or N <= 16, and 1x1 NHWC conv specs, are tuned with both templates
-(``templates.twins``).
+(``kinds.twins``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 from epilab.files import read_text_bounded
 from epilab.templates.dtypes import INPUT_DTYPES
 from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
-from epilab.templates.kinds import template_hash
+from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
 
 
@@ -76,12 +76,11 @@ def problem_label(problem: Problem) -> str:
     epilogue = "+".join(ops_) if ops_ else "none"
     if len(epilogue) > 40:
         epilogue = epilogue[:37] + "..."
-    suffix = "" if problem.template == "matmul" else f" [{problem.template}]"
+    suffix = "" if problem.template == default_template(problem.op) else f" [{problem.template}]"
     return f"{problem.op} {shape} {problem.dtype} {problem.layout_a}/{problem.layout_b} {epilogue}{suffix}"
 
 
 SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template"}
-TEMPLATES = ("matmul", "gemv")
 LAYOUTS = ("NN", "NT", "TN", "TT")
 
 
@@ -111,12 +110,21 @@ class Spec:
             raise ValueError(f"layout {self.layout!r} is not one of {LAYOUTS}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue {self.epilogue!r} is not one of {sorted(EPILOGUES)}")
-        if self.template not in TEMPLATES:
-            raise ValueError(f"template {self.template!r} is not one of {TEMPLATES}")
-        if self.template == "gemv" and (self.batch is not None or min(self.m, self.n) > 16):
-            raise ValueError(f"the gemv template takes 2-D problems with M or N <= 16, got {self.label()}")
+        if self.template not in KINDS:
+            raise ValueError(f"template {self.template!r} is not one of {sorted(KINDS)}")
+        problem = self._problem()
+        able = [p.template for p in twins(problem)]
+        if self.template not in able:
+            other = for_template(problem, self.template)
+            why = KINDS[self.template].check(other, default_config(other)) or f"it cannot run {self.label()}"
+            raise ValueError(f"{why}; templates that can: {able}")
 
     def problem(self) -> Problem:
+        problem = self._problem()
+        return problem if problem.template == self.template else for_template(problem, self.template)
+
+    def _problem(self) -> Problem:
+        """The problem on its op's template."""
         ep = Epilogue.build([(EPILOGUES[self.epilogue](), self.dtype)])
         has_bias = any(name == "bias" for name, _ in ep.operands)
         op = ("baddbmm" if has_bias else "bmm") if self.batch else ("addmm" if has_bias else "mm")
@@ -126,8 +134,8 @@ class Spec:
         )
         return Problem(
             op=op,
-            template=self.template,
-            template_hash=template_hash(self.template),
+            template=default_template(op),
+            template_hash=template_hash(default_template(op)),
             dtype=self.dtype,
             layout_a="col" if self.layout[0] == "T" else "row",
             layout_b="col" if self.layout[1] == "T" else "row",
@@ -142,7 +150,7 @@ class Spec:
             if self.batch is None
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
-        suffix = "" if self.template == "matmul" else f" [{self.template}]"
+        suffix = "" if self.template == default_template("mm") else f" [{self.template}]"
         return f"{shape} {self.dtype} {self.layout} {self.epilogue}{suffix}"
 
     def flops(self) -> int:
@@ -214,7 +222,6 @@ class ConvSpec:
     dtype: str = "bfloat16"
     layout: str = "nhwc"
     epilogue: str = "bias_relu"
-    template: str = "conv2d"
 
     def geometry(self) -> ConvGeometry:
         return ConvGeometry(
@@ -241,8 +248,8 @@ class ConvSpec:
         )
         return Problem(
             op="conv2d",
-            template="conv2d",
-            template_hash=template_hash("conv2d"),
+            template=default_template("conv2d"),
+            template_hash=template_hash(default_template("conv2d")),
             dtype=self.dtype,
             layout_a=layout_for((self.n, self.c, self.h, self.w), self.layout),
             layout_b=layout_for((self.k, g.c_per_group, self.r, self.s), self.layout),

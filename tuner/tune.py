@@ -64,10 +64,16 @@ class ProblemResult:
     statuses: dict[str, int]
     seconds: float
     refused: str | None = None  # why the problem was not tuned (too large for the device)
+    library: str = "cublas"  # the vendor library of the problem's kind (cuDNN for conv2d)
+
+    @property
+    def library_ms(self) -> float | None:
+        """The vendor library's time (with the epilogue in eager torch), if it was timed."""
+        return self.baselines.get(self.library)
 
     @property
     def speedup(self) -> float | None:
-        base = self.baselines.get("cublas")
+        base = self.library_ms
         return None if base is None or self.best_ms is None else base / self.best_ms
 
 
@@ -253,7 +259,21 @@ class Tuner:
         started = time.monotonic()
         refused = too_large(problem, self.limits.memory_bytes)
         if refused is not None:  # refused up front: nothing allocated, nothing recorded, the run goes on
-            return ProblemResult(label, problem.key, None, None, None, {}, 0, 0, "refused", {}, 0.0, refused)
+            return ProblemResult(
+                label,
+                problem.key,
+                None,
+                None,
+                None,
+                {},
+                0,
+                0,
+                "refused",
+                {},
+                0.0,
+                refused,
+                kind_of(problem).library,
+            )
         self.db.put_problem(problem)
         name = study_name(problem, self.device)
         study = make_study(name, self.storage, restart=self.options.restart, seed=self.options.seed)
@@ -289,6 +309,7 @@ class Tuner:
             stopped_by=result.stopped_by,
             statuses=dict(statuses),
             seconds=time.monotonic() - started,
+            library=kind_of(problem).library,
         )
 
     def _baselines(self, problem: Problem, problem_json: str, flops: int, nbytes: int) -> dict[str, float]:
