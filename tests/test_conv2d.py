@@ -7,27 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from epilab.templates import catalog
 from epilab.templates.check import rel_error, tolerance
 from epilab.templates.conv2d import conv_reference, default_conv_config, make_conv_problem
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.templates.epilogue import Epilogue, acc, operand
 from epilab.templates.problem import Config, ConvGeometry, Problem
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def _epilogue(name: str, dtype: str) -> Epilogue:
-    bias = acc() + operand("bias", "row")
-    exprs = {
-        "none": [acc()],
-        "bias": [bias],
-        "bias_relu": [ops.relu(bias)],
-        "bn_relu": [ops.relu(acc() * operand("scale", "row") + operand("shift", "row"))],  # folded batch norm
-        "bias_residual_relu": [ops.relu(bias + operand("residual", "tile"))],
-        "silu_two_outputs": [bias, ops.silu(bias)],
-        "scalar": [acc() * operand("alpha", "scalar")],
-    }[name]
-    return Epilogue.build([(e, dtype) for e in exprs])
 
 
 def _operands(ep: Epilogue, k: int, out_shape, dtype, device, gen, layout) -> dict[str, torch.Tensor]:
@@ -73,7 +60,7 @@ def run_conv(
         x = x.contiguous(memory_format=torch.channels_last)
         weight = weight.contiguous(memory_format=torch.channels_last)
     name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    ep = _epilogue(epilogue, name)
+    ep = catalog.epilogue(epilogue, name)
     geo = ConvGeometry(h, w, c, r, s, (stride,) * 2, (padding,) * 2, (dilation,) * 2, groups)
     out_shape = (n, k, geo.p, geo.q)
     operands = _operands(ep, k, out_shape, dtype, device, gen, layout)
@@ -165,7 +152,7 @@ def test_conv_problem_keys_round_trip_and_differ_by_geometry():
 def test_bad_conv_inputs_are_refused_clearly(case, match):
     x = torch.randn(1, 16, 5, 5)
     w = torch.randn(8, 16, 3, 3)
-    ep = _epilogue("bias", "float32")
+    ep = catalog.epilogue("bias", "float32")
     ops_ = {"bias": torch.randn(8)}
     kw: dict = {}
     if case == "weight-channels":
@@ -224,7 +211,7 @@ def test_a_1x1_convolution_has_a_matmul_twin_that_computes_the_same():
         .to(torch.bfloat16)
         .contiguous(memory_format=torch.channels_last),
     }
-    ep = _epilogue("bias_residual_relu", "bfloat16")
+    ep = catalog.epilogue("bias_residual_relu", "bfloat16")
     problem = make_conv_problem(x, w, ep, ops_)
     twin = matmul_twin(problem)
     assert [p.template for p in twins(problem)] == ["conv2d", "matmul"] and twin.shape.m == 30
@@ -243,12 +230,12 @@ def test_fp32_convolutions_use_tf32_only_when_asked():
     from epilab.templates.kinds import source
 
     x, w = torch.randn(1, 16, 5, 5), torch.randn(16, 16, 3, 3)
-    ep = _epilogue("none", "float32")
+    ep = catalog.epilogue("none", "float32")
     for precision in ("ieee", "tf32"):
         problem = make_conv_problem(x, w, ep, {}, padding=1, precision=precision)
         assert problem.precision == precision
         assert f'input_precision="{precision}"' in source(problem, SMALL)
-    half = make_conv_problem(x.half(), w.half(), _epilogue("none", "float16"), {}, precision="tf32")
+    half = make_conv_problem(x.half(), w.half(), catalog.epilogue("none", "float16"), {}, precision="tf32")
     assert half.precision == "ieee"  # tf32 is a float32 matter
 
 
@@ -257,7 +244,7 @@ def test_launch_checks_conv_tensors_against_their_problem():
 
     x = torch.randn(1, 16, 6, 5)
     w = torch.randn(8, 16, 3, 3)
-    ep = _epilogue("bias", "float32")
+    ep = catalog.epilogue("bias", "float32")
     ops_ = {"bias": torch.randn(8)}
     problem = make_conv_problem(x, w, ep, ops_, padding=1)
     (out,) = launch(problem, SMALL, x, w, ops_)

@@ -7,15 +7,15 @@ with NaN before every launch, so an unwritten element fails.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import pytest
 import torch
 
 import epilab
+from epilab.templates import catalog, dtypes
 from epilab.templates.check import poisoned_like, rel_error, tolerance
-from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
+from epilab.templates.epilogue import Epilogue, acc, operand, ops
 from epilab.templates.kinds import default_config, for_template, launch
 from epilab.templates.matmul import make_problem
 from epilab.templates.matmul_api import ACTIVATIONS
@@ -28,63 +28,29 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # ------------------------------------------------------------------ the cases
 
 
-@dataclasses.dataclass(frozen=True)
-class EpilogueCase:
-    """An epilogue and how to make its operands for output shape (batch, m, n)."""
-
-    build: Callable[[str], Epilogue]  # input dtype name -> epilogue
-    operands: dict[str, Callable[[int, int, int], tuple[int, ...]]]  # name -> shape
-
-
-def _same(dtype: str) -> str:
-    return dtype
-
-
-EPILOGUES: dict[str, EpilogueCase] = {
-    "none": EpilogueCase(lambda dt: Epilogue.identity(dt), {}),
-    "bias": EpilogueCase(
-        lambda dt: Epilogue.build([(acc() + operand("bias", "row"), dt)]), {"bias": lambda b, m, n: (n,)}
-    ),
-    "bias_relu": EpilogueCase(
-        lambda dt: Epilogue.build([(ops.relu(acc() + operand("bias", "row")), dt)]),
-        {"bias": lambda b, m, n: (n,)},
-    ),
-    "bias_gelu": EpilogueCase(
-        lambda dt: Epilogue.build([(ops.gelu(acc() + operand("bias", "row")), dt)]),
-        {"bias": lambda b, m, n: (n,)},
-    ),
-    "gelu_tanh": EpilogueCase(lambda dt: Epilogue.build([(ops.gelu_tanh(acc()), dt)]), {}),
-    "silu": EpilogueCase(lambda dt: Epilogue.build([(ops.silu(acc()), dt)]), {}),
-    "residual": EpilogueCase(
-        lambda dt: Epilogue.build([(acc() + operand("res", "tile"), dt)]), {"res": lambda b, m, n: (b, m, n)}
-    ),
-    "alpha_beta": EpilogueCase(
-        lambda dt: Epilogue.build([(const(0.5) * acc() + const(-2.0) * operand("bias", "row"), dt)]),
-        {"bias": lambda b, m, n: (1, 1, n)},
-    ),
-    "col_vector": EpilogueCase(
-        lambda dt: Epilogue.build([(acc() * operand("scale", "col"), dt)]), {"scale": lambda b, m, n: (m, 1)}
-    ),
-    "scalar": EpilogueCase(
-        lambda dt: Epilogue.build([(acc() * operand("s", "scalar") + 1.0, dt)]), {"s": lambda b, m, n: (1,)}
-    ),
-    "cast_fp32": EpilogueCase(
-        lambda dt: Epilogue.build([(acc() + operand("bias", "row"), "float32")]),
-        {"bias": lambda b, m, n: (n,)},
-    ),
-    "two_outputs": EpilogueCase(
-        lambda dt: Epilogue.build(
-            [(acc() + operand("bias", "row"), dt), (ops.gelu(acc() + operand("bias", "row")), dt)]
-        ),
-        {"bias": lambda b, m, n: (n,)},
-    ),
-    "bias_gelu_tanh_residual": EpilogueCase(
-        lambda dt: Epilogue.build(
-            [(ops.gelu_tanh(acc() + operand("bias", "row")) + operand("res", "tile"), dt)]
-        ),
-        {"bias": lambda b, m, n: (n,), "res": lambda b, m, n: (b, m, n)},
-    ),
+# the catalog's epilogues these tests run, and operand shapes other than the plain ones
+EPILOGUES = [
+    "none",
+    "bias",
+    "bias_relu",
+    "bias_gelu",
+    "gelu_tanh",
+    "silu",
+    "residual",
+    "alpha_beta",
+    "col_vector",
+    "scalar",
+    "cast_fp32",
+    "two_outputs",
+    "bias_gelu_tanh_residual",
+]
+OPERAND_SHAPES: dict[str, Callable[[int, int, int], tuple[int, ...]]] = {
+    "row": lambda b, m, n: (n,),
+    "col": lambda b, m, n: (m, 1),
+    "tile": lambda b, m, n: (b, m, n),
+    "scalar": lambda b, m, n: (1,),
 }
+UNUSUAL_SHAPES = {("alpha_beta", "bias"): lambda b, m, n: (1, 1, n)}  # a 3-D row vector broadcasts
 
 
 def _make(
@@ -120,13 +86,13 @@ def run_case(
     gen = torch.Generator().manual_seed(seed)
     a = _make((m, k), dtype, layout[0] == "T", batch, device, gen)
     b = _make((k, n), dtype, layout[1] == "T", batch, device, gen)
-    case = EPILOGUES[epilogue]
-    dt_name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    ep = case.build(dt_name)
+    ep = catalog.epilogue(epilogue, dtypes.name_of(dtype))
     bsz = batch or 1
     operands = {
-        name: torch.randn(shape(bsz, m, n), generator=gen).to(device=device, dtype=dtype)
-        for name, shape in case.operands.items()
+        name: torch.randn(
+            UNUSUAL_SHAPES.get((epilogue, name), OPERAND_SHAPES[kind])(bsz, m, n), generator=gen
+        ).to(device=device, dtype=dtype)
+        for name, kind in ep.operands
     }
     if batch is None:  # 2-D problem: operands have no batch dim
         operands = {name: (v[0] if v.dim() == 3 else v) for name, v in operands.items()}
@@ -171,7 +137,7 @@ def test_layouts(layout, batch, dtype):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
-@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("epilogue", EPILOGUES)
 def test_epilogues(epilogue, dtype):
     run_case(3, 41, 129, 9, layout="NT", dtype=DTYPES[dtype], epilogue=epilogue)
 
@@ -419,7 +385,7 @@ def test_gpu_layouts(layout, batch, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(GPU_DTYPES))
-@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("epilogue", EPILOGUES)
 def test_gpu_epilogues(epilogue, dtype):
     run_case(None, 4096, 4096, 4096, layout="NT", dtype=GPU_DTYPES[dtype], epilogue=epilogue, device="cuda")
 

@@ -1,20 +1,21 @@
-"""Search spaces: one flat, documented definition per template, and the rules
-that keep infeasible configs from ever being compiled.
+"""Search spaces and feasibility: each kind's space (``kind.space``, one flat,
+documented table beside its template), cut at the problem, and the rules that keep
+infeasible configs from ever being compiled. The kinds' spaces:
 
-    SPACE["matmul"]: BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
-                     GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
-                     num_stages in 1..6 (the matmul template has no split-K);
-                     the main loop (variant default, tma, persistent, tma_persistent),
-                     EPILOGUE_SUBTILE in {1, 2, 4}; for the persistent variants
-                     PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1};
-                     for the tma variants TMA_STORE in {0, 1} (outputs through descriptors)
-    SPACE["gemv"]:   BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 16..256,
-                     SPLIT_K in 1..32 with its reduction (variant default = no
-                     split, two_pass or atomic), num_warps in {2, 4, 8},
-                     num_stages in 1..6
-    SPACE["conv2d"]: BLOCK_M (output pixels), BLOCK_N (output channels of a group)
-                     in 16..256, BLOCK_K (input channels per step) in 16..128,
-                     GROUP_M in {1, 4, 8}, num_warps in {2, 4, 8}, num_stages in 1..5
+    matmul:  BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
+             GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
+             num_stages in 1..6 (the matmul template has no split-K);
+             the main loop (variant default, tma, persistent, tma_persistent),
+             EPILOGUE_SUBTILE in {1, 2, 4}; for the persistent variants
+             PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1};
+             for the tma variants TMA_STORE in {0, 1} (outputs through descriptors)
+    gemv:    BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 16..256,
+             SPLIT_K in 1..32 with its reduction (variant default = no
+             split, two_pass or atomic), num_warps in {2, 4, 8},
+             num_stages in 1..6
+    conv2d:  BLOCK_M (output pixels), BLOCK_N (output channels of a group)
+             in 16..256, BLOCK_K (input channels per step) in 16..128,
+             GROUP_M in {1, 4, 8}, num_warps in {2, 4, 8}, num_stages in 1..5
 
 A config is feasible for a problem on a device when
 - its pipelined tiles fit the device's shared memory:

@@ -36,35 +36,15 @@ specs with M or N <= 16, and 1x1 NHWC conv specs, are tuned with both templates
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from epilab.files import read_text_bounded
+from epilab.templates.catalog import EPILOGUES, epilogue
 from epilab.templates.dtypes import INPUT_DTYPES
-from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
-
-
-def _bias() -> Expr:
-    return acc() + operand("bias", "row")
-
-
-# name -> (epilogue expression, operand kinds); each output is stored in the input dtype
-EPILOGUES: dict[str, Callable[[], Expr]] = {
-    "none": acc,
-    "bias": _bias,
-    "bias_relu": lambda: ops.relu(_bias()),
-    "bias_gelu": lambda: ops.gelu(_bias()),
-    "bias_gelu_tanh": lambda: ops.gelu_tanh(_bias()),
-    "bias_silu": lambda: ops.silu(_bias()),
-    "residual": lambda: acc() + operand("residual", "tile"),
-    "bias_residual": lambda: _bias() + operand("residual", "tile"),
-    "bias_gelu_tanh_residual": lambda: ops.gelu_tanh(_bias()) + operand("residual", "tile"),
-    "bias_residual_relu": lambda: ops.relu(_bias() + operand("residual", "tile")),
-}
 
 
 def problem_label(problem: Problem) -> str:
@@ -125,7 +105,7 @@ class Spec:
 
     def _problem(self) -> Problem:
         """The problem on its op's template."""
-        ep = Epilogue.build([(EPILOGUES[self.epilogue](), self.dtype)])
+        ep = epilogue(self.epilogue, self.dtype)
         has_bias = any(name == "bias" for name, _ in ep.operands)
         op = ("baddbmm" if has_bias else "bmm") if self.batch else ("addmm" if has_bias else "mm")
         operands = tuple(
@@ -238,7 +218,7 @@ class ConvSpec:
 
     def problem(self) -> Problem:
         g = self.geometry()
-        ep = Epilogue.build([(EPILOGUES[self.epilogue](), self.dtype)])
+        ep = epilogue(self.epilogue, self.dtype)
         from epilab.templates.conv2d import layout_for
 
         out = (self.n, self.k, g.p, g.q)
