@@ -21,18 +21,12 @@ from collections.abc import Mapping
 import torch
 import triton
 
+from epilab.templates import matmul
 from epilab.templates.epilogue import Epilogue, Node
-from epilab.templates.kind import TemplateKind
 from epilab.templates.matmul import (
     check_inputs,
-    eager_matmul,
-    empty_matmul_outputs,
     hopper_knobs_error,
-    matmul_input_elements,
-    matmul_inputs,
-    matmul_output_specs,
     matmul_problem_of,
-    reference,
     trivial_bound,
 )
 from epilab.templates.problem import Config, Problem, Shape
@@ -286,12 +280,11 @@ def gemv_twins(problem: Problem) -> tuple[Problem, ...]:
     return () if twin is None else (twin,)
 
 
-KIND = TemplateKind(
+KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference and baseline
+    matmul.KIND,
     name="gemv",
     files=FILES,
     ops=(),  # no op is made for it first: it runs the matmul problems it takes (its twins)
-    library="cublas",
-    input_args=("a_ptr", "b_ptr"),
     space=SPACE,
     seeds=tuple(SEEDS),
     check=config_error,
@@ -299,13 +292,8 @@ KIND = TemplateKind(
     kernel_shape=lambda problem: kernel_problem(problem).shape,
     problem_of=gemv_problem_of,
     bind=bind_gemv,
-    output_specs=matmul_output_specs,
-    empty_outputs=empty_matmul_outputs,
-    inputs=matmul_inputs,
-    reference=lambda problem, a, b, operands: reference(problem.epilogue, a, b, operands),
-    baseline=eager_matmul,
-    input_elements=matmul_input_elements,
     search_error=split_k_error,
+    applies=lambda name, chosen: True,
     twins=gemv_twins,
     prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile
 )

@@ -1,6 +1,6 @@
-"""The template kinds' registry: every kind answers the whole protocol, and a new kind is
-one object and one registry entry (the toy kind below), with the tuner, the checks, the
-suites and the launch path asking it and nothing else changed."""
+"""The template kinds' registry: every kind is a complete, consistent TemplateKind, and a
+new kind is one object and one registry entry (the toy kind below), with the tuner, the
+checks, the suites and the launch path asking it and nothing else changed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from epilab.tuner.space import HOPPER, configs, infeasible
 
 
 @pytest.mark.parametrize("name", sorted(kinds.KINDS))
-def test_every_kind_answers_the_whole_protocol(name):
+def test_every_kind_is_complete_and_consistent(name):
     kind = kinds.KINDS[name]
     assert isinstance(kind, TemplateKind) and kind.name == name and kind.files[0] == f"{name}.py.jinja"
     assert kinds.template_hash(name) == files_hash(kind.files)
