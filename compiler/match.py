@@ -24,6 +24,7 @@ pointwise kernels do.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,7 +118,7 @@ def _static(shape: Sequence[object]) -> bool:
     return all(expr_of(d).is_Integer for d in shape)
 
 
-class _Grower:
+class _Grower(ABC):
     """Grows an epilogue group from an anchor; a subclass per anchor family (``GROWERS``)
     says how its anchor starts the group, how an operand of its output is read, whether
     views may join and which problem the group makes."""
@@ -139,21 +140,22 @@ class _Grower:
         self.order: list[fx.Node] = []
 
     # -- the anchor family's part
+    @abstractmethod
     def start(self) -> tuple[fx.Node, fx.Node]:
         """Take the anchor in: its value, its operands; returns its A and B nodes."""
-        raise NotImplementedError
 
+    @abstractmethod
     def operand_kind(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
     ) -> tuple[str, tuple[int, ...] | None]:
         """How tensor ``node`` (its shape padded to ``S``'s rank: ``pad``) is read at
         positions of shape ``S``: its operand kind, and the reshape it is passed through."""
-        raise NotImplementedError
 
+    @abstractmethod
     def problem(
         self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
     ) -> Problem:
-        raise NotImplementedError
+        """The group's problem, from its A and B nodes, operands and epilogue."""
 
     # -- operands
     def operand(self, node: object, S: Sequence[object], name: str | None = None) -> Expr:
