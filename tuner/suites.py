@@ -4,8 +4,15 @@ A problem is written as a small spec: ``{"m": 2048, "n": 4096, "k": 4096}``
 plus optional ``batch`` (a batched bmm), ``dtype`` (float16, bfloat16, float32;
 default bfloat16), ``layout`` (NN, NT, TN, TT: whether A and B are stored
 transposed; default NT, the layout of ``x @ W.T`` in a linear layer) and
-``epilogue`` (one of ``EPILOGUES``; default none). A shapes file is a JSON list
-of such objects, or JSON Lines (one object per line); its errors name the line.
+``epilogue``: a name of the catalog (``templates/catalog.py``: none, bias, bias_relu,
+...), an expression (``"gelu_tanh(acc + bias[n]) + residual"``, ``"silu(acc) * up"``,
+``"acc * scale[m] + s[]"``: ``templates/epilogue_text.py``), or a list of outputs, each
+an expression or ``{"expr": ..., "dtype": "float32"}``; default none. A convolution is
+``{"n", "c", "h", "w", "k", "r", "s"}`` (input [n, c, h, w], weight [k, c / groups, r, s])
+plus optional ``stride``, ``padding``, ``dilation``, ``groups``, ``dtype``, ``layout``
+(nhwc, the default, or nchw) and ``epilogue`` (per-channel operands are ``x[n]``). A
+shapes file is a JSON list of such objects, or JSON Lines (one object per line); its
+errors name the line, and for an epilogue's syntax the line and column.
 
 Built-in suites:
 - ``smoke``: 3 tiny problems (for the interpreter dry run and CI);
@@ -42,7 +49,10 @@ from typing import Any
 
 from epilab.files import read_text_bounded
 from epilab.templates.catalog import EPILOGUES, epilogue
+from epilab.templates.conv2d import layout_for
 from epilab.templates.dtypes import INPUT_DTYPES
+from epilab.templates.epilogue import Epilogue
+from epilab.templates.epilogue_text import EpilogueSyntaxError, parse_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
 
@@ -61,7 +71,68 @@ def problem_label(problem: Problem) -> str:
 
 
 SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template"}
+CONV_KEYS = {
+    "n",
+    "c",
+    "h",
+    "w",
+    "k",
+    "r",
+    "s",
+    "stride",
+    "padding",
+    "dilation",
+    "groups",
+    "dtype",
+    "layout",
+    "epilogue",
+}
 LAYOUTS = ("NN", "NT", "TN", "TT")
+CONV_MEMORY = ("nhwc", "nchw")
+# a spec's epilogue: a catalog name, one expression (epilogue_text), or outputs as
+# (expression, dtype or None for the input dtype) pairs
+EpilogueSpec = str | tuple[tuple[str, str | None], ...]
+_OPERAND_LAYOUTS = {"row": "vector", "col": "vector", "scalar": "scalar"}  # a tile: contiguous
+
+
+def spec_epilogue(value: EpilogueSpec, dtype: str) -> Epilogue:
+    """The epilogue a spec names or writes out (see ``EpilogueSpec``)."""
+    if isinstance(value, str):
+        return epilogue(value, dtype) if value in EPILOGUES else parse_epilogue([(value, None)], dtype)
+    return parse_epilogue(list(value), dtype)
+
+
+def epilogue_value(v: Any) -> EpilogueSpec:
+    """A spec's ``epilogue`` from JSON: a string, or a list of outputs, each a string or
+    ``{"expr": ..., "dtype": ...}``."""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list) or not v:
+        raise ValueError(f"epilogue must be a string or a non-empty list of outputs, got {v!r:.60}")
+    outputs = []
+    for item in v:
+        if isinstance(item, str):
+            outputs.append((item, None))
+        elif isinstance(item, dict) and set(item) <= {"expr", "dtype"} and isinstance(item.get("expr"), str):
+            dt = item.get("dtype")
+            if dt is not None and not isinstance(dt, str):
+                raise ValueError(f"an output's dtype must be a string, got {dt!r:.40}")
+            outputs.append((item["expr"], dt))
+        else:
+            raise ValueError(
+                f'an epilogue output is a string or {{"expr": ..., "dtype": ...}}, got {item!r:.60}'
+            )
+    return tuple(outputs)
+
+
+def epilogue_label(value: EpilogueSpec) -> str:
+    text = value if isinstance(value, str) else " ; ".join(e if d is None else f"{e} : {d}" for e, d in value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int_in(name: str, v: Any, lo: int, hi: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an int in {lo}..{hi}, got {v!r:.40}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +143,7 @@ class Spec:
     batch: int | None = None
     dtype: str = "bfloat16"
     layout: str = "NT"
-    epilogue: str = "none"
+    epilogue: EpilogueSpec = "none"
     template: str = "matmul"
 
     def __post_init__(self) -> None:
@@ -88,8 +159,7 @@ class Spec:
             raise ValueError(f"dtype {self.dtype!r} is not one of {INPUT_DTYPES}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} is not one of {LAYOUTS}")
-        if self.epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue {self.epilogue!r} is not one of {sorted(EPILOGUES)}")
+        spec_epilogue(self.epilogue, self.dtype)  # a ValueError names the column
         if self.template not in KINDS:
             raise ValueError(f"template {self.template!r} is not one of {sorted(KINDS)}")
         if self.template == default_template("mm"):
@@ -107,12 +177,11 @@ class Spec:
 
     def _problem(self) -> Problem:
         """The problem on its op's template."""
-        ep = epilogue(self.epilogue, self.dtype)
-        has_bias = any(name == "bias" for name, _ in ep.operands)
+        ep = spec_epilogue(self.epilogue, self.dtype)
+        has_bias = ("bias", "row") in ep.operands  # as the compiler sees x @ W.T + b: addmm
         op = ("baddbmm" if has_bias else "bmm") if self.batch else ("addmm" if has_bias else "mm")
         operands = tuple(
-            OperandSpec(name, self.dtype, "vector" if kind in ("row", "col") else "row")
-            for name, kind in ep.operands
+            OperandSpec(name, self.dtype, _OPERAND_LAYOUTS.get(kind, "row")) for name, kind in ep.operands
         )
         return Problem(
             op=op,
@@ -133,7 +202,7 @@ class Spec:
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
         suffix = "" if self.template == default_template("mm") else f" [{self.template}]"
-        return f"{shape} {self.dtype} {self.layout} {self.epilogue}{suffix}"
+        return f"{shape} {self.dtype} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
 
     def flops(self) -> int:
         return 2 * (self.batch or 1) * self.m * self.n * self.k
@@ -149,7 +218,7 @@ _DECODE_PROJECTIONS = (
     (128256, 4096, "bias"),
 )
 
-SUITES: dict[str, list[Spec]] = {
+SUITES: dict[str, list[Spec | ConvSpec]] = {
     "smoke": [
         Spec(64, 64, 64, dtype="float32"),
         Spec(33, 47, 29, epilogue="bias_relu"),
@@ -203,7 +272,22 @@ class ConvSpec:
     groups: int = 1
     dtype: str = "bfloat16"
     layout: str = "nhwc"
-    epilogue: str = "bias_relu"
+    epilogue: EpilogueSpec = "bias_relu"
+
+    def __post_init__(self) -> None:
+        for name in ("n", "c", "h", "w", "k", "r", "s"):
+            _int_in(name, getattr(self, name), 1, 1 << 16)
+        _int_in("stride", self.stride, 1, 64)
+        _int_in("padding", self.padding, 0, 64)
+        _int_in("dilation", self.dilation, 1, 64)
+        _int_in("groups", self.groups, 1, 1 << 16)
+        if self.dtype not in INPUT_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {INPUT_DTYPES}")
+        if self.layout not in CONV_MEMORY:
+            raise ValueError(
+                f"layout {self.layout!r} is not one of {CONV_MEMORY} (memory of input and weight)"
+            )
+        self.problem()  # the geometry and the epilogue's operands are checked here
 
     def geometry(self) -> ConvGeometry:
         return ConvGeometry(
@@ -220,12 +304,12 @@ class ConvSpec:
 
     def problem(self) -> Problem:
         g = self.geometry()
-        ep = epilogue(self.epilogue, self.dtype)
-        from epilab.templates.conv2d import layout_for
-
+        ep = spec_epilogue(self.epilogue, self.dtype)
+        if any(kind == "col" for _, kind in ep.operands):
+            raise ValueError("a convolution's operands are per channel ([n]), scalars ([]) or whole tensors")
         out = (self.n, self.k, g.p, g.q)
         operands = tuple(
-            OperandSpec(name, self.dtype, "vector" if kind == "row" else layout_for(out, self.layout))
+            OperandSpec(name, self.dtype, _OPERAND_LAYOUTS.get(kind) or layout_for(out, self.layout))
             for name, kind in ep.operands
         )
         return Problem(
@@ -250,7 +334,7 @@ class ConvSpec:
         )
         return (
             f"conv {self.n}x{self.c}x{self.h}x{self.w} -> {self.k}x{g.p}x{g.q} {self.r}x{self.s}{extra} "
-            f"{self.dtype} {self.layout} {self.epilogue}"
+            f"{self.dtype} {self.layout} {epilogue_label(self.epilogue)}"
         )
 
     def flops(self) -> int:
@@ -271,21 +355,29 @@ SUITES["conv"] = [
 ]
 
 
-def spec_from_dict(d: Any) -> Spec:
+def spec_from_dict(d: Any) -> Spec | ConvSpec:
+    """A matmul spec (m, n, k, ...) or, with any of c, h, w, r, s, a conv2d spec."""
     if not isinstance(d, dict):
         raise ValueError(
             f'a problem must be an object like {{"m": 128, "n": 4096, "k": 4096}}, got {d!r:.60}'
         )
-    unknown = set(d) - SPEC_KEYS
+    conv = bool({"c", "h", "w", "r", "s"} & set(d))
+    keys, required = (
+        (CONV_KEYS, {"n", "c", "h", "w", "k", "r", "s"}) if conv else (SPEC_KEYS, {"m", "n", "k"})
+    )
+    unknown = set(d) - keys
     if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)}; known: {sorted(SPEC_KEYS)}")
-    missing = {"m", "n", "k"} - set(d)
+        what = "a conv2d problem" if conv else "a matmul problem"
+        raise ValueError(f"unknown keys {sorted(unknown)} for {what}; known: {sorted(keys)}")
+    missing = required - set(d)
     if missing:
         raise ValueError(f"missing {sorted(missing)}")
-    return Spec(**d)
+    if "epilogue" in d:
+        d = {**d, "epilogue": epilogue_value(d["epilogue"])}
+    return ConvSpec(**d) if conv else Spec(**d)
 
 
-def load_shapes(path: str | Path) -> list[Spec]:
+def load_shapes(path: str | Path) -> list[Spec | ConvSpec]:
     """Specs from a JSON list or a JSON Lines file (``#`` comments and blank lines allowed);
     a ValueError names the file, the line and what is wrong. Linear in the file's size."""
     path = Path(path)
@@ -296,18 +388,26 @@ def load_shapes(path: str | Path) -> list[Spec]:
     return specs
 
 
-def _spec_at(path: Path, line: int, parse: Any) -> Spec:
+def _spec_at(path: Path, line: int, parse: Any, locate: Any) -> Spec | ConvSpec:
+    """The spec ``parse()`` reads, or a ValueError naming the file and line (and, for an
+    epilogue's syntax, the line and column of the fault in the file: ``locate(needle)``)."""
     try:
         return spec_from_dict(parse())
+    except EpilogueSyntaxError as e:
+        found = locate(json.dumps(e.text)[1:-1])
+        if found is None:
+            raise ValueError(f"{path}:{line}: {e}") from None
+        at_line, at_col = found
+        raise ValueError(f"{path}:{at_line}:{at_col + e.col - 1}: {e}") from None
     except RecursionError:
         raise ValueError(f"{path}:{line}: nested too deeply to be a problem") from None
     except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{path}:{line}: {e}") from None
 
 
-def _json_list(path: Path, text: str) -> list[Spec]:
+def _json_list(path: Path, text: str) -> list[Spec | ConvSpec]:
     decoder = json.JSONDecoder()
-    specs: list[Spec] = []
+    specs: list[Spec | ConvSpec] = []
     pos = text.index("[") + 1
     line, counted = 1, 0  # the line of `pos`, counted up to `counted` (each character once)
     while True:
@@ -325,7 +425,10 @@ def _json_list(path: Path, text: str) -> list[Spec]:
             obj, pos = decoder.raw_decode(text, start)
             return obj
 
-        specs.append(_spec_at(path, line, parse))
+        def locate(needle: str, start: int = start) -> tuple[int, int] | None:
+            return _position(text, text.find(needle, start))  # this spec's text comes first
+
+        specs.append(_spec_at(path, line, parse, locate))
     rest = text[pos + 1 :].strip()
     if rest:
         line += text.count("\n", counted, pos)
@@ -333,15 +436,31 @@ def _json_list(path: Path, text: str) -> list[Spec]:
     return specs
 
 
-def _json_lines(path: Path, text: str) -> list[Spec]:
+def _json_lines(path: Path, text: str) -> list[Spec | ConvSpec]:
     specs = []
     for line_no, line in enumerate(text.splitlines(), 1):
         if line.strip() and not line.lstrip().startswith("#"):
-            specs.append(_spec_at(path, line_no, lambda line=line: json.loads(line)))
+            specs.append(
+                _spec_at(
+                    path,
+                    line_no,
+                    lambda line=line: json.loads(line),
+                    lambda needle, line=line, line_no=line_no: (
+                        (line_no, line.find(needle) + 1) if needle in line else None
+                    ),
+                )
+            )
     return specs
 
 
-def suite(name: str) -> list[Spec]:
+def _position(text: str, index: int) -> tuple[int, int] | None:
+    """Line and column (1-based) of ``text[index]``; None for index -1 (not found)."""
+    if index < 0:
+        return None
+    return text.count("\n", 0, index) + 1, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
+def suite(name: str) -> list[Spec | ConvSpec]:
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; built-in suites: {sorted(SUITES)}")
     return SUITES[name]

@@ -1,0 +1,298 @@
+"""Epilogues written as text: ``"gelu_tanh(acc + bias[n]) + residual"`` -> the IR.
+
+A small recursive-descent parser of our own (nothing is evaluated). The language:
+
+- ``acc``: the fp32 accumulator of the anchor (A @ B, or the convolution);
+- operands, by how they are read: ``bias[n]`` one value per output column (a row
+  vector; a convolution's output channel), ``scale[m]`` one per output row (a column
+  vector), ``residual`` or ``residual[m, n]`` a tensor of the output's shape, ``s[]`` a
+  scalar. A name is an operand of one kind only;
+- numbers (``0.5``, ``1e-3``, ``inf``, ``nan``), ``+ - * /``, unary ``-``, ``x ** c`` with a
+  constant ``c``, comparisons ``< <= > >= == !=`` (predicates) and parentheses;
+- every op of the rule table as a call, its attributes as trailing numbers or keywords:
+  ``relu(x)``, ``leaky_relu(x, 0.01)``, ``clamp(x, min=0, max=6)``, ``cast(x, float16)``,
+  ``where(x > 0, x, 0)``; and ``max``/``min`` for ``maximum``/``minimum``.
+
+Errors are ValueErrors that name the column and show it under the text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epilab.templates.epilogue import Epilogue, Expr, acc, apply, check_operand_name, const, operand
+from epilab.templates.rules import RULES, STRING_ATTRS
+
+MAX_TEXT = 4000  # characters of one epilogue expression
+MAX_DEPTH = 64  # nesting of parentheses and calls
+_TOKEN = re.compile(
+    r"\s*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<op>\*\*|<=|>=|==|!=|[-+*/()\[\],=<>])|(?P<string>\"[^\"]*\"|'[^']*'))"
+)
+_ALIASES = {"max": "maximum", "min": "minimum"}
+_COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+_INDEX_KINDS = {("n",): "row", ("m",): "col", ("m", "n"): "tile", (): "scalar"}
+_CONSTANTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi}
+
+
+@dataclass(frozen=True)
+class _Token:
+    kind: str  # number, name, op, string, end
+    text: str
+    col: int  # 1-based column of its first character
+
+
+class EpilogueSyntaxError(ValueError):
+    """What is wrong, at which column of the text."""
+
+    def __init__(self, text: str, col: int, message: str) -> None:
+        self.text, self.col = text, col
+        shown = text if len(text) <= 120 else text[:117] + "..."
+        caret = " " * (min(col, 120) - 1) + "^"
+        super().__init__(f"epilogue {text!r}, column {col}: {message}\n    {shown}\n    {caret}")
+
+
+def _tokens(text: str) -> list[_Token]:
+    out: list[_Token] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            col = pos + len(text[pos:]) - len(text[pos:].lstrip()) + 1
+            raise EpilogueSyntaxError(text, col, f"unexpected character {text[col - 1]!r}")
+        kind = m.lastgroup or "op"
+        start = m.start(kind)
+        out.append(_Token(kind, m.group(kind), start + 1))
+        pos = m.end()
+    out.append(_Token("end", "", len(text) + 1))
+    return out
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise ValueError(f"an epilogue must be a string, got {type(text).__name__}")
+        if len(text) > MAX_TEXT:
+            raise ValueError(f"an epilogue of {len(text)} characters is longer than {MAX_TEXT}")
+        self.text = text
+        self.toks = _tokens(text)
+        self.i = 0
+        self.depth = 0
+        self.kinds: dict[str, str] = {}
+
+    # -- tokens
+    @property
+    def tok(self) -> _Token:
+        return self.toks[self.i]
+
+    def error(self, message: str, tok: _Token | None = None) -> EpilogueSyntaxError:
+        return EpilogueSyntaxError(self.text, (tok or self.tok).col, message)
+
+    def take(self, *texts: str) -> _Token | None:
+        if self.tok.kind == "op" and self.tok.text in texts:
+            self.i += 1
+            return self.toks[self.i - 1]
+        return None
+
+    def expect(self, text: str, what: str) -> None:
+        if self.take(text) is None:
+            found = "the end" if self.tok.kind == "end" else repr(self.tok.text)
+            raise self.error(f"expected {text!r} {what}, found {found}")
+
+    # -- grammar
+    def parse(self) -> Expr:
+        if self.tok.kind == "end":
+            raise self.error("empty epilogue (write `acc` for none)")
+        e = self.compare()
+        if self.tok.kind != "end":
+            raise self.error(f"unexpected {self.tok.text!r} after a complete expression")
+        return e
+
+    def compare(self) -> Expr:
+        e = self.sum()
+        tok = self.take(*_COMPARE)
+        if tok is not None:
+            e = apply(_COMPARE[tok.text], e, self.sum())
+            if self.tok.kind == "op" and self.tok.text in _COMPARE:
+                raise self.error("comparisons do not chain; use logical_and(a, b)")
+        return e
+
+    def sum(self) -> Expr:
+        e = self.product()
+        while (tok := self.take("+", "-")) is not None:
+            e = e + self.product() if tok.text == "+" else e - self.product()
+        return e
+
+    def product(self) -> Expr:
+        e = self.unary()
+        while (tok := self.take("*", "/")) is not None:
+            e = e * self.unary() if tok.text == "*" else e / self.unary()
+        return e
+
+    def unary(self) -> Expr:
+        if self.take("-") is not None:
+            return -self.unary()
+        if self.take("+") is not None:
+            return self.unary()
+        return self.power()
+
+    def power(self) -> Expr:
+        base = self.primary()
+        tok = self.take("**")
+        if tok is None:
+            return base
+        exponent = self.constant_of(self.unary(), tok, "an exponent")
+        return apply("pow", base, exponent=exponent)
+
+    def primary(self) -> Expr:
+        tok = self.tok
+        if tok.kind == "number":
+            self.i += 1
+            return const(float(tok.text))
+        if tok.kind == "op" and tok.text == "(":
+            self.i += 1
+            with self.nested(tok):
+                e = self.compare()
+            self.expect(")", "to close the '('")
+            return e
+        if tok.kind != "name":
+            found = "the end" if tok.kind == "end" else repr(tok.text)
+            raise self.error(f"expected a value (a number, acc, an operand or a call), found {found}")
+        self.i += 1
+        if self.tok.kind == "op" and self.tok.text == "(":
+            return self.call(tok)
+        if tok.text == "acc":
+            if self.tok.kind == "op" and self.tok.text == "[":
+                raise self.error("acc takes no index")
+            return acc()
+        if tok.text in _CONSTANTS and not (self.tok.kind == "op" and self.tok.text == "["):
+            return const(_CONSTANTS[tok.text])
+        return self.operand(tok)
+
+    def operand(self, tok: _Token) -> Expr:
+        index: tuple[str, ...] = ("m", "n")
+        if self.take("[") is not None:
+            names = []
+            while self.tok.kind == "name" or (self.tok.kind == "number" and self.tok.text == "1"):
+                names.append(self.tok.text)
+                self.i += 1
+                if self.take(",") is None:
+                    break
+            self.expect("]", "to close the operand's index")
+            index = () if names in ([], ["1"]) else tuple(names)
+        kind = _INDEX_KINDS.get(index)
+        if kind is None:
+            raise self.error(
+                f"operand {tok.text}[{', '.join(index)}]: index it by [n] (per column), [m] (per row), "
+                "[m, n] (the whole output) or [] (a scalar)",
+                tok,
+            )
+        try:
+            check_operand_name(tok.text)
+        except ValueError as e:
+            raise self.error(str(e), tok) from None
+        if tok.text in RULES or tok.text in _ALIASES:
+            raise self.error(f"{tok.text!r} is an op; call it: {tok.text}(...)", tok)
+        seen = self.kinds.setdefault(tok.text, kind)
+        if seen != kind:
+            raise self.error(f"operand {tok.text!r} is read as {seen} and as {kind}", tok)
+        return operand(tok.text, kind)
+
+    def call(self, name: _Token) -> Expr:
+        op = _ALIASES.get(name.text, name.text)
+        rule = RULES.get(op)
+        if rule is None:
+            raise self.error(f"unknown op {name.text!r}; known: {', '.join(sorted(RULES))}", name)
+        open_tok = self.tok
+        self.expect("(", "")
+        args: list[Expr] = []
+        attrs: dict[str, object] = {}
+        with self.nested(open_tok):
+            while not (self.tok.kind == "op" and self.tok.text == ")"):
+                if self.tok.kind == "name" and self.toks[self.i + 1].text == "=":
+                    key = self.tok
+                    self.i += 2
+                    if key.text not in rule.attrs:
+                        known = list(rule.attrs)
+                        raise self.error(f"{op} has no attribute {key.text!r}; it takes {known}", key)
+                    attrs[key.text] = self.attribute(op, key.text)
+                elif len(args) < rule.arity:
+                    args.append(self.compare())
+                else:
+                    missing = [a for a in rule.attrs if a not in attrs]
+                    if not missing:
+                        known = list(rule.attrs)
+                        raise self.error(f"{op} takes {rule.arity} argument(s) and the attributes {known}")
+                    attrs[missing[0]] = self.attribute(op, missing[0])
+                if self.take(",") is None:
+                    break
+            self.expect(")", f"to close the call of {name.text}")
+        if len(args) != rule.arity:
+            raise self.error(f"{op} takes {rule.arity} argument(s), got {len(args)}", name)
+        missing = [a for a in rule.attrs if a not in attrs]
+        if missing:
+            raise self.error(f"{op} needs the attribute(s) {missing}", name)
+        try:
+            return apply(op, *args, **attrs)
+        except ValueError as e:
+            raise self.error(str(e), name) from None
+
+    def attribute(self, op: str, key: str) -> object:
+        tok = self.tok
+        if key in STRING_ATTRS:
+            if tok.kind not in ("name", "string"):
+                raise self.error(f"{op}'s {key} is a name such as float16")
+            self.i += 1
+            return tok.text.strip("\"'")
+        return self.constant_of(self.unary(), tok, f"{op}'s {key}")
+
+    def constant_of(self, e: Expr, tok: _Token, what: str) -> float:
+        if e.op == "const":
+            return float(e.attrs[0][1])  # type: ignore[arg-type]
+        if e.op == "neg" and e.args[0].op == "const":
+            return -float(e.args[0].attrs[0][1])  # type: ignore[arg-type]
+        raise self.error(f"{what} must be a number", tok)
+
+    def nested(self, tok: _Token) -> _Depth:
+        return _Depth(self, tok)
+
+
+class _Depth:
+    def __init__(self, parser: _Parser, tok: _Token) -> None:
+        self.parser, self.tok = parser, tok
+
+    def __enter__(self) -> None:
+        self.parser.depth += 1
+        if self.parser.depth > MAX_DEPTH:
+            raise self.parser.error(f"nested more than {MAX_DEPTH} deep", self.tok)
+
+    def __exit__(self, *exc: object) -> None:
+        self.parser.depth -= 1
+
+
+def parse_expr(text: str) -> Expr:
+    """The expression ``text`` (see the module doc) as the IR's expression tree."""
+    return _Parser(text).parse()
+
+
+def parse_epilogue(outputs: Sequence[tuple[str, str | None]], dtype: str) -> Epilogue:
+    """An epilogue from its outputs' texts and dtypes (None: ``dtype``, the inputs'); an
+    operand keeps one kind across the outputs."""
+    if not outputs:
+        raise ValueError("an epilogue needs at least one output")
+    kinds: dict[str, str] = {}
+    exprs = []
+    for text, out_dtype in outputs:
+        parser = _Parser(text)
+        parser.kinds = kinds
+        exprs.append((parser.parse(), out_dtype or dtype))
+    try:
+        return Epilogue.build(exprs)
+    except ValueError as e:
+        texts = " ; ".join(text for text, _ in outputs)
+        raise ValueError(f"epilogue {texts[:200]!r}: {e}") from None
