@@ -77,6 +77,7 @@ app = typer.Typer(
     cls=_Commands,
 )
 console = Console()
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON for scripts instead of tables")]
 err_console = Console(stderr=True)
 
 
@@ -210,8 +211,12 @@ def tune(
             "--seen", help="tune the problems the compiler recorded in the database that have no record yet"
         ),
     ] = False,
+    json_out: JsonOption = False,
 ) -> None:
-    """Tune problems: search configs with optuna, check and time each on the GPU, record it all."""
+    """Tune problems: search configs with optuna, check and time each on the GPU, record it all.
+
+    The summary is a table (plain text when stdout is not a terminal, never cut to its width);
+    --json prints the results as JSON on stdout and the progress on stderr."""
     import torch
 
     if (suite is not None) + (shapes is not None) + seen != 1:
@@ -267,8 +272,11 @@ def tune(
                     f"nothing to tune: every problem recorded in {printable(store.url)} has records "
                     f"on {printable(tuner.device.name)}"
                 )
-        results, interrupted = _run_tuning(tuner, work, trials)
-    _tune_summary(results, interpret)
+        results, interrupted = _run_tuning(tuner, work, trials, err_console if json_out else console)
+    if json_out:
+        _print_json([r.to_dict() for r in results])
+    else:
+        _tune_summary(results, interpret)
     if interrupted:
         console.print(
             "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
@@ -277,7 +285,7 @@ def tune(
         raise typer.Exit(130)
 
 
-def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int) -> tuple[list, bool]:
+def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int, out: Console) -> tuple[list, bool]:
     """Tune each (label, problem) with a progress bar; stops cleanly on Ctrl-C."""
     results = []
     interrupted = False
@@ -288,7 +296,7 @@ def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int) -> tuple[l
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console,
+        console=out,
         transient=False,
     ) as progress:
         overall = progress.add_task(f"tuning {len(jobs)} problem(s) on {tuner.device.name}", total=len(jobs))
@@ -336,41 +344,67 @@ def _indices(text: str, count: int) -> list[int]:
 
 def _tune_summary(results: list, interpret: bool) -> None:
     unit = "interpreter ms (not GPU time)" if interpret else "ms"
-    table = Table(title=f"epilab tune: best config per problem ({unit})")
-    for col in (
+    headers = [
         "problem",
         "best config",
         "best",
         "TFLOP/s",
         "cuBLAS/cuDNN+eager",
         "speedup",
+        "timed as",
         "trials",
         "failed",
         "wall s",
-    ):
-        table.add_column(col, justify="left" if col in ("problem", "best config") else "right")
+    ]
+    rows = []
     for r in results:
         failed = sum(n for s, n in r.statuses.items() if s != "ok")
-        base = r.library_ms
-        table.add_row(
-            r.label,
-            "refused" if r.refused else "-" if r.best is None else r.best.short().replace(" default", ""),
-            _ms(r.best_ms),
-            ""
-            if r.tflops is None or interpret
-            else f"{r.tflops:.0f}"
-            if r.tflops >= 10
-            else f"{r.tflops:.2g}",
-            _ms(base),
-            "" if r.speedup is None else f"{r.speedup:.2f}x",
-            str(r.evaluated),
-            str(failed),
-            f"{r.seconds:.0f}",
+        tuned = r.compared.get(r.library, (None, r.best_ms, None))[1]
+        rows.append(
+            [
+                r.label,
+                "refused" if r.refused else "-" if r.best is None else r.best.short().replace(" default", ""),
+                _ms(tuned),
+                ""
+                if r.tflops is None or interpret
+                else f"{r.tflops:.0f}"
+                if r.tflops >= 10
+                else f"{r.tflops:.2g}",
+                _ms(r.library_ms),
+                "" if r.speedup is None else f"{r.speedup:.2f}x",
+                r.timed_as or "",
+                str(r.evaluated),
+                str(failed),
+                f"{r.seconds:.0f}",
+            ]
         )
-    console.print(table)
+    _print_table(f"epilab tune: best config per problem ({unit})", headers, rows, left=2)
+    typer.echo(
+        "speedup: the library's time over the tuned one, like with like: CUDA-graph times where both "
+        "have one (kernels under 50 us), else CUDA-event medians"
+    )
     for r in results:
         if r.refused is not None:
             console.print(f"[yellow]not tuned[/yellow] {printable(r.label)}: {printable(r.refused)}")
+
+
+def _print_table(title: str, headers: list[str], rows: list[list[str]], left: int = 1) -> None:
+    """A rich table on a terminal; elsewhere (a pipe, a file, CI logs) a plain Markdown table
+    that keeps every character (rich would cut it to 80 columns)."""
+    if console.is_terminal:
+        table = Table(title=title)
+        for i, col in enumerate(headers):
+            table.add_column(col, justify="left" if i < left else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    cells = [[c.replace("|", "\\|") for c in row] for row in rows]
+    typer.echo(title)
+    typer.echo("| " + " | ".join(headers) + " |")
+    typer.echo("|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|")
+    for row in cells:
+        typer.echo("| " + " | ".join(row) + " |")
 
 
 # ------------------------------------------------------------------ epilab db
@@ -457,7 +491,6 @@ DbOption = Annotated[
     str | None,
     typer.Option("--db", help="database path or SQLAlchemy URL (default: EPILAB_DB or the cache dir)"),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="print JSON for scripts instead of tables")]
 
 
 def _open_db(target: str | None, *, write: bool = False):  # -> TuningDB

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from epilab.db import DeviceInfo, Timing, TuningDB, Versions
+from epilab.db import DeviceInfo, Record, Timing, TuningDB, Versions, comparable_ms
 from epilab.db.models import TIMED_LIBRARIES
 from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
@@ -65,16 +65,64 @@ class ProblemResult:
     seconds: float
     refused: str | None = None  # why the problem was not tuned (too large for the device)
     library: str = "cublas"  # the vendor library of the problem's kind (cuDNN for conv2d)
+    # library -> (baseline ms, tuned ms, "graph" or "events"): like with like (db.comparable_ms)
+    compared: dict[str, tuple[float, float, str]] = field(default_factory=dict)
 
     @property
     def library_ms(self) -> float | None:
-        """The vendor library's time (with the epilogue in eager torch), if it was timed."""
-        return self.baselines.get(self.library)
+        """The vendor library's time (with the epilogue in eager torch) as the speedup
+        compares it: CUDA-graph time when both sides have one, else the events median."""
+        found = self.compared.get(self.library)
+        return found[0] if found else self.baselines.get(self.library)
+
+    @property
+    def timed_as(self) -> str | None:
+        found = self.compared.get(self.library)
+        return found[2] if found else None
 
     @property
     def speedup(self) -> float | None:
-        base = self.library_ms
-        return None if base is None or self.best_ms is None else base / self.best_ms
+        found = self.compared.get(self.library)
+        return None if found is None or found[1] <= 0 else found[0] / found[1]
+
+    def to_dict(self) -> dict[str, object]:
+        """For ``epilab tune --json``."""
+        return {
+            "label": self.label,
+            "key": self.key,
+            "best": None if self.best is None else self.best.to_dict(),
+            "best_ms": self.best_ms,
+            "tflops": self.tflops,
+            "baselines_ms": self.baselines,
+            "compared": {
+                lib: {"baseline_ms": b, "tuned_ms": t, "timed_as": how}
+                for lib, (b, t, how) in self.compared.items()
+            },
+            "library": self.library,
+            "speedup": self.speedup,
+            "trials": self.evaluated,
+            "new_trials": self.new,
+            "stopped_by": self.stopped_by,
+            "statuses": self.statuses,
+            "seconds": round(self.seconds, 3),
+            "refused": self.refused,
+        }
+
+
+def like_with_like(best: Record, baselines: list[Record]) -> dict[str, tuple[float, float, str]]:
+    """Each library's fastest baseline against the tuned ``best``: (baseline ms, tuned ms,
+    "graph" or "events"). CUDA-graph times where both have one (short kernels, where one
+    call at a time is mostly launch gaps: three eager launches' host time is not the
+    library's speed), else both events medians (``db.comparable_ms``)."""
+    out: dict[str, tuple[float, float, str]] = {}
+    for b in sorted(baselines, key=lambda r: r.median_ms or math.inf, reverse=True):  # fastest last
+        both_graph = b.graph_ms is not None and best.graph_ms is not None
+        out[str(b.library)] = (
+            comparable_ms(b, best),
+            comparable_ms(best, b),
+            "graph" if both_graph else "events",
+        )
+    return out
 
 
 def problem_bytes(problem: Problem) -> int:
@@ -297,6 +345,7 @@ class Tuner:
         flops = problem.shape.flops()
         baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))
         best_ms = result.best_ms
+        compared = self._compared(problem)
         return ProblemResult(
             label=label,
             key=problem.key,
@@ -310,7 +359,14 @@ class Tuner:
             statuses=dict(statuses),
             seconds=time.monotonic() - started,
             library=kind_of(problem).library,
+            compared=compared,
         )
+
+    def _compared(self, problem: Problem) -> dict[str, tuple[float, float, str]]:
+        best = self.db.best(problem.key, self.device, self.versions)
+        if best is None:
+            return {}
+        return like_with_like(best.record, self.db.baselines(problem.key, self.device))
 
     def _baselines(self, problem: Problem, problem_json: str, flops: int, nbytes: int) -> dict[str, float]:
         out: dict[str, float] = {}
