@@ -2,8 +2,11 @@
 
 Policy ``auto`` (the default):
 
-1. A record in the tuning database for this device (exact problem first, else
-   the nearest M of the same family, noted as a fallback): the template with
+1. A record in the tuning database for this device (exact problem first, else a
+   problem of the same math: the same performance identity, ``Problem.identity``, such
+   as a shapes file's ``gelu_tanh(acc + bias[n])`` for the compiler's decomposed GELU
+   with its rounding casts; else the nearest M of the same family, noted as a
+   fallback): the template with
    the record's config when its time beats every baseline recorded for that
    problem (cuBLAS/cuBLASLt + eager epilogue, Inductor); the aten op (cuBLAS,
    with Inductor fusing the epilogue as usual) when a baseline is faster. With
@@ -44,6 +47,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
@@ -170,6 +174,8 @@ def _verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool, str]:
 
 
 def _source(hit: Lookup) -> str:
+    if hit.via == "identity":
+        return "record of the same math (another epilogue form: named ops, rounding, operand names)"
     return "exact record" if hit.exact else f"nearest record (M={hit.m})"
 
 
@@ -249,11 +255,27 @@ def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup]
     return min(hits, key=lambda ph: (not ph[1].exact, _time(ph[1].record)))
 
 
+@lru_cache(maxsize=4096)
+def _identity_key(problem_json: str) -> str | None:
+    """The identity key of a stored problem (None for one this version cannot read)."""
+    try:
+        return Problem.from_json(problem_json).identity_key
+    except ValueError:
+        return None
+
+
 def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | None:
     if ctx.db is None or ctx.device is None:
         return None
     # records whose config this version cannot run (another version's, a bad import) are passed over
-    hit = ctx.db.lookup(problem, ctx.device, ctx.versions, m=m, usable=Config.is_valid)
+    hit = ctx.db.lookup(
+        problem,
+        ctx.device,
+        ctx.versions,
+        m=m,
+        usable=Config.is_valid,
+        same=lambda text: _identity_key(text) == problem.identity_key,
+    )
     return None if hit is None or hit.record.config is None else hit
 
 

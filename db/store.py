@@ -12,6 +12,7 @@ Writes are upserts. Results come back as plain frozen dataclasses.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -162,9 +163,10 @@ class Lookup:
     """The answer to 'what is best for this problem': exact, or a fallback from the family."""
 
     record: Record
-    exact: bool  # False: taken from the same family at another M
+    exact: bool  # False: taken from another problem (of the same identity, or family at another M)
     m: int | None  # M of the problem the record belongs to
     same_versions: bool
+    via: str = ""  # "exact", "identity" (another problem with the same math), "family" (another M)
 
     @property
     def fallback(self) -> bool:
@@ -495,13 +497,21 @@ class TuningDB:
         versions: Versions | None = None,
         m: int | None = None,
         usable: ConfigCheck | None = None,
+        same: Callable[[str], bool] | None = None,
     ) -> Lookup | None:
-        """``best`` for the problem, else the nearest M of its family (log2 distance),
-        marked as a fallback. ``m`` is the M to aim for when the problem's M is symbolic."""
+        """``best`` for the problem; else the best of another problem of the same shape,
+        dtypes and layouts whose JSON ``same`` accepts (the same computation as far as
+        performance goes: the caller decides, the db does not parse problems); else the
+        nearest M of its family (log2 distance). ``m`` is the M to aim for when the
+        problem's M is symbolic."""
         exact = self.best(problem.key, device, versions, usable)
         if exact is not None:
-            return exact
+            return dataclasses.replace(exact, via="exact")
         text = problem.to_json()
+        if same is not None:
+            found = self._same_math(problem.key, text, device, versions, usable, same)
+            if found is not None:
+                return found
         want = m if m is not None else _static_m(text)
         if want is None or want <= 0:
             return None
@@ -520,7 +530,44 @@ class TuningDB:
             return None
         nearest = min(abs(math.log2(r.ProblemRow.m) - math.log2(want)) for r in rows)
         close = [r for r in rows if abs(math.log2(r.ProblemRow.m) - math.log2(want)) == nearest]
-        return _pick(close, versions, exact=False)
+        found = _pick(close, versions, exact=False)
+        return None if found is None else dataclasses.replace(found, via="family")
+
+    def _same_math(
+        self,
+        key: str,
+        text: str,
+        device: DeviceInfo,
+        versions: Versions | None,
+        usable: ConfigCheck | None,
+        same: Callable[[str], bool],
+    ) -> Lookup | None:
+        d = json.loads(text)
+        shape = d["shape"]
+        dims = [shape.get(name) for name in ("batch", "m", "n", "k")]
+        if not all(isinstance(v, int) for v in dims):
+            return None
+        with self.session() as s:
+            rows = s.execute(
+                _records_query(TrialRecord, device).where(
+                    ProblemRow.key != key,
+                    ProblemRow.template == d["template"],
+                    ProblemRow.template_hash == d["template_hash"],
+                    ProblemRow.dtype == d["dtype"],
+                    ProblemRow.layout_a == d["layout_a"],
+                    ProblemRow.layout_b == d["layout_b"],
+                    ProblemRow.batch == dims[0],
+                    ProblemRow.m == dims[1],
+                    ProblemRow.n == dims[2],
+                    ProblemRow.k == dims[3],
+                    TrialRecord.status == "ok",
+                    TrialRecord.median_ms.is_not(None),
+                )
+            ).all()
+        verdicts: dict[str, bool] = {}
+        rows = [r for r in rows if verdicts.setdefault(r.ProblemRow.json, same(r.ProblemRow.json))]
+        found = _pick(_usable(rows, usable), versions, exact=False)
+        return None if found is None else dataclasses.replace(found, via="identity")
 
     def records(self, key: str) -> list[Record]:
         """Every trial record of a problem, fastest ok first, then failures."""

@@ -204,16 +204,23 @@ def recognise(ep: Epilogue) -> Epilogue:
 def identity(ep: Epilogue) -> Epilogue:
     """The epilogue as far as performance goes (see the module doc): named ops, no
     intermediate rounding, operands named by kind and position."""
+    return identity_with_names(ep)[0]
+
+
+def identity_with_names(ep: Epilogue) -> tuple[Epilogue, dict[str, str]]:
+    """``identity`` and the new name of each operand of ``ep``."""
     ep = _fixpoint(ep, drop_rounding=True)
     names: dict[str, str] = {}
+    counts: dict[str, int] = {}
     for name, kind in ep.operands:
-        names[name] = f"{kind}{sum(1 for k in names.values() if k.startswith(kind))}"
+        names[name] = f"{kind}{counts.get(kind, 0)}"
+        counts[kind] = counts.get(kind, 0) + 1
     if all(k == v for k, v in names.items()):
-        return ep
+        return ep, names
     built: list[Expr] = []
     for node in ep.nodes:
         attrs = node.attrs
         if node.op == "operand":
             attrs = tuple((k, names[str(v)] if k == "name" else v) for k, v in attrs)
         built.append(Expr(node.op, tuple(built[a] for a in node.args), attrs))
-    return Epilogue.build([(built[o.node], o.dtype) for o in ep.outputs])
+    return Epilogue.build([(built[o.node], o.dtype) for o in ep.outputs]), names

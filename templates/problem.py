@@ -10,23 +10,27 @@ user) holds only values from ``CHOICES``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import sympy
 
 from epilab.templates.dtypes import INPUT_DTYPES, OPERAND_DTYPES
 from epilab.templates.epilogue import MALFORMED, Epilogue
+from epilab.templates.patterns import identity_with_names
 
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
 CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 PRECISIONS = ("ieee", "tf32")  # how a float32 dot is done
 OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "conv2d")
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
+_SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
 
 # The values a Config may hold (the tuner's search space draws from these).
 CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
@@ -336,6 +340,23 @@ class Problem:
     @property
     def key(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def identity(self) -> Problem:
+        """The problem as far as performance goes (``patterns.identity``): its epilogue with
+        named ops, no intermediate rounding and operands named by kind and position, and
+        addmm/baddbmm as mm/bmm (the bias is in the epilogue either way). Problems with
+        one identity share records."""
+        ep, names = identity_with_names(self.epilogue)
+        return dataclasses.replace(
+            self,
+            op=_SAME_OP.get(self.op, self.op),
+            epilogue=ep,
+            operands=tuple(dataclasses.replace(o, name=names[o.name]) for o in self.operands),
+        )
+
+    @cached_property
+    def identity_key(self) -> str:
+        return self.identity().key
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Problem:
