@@ -229,7 +229,6 @@ def tune(
             "correctness-only dry run in Triton's interpreter (timings are not GPU times)"
         )
     from epilab.templates.kinds import twins
-    from epilab.templates.problem import Problem
     from epilab.tuner.search import Budget
     from epilab.tuner.suites import load_shapes, problem_label
     from epilab.tuner.suites import suite as builtin_suite
@@ -264,13 +263,13 @@ def tune(
     with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
         if seen:
             recorded = store.untuned(tuner.device, _current_hashes())
-            work = [(problem_label(p), p) for p in map(Problem.from_json, recorded)]
+            work = [(problem_label(p), p) for p in _not_served(store, tuner.device, recorded)]
             if only is not None:
                 work = [work[i] for i in _indices(only, len(work))]
             if not work:
                 console.print(
                     f"nothing to tune: every problem recorded in {printable(store.url)} has records "
-                    f"on {printable(tuner.device.name)}"
+                    f"on {printable(tuner.device.name)} (its own, or of the same math)"
                 )
         results, interrupted = _run_tuning(tuner, work, trials, err_console if json_out else console)
     if json_out:
@@ -283,6 +282,24 @@ def tune(
             "run the same command again to resume"
         )
         raise typer.Exit(130)
+
+
+def _not_served(store: Any, device: Any, recorded: list[str]) -> list[Any]:
+    """The recorded problems that no record serves yet: one per performance identity, and
+    none whose math another problem's records already cover (``Problem.identity``)."""
+    from epilab.templates.problem import Problem, identity_key_of
+
+    out, identities = [], set()
+    for text in recorded:
+        problem = Problem.from_json(text)
+        identity = problem.identity_key
+        if identity in identities:
+            continue
+        identities.add(identity)
+        hit = store.lookup(problem, device, same=lambda t, identity=identity: identity_key_of(t) == identity)
+        if hit is None or hit.via == "family":
+            out.append(problem)
+    return out
 
 
 def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int, out: Console) -> tuple[list, bool]:

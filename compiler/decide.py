@@ -47,13 +47,12 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.templates.kinds import default_config, twins, untuned_choice
-from epilab.templates.problem import Config, Problem
+from epilab.templates.problem import Config, Problem, identity_key_of
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
 FUSED_LAUNCH_BOUND_MS = 0.02  # without CUDA graphs: shorter templates keep aten
@@ -255,15 +254,6 @@ def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup]
     return min(hits, key=lambda ph: (not ph[1].exact, _time(ph[1].record)))
 
 
-@lru_cache(maxsize=4096)
-def _identity_key(problem_json: str) -> str | None:
-    """The identity key of a stored problem (None for one this version cannot read)."""
-    try:
-        return Problem.from_json(problem_json).identity_key
-    except ValueError:
-        return None
-
-
 def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | None:
     if ctx.db is None or ctx.device is None:
         return None
@@ -274,7 +264,7 @@ def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | No
         ctx.versions,
         m=m,
         usable=Config.is_valid,
-        same=lambda text: _identity_key(text) == problem.identity_key,
+        same=lambda text: identity_key_of(text) == problem.identity_key,
     )
     return None if hit is None or hit.record.config is None else hit
 

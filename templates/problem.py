@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import sympy
@@ -387,3 +387,12 @@ class Problem:
             return cls.from_dict(json.loads(text))
         except RecursionError:
             raise ValueError("not a valid problem: nested too deeply") from None
+
+
+@lru_cache(maxsize=4096)
+def identity_key_of(problem_json: str) -> str | None:
+    """The identity key of a stored problem's JSON (None for one this version cannot read)."""
+    try:
+        return Problem.from_json(problem_json).identity_key
+    except ValueError:
+        return None

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 
 import epilab
 from epilab.cli import app
+from epilab.db import TuningDB
+from epilab.templates.kinds import current_hashes
 
 M, N, K = 32, 48, 64
 
@@ -51,3 +53,8 @@ def test_a_shapes_file_tuned_offline_serves_the_compiled_functions(tmp_path):
         assert decision.template == "matmul", (text, decision.reason)
         assert decision.source.startswith("record of the same math"), (text, decision.source)
         torch.testing.assert_close(out, f(x), rtol=2e-2, atol=2e-2)
+    # the compiler recorded its own forms of the five problems: --seen finds them served
+    with TuningDB.open(db) as store:
+        assert store.stats(current_hashes()).problems == 2 * len(functions)
+    seen = CliRunner().invoke(app, ["tune", "--seen", "--interpret", "--trials", "2", "--db", db])
+    assert seen.exit_code == 0 and "nothing to tune" in seen.output, seen.output
