@@ -6,7 +6,9 @@
     epilab.compile(model, db="tuning.db", policy="auto", tune_missing=True)
 
 ``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``,
-``mode``) and any Inductor option; ``mode`` is Inductor's (``reduce-overhead``
+``mode``; and, for ``tuner/model.py``'s measurements, ``exclude``: problem keys to leave
+to the aten op, ``verdicts``: False to ignore the verdicts recorded from models) and any
+Inductor option; ``mode`` is Inductor's (``reduce-overhead``
 gives CUDA graphs). torch 2.11 refuses ``mode=`` and ``options=`` together, so
 the mode may also go in ``options``. Everything else is Inductor's ``compile_fx``, with the pass as
 ``post_grad_custom_post_pass`` (after a user's own, if one is set).
@@ -29,7 +31,7 @@ from epilab.templates.build import interpreter_active
 from epilab.templates.problem import Problem
 
 log = logging.getLogger("epilab.compiler")
-EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode")
+EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode", "exclude", "verdicts")
 TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
 
 _dbs: dict[str, TuningDB] = {}
@@ -60,6 +62,9 @@ def epilab_backend(
     cuda_graphs = bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
     tune_missing = bool(ours.get("tune_missing", False))
     context, facts = _context(policy, ours.get("db"), tune_missing, cuda_graphs, example_inputs)
+    context.exclude = _keys(ours.get("exclude", ()))
+    context.verdicts = bool(ours.get("verdicts", True))
+    facts += f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}"
     ours_pass = EpilabPass(context, facts)
     user_pass = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = (
@@ -102,6 +107,12 @@ def _policy(value: object) -> str:
     if policy not in POLICIES:
         raise ValueError(f"epilab policy {value!r} is not one of {POLICIES}")
     return policy
+
+
+def _keys(value: object) -> frozenset[str]:
+    if not isinstance(value, (list, tuple, set, frozenset)) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"epilab option exclude takes a list of problem keys, got {value!r:.80}")
+    return frozenset(value)
 
 
 def _device(example_inputs: Sequence[object]) -> torch.device:

@@ -12,6 +12,7 @@ from epilab.db.store import (
     Stats,
     Timing,
     TuningDB,
+    Verdict,
     Versions,
     comparable_ms,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "Stats",
     "Timing",
     "TuningDB",
+    "Verdict",
     "Versions",
     "comparable_ms",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 STATUSES = ("ok", "compile_error", "out_of_resources", "incorrect", "timeout", "crashed")
@@ -133,5 +133,39 @@ class BaselineRecord(_Timed, Base):
             "torch_version",
             "triton_version",
             name="uq_epilab_baselines_identity",
+        ),
+    )
+
+
+class VerdictRecord(Base):
+    """Whether a template kept its promise inside a compiled model (revision 0004): the
+    model timed with the template on its problem and with that problem left to Inductor
+    (``tuner/model.py``). The compiler reads the newest verdict of its problem for its
+    device, versions and CUDA-graph mode; ``keep`` False sends the problem to the aten op."""
+
+    __tablename__ = "epilab_verdicts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("epilab_problems.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
+    cuda_graphs: Mapped[bool] = mapped_column(Boolean)  # the mode it was measured in
+    keep: Mapped[bool] = mapped_column(Boolean)
+    with_ms: Mapped[float] = mapped_column(Float)  # the model's time with the template
+    without_ms: Mapped[float] = mapped_column(Float)  # ... and with the problem on the aten op
+    context: Mapped[str] = mapped_column(String(NAME_LEN))  # the model it was measured in
+    timing_method: Mapped[str] = mapped_column(String(METHOD_LEN))
+    torch_version: Mapped[str] = mapped_column(String(VERSION_LEN))
+    triton_version: Mapped[str] = mapped_column(String(VERSION_LEN))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    problem: Mapped[ProblemRow] = relationship()
+    device: Mapped[Device] = relationship()
+    __table_args__ = (
+        UniqueConstraint(
+            "problem_id",
+            "device_id",
+            "cuda_graphs",
+            "torch_version",
+            "triton_version",
+            name="uq_epilab_verdicts_identity",
         ),
     )

@@ -46,6 +46,7 @@ from epilab.db.models import (
     Device,
     ProblemRow,
     TrialRecord,
+    VerdictRecord,
 )
 from epilab.db.schema import (
     DatabaseOpenError,
@@ -166,11 +167,35 @@ class Lookup:
     exact: bool  # False: taken from another problem (of the same identity, or family at another M)
     m: int | None  # M of the problem the record belongs to
     same_versions: bool
-    via: str = ""  # "exact", "identity" (another problem with the same math), "family" (another M)
+    via: str = ""  # "exact", "identity" (the same math), "family" (another M), "transfer" (nearest)
+    distance: float | None = None  # "transfer": the caller's distance to the record's problem
+    source_json: str | None = None  # "transfer": the problem the record was tuned for
 
     @property
     def fallback(self) -> bool:
         return not self.exact
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A template's problem checked inside a compiled model (``tuner/model.py``)."""
+
+    problem_key: str
+    keep: bool  # the model was faster with the template (or within noise of it)
+    with_ms: float
+    without_ms: float
+    context: str  # the model it was measured in
+    cuda_graphs: bool
+    timing_method: str
+    versions: Versions
+    created_at: datetime
+
+    def describe(self) -> str:
+        mode = "under CUDA graphs" if self.cuda_graphs else "per call"
+        return (
+            f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms with the template, "
+            f"{self.without_ms:.4g} ms without"
+        )
 
 
 @dataclass(frozen=True)
@@ -420,6 +445,80 @@ class TuningDB:
 
         self.write(run)
 
+    def record_verdict(
+        self,
+        problem: ProblemLike,
+        device: DeviceInfo,
+        *,
+        cuda_graphs: bool,
+        keep: bool,
+        with_ms: float,
+        without_ms: float,
+        context: str,
+        timing_method: str,
+        versions: Versions,
+    ) -> None:
+        """Store (or replace) the verdict of ``problem`` in a model, for one CUDA-graph mode."""
+        row = {
+            "cuda_graphs": bool(cuda_graphs),
+            "keep": bool(keep),
+            "with_ms": _check_num("with_ms", with_ms, optional=False),
+            "without_ms": _check_num("without_ms", without_ms, optional=False),
+            "context": check_str("verdict context", context, NAME_LEN),
+            "timing_method": check_str("timing method", timing_method, METHOD_LEN),
+            "torch_version": check_str("torch version", versions.torch, VERSION_LEN),
+            "triton_version": check_str("triton version", versions.triton, VERSION_LEN),
+            "created_at": _now(),
+        }
+
+        def run(s: Session) -> None:
+            pid = self.problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
+            stmt = self._insert(s, VerdictRecord).values(
+                **row, problem_id=pid, device_id=self.device_id(s, device)
+            )
+            keys = ("problem_id", "device_id", "cuda_graphs", "torch_version", "triton_version")
+            s.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=list(keys), set_={c: stmt.excluded[c] for c in row if c not in keys}
+                )
+            )
+
+        self.write(run)
+
+    def verdict(
+        self, key: str, device: DeviceInfo, versions: Versions, *, cuda_graphs: bool
+    ) -> Verdict | None:
+        """The verdict of problem ``key`` measured on ``device`` with these versions, in this mode."""
+        with self.session() as s:
+            row = s.execute(
+                select(VerdictRecord, ProblemRow.key)
+                .join(ProblemRow, VerdictRecord.problem_id == ProblemRow.id)
+                .join(Device, VerdictRecord.device_id == Device.id)
+                .where(
+                    ProblemRow.key == key,
+                    Device.name == device.name,
+                    Device.capability == device.capability,
+                    Device.sm_count == device.sm_count,
+                    VerdictRecord.cuda_graphs == bool(cuda_graphs),
+                    VerdictRecord.torch_version == versions.torch,
+                    VerdictRecord.triton_version == versions.triton,
+                )
+            ).first()
+        if row is None:
+            return None
+        v = row[0]
+        return Verdict(
+            problem_key=row[1],
+            keep=v.keep,
+            with_ms=v.with_ms,
+            without_ms=v.without_ms,
+            context=v.context,
+            cuda_graphs=v.cuda_graphs,
+            timing_method=v.timing_method,
+            versions=Versions(v.torch_version, v.triton_version),
+            created_at=_aware(v.created_at),
+        )
+
     def prune_stale(self, current_hashes: Mapping[str, str]) -> int:
         """Delete problems made for other template versions (with their records); returns how many."""
 
@@ -429,6 +528,7 @@ class TuningDB:
                 part = ids[chunk : chunk + 500]
                 s.execute(delete(TrialRecord).where(TrialRecord.problem_id.in_(part)))
                 s.execute(delete(BaselineRecord).where(BaselineRecord.problem_id.in_(part)))
+                s.execute(delete(VerdictRecord).where(VerdictRecord.problem_id.in_(part)))
                 s.execute(delete(ProblemRow).where(ProblemRow.id.in_(part)))
             return len(ids)
 
@@ -569,6 +669,48 @@ class TuningDB:
         found = _pick(_usable(rows, usable), versions, exact=False)
         return None if found is None else dataclasses.replace(found, via="identity")
 
+    def nearest(
+        self,
+        problem: ProblemLike,
+        device: DeviceInfo,
+        distance: Callable[[str], float | None],
+        *,
+        versions: Versions | None = None,
+        usable: ConfigCheck | None = None,
+        within: float = math.inf,
+        limit: int = 8,
+    ) -> list[Lookup]:
+        """The best record of each other problem of the same template (and version) and
+        input dtype on ``device`` whose JSON ``distance`` measures within ``within`` of
+        ``problem`` (the caller defines the distance: the db does not parse problems),
+        nearest first, at most ``limit``."""
+        d = json.loads(problem.to_json())
+        with self.session() as s:
+            rows = s.execute(
+                _records_query(TrialRecord, device).where(
+                    ProblemRow.key != problem.key,
+                    ProblemRow.template == d["template"],
+                    ProblemRow.template_hash == d["template_hash"],
+                    ProblemRow.dtype == d["dtype"],
+                    ProblemRow.m.is_not(None),
+                    TrialRecord.status == "ok",
+                    TrialRecord.median_ms.is_not(None),
+                )
+            ).all()
+        by_problem: dict[str, list[Any]] = {}
+        for row in _usable(rows, usable):
+            by_problem.setdefault(row.ProblemRow.json, []).append(row)
+        found = []
+        for text, group in by_problem.items():
+            far = distance(text)
+            if far is None or far > within:
+                continue
+            best = _pick(group, versions, exact=False)
+            if best is not None:
+                found.append(dataclasses.replace(best, via="transfer", distance=far, source_json=text))
+        found.sort(key=lambda h: (h.distance, h.record.median_ms or math.inf))
+        return found[:limit]
+
     def records(self, key: str) -> list[Record]:
         """Every trial record of a problem, fastest ok first, then failures."""
         with self.session() as s:
@@ -590,12 +732,12 @@ class TuningDB:
         return Snapshot(problems, trials, baselines)
 
     def fingerprint(self) -> str:
-        """Changes whenever a trial or baseline is added or removed: part of the compiler's
-        cache key, so that a compiled graph never outlives the records it was decided on."""
+        """Changes whenever a trial, baseline or verdict is added, replaced or removed: part of
+        the compiler's cache key, so that a compiled graph never outlives what it was decided on."""
         with self.session() as s:
             parts = [
                 s.execute(select(func.count(m.id), func.max(m.id), func.max(m.created_at))).one()
-                for m in (TrialRecord, BaselineRecord)
+                for m in (TrialRecord, BaselineRecord, VerdictRecord)
             ]
         return ";".join(f"{n}:{i}:{t}" for n, i, t in parts)
 

@@ -260,8 +260,9 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
             )
     engine.dispose()
     with TuningDB.open(path) as db:
-        assert db.revision == db_schema.head_revision() == "0003"
+        assert db.revision == db_schema.head_revision() == "0004"
         assert all(r.graph_ms is None for r in db.records(p.key))  # 0003 added it empty
+        assert db.verdict(p.key, H200, Versions("2.10", "3.5"), cuda_graphs=False) is None  # 0004: none yet
         assert len(db.records(p.key)) == 2
         assert db.best(p.key, H200).record.median_ms == 0.2
         near = db.lookup(problem(m=600), H200)  # needs the family column filled by the migration
@@ -595,3 +596,65 @@ def test_cli_shows_database_strings_as_data(tmp_path, monkeypatch):
         ok(db, problem(), 0.1, cfg(), device=DeviceInfo("[bold red]GPU[/]", "9.0", 1))
     result = runner.invoke(app, ["db", "list", "--db", path])
     assert result.exit_code == 0 and "[bold red]GPU[/]" in result.output
+
+
+# ------------------------------------------------------------------ verdicts and transfer
+
+
+def test_verdicts_are_kept_per_mode_and_versions_replaced_and_pruned(db):
+    p = problem()
+
+    def verdict(keep: bool, graphs: bool, with_ms: float = 1.0) -> None:
+        db.record_verdict(
+            p,
+            H200,
+            cuda_graphs=graphs,
+            keep=keep,
+            with_ms=with_ms,
+            without_ms=1.2,
+            context="gpt2 8x256x768",
+            timing_method="model",
+            versions=NOW,
+        )
+
+    before = db.fingerprint()
+    verdict(False, graphs=False)
+    assert db.fingerprint() != before  # compiled graphs decided before the verdict are not reused
+    verdict(True, graphs=True)
+    got = db.verdict(p.key, H200, NOW, cuda_graphs=False)
+    assert got is not None and not got.keep and got.context == "gpt2 8x256x768"
+    assert "per call" in got.describe() and "1 ms with the template" in got.describe()
+    assert db.verdict(p.key, H200, NOW, cuda_graphs=True).keep
+    assert db.verdict(p.key, H200, OLD, cuda_graphs=False) is None
+    assert db.verdict(p.key, DeviceInfo("NVIDIA H100", "9.0", 132), NOW, cuda_graphs=False) is None
+    verdict(True, graphs=False, with_ms=0.9)  # measured again: replaced, not added
+    got = db.verdict(p.key, H200, NOW, cuda_graphs=False)
+    assert got.keep and got.with_ms == 0.9
+    with pytest.raises(ValueError, match="with_ms"):
+        db.record_verdict(
+            p, H200, cuda_graphs=False, keep=True, with_ms=float("nan"), without_ms=1.0,
+            context="m", timing_method="model", versions=NOW,
+        )  # fmt: skip
+    assert db.prune_stale({"matmul": "another version"}) >= 1
+    assert db.verdict(p.key, H200, NOW, cuda_graphs=False) is None
+
+
+def test_nearest_records_come_by_the_callers_distance(db):
+    target = problem(m=1024, n=4096, k=4096)
+    near, far = problem(m=2048, n=4096, k=4096), problem(m=1024, n=16384, k=4096)
+    other_version = problem(m=1024, n=4096, k=2048, template_hash_="0" * 64)
+    for p, ms in ((near, 0.5), (far, 0.4), (other_version, 0.1)):
+        ok(db, p, ms, cfg())
+        ok(db, p, ms * 2, cfg(64, 64, 64))
+    ok(db, target, 0.3, cfg(), device=DeviceInfo("NVIDIA H100", "9.0", 132))  # another device
+
+    def dist(text: str) -> float:
+        s = json.loads(text)["shape"]
+        return abs(s["m"] - 1024) / 1024 + abs(s["n"] - 4096) / 4096 + abs(s["k"] - 4096) / 4096
+
+    found = db.nearest(target, H200, dist)
+    assert [h.distance for h in found] == [1.0, 3.0] and found[0].via == "transfer"
+    assert found[0].record.median_ms == 0.5 and found[0].record.config == cfg()  # each problem's best
+    assert json.loads(found[0].source_json)["shape"]["m"] == 2048
+    assert [h.distance for h in db.nearest(target, H200, dist, within=2.0)] == [1.0]
+    assert db.nearest(target, H200, lambda text: None) == []
