@@ -11,6 +11,15 @@ Policy ``auto`` (the default):
    problem (cuBLAS/cuBLASLt + eager epilogue, Inductor); the aten op (cuBLAS,
    with Inductor fusing the epilogue as usual) when a baseline is faster. With
    no baseline recorded, the tuned config is used.
+   Without a record of the problem or its math, the nearest record of its template
+   (``tuner/nearest.py``: a distance over batch, M, N, K, layouts and epilogue bytes;
+   nearer than the family's M fallback) gives a *transferred* config, checked for
+   feasibility; under ``auto`` only within ``MAX_DISTANCE`` and where the source record
+   beat its own baselines by ``MIN_SPEEDUP`` (the distance and margin where transfer
+   held on the held-out half of two suites, RESULTS.md).
+   A verdict recorded by ``tuner/model.py`` (the model timed with and without the
+   template) overrules the records: a problem whose model was faster without the
+   template keeps the aten op, in the CUDA-graph mode the verdict was measured in.
 2. No record: with ``tune_missing`` the problem is tuned now with a small budget
    and stored, then rule 1 applies. Otherwise the aten op. The documented rule
    for using the untuned heuristic config is "nowhere": over the cases of
@@ -45,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +63,8 @@ from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.templates.kinds import default_config, twins, untuned_choice
 from epilab.templates.problem import Config, Problem, identity_key_of
+from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, why_not
+from epilab.tuner.suites import problem_label
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
 FUSED_LAUNCH_BOUND_MS = 0.02  # without CUDA graphs: shorter templates keep aten
@@ -86,6 +98,7 @@ class Decision:
     reason: str
     problem_key: str | None = None
     device: str | None = None
+    candidates: tuple[str, ...] = ()  # keys of the problems that could run the group (its twins)
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,8 @@ class Context:
     db_error: str | None = None
     tune: Callable[[Problem], None] | None = None  # tune_missing: tunes and records a problem
     cuda_graphs: bool = False  # the compiled graph is replayed as a CUDA graph: no launch cost
+    exclude: frozenset[str] = frozenset()  # problem keys left to the aten op (tune_model's ablations)
+    verdicts: bool = True  # follow the verdicts of models measured with and without a template
 
 
 _time = comparable_ms  # compare like with like: CUDA-graph times when both have them
@@ -172,6 +187,21 @@ def _verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool, str]:
     return True, won
 
 
+def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool, str]:
+    """The record's verdict, overruled where a model measured with and without the template
+    (``tuner/model.py``) was faster without it, or where the caller excludes the problem."""
+    if chosen.key in ctx.exclude:
+        return False, "left to the aten op on request (measuring the model without this template)"
+    if not ok or not ctx.verdicts or ctx.db is None or ctx.device is None:
+        return ok, why
+    verdict = ctx.db.verdict(chosen.key, ctx.device, ctx.versions, cuda_graphs=ctx.cuda_graphs)
+    if verdict is None:
+        return ok, why
+    if not verdict.keep:
+        return False, f"{why}, but {verdict.describe()}: the model is faster without it"
+    return True, f"{why}; {verdict.describe()}"
+
+
 def _source(hit: Lookup) -> str:
     if hit.via == "identity":
         return "record of the same math (another epilogue form: named ops, rounding, operand names)"
@@ -197,6 +227,7 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
                 reason=reason,
                 problem_key=chosen.key,
                 device=ctx.device.name if ctx.device else None,
+                candidates=tuple(c.key for c in candidates_of(problem)) if problem.shape.is_static() else (),
             ),
             plan if template else None,
             chosen,
@@ -208,20 +239,28 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         return _decide_dynamic(problem, ctx, made)
     candidates = candidates_of(problem)
     found = _best_hit(candidates, ctx)
+    moved = _transfer(candidates, ctx) if found is None or found[1].via == "family" else None
+    if moved is not None and (found is None or moved[1].distance < _m_distance(*found)):  # type: ignore[operator]
+        chosen, hit = moved
+        plan, source = _plan(hit), _transferred(hit)
+        if ctx.policy == "always":
+            return made(chosen.key not in ctx.exclude, plan, source, "policy always", chosen)
+        ok, why = _in_context(ctx, chosen, *_transfer_verdict(ctx, hit, chosen))
+        return made(ok, plan, source, why, chosen)
     if found is None and ctx.tune is not None and ctx.policy == "auto":
         for candidate in candidates:
             ctx.tune(candidate)
         found = _best_hit(candidates, ctx)
         if found is not None:
             chosen, hit = found
-            ok, why = _verdict(ctx, hit, chosen)
+            ok, why = _in_context(ctx, chosen, *_verdict(ctx, hit, chosen))
             return made(ok, _plan(hit), "tuned now", why, chosen)
     if found is not None:
         chosen, hit = found
         plan = _plan(hit)
         if ctx.policy == "always":
-            return made(True, plan, _source(hit), "policy always", chosen)
-        ok, why = _verdict(ctx, hit, chosen)
+            return made(chosen.key not in ctx.exclude, plan, _source(hit), "policy always", chosen)
+        ok, why = _in_context(ctx, chosen, *_verdict(ctx, hit, chosen))
         return made(ok, plan, _source(hit), why, chosen)
     missing = f"nothing recorded for this problem on {ctx.device.name}"
     if ctx.db is None:
@@ -252,6 +291,53 @@ def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup]
     if not hits:
         return None
     return min(hits, key=lambda ph: (not ph[1].exact, _time(ph[1].record)))
+
+
+def _transfer(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup] | None:
+    """The nearest record of each candidate whose config is feasible for it
+    (``tuner/nearest.py``); under ``auto`` only within the distance where transfer held."""
+    if ctx.db is None or ctx.device is None:
+        return None
+    within = MAX_DISTANCE if ctx.policy == "auto" else math.inf
+    best: tuple[Problem, Lookup] | None = None
+    for p in candidates:
+        for hit in ctx.db.nearest(
+            p, ctx.device, distance_to(p), versions=ctx.versions, usable=Config.is_valid, within=within
+        ):
+            if why_not(p, Config.from_dict(hit.record.config or {}), ctx.device) is None:
+                if best is None or hit.distance < best[1].distance:  # type: ignore[operator]
+                    best = (p, hit)
+                break
+    return best
+
+
+def _m_distance(problem: Problem, hit: Lookup) -> float:
+    """A family fallback's distance (another M only), to weigh against a transfer's."""
+    m = problem.shape.m
+    return abs(math.log2(int(m) / hit.m)) if isinstance(m, int) and m > 0 and hit.m else math.inf
+
+
+def _transferred(hit: Lookup) -> str:
+    source = Problem.from_json(hit.source_json or "")
+    return f"transferred from {problem_label(source)} (distance {hit.distance:.2f})"
+
+
+def _transfer_verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool, str]:
+    """A transferred config is used where its source record beat its own baselines by
+    ``MIN_SPEEDUP`` (what a transfer may lose, measured: tuner/nearest.py)."""
+    assert ctx.db is not None and ctx.device is not None
+    bases = [b for b in ctx.db.baselines(hit.record.problem_key, ctx.device) if b.median_ms]
+    if not bases:
+        return False, "the source record has no baseline: a transfer's gain is unknown"
+    best = min(bases, key=lambda b: _time(b, hit.record))
+    margin = _time(best, hit.record) / max(_time(hit.record, best), 1e-12)
+    if margin < MIN_SPEEDUP:
+        return False, (
+            f"the source beats {best.library} by {margin:.2f}x, under the {MIN_SPEEDUP:.2f}x a transferred "
+            "config needs"
+        )
+    ok, why = _verdict(ctx, hit, problem)
+    return ok, f"source: {why}"
 
 
 def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | None:

@@ -1,0 +1,112 @@
+"""Config transfer: a problem without a record of its own takes the config of the nearest
+recorded problem of its template, where measurement says that carries over.
+
+The distance between problems ``p`` and ``q`` (``distance``) is defined only between
+problems of one template (and template version), input dtype, precision and op kind
+(2-D or batched; a convolution also keeps its kernel geometry but for the image size)::
+
+    |log2 Bp/Bq| + |log2 Mp/Mq| + |log2 Np/Nq| + |log2 Kp/Kq|       size, as tile counts scale
+  + LAYOUT_STEP * (number of A/B layouts that differ)              another load pattern
+  + |log2 (epilogue bytes per element of p / of q)|                epilogue cost
+
+where the epilogue's bytes per output element are what it reads (each tile operand's
+element size) and writes (each output's element size); vectors and scalars are free.
+A doubling of one dimension is 1; the same shape with a bias+residual epilogue instead
+of a bare store is log2(6/2) = 1.6 in bf16.
+
+A transferred config is checked for feasibility on the new problem (``tuner.space.
+infeasible``: the template's rules, block sizes against the padded dims, shared memory
+and registers of the device). ``benchmarks/transfer.py`` measured how well configs carry
+(tuned-exact against transferred on the held-out half of the ``llm`` and ``quick``
+suites; RESULTS.md, "Config transfer"): under ``auto`` a transferred config is used only
+within ``MAX_DISTANCE``, and only where the source record beat its own baselines by
+``MIN_SPEEDUP`` (the loss a transfer may bring, measured, on top of winning at all).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from epilab.db import DeviceInfo
+from epilab.templates.dtypes import itemsize
+from epilab.templates.problem import Config, Problem
+from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
+
+LAYOUT_STEP = 1.0
+MAX_DISTANCE = 1.0  # under auto: farther records are not used (RESULTS.md, "Config transfer")
+MIN_SPEEDUP = 1.10  # under auto: the source record's margin over its best baseline
+
+
+def epilogue_bytes(problem: Problem) -> int:
+    """Bytes the epilogue moves per output element: tile operands read, outputs written."""
+    kinds = dict(problem.epilogue.operands)
+    read = sum(itemsize(o.dtype) for o in problem.operands if kinds[o.name] not in ("row", "col", "scalar"))
+    return read + sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
+
+
+def _same_kind(p: Problem, q: Problem) -> bool:
+    if (p.template, p.template_hash, p.dtype, p.precision) != (
+        q.template,
+        q.template_hash,
+        q.dtype,
+        q.precision,
+    ):
+        return False
+    if (p.op in ("bmm", "baddbmm")) != (q.op in ("bmm", "baddbmm")):
+        return False
+    if (p.conv is None) != (q.conv is None):
+        return False
+    if p.conv is not None and q.conv is not None:
+        a, b = p.conv.to_dict(), q.conv.to_dict()
+        return all(a[k] == b[k] for k in a if k not in ("h", "w"))
+    return True
+
+
+def distance(p: Problem, q: Problem) -> float | None:
+    """How far ``q``'s config is carried to reach ``p`` (see the module's text); None where
+    no transfer is defined (another template, dtype, precision or op kind)."""
+    if not (p.shape.is_static() and q.shape.is_static()) or not _same_kind(p, q):
+        return None
+    dims = ("batch", "m", "n", "k")
+    a = [max(int(getattr(p.shape, d)), 1) for d in dims]
+    b = [max(int(getattr(q.shape, d)), 1) for d in dims]
+    size = sum(abs(math.log2(x / y)) for x, y in zip(a, b, strict=True))
+    layouts = (p.layout_a != q.layout_a) + (p.layout_b != q.layout_b)
+    cost = abs(math.log2(epilogue_bytes(p) / epilogue_bytes(q)))
+    return size + LAYOUT_STEP * layouts + cost
+
+
+def distance_to(problem: Problem) -> Any:
+    """``distance`` from stored problem JSON to ``problem`` (for ``TuningDB.nearest``)."""
+
+    def of(text: str) -> float | None:
+        try:
+            return distance(problem, Problem.from_json(text))
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            return None  # a problem this version cannot read
+
+    return of
+
+
+def limits_of(device: DeviceInfo) -> DeviceLimits:
+    """The limits the feasibility rules need, for a device the database names."""
+    smem = HOPPER.smem_bytes
+    try:
+        import torch
+
+        if device.capability != "interpreter" and torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                if props.name == device.name:
+                    smem = getattr(props, "shared_memory_per_block_optin", 0) or smem
+                    break
+    except RuntimeError:  # no driver: keep Hopper's figure
+        pass
+    return DeviceLimits(device.name, device.capability, device.sm_count, int(smem))
+
+
+def why_not(problem: Problem, config: Config, device: DeviceInfo) -> str | None:
+    """Why a transferred ``config`` cannot run ``problem`` on ``device``, or None."""
+    return infeasible(problem, config, limits_of(device))
