@@ -2,7 +2,8 @@
 
 Public surface (see docs/design.md): ``torch.compile(model, backend="epilab")`` and
 ``epilab.compile`` (the backend), ``epilab.explain()`` (its decisions),
-``epilab.matmul`` (one fused matmul), the epilogue builders (``acc``,
+``epilab.matmul`` (one fused matmul), ``epilab.tune_model`` (record, tune, check in
+context and measure a model), the epilogue builders (``acc``,
 ``operand``, ``const``, ``ops``, ``Epilogue``), ``Config``, and the ``epilab``
 command line.
 
@@ -22,7 +23,18 @@ from epilab.config import settings as _settings
 from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
 from epilab.templates.problem import Config
 
-__all__ = ["Config", "Epilogue", "acc", "compile", "const", "explain", "matmul", "operand", "ops"]
+__all__ = [
+    "Config",
+    "Epilogue",
+    "acc",
+    "compile",
+    "const",
+    "explain",
+    "matmul",
+    "operand",
+    "ops",
+    "tune_model",
+]
 __version__ = "0.1.0"
 
 
@@ -49,6 +61,10 @@ def __getattr__(name: str) -> Any:
         from epilab.compiler.backend import compile
 
         return compile
+    if name == "tune_model":
+        from epilab.tuner.model import tune_model
+
+        return tune_model
     if name == "explain":
         from epilab.compiler.explain import explain
 

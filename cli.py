@@ -211,16 +211,50 @@ def tune(
             "--seen", help="tune the problems the compiler recorded in the database that have no record yet"
         ),
     ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="MODULE:FACTORY returning an nn.Module (or (module, inputs)): compile it, tune every "
+            "problem it has until no new one appears, check each template in the compiled model, "
+            "then time eager, Inductor, Inductor max-autotune and epilab"
+        ),
+    ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            help="with --model: an example input SHAPE:DTYPE, e.g. 8x1024x1024:bfloat16 (repeatable)",
+        ),
+    ] = None,
+    context: Annotated[
+        bool,
+        typer.Option(
+            "--context/--no-context", help="with --model: check each template in the compiled model"
+        ),
+    ] = True,
+    rounds: Annotated[
+        int, typer.Option(min=1, max=100, help="with --model: interleaved timing rounds per variant")
+    ] = 5,
+    out_file: Annotated[
+        str | None, typer.Option("--out", help="with --model: also write the report as JSON to this file")
+    ] = None,
     json_out: JsonOption = False,
 ) -> None:
     """Tune problems: search configs with optuna, check and time each on the GPU, record it all.
 
     The summary is a table (plain text when stdout is not a terminal, never cut to its width);
-    --json prints the results as JSON on stdout and the progress on stderr."""
+    --json prints the results as JSON on stdout and the progress on stderr.
+
+    With --model, the problems are the model's own (see tuner/model.py): it is compiled with
+    the epilab backend, what it needs is tuned, each template the records choose is kept only
+    where the compiled model is faster with it (the verdict is stored for later compiles),
+    and the model is timed per call and under CUDA graphs against Inductor."""
     import torch
 
-    if (suite is not None) + (shapes is not None) + seen != 1:
-        raise ValueError("give exactly one of --suite NAME, --shapes FILE or --seen")
+    if (suite is not None) + (shapes is not None) + seen + (model is not None) != 1:
+        raise ValueError("give exactly one of --suite NAME, --shapes FILE, --seen or --model MODULE:FACTORY")
+    if inputs and model is None:
+        raise typer.BadParameter("--input goes with --model", param_hint="--input")
     if interpret:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
@@ -260,6 +294,12 @@ def tune(
     store = _open_db(db, write=True)
     results = []
     interrupted = False
+    if model is not None:
+        with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
+            _tune_model(
+                tuner, store, model, inputs or [], device, context, rounds, trials, out_file, json_out
+            )
+        return
     with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
         if seen:
             recorded = store.untuned(tuner.device, _current_hashes())
@@ -285,21 +325,56 @@ def tune(
 
 
 def _not_served(store: Any, device: Any, recorded: list[str]) -> list[Any]:
-    """The recorded problems that no record serves yet: one per performance identity, and
-    none whose math another problem's records already cover (``Problem.identity``)."""
-    from epilab.templates.problem import Problem, identity_key_of
+    """The recorded problems that no record serves yet (``tuner.model.unserved``)."""
+    from epilab.templates.problem import Problem
+    from epilab.tuner.model import unserved
 
-    out, identities = [], set()
-    for text in recorded:
-        problem = Problem.from_json(text)
-        identity = problem.identity_key
-        if identity in identities:
-            continue
-        identities.add(identity)
-        hit = store.lookup(problem, device, same=lambda t, identity=identity: identity_key_of(t) == identity)
-        if hit is None or hit.via == "family":
-            out.append(problem)
-    return out
+    return unserved(store, device, [Problem.from_json(text) for text in recorded])
+
+
+def _tune_model(
+    tuner: Any,
+    store: Any,
+    target: str,
+    inputs: list[str],
+    device: str,
+    context: bool,
+    rounds: int,
+    trials: int,
+    out_file: str | None,
+    json_out: bool,
+) -> None:
+    import torch
+
+    from epilab.tuner.model import ModelOptions, build_model, save, tune_model
+
+    where = torch.device("cpu") if tuner.options.interpret else torch.device(device)
+    net, example, label = build_model(target, inputs, where, seed=tuner.options.seed)
+    out = err_console if json_out else console
+    report = tune_model(
+        net,
+        *example,
+        db=store,
+        tuner=tuner,
+        options=ModelOptions(rounds=rounds, check_context=context),
+        label=label,
+        tune_jobs=lambda t, jobs: _run_tuning(t, jobs, trials, out),
+        say=lambda text: out.print(printable(text)),
+    )
+    if out_file:
+        out.print(f"report written to {printable(save(report, out_file))}")
+    if json_out:
+        _print_json(report.to_dict())
+    else:
+        if report.tuned:
+            _tune_summary(report.tuned, tuner.options.interpret)
+        typer.echo(report.table())
+    if report.interrupted:
+        console.print(
+            "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
+            "run the same command again to resume"
+        )
+        raise typer.Exit(130)
 
 
 def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int, out: Console) -> tuple[list, bool]:

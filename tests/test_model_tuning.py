@@ -1,0 +1,233 @@
+"""`epilab tune --model` and `epilab.tune_model`: a model's problems found by compiling it,
+tuned until no new one appears, each template checked in the compiled model (the verdict
+stored and followed by later compiles), and the model measured beside Inductor."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from records import record
+from typer.testing import CliRunner
+
+import epilab
+from epilab.cli import app
+from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
+from epilab.tuner.model import (
+    ModelOptions,
+    ModelSpecError,
+    build_model,
+    parse_input,
+    tune_model,
+    unserved,
+)
+from epilab.tuner.search import Budget
+from epilab.tuner.timing import Measured
+from epilab.tuner.tune import TuneOptions, Tuner
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 2, "num_stages": 1}
+GEMV_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 1, "GROUP_M": 1}
+
+
+class Block(nn.Module):
+    """Two projections: GELU after the first, a residual after the second."""
+
+    def __init__(self, d: int = 16, f: int = 24) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(d, f), nn.Linear(f, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x), approximate="tanh")) + x
+
+
+def test_parse_input_takes_shape_and_dtype_and_says_what_is_wrong():
+    spec = parse_input("8x1024x1024:bfloat16")
+    assert spec.shape == (8, 1024, 1024) and spec.dtype == torch.bfloat16
+    assert parse_input("4x128:int64:32000").high == 32000
+    assert parse_input("3x4:bf16").dtype == torch.bfloat16
+    for bad, words in [
+        ("8x1024", "SHAPE:DTYPE"),
+        ("8xx4:float32", "SHAPE:DTYPE"),
+        ("0x4:float32", "positive"),
+        ("8x4:flaot32", "not a torch dtype"),
+        ("8x4:float32:10", "only integer inputs"),
+    ]:
+        with pytest.raises(ModelSpecError, match=words):
+            parse_input(bad)
+
+
+def test_build_model_imports_the_factory_and_casts_to_the_input_dtype(tmp_path, monkeypatch):
+    (tmp_path / "zoo_for_test.py").write_text(
+        textwrap.dedent(
+            """
+            import torch.nn as nn
+            def build():
+                return nn.Linear(8, 4)
+            def pair():
+                import torch
+                return nn.Linear(8, 4), (torch.randn(2, 8),)
+            NOT_CALLABLE = 3
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model, inputs, label = build_model("zoo_for_test:build", ["2x8:bfloat16"], torch.device("cpu"))
+    assert model.weight.dtype == torch.bfloat16 and inputs[0].shape == (2, 8)
+    assert not model.training and label == "zoo_for_test:build 2x8:bfloat16"
+    model, inputs, _ = build_model("zoo_for_test:pair", [], torch.device("cpu"))
+    assert inputs[0].shape == (2, 8)
+    for target, words in [
+        ("zoo_for_test", "MODULE:FACTORY"),
+        ("no_such_module_here:build", "cannot import"),
+        ("zoo_for_test:NOT_CALLABLE", "no callable"),
+        ("zoo_for_test:missing", "no callable"),
+    ]:
+        with pytest.raises(ModelSpecError, match=words):
+            build_model(target, ["2x8:float32"], torch.device("cpu"))
+    with pytest.raises(ModelSpecError, match="--input"):
+        build_model("zoo_for_test:build", [], torch.device("cpu"))
+    sys.modules.pop("zoo_for_test", None)
+
+
+def _problems(db_path, model, x):
+    """The model's problems, as the compiler records them (matmul; gemv twins aside)."""
+    with torch.no_grad():
+        torch.compile(model, backend="epilab", options={"db": db_path})(x)
+    torch._dynamo.reset()
+    decisions = epilab.explain(clear=True)
+    from epilab.templates.problem import Problem
+
+    with TuningDB.open(db_path) as db:
+        return decisions, [Problem.from_json(db.problem_json(d.problem_key)[1]) for d in decisions]
+
+
+def _record_wins(db_path, problems):
+    """Each problem's template beats cuBLAS in isolation; its gemv twin is slower."""
+    from epilab.templates.gemv import gemv_twin
+
+    for p in problems:
+        record(db_path, p, CONFIG, 1.0, 2.0)
+        record(db_path, gemv_twin(p), GEMV_CONFIG, 1.5, 2.0)
+
+
+class FakeTimer:
+    """Times by name: the model without ``slow_key``'s template is faster (that template
+    loses in context); every other variant takes ``base`` ms."""
+
+    def __init__(self, slow_key: str, base: float = 1.0) -> None:
+        self.slow_key, self.base, self.names = slow_key, base, []
+
+    def __call__(self, name, fn):
+        fn()
+        self.names.append(name)
+        ms = self.base
+        if name == f"without {self.slow_key[:12]}":
+            ms = 0.8
+        elif name in ("epilab", "epilab kept", "inductor") or name.startswith("without"):
+            ms = {"epilab": 0.9, "epilab kept": 0.85, "inductor": 1.0}.get(name, 1.0)
+        return Measured(ms, ms, ms, 1, "fake")
+
+
+def test_templates_are_kept_only_where_the_model_is_faster_with_them(tmp_path):
+    torch.manual_seed(0)
+    db_path = str(tmp_path / "t.db")
+    model, x = Block().eval(), torch.randn(2, 5, 16)
+    decisions, problems = _problems(db_path, model, x)
+    _record_wins(db_path, problems)
+    losing = problems[1].key  # ... but the second one loses inside the model
+    timer = FakeTimer(losing)
+    with TuningDB.open(db_path) as db:
+        tuner = Tuner(db, TuneOptions(budget=Budget(trials=1), interpret=True, jobs=0, baselines=()))
+        with tuner:
+            report = tune_model(
+                model, x, db=db, tuner=tuner, options=ModelOptions(rounds=2), label="block", timer=timer
+            )
+        verdicts = {
+            p.key: db.verdict(p.key, INTERPRETER_DEVICE, tuner.versions, cuda_graphs=False) for p in problems
+        }
+    assert report.passes == 1 and not report.tuned  # everything was recorded: nothing to tune
+    assert verdicts[losing] is not None and not verdicts[losing].keep
+    assert (verdicts[losing].with_ms, verdicts[losing].without_ms) == (0.9, 0.8)
+    kept = problems[0].key
+    assert verdicts[kept] is not None and verdicts[kept].keep and verdicts[kept].context == "block"
+    assert {v["problem"]: v["keep"] for v in report.verdicts} == {kept: True, losing: False}
+    # the model with the kept template is timed against Inductor, interleaved with it
+    assert timer.names.count("epilab kept") == 2 and timer.names.count("inductor") >= 2
+    # the table: every variant measured, epilab's speedups against each
+    rows = {r["variant"]: r for r in report.rows}
+    assert set(rows) == {"eager", "inductor", "epilab"} and rows["epilab"]["templates"] == 1
+    assert "| per call | epilab |" in report.table() and "reject" in report.table()
+    # a later compile follows the verdicts without measuring
+    decisions, _ = _problems(db_path, model, x)
+    by_key = {d.problem_key: d for d in decisions}
+    assert by_key[kept].template == "matmul" and "checked in block" in by_key[kept].reason
+    assert by_key[losing].template is None and "faster without it" in by_key[losing].reason
+
+
+def test_every_template_is_dropped_when_the_model_is_slower_than_inductor(tmp_path):
+    torch.manual_seed(0)
+    db_path = str(tmp_path / "t.db")
+    model, x = Block().eval(), torch.randn(2, 5, 16)
+    _, problems = _problems(db_path, model, x)
+    _record_wins(db_path, problems)
+
+    def timer(name, fn):  # each template helps a little, Inductor is faster still
+        ms = {"inductor": 0.5, "epilab": 1.0}.get(name, 1.1)
+        return Measured(ms, ms, ms, 1, "fake")
+
+    with TuningDB.open(db_path) as db:
+        with Tuner(db, TuneOptions(interpret=True, jobs=0, baselines=())) as tuner:
+            tune_model(
+                model, x, db=db, tuner=tuner, options=ModelOptions(rounds=1, measure=False), timer=timer
+            )
+        versions = tuner.versions
+        for p in problems:
+            v = db.verdict(p.key, INTERPRETER_DEVICE, versions, cuda_graphs=False)
+            assert v is not None and not v.keep and (v.with_ms, v.without_ms) == (1.0, 0.5)
+            # a verdict of the other mode, or of other versions, is not this one
+            assert db.verdict(p.key, INTERPRETER_DEVICE, versions, cuda_graphs=True) is None
+            assert db.verdict(p.key, INTERPRETER_DEVICE, Versions("0", "0"), cuda_graphs=False) is None
+
+
+def test_tune_model_tunes_what_the_model_needs_until_no_new_problem_appears(tmp_path):
+    torch.manual_seed(0)
+    db_path = str(tmp_path / "t.db")
+    model, x = Block().eval(), torch.randn(2, 5, 16)
+    with TuningDB.open(db_path) as db:
+        tuner = Tuner(
+            db, TuneOptions(budget=Budget(trials=1, patience=1), interpret=True, jobs=0, baselines=())
+        )
+        with tuner:
+            report = tune_model(
+                model, x, db=db, tuner=tuner, options=ModelOptions(check_context=False, measure=False)
+            )
+            # two projections at M=10, each with its gemv twin
+            assert len(report.tuned) == 4 and all(r.best is not None for r in report.tuned)
+            assert report.passes == 2  # the second pass found nothing new
+            _, problems = _problems(db_path, model, x)
+            assert unserved(db, tuner.device, problems) == []
+            again = tune_model(
+                model, x, db=db, tuner=tuner, options=ModelOptions(check_context=False, measure=False)
+            )
+    assert again.passes == 1 and again.tuned == []  # resumed: nothing left to tune
+
+
+def test_cli_tune_model_refuses_bad_input_clearly(tmp_path):
+    runner = CliRunner()
+    db = str(tmp_path / "t.db")
+    out = runner.invoke(
+        app, ["tune", "--model", "nope_module:x", "--input", "2x8:float32", "--interpret", "--db", db]
+    )
+    assert out.exit_code == 1 and "cannot import 'nope_module'" in out.output
+    out = runner.invoke(
+        app, ["tune", "--suite", "smoke", "--input", "2x8:float32", "--interpret", "--db", db]
+    )
+    assert out.exit_code != 0 and "--input goes with --model" in out.output
+    out = runner.invoke(app, ["tune", "--model", "a:b", "--suite", "smoke", "--interpret", "--db", db])
+    assert out.exit_code == 1 and "exactly one of" in out.output

@@ -1,0 +1,619 @@
+"""Tuning a model: its problems found by compiling it, tuned, checked in context, measured.
+
+    report = epilab.tune_model(model, x, db="tuned.db")      # or: epilab tune --model pkg.mod:factory
+    print(report.table())
+
+1. **Record.** The model is compiled with the epilab backend (policy ``auto``, this
+   database) in each mode that will be measured: per call, and replayed as CUDA graphs
+   (``reduce-overhead``, where the launch-bound rules of ``compiler/decide.py`` do not
+   apply); one call each. Every matched anchor's decision names its problem and its twins.
+2. **Tune.** Each of those problems that no record serves (its own, or one of the same
+   math: ``Problem.identity``) is tuned with the budget, like ``epilab tune``.
+3. Steps 1-2 repeat until a pass finds no new problem (``max_passes``): decisions change
+   the graph (a template that fuses a SwiGLU's ``silu(gate) * up`` changes what is left
+   for the up projection), so the problems of a tuned model are not all visible at first.
+4. **Check in context** (``compiler/decide.py`` reads the verdicts). In each mode, the
+   model with every template the records choose is timed against the same model with
+   one template's problem left to the aten op (Inductor's cuBLAS call and its fusions),
+   problem by problem, in interleaved rounds. A problem keeps its template only where
+   the model's median is lower with it (``keep``); then the model with the kept templates
+   is timed against plain Inductor, and if Inductor is faster every template of the model
+   is rejected. Each verdict is stored (problem, device, versions, mode, both times, the
+   model's label); later compiles follow it without measuring. An isolated kernel timing
+   cannot see what Inductor fuses around the op it replaces (a residual add folded into
+   the next norm, cuBLASLt's bias+GELU epilogue), the compiled model can.
+5. **Measure.** Eager, Inductor default, Inductor max-autotune (no CUDA graphs) and epilab
+   per call; Inductor ``reduce-overhead``, Inductor ``max-autotune`` and epilab
+   ``reduce-overhead`` under CUDA graphs; interleaved rounds, medians, the rounds' spread.
+
+Timing (``time_calls``): CUDA events around groups of back-to-back calls after a warm-up
+(host overhead included, as a serving loop sees it; L2 is not flushed between calls of a
+model), the median of the groups' per-call times; each variant is timed once per round,
+rounds interleave the variants, and a variant's time is the median over rounds. In
+Triton's interpreter (CPU tests) the times are wall-clock and say nothing of a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from epilab.db import DeviceInfo, TuningDB, Versions
+from epilab.templates.problem import Problem, identity_key_of
+from epilab.tuner.timing import Measured, time_wall
+from epilab.tuner.tune import ProblemResult, Tuner
+
+MODES = ("per call", "CUDA graphs")
+MAX_PASSES = 4
+ROUNDS = 5
+# the variants of the final table, per mode: (name, how torch.compile is called); epilab's are added
+_INDUCTOR_VARIANTS: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
+    "per call": (
+        ("eager", {}),
+        ("inductor", {"backend": "inductor"}),
+        ("inductor-max-autotune", {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"}),
+    ),
+    "CUDA graphs": (
+        ("inductor", {"backend": "inductor", "mode": "reduce-overhead"}),
+        ("inductor-max-autotune", {"backend": "inductor", "mode": "max-autotune"}),
+    ),
+}
+_DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "fp64": "float64",
+}
+# times one variant: (its name, its call) -> per-call time
+Timer = Callable[[str, Callable[[], object]], Measured]
+# runs the tuning of (label, problem) jobs: returns the results and whether it was interrupted
+TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult], bool]]
+
+
+class ModelSpecError(ValueError):
+    """A ``--model`` or ``--input`` the command line cannot use: what was wrong, what is accepted."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    high: int | None = None  # integer inputs: values in [0, high)
+
+    def make(self, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+        if self.dtype.is_floating_point:
+            return torch.randn(self.shape, generator=generator, dtype=torch.float32).to(device, self.dtype)
+        return torch.randint(0, self.high or 2, self.shape, generator=generator).to(device, self.dtype)
+
+
+def parse_input(text: str) -> InputSpec:
+    """``8x1024x1024:bfloat16``, ``4x128:int64:32000`` (integers in [0, 32000))."""
+    parts = text.strip().split(":")
+    usage = "give SHAPE:DTYPE such as 8x1024x1024:bfloat16, or 8x128:int64:VOCAB for token ids"
+    if len(parts) not in (2, 3) or not re.fullmatch(r"\d+(x\d+)*", parts[0]):
+        raise ModelSpecError(f"--input {text!r}: {usage}")
+    shape = tuple(int(d) for d in parts[0].split("x"))
+    if not all(shape):
+        raise ModelSpecError(f"--input {text!r}: every dimension must be positive")
+    name = parts[1].strip().lower()
+    dtype = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+    if not isinstance(dtype, torch.dtype) or dtype.is_complex or dtype == torch.bool:
+        raise ModelSpecError(f"--input {text!r}: {parts[1]!r} is not a torch dtype such as bfloat16 or int64")
+    if len(parts) == 3:
+        if dtype.is_floating_point or not parts[2].isdigit() or int(parts[2]) < 1:
+            raise ModelSpecError(
+                f"--input {text!r}: only integer inputs take an upper bound (a positive int)"
+            )
+        return InputSpec(shape, dtype, int(parts[2]))
+    return InputSpec(shape, dtype)
+
+
+def load_factory(target: str) -> Callable[[], Any]:
+    """``pkg.module:factory`` (the current directory is importable, as for ``python -m``)."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr.isidentifier():
+        raise ModelSpecError(f"--model {target!r}: give MODULE:FACTORY, e.g. mymodels.gpt:build")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ModelSpecError(f"--model {target!r}: cannot import {module_name!r}: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelSpecError(f"--model {target!r}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+def build_model(
+    target: str, inputs: Sequence[str], device: torch.device, seed: int = 0
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+    """The model of ``--model`` and its example inputs (``--input``, or what the factory
+    returns beside the model), on ``device``; floating parameters take the first floating
+    input's dtype. Returns (model, inputs, label)."""
+    specs = [parse_input(t) for t in inputs]
+    torch.manual_seed(seed)
+    made = load_factory(target)()
+    given: tuple[torch.Tensor, ...] = ()
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        made, given = made[0], tuple(made[1]) if isinstance(made[1], (list, tuple)) else (made[1],)
+    if not isinstance(made, torch.nn.Module):
+        raise ModelSpecError(
+            f"--model {target!r}: the factory returned {type(made).__name__}; return an nn.Module "
+            "(or a tuple (module, example inputs))"
+        )
+    if not specs and not given:
+        raise ModelSpecError(f"--model {target!r}: give the example inputs with --input SHAPE:DTYPE")
+    generator = torch.Generator().manual_seed(seed)
+    example = tuple(s.make(device, generator) for s in specs) if specs else tuple(t.to(device) for t in given)
+    floating = next((t.dtype for t in example if t.dtype.is_floating_point), None)
+    model = made.to(device=device, dtype=floating) if floating is not None else made.to(device)
+    shapes = ",".join(
+        "x".join(map(str, t.shape)) + f":{str(t.dtype).removeprefix('torch.')}" for t in example
+    )
+    return model.eval(), example, f"{target} {shapes}"
+
+
+def time_calls(
+    fn: Callable[[], object], *, calls: int = 10, warmup_ms: float = 50.0, rep_ms: float = 300.0
+) -> Measured:
+    """Per-call ms of ``fn`` called back to back: CUDA events around groups of ``calls``."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while (time.perf_counter() - start) * 1e3 < warmup_ms:
+        fn()
+        torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    groups = int(min(200, max(5, rep_ms / max(begin.elapsed_time(end), 1e-3))))
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(groups)
+    ]
+    for s, e in events:
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) / calls for s, e in events)
+    q = statistics.quantiles(times, n=10, method="inclusive")
+    return Measured(
+        statistics.median(times),
+        q[1],
+        q[7],
+        groups,
+        f"cuda-events, {groups} groups of {calls} back-to-back calls (host time in, L2 warm); median",
+    )
+
+
+@dataclass
+class Variant:
+    """One way of running the model, compiled once and timed once per round."""
+
+    name: str
+    mode: str
+    fn: Callable[[], object]
+    compile_s: float
+    decisions: list[Any] = field(default_factory=list)
+    times: list[Measured] = field(default_factory=list)
+
+    @property
+    def ms(self) -> float:
+        return statistics.median(t.median_ms for t in self.times)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        return min(t.median_ms for t in self.times), max(t.median_ms for t in self.times)
+
+    @property
+    def templates(self) -> int:
+        return sum(1 for d in self.decisions if d.template)
+
+
+@dataclass
+class ModelReport:
+    label: str
+    device: str
+    versions: Versions
+    passes: int = 0
+    tuned: list[ProblemResult] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    interrupted: bool = False
+    method: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "device": self.device,
+            "torch": self.versions.torch,
+            "triton": self.versions.triton,
+            "passes": self.passes,
+            "tuned": [r.to_dict() for r in self.tuned],
+            "verdicts": self.verdicts,
+            "rows": self.rows,
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+            "interrupted": self.interrupted,
+            "method": self.method,
+        }
+
+    def speedups(self, mode: str) -> dict[str, float]:
+        """epilab against each other variant of ``mode``: their time over epilab's."""
+        by = {r["variant"]: r["ms"] for r in self.rows if r["mode"] == mode}
+        ours = by.get("epilab")
+        return {} if not ours else {name: ms / ours for name, ms in by.items() if name != "epilab"}
+
+    def table(self) -> str:
+        """A Markdown table of the measured variants, then the verdicts."""
+        out = [
+            f"{self.label} on {self.device} (torch {self.versions.torch}, triton {self.versions.triton})",
+            "",
+            "| mode | variant | ms (median of rounds) | rounds min-max | epilab speedup | compile s "
+            "| templates |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in self.rows:
+            speedup = self.speedups(r["mode"]).get(r["variant"])
+            out.append(
+                f"| {r['mode']} | {r['variant']} | {r['ms']:.4f} | {r['min_ms']:.4f}-{r['max_ms']:.4f} | "
+                f"{'' if speedup is None else f'{speedup:.3f}x'} | {r['compile_s']:.1f} | "
+                f"{r['templates']}/{r['anchors']} |"
+            )
+        if self.verdicts:
+            out += [
+                "",
+                "| mode | problem | verdict | with ms | without ms | |",
+                "|---|---|---|---:|---:|---|",
+            ]
+            for v in self.verdicts:
+                verdict = "keep" if v["keep"] else "reject"
+                out.append(
+                    f"| {v['mode']} | {v['problem'][:12]} {v['label']} | {verdict} | "
+                    f"{v['with_ms']:.4f} | {v['without_ms']:.4f} | {v['why']} |"
+                )
+        out += ["", "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())]
+        return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    modes: tuple[str, ...] = MODES  # "per call", "CUDA graphs" (GPU only)
+    rounds: int = ROUNDS
+    max_passes: int = MAX_PASSES
+    check_context: bool = True
+    measure: bool = True
+    compare: tuple[str, ...] = ("eager", "inductor", "inductor-max-autotune")
+
+
+def tune_model(
+    model: torch.nn.Module,
+    *example_inputs: Any,
+    db: str | Path | TuningDB | None = None,
+    tuner: Tuner | None = None,
+    options: ModelOptions | None = None,
+    label: str | None = None,
+    tune_jobs: TuneJobs | None = None,
+    timer: Timer | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> ModelReport:
+    """Record, tune, check in context and measure ``model`` on ``example_inputs`` (see the
+    module's text). ``tuner``: a ``Tuner`` over ``db`` (default: one with the default budget
+    and cuBLAS/cuDNN baselines); ``tune_jobs``: how a list of problems is tuned (the command
+    line's progress bars); ``timer``: how a variant is timed, given its name and its call
+    (default ``time_calls`` on a GPU, wall-clock in the interpreter)."""
+    from epilab.config import settings
+
+    options = options or ModelOptions()
+    store = db if isinstance(db, TuningDB) else TuningDB.open(str(db) if db is not None else settings().db)
+    owned = tuner is None
+    if tuner is None:
+        from epilab.tuner.tune import TuneOptions
+
+        interpret = not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+        tuner = Tuner(
+            store, TuneOptions(baselines=("cublas", "cudnn"), interpret=interpret, jobs=0 if interpret else 8)
+        )
+    on_gpu = not tuner.options.interpret
+    modes = tuple(m for m in options.modes if on_gpu or m == "per call")
+    timer = timer or (lambda _, fn: time_calls(fn) if on_gpu else time_wall(fn, reps=3))
+    report = ModelReport(
+        label or type(model).__name__,
+        tuner.device.name,
+        tuner.versions,
+        method="" if not on_gpu else "see tuner/model.py: interleaved rounds of time_calls; median of rounds",
+    )
+    if not on_gpu:
+        report.method = "interpreter wall-clock (not GPU time)"
+    try:
+        with _compiling():
+            _record_and_tune(model, example_inputs, store, tuner, modes, options, report, tune_jobs, say)
+            if report.interrupted:
+                return report
+            if options.check_context:
+                started = time.monotonic()
+                for mode in modes:
+                    _check_in_context(model, example_inputs, store, tuner, mode, options, report, timer, say)
+                report.seconds["context check"] = time.monotonic() - started
+            if options.measure:
+                started = time.monotonic()
+                for mode in modes:
+                    _measure(model, example_inputs, store, mode, options, report, timer, say)
+                report.seconds["measure"] = time.monotonic() - started
+    finally:
+        if owned:
+            tuner.close()
+        if not isinstance(db, TuningDB):
+            store.close()
+    return report
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[None]:
+    """Every compile runs the pass (no graph cache hit hides a decision; Triton's kernel
+    cache stays on) and many variants of one model live side by side (each its own
+    backend: Dynamo keeps one cache entry each)."""
+    import torch._dynamo
+    import torch._functorch.config
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    with (
+        torch._dynamo.config.patch(cache_size_limit=256, accumulated_cache_size_limit=4096),
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+        torch.no_grad(),
+    ):
+        try:
+            yield
+        finally:
+            torch._dynamo.reset()
+
+
+def _epilab(store: TuningDB, mode: str, **extra: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {"db": store.url, "policy": "auto", **extra}
+    if mode == "CUDA graphs":
+        options["mode"] = "reduce-overhead"
+    return {"backend": "epilab", "options": options}
+
+
+def _compile(
+    model: torch.nn.Module, inputs: Sequence[Any], name: str, mode: str, how: dict[str, Any]
+) -> Variant:
+    from epilab.compiler.explain import explain
+
+    explain(clear=True)
+    fn = model if name == "eager" else torch.compile(model, **how)
+    started = time.perf_counter()
+    fn(*inputs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return Variant(name, mode, lambda: fn(*inputs), time.perf_counter() - started, explain(clear=True))
+
+
+def _record_and_tune(
+    model: torch.nn.Module,
+    inputs: Sequence[Any],
+    store: TuningDB,
+    tuner: Tuner,
+    modes: tuple[str, ...],
+    options: ModelOptions,
+    report: ModelReport,
+    tune_jobs: TuneJobs | None,
+    say: Callable[[str], None],
+) -> None:
+    seen: set[str] = set()
+    record_s = tune_s = 0.0
+    for n in range(1, options.max_passes + 1):
+        report.passes = n
+        started = time.monotonic()
+        keys: list[str] = []
+        for mode in modes:
+            torch._dynamo.reset()
+            variant = _compile(model, inputs, "epilab", mode, _epilab(store, mode))
+            keys += [k for d in variant.decisions for k in d.candidates]
+        torch._dynamo.reset()
+        record_s += time.monotonic() - started
+        new = [k for k in dict.fromkeys(keys) if k not in seen]
+        seen.update(new)
+        problems = [Problem.from_json(found[1]) for k in new if (found := store.problem_json(k)) is not None]
+        jobs = [(_label(p), p) for p in unserved(store, tuner.device, problems)]
+        say(f"pass {n}: {len(new)} new problem(s), {len(jobs)} to tune")
+        if not jobs:
+            break
+        started = time.monotonic()
+        results, interrupted = (tune_jobs or _tune_all)(tuner, jobs)
+        tune_s += time.monotonic() - started
+        report.tuned += results
+        if interrupted:
+            report.interrupted = True
+            break
+    report.seconds["record"] = record_s
+    report.seconds["tune"] = tune_s
+
+
+def _tune_all(tuner: Tuner, jobs: list[tuple[str, Problem]]) -> tuple[list[ProblemResult], bool]:
+    return [tuner.tune_problem(p, label) for label, p in jobs], False
+
+
+def _label(problem: Problem) -> str:
+    from epilab.tuner.suites import problem_label
+
+    return problem_label(problem)
+
+
+def unserved(store: TuningDB, device: DeviceInfo, problems: Sequence[Problem]) -> list[Problem]:
+    """The problems that no record serves yet: one per performance identity, and none whose
+    math another problem's records already cover (``Problem.identity``). Records of
+    another M (a family fallback) do not count: the problem is tuned."""
+    out, identities = [], set()
+    for problem in problems:
+        identity = problem.identity_key
+        if identity in identities:
+            continue
+        identities.add(identity)
+        hit = store.lookup(problem, device, same=lambda t, identity=identity: identity_key_of(t) == identity)
+        if hit is None or hit.via not in ("exact", "identity"):
+            out.append(problem)
+    return out
+
+
+def _rounds(variants: list[Variant], rounds: int, timer: Timer) -> None:
+    for _ in range(rounds):
+        for v in variants:
+            v.times.append(timer(v.name, v.fn))
+
+
+def _check_in_context(
+    model: torch.nn.Module,
+    inputs: Sequence[Any],
+    store: TuningDB,
+    tuner: Tuner,
+    mode: str,
+    options: ModelOptions,
+    report: ModelReport,
+    timer: Timer,
+    say: Callable[[str], None],
+) -> None:
+    """Verdicts for the templates the records choose in ``mode`` (see the module's text)."""
+    torch._dynamo.reset()
+    with_all = _compile(model, inputs, "epilab", mode, _epilab(store, mode, verdicts=False))
+    chosen = {d.problem_key: d for d in with_all.decisions if d.template and d.problem_key}
+    if not chosen:
+        say(f"{mode}: no template chosen; nothing to check")
+        torch._dynamo.reset()
+        return
+    without = {
+        key: _compile(
+            model, inputs, f"without {key[:12]}", mode, _epilab(store, mode, verdicts=False, exclude=[key])
+        )
+        for key in chosen
+    }
+    how = dict(_INDUCTOR_VARIANTS[mode])["inductor"]
+    inductor = _compile(model, inputs, "inductor", mode, how)
+    say(f"{mode}: timing the model with each of {len(chosen)} template problem(s) and without it")
+    _rounds([with_all, *without.values(), inductor], options.rounds, timer)
+    keep = {key: with_all.ms <= v.ms for key, v in without.items()}
+    kept = [k for k, ok in keep.items() if ok]
+    final = with_all
+    if len(kept) < len(chosen):
+        final = _compile(
+            model,
+            inputs,
+            "epilab kept",
+            mode,
+            _epilab(store, mode, verdicts=False, exclude=[k for k in chosen if k not in kept]),
+        )
+        _rounds([final, inductor], options.rounds, timer)
+    model_slower = bool(kept) and final.ms > inductor.ms
+    for key, d in chosen.items():
+        problem = Problem.from_json(store.problem_json(key)[1])  # type: ignore[index]
+        if model_slower and keep[key]:
+            ok, with_ms, without_ms = False, final.ms, inductor.ms
+            why = "the model with its kept templates was slower than Inductor"
+        else:
+            ok, with_ms, without_ms = keep[key], with_all.ms, without[key].ms
+            why = "faster with it" if ok else "faster without it"
+        store.record_verdict(
+            problem,
+            tuner.device,
+            cuda_graphs=mode == "CUDA graphs",
+            keep=ok,
+            with_ms=with_ms,
+            without_ms=without_ms,
+            context=report.label[:128],
+            timing_method="model, interleaved rounds, median (tuner/model.py)",
+            versions=tuner.versions,
+        )
+        report.verdicts.append(
+            {
+                "mode": mode,
+                "problem": key,
+                "label": f"{d.anchor} {d.shape}",
+                "keep": ok,
+                "with_ms": with_ms,
+                "without_ms": without_ms,
+                "why": why,
+            }
+        )
+    torch._dynamo.reset()
+
+
+def _measure(
+    model: torch.nn.Module,
+    inputs: Sequence[Any],
+    store: TuningDB,
+    mode: str,
+    options: ModelOptions,
+    report: ModelReport,
+    timer: Timer,
+    say: Callable[[str], None],
+) -> None:
+    torch._dynamo.reset()
+    on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+    variants = []
+    for name, how in _INDUCTOR_VARIANTS[mode]:
+        if name in options.compare and (on_gpu or "max-autotune" not in name):
+            say(f"{mode}: compiling {name}")
+            variants.append(_compile(model, inputs, name, mode, how))
+    say(f"{mode}: compiling epilab")
+    variants.append(_compile(model, inputs, "epilab", mode, _epilab(store, mode)))
+    say(f"{mode}: timing {len(variants)} variants, {options.rounds} interleaved rounds")
+    _rounds(variants, options.rounds, timer)
+    for v in variants:
+        lo, hi = v.spread
+        report.rows.append(
+            {
+                "mode": mode,
+                "variant": v.name,
+                "ms": v.ms,
+                "min_ms": lo,
+                "max_ms": hi,
+                "rounds_ms": [t.median_ms for t in v.times],
+                "compile_s": v.compile_s,
+                "templates": v.templates,
+                "anchors": len(v.decisions),
+                "method": v.times[0].method,
+            }
+        )
+    torch._dynamo.reset()
+
+
+def save(report: ModelReport, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_dict(), indent=1))
+    return path
+
+
+__all__ = [
+    "MODES",
+    "InputSpec",
+    "ModelOptions",
+    "ModelReport",
+    "ModelSpecError",
+    "build_model",
+    "load_factory",
+    "parse_input",
+    "save",
+    "time_calls",
+    "tune_model",
+    "unserved",
+]
