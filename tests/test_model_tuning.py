@@ -231,3 +231,25 @@ def test_cli_tune_model_refuses_bad_input_clearly(tmp_path):
     assert out.exit_code != 0 and "--input goes with --model" in out.output
     out = runner.invoke(app, ["tune", "--model", "a:b", "--suite", "smoke", "--interpret", "--db", db])
     assert out.exit_code == 1 and "exactly one of" in out.output
+
+
+@pytest.mark.gpu
+def test_gpu_tune_model_checks_templates_in_context_and_measures(tmp_path):
+    torch.manual_seed(0)
+    model = Block(d=512, f=2048).to("cuda", torch.bfloat16).eval()
+    x = torch.randn(8, 128, 512, device="cuda", dtype=torch.bfloat16)
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        options = TuneOptions(budget=Budget(trials=4, seconds=20, patience=4), baselines=("cublas",))
+        with Tuner(db, options) as tuner:
+            report = tune_model(
+                model, x, db=db, tuner=tuner, options=ModelOptions(rounds=2, compare=("eager", "inductor"))
+            )
+    assert len(report.tuned) == 2 and report.passes == 2
+    modes = {r["mode"] for r in report.rows}
+    assert modes == {"per call", "CUDA graphs"}
+    assert all(r["ms"] > 0 and r["min_ms"] <= r["ms"] <= r["max_ms"] for r in report.rows)
+    # every template the records chose was checked in each mode, and the verdict applied
+    for mode in modes:
+        verdicts = [v for v in report.verdicts if v["mode"] == mode]
+        epilab_row = next(r for r in report.rows if r["mode"] == mode and r["variant"] == "epilab")
+        assert epilab_row["templates"] <= sum(v["keep"] for v in verdicts)

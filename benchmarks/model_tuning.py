@@ -1,0 +1,124 @@
+"""`epilab.tune_model` on the zoo's transformer models (``tests/zoo``, ``real`` sizes, bf16):
+tuning wall time, the verdicts in context, and the model timed against Inductor.
+
+    python benchmarks/model_tuning.py --db models.db --models gpt2,llama --shape prefill \
+        [--trials 16 --seconds 15 --rounds 3] [--json out.json]
+
+``prefill``: the zoo's input (batch x sequence x d); ``decode``: one token per sequence
+(batch x 1 x d, so M = batch). Each model goes through ``tune_model`` (record, tune until
+no new problem, check each template in the compiled model, measure); the method of every
+number is in ``tuner/model.py``. The last table is one line per model and mode: epilab
+against the faster of Inductor default and Inductor max-autotune.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from zoo import ZOO
+
+from epilab.db import TuningDB
+from epilab.tuner.model import ModelOptions, tune_model
+from epilab.tuner.search import Budget
+from epilab.tuner.tune import TuneOptions, Tuner
+
+TRANSFORMERS = ("gpt2", "llama", "bert", "moe", "vit")
+
+
+def _input(name: str, shape: str) -> tuple[int, ...]:
+    spec = ZOO["real"][name]
+    if shape == "decode":
+        if spec.image:
+            raise SystemExit(f"{name} takes images: no decode shape")
+        return (spec.input_shape[0], 1, *spec.input_shape[2:])
+    return spec.input_shape
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--models", default="gpt2,llama")
+    parser.add_argument("--shape", choices=("prefill", "decode"), default="prefill")
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--patience", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-max-autotune", action="store_true", help="leave Inductor max-autotune out")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    budget = Budget(trials=args.trials, seconds=args.seconds, patience=args.patience)
+    compare = ("eager", "inductor") + (() if args.no_max_autotune else ("inductor-max-autotune",))
+    reports = []
+    with TuningDB.open(args.db) as db, Tuner(db, TuneOptions(budget=budget, baselines=("cublas",))) as tuner:
+        for name in args.models.split(","):
+            shape = _input(name, args.shape)
+            torch.manual_seed(0)
+            model = ZOO["real"][name].build().to("cuda", torch.bfloat16).eval()
+            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            if ZOO["real"][name].image:
+                x = x.contiguous(memory_format=torch.channels_last)
+                model = model.to(memory_format=torch.channels_last)
+            started = time.monotonic()
+            report = tune_model(
+                model,
+                x,
+                db=db,
+                tuner=tuner,
+                options=ModelOptions(rounds=args.rounds, compare=compare),
+                label=f"{name} {'x'.join(map(str, shape))}",
+                say=lambda text: print(f"  {text}", flush=True),
+            )
+            report.seconds["total"] = time.monotonic() - started
+            print(report.table(), flush=True)
+            reports.append(report)
+            del model
+            torch.cuda.empty_cache()
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "budget": {"trials": args.trials, "seconds": args.seconds, "patience": args.patience},
+        "rounds": args.rounds,
+        "reports": [r.to_dict() for r in reports],
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(
+        "\n| model | mode | eager | inductor | max-autotune | epilab | vs best Inductor | templates | "
+        "kept/checked | tune s | check s | total s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in reports:
+        for mode in ("per call", "CUDA graphs"):
+            by = {row["variant"]: row for row in r.rows if row["mode"] == mode}
+            if "epilab" not in by:
+                continue
+            ours = by["epilab"]["ms"]
+            best = min(by[v]["ms"] for v in ("inductor", "inductor-max-autotune") if v in by)
+            checked = [v for v in r.verdicts if v["mode"] == mode]
+
+            def ms(v: str, by: dict = by) -> str:
+                return f"{by[v]['ms']:.4f}" if v in by else "-"
+
+            print(
+                f"| {r.label} | {mode} | {ms('eager')} | {ms('inductor')} | {ms('inductor-max-autotune')} | "
+                f"{ours:.4f} | {best / ours:.3f}x | {by['epilab']['templates']}/{by['epilab']['anchors']} | "
+                f"{sum(v['keep'] for v in checked)}/{len(checked)} | {r.seconds.get('tune', 0):.0f} | "
+                f"{r.seconds.get('context check', 0):.0f} | {r.seconds.get('total', 0):.0f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
