@@ -234,7 +234,14 @@ def tune(
     ] = True,
     rounds: Annotated[
         int, typer.Option(min=1, max=100, help="with --model: interleaved timing rounds per variant")
-    ] = 5,
+    ] = 7,
+    max_autotune: Annotated[
+        bool,
+        typer.Option(
+            "--max-autotune/--no-max-autotune",
+            help="with --model: also check and time in Inductor's max-autotune mode (slow to compile)",
+        ),
+    ] = True,
     out_file: Annotated[
         str | None, typer.Option("--out", help="with --model: also write the report as JSON to this file")
     ] = None,
@@ -295,9 +302,12 @@ def tune(
     results = []
     interrupted = False
     if model is not None:
+        from epilab.tuner.model import MODES
+
+        modes = tuple(m for m in MODES if max_autotune or not m.endswith("max-autotune"))
         with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
             _tune_model(
-                tuner, store, model, inputs or [], device, context, rounds, trials, out_file, json_out
+                tuner, store, model, inputs or [], device, context, rounds, modes, trials, out_file, json_out
             )
         return
     with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
@@ -340,6 +350,7 @@ def _tune_model(
     device: str,
     context: bool,
     rounds: int,
+    modes: tuple[str, ...],
     trials: int,
     out_file: str | None,
     json_out: bool,
@@ -356,7 +367,7 @@ def _tune_model(
         *example,
         db=store,
         tuner=tuner,
-        options=ModelOptions(rounds=rounds, check_context=context),
+        options=ModelOptions(rounds=rounds, check_context=context, modes=modes),
         label=label,
         tune_jobs=lambda t, jobs: _run_tuning(t, jobs, trials, out),
         say=lambda text: out.print(printable(text)),

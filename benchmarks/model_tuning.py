@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from zoo import ZOO
 
 from epilab.db import TuningDB
-from epilab.tuner.model import ModelOptions, tune_model
+from epilab.tuner.model import MODES, ModelOptions, tune_model
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner
 
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     budget = Budget(trials=args.trials, seconds=args.seconds, patience=args.patience)
-    compare = ("eager", "inductor") + (() if args.no_max_autotune else ("inductor-max-autotune",))
+    modes = tuple(m for m in MODES if not (args.no_max_autotune and m.endswith("max-autotune")))
     reports = []
     with TuningDB.open(args.db) as db, Tuner(db, TuneOptions(budget=budget, baselines=("cublas",))) as tuner:
         for name in args.models.split(","):
@@ -74,7 +74,7 @@ def main() -> None:
                 x,
                 db=db,
                 tuner=tuner,
-                options=ModelOptions(rounds=args.rounds, compare=compare),
+                options=ModelOptions(rounds=args.rounds, modes=modes),
                 label=f"{name} {'x'.join(map(str, shape))}",
                 say=lambda text: print(f"  {text}", flush=True),
             )
@@ -95,29 +95,43 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    print(
-        "\n| model | mode | eager | inductor | max-autotune | epilab | vs best Inductor | templates | "
-        "kept/checked | tune s | check s | total s |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(summary(reports))
+
+
+def summary(reports: list) -> str:
+    """One line per model and CUDA-graph mode: epilab in Inductor's default and max-autotune
+    modes against Inductor in each."""
+    lines = [
+        "| model | CUDA graphs | Inductor default | Inductor max-autotune | epilab default | "
+        "epilab max-autotune | epilab vs same-mode Inductor | best epilab vs best Inductor | "
+        "templates kept/checked | tune s | check s | total s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in reports:
-        for mode in ("per call", "CUDA graphs"):
-            by = {row["variant"]: row for row in r.rows if row["mode"] == mode}
-            if "epilab" not in by:
+        for graphs in ("per call", "CUDA graphs"):
+            ms = {
+                (row["mode"], row["variant"]): row["ms"] for row in r.rows if row["mode"].startswith(graphs)
+            }
+            auto = f"{graphs}, max-autotune"
+            cells = [ms.get((m, v)) for m, v in ((graphs, "inductor"), (auto, "inductor"))]
+            ours = [ms.get((m, "epilab")) for m in (graphs, auto)]
+            if ours[0] is None:
                 continue
-            ours = by["epilab"]["ms"]
-            best = min(by[v]["ms"] for v in ("inductor", "inductor-max-autotune") if v in by)
-            checked = [v for v in r.verdicts if v["mode"] == mode]
+            same = " / ".join(f"{i / e:.3f}x" for i, e in zip(cells, ours, strict=True) if i and e)
+            best = min(c for c in cells if c) / min(e for e in ours if e)
+            checked = [v for v in r.verdicts if v["mode"].startswith(graphs)]
 
-            def ms(v: str, by: dict = by) -> str:
-                return f"{by[v]['ms']:.4f}" if v in by else "-"
+            def fmt(v: float | None) -> str:
+                return "-" if v is None else f"{v:.4f}"
 
-            print(
-                f"| {r.label} | {mode} | {ms('eager')} | {ms('inductor')} | {ms('inductor-max-autotune')} | "
-                f"{ours:.4f} | {best / ours:.3f}x | {by['epilab']['templates']}/{by['epilab']['anchors']} | "
+            lines.append(
+                f"| {r.label} | {graphs == 'CUDA graphs'} | {fmt(cells[0])} | {fmt(cells[1])} | "
+                f"{fmt(ours[0])} | {fmt(ours[1])} | {same} | {best:.3f}x | "
                 f"{sum(v['keep'] for v in checked)}/{len(checked)} | {r.seconds.get('tune', 0):.0f} | "
                 f"{r.seconds.get('context check', 0):.0f} | {r.seconds.get('total', 0):.0f} |"
             )
+
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

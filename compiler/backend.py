@@ -64,7 +64,11 @@ def epilab_backend(
     context, facts = _context(policy, ours.get("db"), tune_missing, cuda_graphs, example_inputs)
     context.exclude = _keys(ours.get("exclude", ()))
     context.verdicts = bool(ours.get("verdicts", True))
-    facts += f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}"
+    autotune = patches.get("max_autotune", inductor_config.max_autotune) or patches.get(
+        "max_autotune_gemm", inductor_config.max_autotune_gemm
+    )
+    context.inductor_mode = "max-autotune" if autotune else "default"
+    facts += f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}|{context.inductor_mode}"
     ours_pass = EpilabPass(context, facts)
     user_pass = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = (

@@ -19,7 +19,8 @@ Policy ``auto`` (the default):
    held on the held-out half of two suites, RESULTS.md).
    A verdict recorded by ``tuner/model.py`` (the model timed with and without the
    template) overrules the records: a problem whose model was faster without the
-   template keeps the aten op, in the CUDA-graph mode the verdict was measured in.
+   template keeps the aten op, in the CUDA-graph mode and Inductor mode (default or
+   max-autotune, which autotunes the aten op's own kernel) the verdict was measured in.
 2. No record: with ``tune_missing`` the problem is tuned now with a small budget
    and stored, then rule 1 applies. Otherwise the aten op. The documented rule
    for using the untuned heuristic config is "nowhere": over the cases of
@@ -148,6 +149,7 @@ class Context:
     cuda_graphs: bool = False  # the compiled graph is replayed as a CUDA graph: no launch cost
     exclude: frozenset[str] = frozenset()  # problem keys left to the aten op (tune_model's ablations)
     verdicts: bool = True  # follow the verdicts of models measured with and without a template
+    inductor_mode: str = "default"  # or "max-autotune": what the aten op becomes (verdicts are per mode)
 
 
 _time = comparable_ms  # compare like with like: CUDA-graph times when both have them
@@ -194,7 +196,9 @@ def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool
         return False, "left to the aten op on request (measuring the model without this template)"
     if not ok or not ctx.verdicts or ctx.db is None or ctx.device is None:
         return ok, why
-    verdict = ctx.db.verdict(chosen.key, ctx.device, ctx.versions, cuda_graphs=ctx.cuda_graphs)
+    verdict = ctx.db.verdict(
+        chosen.key, ctx.device, ctx.versions, cuda_graphs=ctx.cuda_graphs, inductor_mode=ctx.inductor_mode
+    )
     if verdict is None:
         return ok, why
     if not verdict.keep:

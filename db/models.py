@@ -141,13 +141,15 @@ class VerdictRecord(Base):
     """Whether a template kept its promise inside a compiled model (revision 0004): the
     model timed with the template on its problem and with that problem left to Inductor
     (``tuner/model.py``). The compiler reads the newest verdict of its problem for its
-    device, versions and CUDA-graph mode; ``keep`` False sends the problem to the aten op."""
+    device, versions, CUDA-graph mode and Inductor mode (what the aten op becomes: cuBLAS, or
+    Inductor's max-autotune choice); ``keep`` False sends the problem to the aten op."""
 
     __tablename__ = "epilab_verdicts"
     id: Mapped[int] = mapped_column(primary_key=True)
     problem_id: Mapped[int] = mapped_column(ForeignKey("epilab_problems.id", ondelete="CASCADE"))
     device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
-    cuda_graphs: Mapped[bool] = mapped_column(Boolean)  # the mode it was measured in
+    cuda_graphs: Mapped[bool] = mapped_column(Boolean)  # the mode it was measured in: CUDA graphs or not
+    inductor_mode: Mapped[str] = mapped_column(String(32))  # ... and Inductor's: "default", "max-autotune"
     keep: Mapped[bool] = mapped_column(Boolean)
     with_ms: Mapped[float] = mapped_column(Float)  # the model's time with the template
     without_ms: Mapped[float] = mapped_column(Float)  # ... and with the problem on the aten op
@@ -164,6 +166,7 @@ class VerdictRecord(Base):
             "problem_id",
             "device_id",
             "cuda_graphs",
+            "inductor_mode",
             "torch_version",
             "triton_version",
             name="uq_epilab_verdicts_identity",

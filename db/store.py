@@ -57,6 +57,7 @@ from epilab.db.schema import (
 )
 
 T = TypeVar("T")
+INDUCTOR_MODES = ("default", "max-autotune")  # what a verdict's aten alternative was compiled with
 # what identifies a measurement (the unique constraints of models.py)
 IDENTITY: dict[type, tuple[str, ...]] = {
     TrialRecord: ("problem_id", "device_id", "config", "torch_version", "triton_version"),
@@ -186,12 +187,15 @@ class Verdict:
     without_ms: float
     context: str  # the model it was measured in
     cuda_graphs: bool
+    inductor_mode: str  # "default" or "max-autotune"
     timing_method: str
     versions: Versions
     created_at: datetime
 
     def describe(self) -> str:
         mode = "under CUDA graphs" if self.cuda_graphs else "per call"
+        if self.inductor_mode != "default":
+            mode += f", Inductor {self.inductor_mode}"
         return (
             f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms with the template, "
             f"{self.without_ms:.4g} ms without"
@@ -457,10 +461,15 @@ class TuningDB:
         context: str,
         timing_method: str,
         versions: Versions,
+        inductor_mode: str = "default",
     ) -> None:
-        """Store (or replace) the verdict of ``problem`` in a model, for one CUDA-graph mode."""
+        """Store (or replace) the verdict of ``problem`` in a model, for one CUDA-graph mode
+        and Inductor mode."""
+        if inductor_mode not in INDUCTOR_MODES:
+            raise ValueError(f"inductor_mode {inductor_mode!r} is not one of {INDUCTOR_MODES}")
         row = {
             "cuda_graphs": bool(cuda_graphs),
+            "inductor_mode": inductor_mode,
             "keep": bool(keep),
             "with_ms": _check_num("with_ms", with_ms, optional=False),
             "without_ms": _check_num("without_ms", without_ms, optional=False),
@@ -476,7 +485,14 @@ class TuningDB:
             stmt = self._insert(s, VerdictRecord).values(
                 **row, problem_id=pid, device_id=self.device_id(s, device)
             )
-            keys = ("problem_id", "device_id", "cuda_graphs", "torch_version", "triton_version")
+            keys = (
+                "problem_id",
+                "device_id",
+                "cuda_graphs",
+                "inductor_mode",
+                "torch_version",
+                "triton_version",
+            )
             s.execute(
                 stmt.on_conflict_do_update(
                     index_elements=list(keys), set_={c: stmt.excluded[c] for c in row if c not in keys}
@@ -486,9 +502,15 @@ class TuningDB:
         self.write(run)
 
     def verdict(
-        self, key: str, device: DeviceInfo, versions: Versions, *, cuda_graphs: bool
+        self,
+        key: str,
+        device: DeviceInfo,
+        versions: Versions,
+        *,
+        cuda_graphs: bool,
+        inductor_mode: str = "default",
     ) -> Verdict | None:
-        """The verdict of problem ``key`` measured on ``device`` with these versions, in this mode."""
+        """The verdict of problem ``key`` measured on ``device`` with these versions, in these modes."""
         with self.session() as s:
             row = s.execute(
                 select(VerdictRecord, ProblemRow.key)
@@ -500,6 +522,7 @@ class TuningDB:
                     Device.capability == device.capability,
                     Device.sm_count == device.sm_count,
                     VerdictRecord.cuda_graphs == bool(cuda_graphs),
+                    VerdictRecord.inductor_mode == inductor_mode,
                     VerdictRecord.torch_version == versions.torch,
                     VerdictRecord.triton_version == versions.triton,
                 )
@@ -514,6 +537,7 @@ class TuningDB:
             without_ms=v.without_ms,
             context=v.context,
             cuda_graphs=v.cuda_graphs,
+            inductor_mode=v.inductor_mode,
             timing_method=v.timing_method,
             versions=Versions(v.torch_version, v.triton_version),
             created_at=_aware(v.created_at),

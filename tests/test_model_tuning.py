@@ -242,7 +242,11 @@ def test_gpu_tune_model_checks_templates_in_context_and_measures(tmp_path):
         options = TuneOptions(budget=Budget(trials=4, seconds=20, patience=4), baselines=("cublas",))
         with Tuner(db, options) as tuner:
             report = tune_model(
-                model, x, db=db, tuner=tuner, options=ModelOptions(rounds=2, compare=("eager", "inductor"))
+                model,
+                x,
+                db=db,
+                tuner=tuner,
+                options=ModelOptions(rounds=2, modes=("per call", "CUDA graphs")),
             )
     assert len(report.tuned) == 2 and report.passes == 2
     modes = {r["mode"] for r in report.rows}

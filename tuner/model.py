@@ -3,10 +3,14 @@
     report = epilab.tune_model(model, x, db="tuned.db")      # or: epilab tune --model pkg.mod:factory
     print(report.table())
 
+Modes (``MODES``): the model runs per call or replayed as CUDA graphs, compiled by Inductor
+default or max-autotune (where Inductor autotunes the kernels of the matmuls it keeps);
+epilab is compiled in the same mode as the Inductor it is compared with.
+
 1. **Record.** The model is compiled with the epilab backend (policy ``auto``, this
-   database) in each mode that will be measured: per call, and replayed as CUDA graphs
-   (``reduce-overhead``, where the launch-bound rules of ``compiler/decide.py`` do not
-   apply); one call each. Every matched anchor's decision names its problem and its twins.
+   database) per call and under CUDA graphs (``reduce-overhead``, where the launch-bound
+   rules of ``compiler/decide.py`` do not apply); one call each. Every matched anchor's
+   decision names its problem and its twins.
 2. **Tune.** Each of those problems that no record serves (its own, or one of the same
    math: ``Problem.identity``) is tuned with the budget, like ``epilab tune``.
 3. Steps 1-2 repeat until a pass finds no new problem (``max_passes``): decisions change
@@ -14,17 +18,17 @@
    for the up projection), so the problems of a tuned model are not all visible at first.
 4. **Check in context** (``compiler/decide.py`` reads the verdicts). In each mode, the
    model with every template the records choose is timed against the same model with
-   one template's problem left to the aten op (Inductor's cuBLAS call and its fusions),
-   problem by problem, in interleaved rounds. A problem keeps its template only where
-   the model's median is lower with it (``keep``); then the model with the kept templates
-   is timed against plain Inductor, and if Inductor is faster every template of the model
-   is rejected. Each verdict is stored (problem, device, versions, mode, both times, the
-   model's label); later compiles follow it without measuring. An isolated kernel timing
-   cannot see what Inductor fuses around the op it replaces (a residual add folded into
-   the next norm, cuBLASLt's bias+GELU epilogue), the compiled model can.
-5. **Measure.** Eager, Inductor default, Inductor max-autotune (no CUDA graphs) and epilab
-   per call; Inductor ``reduce-overhead``, Inductor ``max-autotune`` and epilab
-   ``reduce-overhead`` under CUDA graphs; interleaved rounds, medians, the rounds' spread.
+   one template's problem left to the aten op (Inductor's cuBLAS call, or its autotuned
+   kernel, and its fusions), problem by problem, in interleaved rounds. A problem keeps
+   its template only where the model's median is lower with it (``keep``); then the model
+   with the kept templates is timed against plain Inductor of that mode, and if Inductor
+   is faster every template of the model is rejected. Each verdict is stored (problem,
+   device, versions, CUDA-graph and Inductor mode, both times, the model's label); later
+   compiles in that mode follow it without measuring. An isolated kernel timing cannot
+   see what Inductor fuses around the op it replaces (a residual add folded into the next
+   norm, cuBLASLt's bias+GELU epilogue), the compiled model can.
+5. **Measure.** In each mode, Inductor and epilab (and eager, per call) in interleaved
+   rounds: medians and the rounds' spread.
 
 Timing (``time_calls``): CUDA events around groups of back-to-back calls after a warm-up
 (host overhead included, as a serving loop sees it; L2 is not flushed between calls of a
@@ -54,21 +58,10 @@ from epilab.templates.problem import Problem, identity_key_of
 from epilab.tuner.timing import Measured, time_wall
 from epilab.tuner.tune import ProblemResult, Tuner
 
-MODES = ("per call", "CUDA graphs")
+# how the model runs: per call or replayed as CUDA graphs, Inductor default or max-autotune
+MODES = ("per call", "CUDA graphs", "per call, max-autotune", "CUDA graphs, max-autotune")
 MAX_PASSES = 4
-ROUNDS = 5
-# the variants of the final table, per mode: (name, how torch.compile is called); epilab's are added
-_INDUCTOR_VARIANTS: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
-    "per call": (
-        ("eager", {}),
-        ("inductor", {"backend": "inductor"}),
-        ("inductor-max-autotune", {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"}),
-    ),
-    "CUDA graphs": (
-        ("inductor", {"backend": "inductor", "mode": "reduce-overhead"}),
-        ("inductor-max-autotune", {"backend": "inductor", "mode": "max-autotune"}),
-    ),
-}
+ROUNDS = 7
 _DTYPE_ALIASES = {
     "bf16": "bfloat16",
     "fp16": "float16",
@@ -80,6 +73,22 @@ _DTYPE_ALIASES = {
 Timer = Callable[[str, Callable[[], object]], Measured]
 # runs the tuning of (label, problem) jobs: returns the results and whether it was interrupted
 TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult], bool]]
+
+
+def cuda_graphs(mode: str) -> bool:
+    return mode.startswith("CUDA graphs")
+
+
+def inductor_mode(mode: str) -> str:
+    """The verdicts' name of Inductor's mode: "default" or "max-autotune"."""
+    return "max-autotune" if mode.endswith("max-autotune") else "default"
+
+
+def torch_mode(mode: str) -> str | None:
+    """``torch.compile``'s ``mode`` for one of ``MODES``."""
+    if inductor_mode(mode) == "max-autotune":
+        return "max-autotune" if cuda_graphs(mode) else "max-autotune-no-cudagraphs"
+    return "reduce-overhead" if cuda_graphs(mode) else None
 
 
 class ModelSpecError(ValueError):
@@ -295,12 +304,12 @@ class ModelReport:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    modes: tuple[str, ...] = MODES  # "per call", "CUDA graphs" (GPU only)
+    modes: tuple[str, ...] = MODES  # of MODES; CUDA graphs and max-autotune on a GPU only
     rounds: int = ROUNDS
     max_passes: int = MAX_PASSES
     check_context: bool = True
     measure: bool = True
-    compare: tuple[str, ...] = ("eager", "inductor", "inductor-max-autotune")
+    eager: bool = True  # time eager PyTorch too (per call)
 
 
 def tune_model(
@@ -332,6 +341,9 @@ def tune_model(
             store, TuneOptions(baselines=("cublas", "cudnn"), interpret=interpret, jobs=0 if interpret else 8)
         )
     on_gpu = not tuner.options.interpret
+    unknown = set(options.modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
     modes = tuple(m for m in options.modes if on_gpu or m == "per call")
     timer = timer or (lambda _, fn: time_calls(fn) if on_gpu else time_wall(fn, reps=3))
     report = ModelReport(
@@ -389,9 +401,13 @@ def _compiling() -> Iterator[None]:
 
 def _epilab(store: TuningDB, mode: str, **extra: Any) -> dict[str, Any]:
     options: dict[str, Any] = {"db": store.url, "policy": "auto", **extra}
-    if mode == "CUDA graphs":
-        options["mode"] = "reduce-overhead"
+    if torch_mode(mode) is not None:
+        options["mode"] = torch_mode(mode)
     return {"backend": "epilab", "options": options}
+
+
+def _inductor(mode: str) -> dict[str, Any]:
+    return {"backend": "inductor", **({"mode": torch_mode(mode)} if torch_mode(mode) else {})}
 
 
 def _compile(
@@ -426,6 +442,8 @@ def _record_and_tune(
         started = time.monotonic()
         keys: list[str] = []
         for mode in modes:
+            if inductor_mode(mode) != "default":
+                continue  # the same problems; max-autotune compiles take minutes
             torch._dynamo.reset()
             variant = _compile(model, inputs, "epilab", mode, _epilab(store, mode))
             keys += [k for d in variant.decisions for k in d.candidates]
@@ -506,8 +524,7 @@ def _check_in_context(
         )
         for key in chosen
     }
-    how = dict(_INDUCTOR_VARIANTS[mode])["inductor"]
-    inductor = _compile(model, inputs, "inductor", mode, how)
+    inductor = _compile(model, inputs, "inductor", mode, _inductor(mode))
     say(f"{mode}: timing the model with each of {len(chosen)} template problem(s) and without it")
     _rounds([with_all, *without.values(), inductor], options.rounds, timer)
     keep = {key: with_all.ms <= v.ms for key, v in without.items()}
@@ -534,7 +551,8 @@ def _check_in_context(
         store.record_verdict(
             problem,
             tuner.device,
-            cuda_graphs=mode == "CUDA graphs",
+            cuda_graphs=cuda_graphs(mode),
+            inductor_mode=inductor_mode(mode),
             keep=ok,
             with_ms=with_ms,
             without_ms=without_ms,
@@ -567,12 +585,11 @@ def _measure(
     say: Callable[[str], None],
 ) -> None:
     torch._dynamo.reset()
-    on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
     variants = []
-    for name, how in _INDUCTOR_VARIANTS[mode]:
-        if name in options.compare and (on_gpu or "max-autotune" not in name):
-            say(f"{mode}: compiling {name}")
-            variants.append(_compile(model, inputs, name, mode, how))
+    if options.eager and mode == "per call":
+        variants.append(_compile(model, inputs, "eager", mode, {}))
+    say(f"{mode}: compiling inductor")
+    variants.append(_compile(model, inputs, "inductor", mode, _inductor(mode)))
     say(f"{mode}: compiling epilab")
     variants.append(_compile(model, inputs, "epilab", mode, _epilab(store, mode)))
     say(f"{mode}: timing {len(variants)} variants, {options.rounds} interleaved rounds")

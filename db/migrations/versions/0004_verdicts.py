@@ -1,6 +1,6 @@
 """Verdicts: whether a template kept its promise inside a compiled model.
 
-Adds ``epilab_verdicts`` (one row per problem, device, CUDA-graph mode and versions;
+Adds ``epilab_verdicts`` (one row per problem, device, CUDA-graph mode, Inductor mode and versions;
 ``tuner/model.py`` writes them, the compiler reads them). Existing rows are untouched.
 
 Revision ID: 0004
@@ -30,6 +30,7 @@ def upgrade() -> None:
             "device_id", sa.Integer(), sa.ForeignKey("epilab_devices.id", ondelete="CASCADE"), nullable=False
         ),
         sa.Column("cuda_graphs", sa.Boolean(), nullable=False),
+        sa.Column("inductor_mode", sa.String(32), nullable=False),
         sa.Column("keep", sa.Boolean(), nullable=False),
         sa.Column("with_ms", sa.Float(), nullable=False),
         sa.Column("without_ms", sa.Float(), nullable=False),
@@ -42,6 +43,7 @@ def upgrade() -> None:
             "problem_id",
             "device_id",
             "cuda_graphs",
+            "inductor_mode",
             "torch_version",
             "triton_version",
             name="uq_epilab_verdicts_identity",
