@@ -218,6 +218,11 @@ def test_tune_model_tunes_what_the_model_needs_until_no_new_problem_appears(tmp_
     assert again.passes == 1 and again.tuned == []  # resumed: nothing left to tune
 
 
+def test_unknown_modes_are_refused(tmp_path):
+    with TuningDB.open(str(tmp_path / "t.db")) as db, pytest.raises(ValueError, match="unknown mode"):
+        tune_model(Block(), torch.randn(2, 16), db=db, options=ModelOptions(modes=("per kall",)))
+
+
 def test_cli_tune_model_refuses_bad_input_clearly(tmp_path):
     runner = CliRunner()
     db = str(tmp_path / "t.db")

@@ -286,6 +286,11 @@ class ModelReport:
                 f"{'' if speedup is None else f'{speedup:.3f}x'} | {r['compile_s']:.1f} | "
                 f"{r['templates']}/{r['anchors']} |"
             )
+        if any(r["variant"] == "epilab" and not r["templates"] for r in self.rows):
+            out.append(
+                "\nepilab with 0 templates compiles the same graph as Inductor: its speedup there is 1 "
+                "by construction, and what the table shows is the timing noise"
+            )
         if self.verdicts:
             out += [
                 "",
@@ -331,6 +336,9 @@ def tune_model(
     from epilab.config import settings
 
     options = options or ModelOptions()
+    unknown = set(options.modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
     store = db if isinstance(db, TuningDB) else TuningDB.open(str(db) if db is not None else settings().db)
     owned = tuner is None
     if tuner is None:
@@ -341,9 +349,6 @@ def tune_model(
             store, TuneOptions(baselines=("cublas", "cudnn"), interpret=interpret, jobs=0 if interpret else 8)
         )
     on_gpu = not tuner.options.interpret
-    unknown = set(options.modes) - set(MODES)
-    if unknown:
-        raise ValueError(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
     modes = tuple(m for m in options.modes if on_gpu or m == "per call")
     timer = timer or (lambda _, fn: time_calls(fn) if on_gpu else time_wall(fn, reps=3))
     report = ModelReport(

@@ -12,7 +12,7 @@ problems of one template (and template version), input dtype, precision and op k
 where the epilogue's bytes per output element are what it reads (each tile operand's
 element size) and writes (each output's element size); vectors and scalars are free.
 A doubling of one dimension is 1; the same shape with a bias+residual epilogue instead
-of a bare store is log2(6/2) = 1.6 in bf16.
+of a bare store is log2(4/2) = 1 in bf16 (the bias is a vector: free).
 
 A transferred config is checked for feasibility on the new problem (``tuner.space.
 infeasible``: the template's rules, block sizes against the padded dims, shared memory
@@ -35,8 +35,11 @@ from epilab.templates.problem import Config, Problem
 from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
 
 LAYOUT_STEP = 1.0
-MAX_DISTANCE = 1.0  # under auto: farther records are not used (RESULTS.md, "Config transfer")
-MIN_SPEEDUP = 1.10  # under auto: the source record's margin over its best baseline
+# under auto: farther records are not used; the held-out problems within 2.0 lost at most 1.9%
+# to their own tuned config (6 problems; within 4.0, 9 problems, also 1.9%; one at 5.1 lost
+# 6%: RESULTS.md, "Config transfer")
+MAX_DISTANCE = 2.0
+MIN_SPEEDUP = 1.05  # under auto: the source record's margin over its best baseline (> the loss, with noise)
 
 
 def epilogue_bytes(problem: Problem) -> int:
