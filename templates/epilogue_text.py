@@ -11,7 +11,9 @@ A small recursive-descent parser of our own (nothing is evaluated). The language
   constant ``c``, comparisons ``< <= > >= == !=`` (predicates) and parentheses;
 - every op of the rule table as a call, its attributes as trailing numbers or keywords:
   ``relu(x)``, ``leaky_relu(x, 0.01)``, ``clamp(x, min=0, max=6)``, ``cast(x, float16)``,
-  ``where(x > 0, x, 0)``; and ``max``/``min`` for ``maximum``/``minimum``.
+  ``where(x > 0, x, 0)``; and ``max``/``min`` for ``maximum``/``minimum``;
+- activations without an op of their own (``relu6``, ``hardsigmoid``, ``hardswish``,
+  ``softplus``, ``mish``: ``patterns.COMPOSITES``) as the ops PyTorch decomposes them into.
 
 Errors are ValueErrors that name the column and show it under the text.
 """
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epilab.templates.epilogue import Epilogue, Expr, acc, apply, check_operand_name, const, operand
+from epilab.templates.patterns import COMPOSITES
 from epilab.templates.rules import RULES, STRING_ATTRS
 
 MAX_TEXT = 4000  # characters of one epilogue expression
@@ -196,7 +199,7 @@ class _Parser:
             check_operand_name(tok.text)
         except ValueError as e:
             raise self.error(str(e), tok) from None
-        if tok.text in RULES or tok.text in _ALIASES:
+        if tok.text in RULES or tok.text in _ALIASES or tok.text in COMPOSITES:
             raise self.error(f"{tok.text!r} is an op; call it: {tok.text}(...)", tok)
         seen = self.kinds.setdefault(tok.text, kind)
         if seen != kind:
@@ -205,9 +208,12 @@ class _Parser:
 
     def call(self, name: _Token) -> Expr:
         op = _ALIASES.get(name.text, name.text)
+        if op in COMPOSITES and op not in RULES:
+            return self.composite(name)
         rule = RULES.get(op)
         if rule is None:
-            raise self.error(f"unknown op {name.text!r}; known: {', '.join(sorted(RULES))}", name)
+            known = ", ".join(sorted([*RULES, *COMPOSITES]))
+            raise self.error(f"unknown op {name.text!r}; known: {known}", name)
         open_tok = self.tok
         self.expect("(", "")
         args: list[Expr] = []
@@ -241,6 +247,16 @@ class _Parser:
             return apply(op, *args, **attrs)
         except ValueError as e:
             raise self.error(str(e), name) from None
+
+    def composite(self, name: _Token) -> Expr:
+        open_tok = self.tok
+        self.expect("(", "")
+        with self.nested(open_tok):
+            arg = self.compare()
+            if self.take(",") is not None and not (self.tok.kind == "op" and self.tok.text == ")"):
+                raise self.error(f"{name.text} takes 1 argument and no attributes", name)
+            self.expect(")", f"to close the call of {name.text}")
+        return COMPOSITES[name.text](arg)
 
     def attribute(self, op: str, key: str) -> object:
         tok = self.tok

@@ -86,6 +86,17 @@ PATTERNS: list[Pattern] = [
 ]
 # fmt: on
 
+# Activations the rule table has no op for, written as the ops PyTorch's decompositions
+# leave of them in post-grad graphs: a shapes file may name them (``epilogue_text``) and
+# gets the identity of the compiler's form. They render as those ops: no template changes.
+COMPOSITES: dict[str, Callable[[Expr], Expr]] = {
+    "relu6": lambda x: ops.clamp(x, min=0.0, max=6.0),
+    "hardsigmoid": lambda x: ops.clamp(x + 3.0, min=0.0, max=6.0) / 6.0,
+    "hardswish": lambda x: x * ops.clamp(x + 3.0, min=0.0, max=6.0) / 6.0,
+    "softplus": lambda x: ops.where(ops.gt(x, 20.0), x, ops.log1p(ops.exp(x))),
+    "mish": lambda x: x * ops.tanh(ops.where(ops.gt(x, 20.0), x, ops.log1p(ops.exp(x)))),
+}
+
 
 def _close(a: float, b: float) -> bool:
     return a == b or (math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 1e-7 * max(abs(a), abs(b)))

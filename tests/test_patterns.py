@@ -109,3 +109,33 @@ def test_a_compiled_gelu_has_the_identity_of_its_text(tmp_path):
     assert identity(problem.epilogue) == identity(
         parse_epilogue([("gelu_tanh(acc + bias[n])", None)], "bfloat16")
     )
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize(
+    "text,act",
+    [
+        ("hardswish(acc + bias[n])", F.hardswish),
+        ("hardsigmoid(acc + bias[n])", F.hardsigmoid),
+        ("relu6(acc + bias[n])", F.relu6),
+        ("softplus(acc + bias[n])", F.softplus),
+        ("mish(acc + bias[n])", F.mish),
+    ],
+)
+def test_activations_without_an_op_have_the_identity_of_their_text(tmp_path, text, act):
+    import epilab
+    from epilab.db import TuningDB
+    from epilab.templates.problem import Problem
+
+    w, b = torch.randn(24, 16, dtype=torch.bfloat16), torch.randn(24, dtype=torch.bfloat16)
+    db = str(tmp_path / "t.db")
+    with torch.no_grad():
+        torch.compile(lambda x: act(x @ w.t() + b), backend="epilab", options={"db": db})(
+            torch.randn(8, 16, dtype=torch.bfloat16)
+        )
+    (decision,) = epilab.explain()
+    with TuningDB.open(db) as store:
+        problem = Problem.from_json(store.problem_json(decision.problem_key)[1])
+    assert identity(problem.epilogue) == identity(parse_epilogue([(text, None)], "bfloat16")), (
+        problem.epilogue.text()
+    )
