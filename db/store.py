@@ -62,6 +62,14 @@ INDUCTOR_MODES = ("default", "max-autotune")  # what a verdict's aten alternativ
 IDENTITY: dict[type, tuple[str, ...]] = {
     TrialRecord: ("problem_id", "device_id", "config", "torch_version", "triton_version"),
     BaselineRecord: ("problem_id", "device_id", "library", "torch_version", "triton_version"),
+    VerdictRecord: (
+        "problem_id",
+        "device_id",
+        "cuda_graphs",
+        "inductor_mode",
+        "torch_version",
+        "triton_version",
+    ),
 }
 BUSY_TIMEOUT_MS = 60_000
 # (a record's config) -> whether this epilab can run it (templates.problem.Config.is_valid)
@@ -482,21 +490,8 @@ class TuningDB:
 
         def run(s: Session) -> None:
             pid = self.problem_id(s, problem.to_json(), problem.epilogue.text(), problem.key)
-            stmt = self._insert(s, VerdictRecord).values(
-                **row, problem_id=pid, device_id=self.device_id(s, device)
-            )
-            keys = (
-                "problem_id",
-                "device_id",
-                "cuda_graphs",
-                "inductor_mode",
-                "torch_version",
-                "triton_version",
-            )
-            s.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=list(keys), set_={c: stmt.excluded[c] for c in row if c not in keys}
-                )
+            self.upsert_measurement(
+                s, VerdictRecord, {**row, "problem_id": pid, "device_id": self.device_id(s, device)}
             )
 
         self.write(run)
