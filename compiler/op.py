@@ -8,7 +8,8 @@ which decode-sized models pay once per matmul.
 
 Its only non-tensor arguments are the canonical problem JSON and the plan JSON
 (a config, or configs by M bucket), so graphs that hold it stay serializable
-and cacheable. Operands come in the problem's order (sorted by name). Both JSON
+and cacheable. Operands come in the problem's order: the kind's extra inputs (a dual
+GEMM's second weight) first, then the epilogue's operands sorted by name. Both JSON
 texts are parsed once per process; the first call with given tensor shapes and
 layouts picks the config for its M and launches the template
 (its kind's ``bind``); later calls like it replay that launch
@@ -33,8 +34,10 @@ MAX_REPLAYS = 4096
 
 @lru_cache(maxsize=4096)
 def _problem(text: str) -> tuple[Problem, tuple[str, ...]]:
+    """The problem, and the names of its call's operand list: its kind's extra inputs (a
+    dual GEMM's B2), then the epilogue's operands (sorted by name)."""
     problem = Problem.from_json(text)
-    return problem, tuple(o.name for o in problem.operands)
+    return problem, (*kinds.kind_of(problem).extra_inputs, *(o.name for o in problem.operands))
 
 
 @lru_cache(maxsize=4096)
@@ -90,7 +93,11 @@ def template_call(
     bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)), tuple(into))
     compiled = bound.run()
     if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
-        inputs = [*kinds.kind_of(p).input_args, *(f"op_{n}_ptr" for n in names)]
+        extra = kinds.kind_of(p).extra_inputs
+        inputs = [
+            *kinds.kind_of(p).input_args,
+            *(f"{n}_ptr" if n in extra else f"op_{n}_ptr" for n in names),
+        ]
         _replays[key] = (Replay(bound, compiled, inputs), twin)
     return outs
 

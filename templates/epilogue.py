@@ -2,7 +2,8 @@
 
 An ``Epilogue`` is a small DAG in a flat, canonical node list:
 
-- leaves: ``acc`` (the fp32 accumulator), ``operand`` (a tensor loaded per output
+- leaves: ``acc`` (the fp32 accumulator), ``acc2`` (a dual GEMM's second accumulator,
+  A @ B2: templates with two accumulators only), ``operand`` (a tensor loaded per output
   element: a row vector indexed by n, a column vector indexed by m, a full tile
   with any strides, or a scalar), ``const`` (a float or bool literal);
 - inner nodes: ops from the one rule table (``templates/rules.py``);
@@ -37,7 +38,8 @@ from epilab.templates.dtypes import OUTPUT_DTYPES
 from epilab.templates.rules import RULES, STRING_ATTRS, Kind, literal, result_kind
 
 AttrValue = float | bool | str
-LEAVES = ("acc", "operand", "const")
+LEAVES = ("acc", "acc2", "operand", "const")
+ACCUMULATORS = ("acc", "acc2")  # the leaves a template computes: A @ B, and A @ B2 (dual GEMMs)
 OPERAND_KINDS = ("row", "col", "tile", "scalar")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 
@@ -123,6 +125,11 @@ def acc() -> Expr:
     return Expr("acc")
 
 
+def acc2() -> Expr:
+    """The second fp32 accumulator of a dual GEMM (A @ B2; ``acc`` is A @ B)."""
+    return Expr("acc2")
+
+
 def operand(name: str, kind: str) -> Expr:
     """A tensor loaded per output element; ``kind`` is row, col, tile or scalar."""
     check_operand_name(name)
@@ -179,7 +186,7 @@ def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValu
         expected: tuple[str, ...] = ("kind", "name")
     elif op == "const":
         expected = ("value",)
-    elif op == "acc":
+    elif op in ACCUMULATORS:
         expected = ()
     elif op in RULES:
         expected = RULES[op].attrs
@@ -241,6 +248,11 @@ class Epilogue:
         return tuple((str(n.attr["name"]), str(n.attr["kind"])) for n in self.nodes if n.op == "operand")
 
     @cached_property
+    def accumulators(self) -> int:
+        """How many accumulators it reads: 2 when it reads ``acc2`` (a dual GEMM's), else 1."""
+        return 2 if any(n.op == "acc2" for n in self.nodes) else 1
+
+    @cached_property
     def kinds(self) -> tuple[Kind, ...]:
         return tuple(_node_kind(n) for n in self.nodes)
 
@@ -290,11 +302,14 @@ class Epilogue:
         return Epilogue.from_dict(json.loads(text))
 
     # -- the reference
-    def evaluate(self, acc: torch.Tensor, operands: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def evaluate(
+        self, acc: torch.Tensor, operands: Mapping[str, torch.Tensor], acc2: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """Compute the outputs in torch at ``acc``'s dtype (float64 for references).
 
         Operands broadcast against ``acc``; outputs come back in the compute dtype
-        (bool outputs as bool), not yet rounded to their output dtypes.
+        (bool outputs as bool), not yet rounded to their output dtypes. ``acc2`` is a dual
+        GEMM's second accumulator (needed when the epilogue reads it).
         """
         dtype = acc.dtype
         values: list[torch.Tensor] = []
@@ -302,6 +317,10 @@ class Epilogue:
             attr = node.attr
             if node.op == "acc":
                 v = acc
+            elif node.op == "acc2":
+                if acc2 is None:
+                    raise ValueError("this epilogue reads acc2 (a dual GEMM's second accumulator); pass acc2")
+                v = acc2
             elif node.op == "operand":
                 v = operands[str(attr["name"])].to(device=acc.device, dtype=dtype)
             elif node.op == "const":
@@ -320,15 +339,17 @@ class Epilogue:
     def triton_lines(self, leaf_vars: Mapping[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
         """Assignments ``(var, expr)`` for the inner nodes and each output's variable.
 
-        ``leaf_vars`` maps ``"acc"`` and each operand name to the kernel variable
-        holding it (already fp32). Constants are inlined as literals.
+        ``leaf_vars`` maps ``"acc"`` (and ``"acc2"`` for a dual GEMM) and each operand name
+        to the kernel variable holding it (already fp32). Constants are inlined as literals.
         """
         names: list[str] = []
         lines: list[tuple[str, str]] = []
         for i, node in enumerate(self.nodes):
             attr = node.attr
-            if node.op == "acc":
-                names.append(leaf_vars["acc"])
+            if node.op in ACCUMULATORS:
+                if node.op not in leaf_vars:
+                    raise ValueError(f"this template has no {node.op}: it computes one accumulator")
+                names.append(leaf_vars[node.op])
             elif node.op == "operand":
                 names.append(leaf_vars[str(attr["name"])])
             elif node.op == "const":
@@ -343,7 +364,7 @@ class Epilogue:
 def _node_kind(n: Node) -> Kind:
     if n.op == "const":
         return "bool" if isinstance(n.attr["value"], bool) else "float"
-    if n.op in ("acc", "operand"):
+    if n.op in ("acc", "acc2", "operand"):
         return "float"
     return result_kind(n.op, n.attr)
 
@@ -397,7 +418,7 @@ def _validate(ep: Epilogue) -> None:
                 want, got = rule.arg_kind(pos), _node_kind(ep.nodes[a])
                 if want != "any" and want != got:
                     raise ValueError(f"node %{i}: argument {pos} of {n.op!r} must be {want}, got {got}")
-        depends_on_acc.append(n.op == "acc" or any(depends_on_acc[a] for a in n.args))
+        depends_on_acc.append(n.op in ACCUMULATORS or any(depends_on_acc[a] for a in n.args))
     for o in ep.outputs:
         if not 0 <= o.node < len(ep.nodes):
             raise ValueError(f"output names node %{o.node}, which does not exist")

@@ -2,7 +2,8 @@
 
 A small recursive-descent parser of our own (nothing is evaluated). The language:
 
-- ``acc``: the fp32 accumulator of the anchor (A @ B, or the convolution);
+- ``acc``: the fp32 accumulator of the anchor (A @ B, or the convolution); ``acc2``: a dual
+  GEMM's second accumulator (A @ B2: ``silu(acc) * acc2``);
 - operands, by how they are read: ``bias[n]`` one value per output column (a row
   vector; a convolution's output channel), ``scale[m]`` one per output row (a column
   vector), ``residual`` or ``residual[m, n]`` a tensor of the output's shape, ``s[]`` a
@@ -25,7 +26,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epilab.templates.epilogue import Epilogue, Expr, acc, apply, check_operand_name, const, operand
+from epilab.templates.epilogue import Epilogue, Expr, acc, acc2, apply, check_operand_name, const, operand
 from epilab.templates.patterns import COMPOSITES
 from epilab.templates.rules import RULES, STRING_ATTRS
 
@@ -165,14 +166,14 @@ class _Parser:
             return e
         if tok.kind != "name":
             found = "the end" if tok.kind == "end" else repr(tok.text)
-            raise self.error(f"expected a value (a number, acc, an operand or a call), found {found}")
+            raise self.error(f"expected a value (a number, acc, acc2, an operand or a call), found {found}")
         self.i += 1
         if self.tok.kind == "op" and self.tok.text == "(":
             return self.call(tok)
-        if tok.text == "acc":
+        if tok.text in ("acc", "acc2"):
             if self.tok.kind == "op" and self.tok.text == "[":
-                raise self.error("acc takes no index")
-            return acc()
+                raise self.error(f"{tok.text} takes no index")
+            return acc() if tok.text == "acc" else acc2()
         if tok.text in _CONSTANTS and not (self.tok.kind == "op" and self.tok.text == "["):
             return const(_CONSTANTS[tok.text])
         return self.operand(tok)

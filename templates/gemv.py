@@ -23,6 +23,7 @@ import triton
 
 from epilab.templates import matmul
 from epilab.templates.epilogue import Epilogue, Node
+from epilab.templates.kind import TemplateKind
 from epilab.templates.matmul import (
     check_inputs,
     hopper_knobs_error,
@@ -122,12 +123,19 @@ def bind_gemv(
     b: torch.Tensor,
     operands: Mapping[str, torch.Tensor],
     out: tuple[torch.Tensor, ...] | None = None,
+    *,
+    kind: TemplateKind | None = None,
 ) -> Bound:
-    """Everything a gemv launch does up to the launch itself (see ``matmul.bind``)."""
+    """Everything a gemv launch does up to the launch itself (see ``matmul.bind``); ``kind``:
+    a kind that renders this template under its own name (the dual GEMV: its extra input B2
+    comes in ``operands``, is read as B is, and its sums take a second workspace)."""
+    kind = KIND if kind is None else kind
+    extra = {name: operands[name] for name in kind.extra_inputs}
+    operands = {name: t for name, t in operands.items() if name not in extra}
     bt = check_inputs(a, b)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"the gemv template takes 2-D inputs, got {tuple(a.shape)} and {tuple(b.shape)}")
-    why = config_error(problem, config)
+    why = kind.check(problem, config)
     if why is not None:
         raise ValueError(why)
     outs = outputs_for(problem, bt.out_shape, a.device, out)
@@ -140,21 +148,26 @@ def bind_gemv(
         raise ValueError(f"the gemv template takes M or N <= {config.BLOCK_M}, got {m}x{n}")
     ep_args = epilogue_args(problem.epilogue, operands, outs, bt.out_shape, (1, m, n))
     if transposed:  # C.T = B.T @ A.T with M and N swapped
+        if extra:
+            raise ValueError(f"the {kind.name} template takes M <= {config.BLOCK_M}, got {m}x{n}")
         a, b, m, n, ep_args = b.t(), a.t(), n, m, _swap_mn(ep_args)
     kp = kernel_problem(problem)
     target = target_for(a.device)
-    tensors = [a, b, *outs, *operands.values()]
+    tensors = [a, b, *extra.values(), *outs, *operands.values()]
     index_64 = any(extent(t) > INT32_MAX for t in tensors)
     grid_n = triton.cdiv(n, config.BLOCK_N)
     split = config.SPLIT_K
+    sums = kind.accumulators  # one workspace region per accumulator
     if config.variant == "two_pass":
-        ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+        ws = torch.empty((sums * split, m, n), dtype=torch.float32, device=a.device)
     else:
-        ws = torch.zeros((m, n) if config.variant == "atomic" else (1,), dtype=torch.float32, device=a.device)
+        ws_shape = (sums, m, n) if config.variant == "atomic" else (1,)
+        ws = torch.zeros(ws_shape, dtype=torch.float32, device=a.device)
     lock = torch.zeros((grid_n if config.variant == "atomic" else 1,), dtype=torch.int32, device=a.device)
     args: dict[str, object] = {
         "a_ptr": a,
         "b_ptr": b,
+        **{f"{name}_ptr": t for name, t in extra.items()},
         **ep_args,
         "ws_ptr": ws,
         "lock_ptr": lock,
@@ -173,7 +186,7 @@ def bind_gemv(
         "num_stages": config.num_stages,
     }
     grid = (grid_n, split)
-    kernel = kernel_for(KIND, kp, config, target, index_64)
+    kernel = kernel_for(kind, kp, config, target, index_64)
     launcher = kernel[grid]
     if config.variant != "two_pass":
 
@@ -184,7 +197,7 @@ def bind_gemv(
         if config.variant == "atomic":  # its workspace is part of the launch: not replayable
             return Bound(outs, lambda: launcher(**args), compile_one)
         return Bound(outs, lambda: launcher(**args), compile_one, kernel, args, grid)
-    reduce = kernel_for(KIND, kp, config, target, index_64, "_reduce")
+    reduce = kernel_for(kind, kp, config, target, index_64, "_reduce")
     reduce_args = {
         **ep_args,
         "ws_ptr": ws,

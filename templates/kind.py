@@ -115,6 +115,11 @@ class TemplateKind:
     # for a twin this kind made, called with the original problem's tensors: how they convert
     twin_call: Callable[[Problem, Tensor, Tensor], TwinCall | None] = _no_twin_call
     prefer_untuned: bool = False  # its heuristic beats the other template's on the twins it takes
+    # tensors its calls take besides A, B and the epilogue's operands, each shaped and strided
+    # as B (a dual GEMM's second weight, "b2"): passed in ``operands`` under these names (first,
+    # in this order, in a compiled call's operand list); its kernel reads each at ``{name}_ptr``
+    extra_inputs: tuple[str, ...] = ()
+    accumulators: int = 1  # fp32 accumulators per tile, one per B-side input (feasibility counts them)
 
     def __repr__(self) -> str:
         return f"TemplateKind({self.name!r})"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from epilab.templates import conv2d, gemv, matmul
+from epilab.templates import conv2d, dual_gemv, dual_matmul, gemv, matmul
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.problem import Config, Problem
 from epilab.templates.render import Target, files_hash, render
@@ -23,6 +23,8 @@ KINDS: dict[str, TemplateKind] = {
         matmul.KIND,
         gemv.KIND,
         conv2d.KIND,
+        dual_matmul.KIND,
+        dual_gemv.KIND,
     )
 }
 

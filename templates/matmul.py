@@ -269,8 +269,11 @@ def bind_matmul(
     kind: TemplateKind | None = None,
 ) -> Bound:
     """Everything a launch of the matmul template does up to the launch itself (``kind``:
-    a kind that renders this template under its own name and rules; the matmul's)."""
+    a kind that renders this template under its own name and rules; the matmul's). The
+    kind's extra inputs (a dual GEMM's B2) come in ``operands`` and are read as B is."""
     kind = KIND if kind is None else kind
+    extra = {name: operands[name] for name in kind.extra_inputs}
+    operands = {name: t for name, t in operands.items() if name not in extra}
     bt = check_inputs(a, b)
     ep = problem.epilogue
     outs = outputs_for(problem, bt.out_shape, a.device, out)
@@ -279,7 +282,7 @@ def bind_matmul(
     if trivial is not None:
         return trivial
     target = target_for(a.device)
-    tensors = [a, b, *outs, *operands.values()]
+    tensors = [a, b, *extra.values(), *outs, *operands.values()]
     index_64 = any(extent(t) > INT32_MAX for t in tensors) or batch * m * n > INT32_MAX
     grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N), batch)
     if batch > _GRID_Y_MAX:
@@ -296,6 +299,7 @@ def bind_matmul(
         "stride_bb": bt.b[1][0],
         "stride_bk": bt.b[1][1],
         "stride_bn": bt.b[1][2],
+        **{f"{name}_ptr": t for name, t in extra.items()},
     }
     args.update(epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n)))
     if config.variant in PERSISTENT_VARIANTS:
@@ -305,7 +309,7 @@ def bind_matmul(
         grid = (min(sms * config.PROGRAMS_PER_SM, grid[0] * batch),)
         args.update(BATCH=batch, NUM_SMS=grid[0])
     if config.variant in TMA_VARIANTS:
-        described = tma_descriptors(problem, config, a, b)
+        described = tma_descriptors(problem, config, a, b, extra)
         if described is None:  # these tensors' strides or addresses do not suit TMA: no descriptors
             plain = "default" if config.variant == "tma" else "persistent"
             config = dataclasses.replace(config, variant=plain)
@@ -313,7 +317,7 @@ def bind_matmul(
             stores = tma_store_descriptors(config, outs) if config.TMA_STORE else ()
             if stores is None:  # these outputs do not suit TMA: pointer stores
                 config, stores = dataclasses.replace(config, TMA_STORE=0), ()
-            tensors = (a, b, *(outs[i] for i in range(len(stores))))
+            tensors = (a, b, *extra.values(), *(outs[i] for i in range(len(stores))))
             args.update({d.arg: d.make(t) for d, t in zip((*described, *stores), tensors, strict=True)})
             bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
             return dataclasses.replace(bound, descriptors=(*described, *stores))
@@ -340,20 +344,31 @@ def tma_store_descriptors(config: Config, outs: tuple[torch.Tensor, ...]) -> tup
 
 
 def tma_descriptors(
-    problem: Problem, config: Config, a: torch.Tensor, b: torch.Tensor
-) -> tuple[Described, Described] | None:
-    """How the tma variants describe A and B (each as it is stored: a column-major operand
-    is described transposed), or None when TMA cannot read these tensors (2-D only; unit
-    inner stride; 16-byte aligned outer stride and address)."""
-    if a.dim() != 2 or b.dim() != 2:
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    extra: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[Described, ...] | None:
+    """How the tma variants describe A, B and the B-side ``extra`` inputs (each as it is
+    stored: a column-major operand is described transposed), or None when TMA cannot read
+    these tensors (2-D only; unit inner stride; 16-byte aligned outer stride and address)."""
+    bs = {"b": b, **(extra or {})}
+    if a.dim() != 2 or any(t.dim() != 2 for t in bs.values()):
         return None
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
-    if not (_tma_readable(a if a_row else a.t()) and _tma_readable(b if b_row else b.t())):
+    if not (
+        _tma_readable(a if a_row else a.t())
+        and all(_tma_readable(t if b_row else t.t()) for t in bs.values())
+    ):
         return None
     return (
         Described("a_desc", "a_ptr", not a_row, (bm, bk) if a_row else (bk, bm)),
-        Described("b_desc", "b_ptr", not b_row, (bk, bn) if b_row else (bn, bk)),
+        *(
+            Described(f"{name}_desc", f"{name}_ptr", not b_row, (bk, bn) if b_row else (bn, bk))
+            for name in bs
+        ),
     )
 
 
@@ -374,7 +389,7 @@ def trivial_bound(
 
     def zero_k() -> None:
         zero = torch.zeros(bt.out_shape, dtype=torch.float32, device=device)
-        for o, v in zip(outs, problem.epilogue.evaluate(zero, operands), strict=True):
+        for o, v in zip(outs, problem.epilogue.evaluate(zero, operands, acc2=zero), strict=True):
             o.copy_(v)
 
     return Bound(outs, zero_k, lambda: None)

@@ -28,7 +28,7 @@ from epilab.templates.patterns import identity_with_names
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
 CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 PRECISIONS = ("ieee", "tf32")  # how a float32 dot is done
-OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "conv2d")
+OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "conv2d", "dual_mm")  # dual_mm: ep(A @ B, A @ B2)
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
 _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
 

@@ -3,9 +3,9 @@
 Templates see a small whitelisted hook API (in the spirit of Inductor's
 ``triton_mm.py.jinja``): ``epilogue_params()`` adds the epilogue's operand and
 output parameters to the kernel signature, ``store_output(...)`` emits the fused
-epilogue on the fp32 accumulator and the masked stores. Everything the source
-depends on comes from structured data; names in it are validated identifiers
-and numbers are rendered as exact literals.
+epilogue on the fp32 accumulator (and a dual GEMM's second, ``acc2``) and the masked
+stores. Everything the source depends on comes from structured data; names in it are
+validated identifiers and numbers are rendered as exact literals.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import jinja2
 import sympy
 
+from epilab.templates.epilogue import LEAVES
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import rounded
 
@@ -81,9 +82,22 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
         return "\n    ".join(params)
 
     def store_output(
-        *, acc: str, rm: str, rn: str, pid_b: str, mask_m: str, mask_n: str, m0: str = "", n0: str = ""
+        *,
+        acc: str,
+        rm: str,
+        rn: str,
+        pid_b: str,
+        mask_m: str,
+        mask_n: str,
+        m0: str = "",
+        n0: str = "",
+        acc2: str = "",
     ) -> str:
-        leaf_vars = {"acc": acc, **{o["name"]: f"op_{o['name']}" for o in operands}}
+        leaf_vars = {
+            "acc": acc,
+            **({"acc2": acc2} if acc2 else {}),
+            **{o["name"]: f"op_{o['name']}" for o in operands},
+        }
         lines, out_vars = ep.triton_lines(leaf_vars)
         outputs = []
         for out, var in zip(ep.outputs, out_vars, strict=True):
@@ -116,7 +130,7 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
 
 def kernel_name(problem: Problem) -> str:
     """Readable in profiles: the template, then the epilogue's ops in order."""
-    ops = [n.op for n in problem.epilogue.nodes if n.op not in ("acc", "operand", "const")]
+    ops = [n.op for n in problem.epilogue.nodes if n.op not in LEAVES]
     name = "_".join(["epilab", problem.template, *ops])
     if len(name) > 80:
         name = name[:70] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
@@ -159,6 +173,7 @@ def render(
         upcast_dot=target == "interpreter" and problem.dtype == "bfloat16",
         index_64=index_64,
         interpret=target == "interpreter",
+        dual=kind.accumulators == 2,  # two accumulators: A @ B and A @ B2 (the kind's extra input)
         subtile=config.EPILOGUE_SUBTILE,
         flatten=bool(config.FLATTEN),
         warp_specialize=bool(config.WARP_SPECIALIZE),

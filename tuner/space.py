@@ -19,12 +19,13 @@ infeasible configs from ever being compiled. The kinds' spaces:
 
 A config is feasible for a problem on a device when
 - its pipelined tiles fit the device's shared memory:
-  num_stages * (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * element size <= limit, plus with
+  num_stages * (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N * accumulators) * element size <= limit
+  (a dual GEMM's kinds stage a B and a B2 tile and hold two accumulators), plus with
   TMA_STORE the staged output slices, BLOCK_M * BLOCK_N / EPILOGUE_SUBTILE per output
   element byte (an H200 refused 256x128x128 x 2 stages with a 64 KiB store buffer);
 - no block is larger than the padded problem (next power of two, at least 16);
-- the fp32 accumulator fits the register file: BLOCK_M * BLOCK_N / (32 * num_warps)
-  <= 128 registers per thread (half of the 255 a thread may have);
+- the fp32 accumulators fit the register file: accumulators * BLOCK_M * BLOCK_N /
+  (32 * num_warps) <= 128 registers per thread (half of the 255 a thread may have);
 - the template accepts it (its kind's ``check``: the gemv variant matches SPLIT_K;
   the tma variants take 2-D problems whose rows are 16-byte aligned, and TMA_STORE non-bool
   outputs with aligned rows; the persistent knobs are left at their defaults by the other
@@ -122,20 +123,24 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
         if block > _padded(dim):
             return f"{name}={block} is larger than the padded dimension {_padded(dim)}"
     esize = itemsize(problem.dtype)
-    smem = config.num_stages * (config.BLOCK_M * config.BLOCK_K + config.BLOCK_K * config.BLOCK_N) * esize
+    accs = kind.accumulators  # a dual GEMM stages two B tiles and holds two accumulators
+    smem = (
+        config.num_stages * (config.BLOCK_M * config.BLOCK_K + accs * config.BLOCK_K * config.BLOCK_N) * esize
+    )
     if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
         out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
         smem += config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
     if smem > limits.smem_bytes:
         return f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
-    per_thread = config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
+    per_thread = accs * config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
     if per_thread > MAX_ACC_REGS:
-        return f"the accumulator needs {per_thread} registers per thread (at most {MAX_ACC_REGS})"
+        what = "the accumulator needs" if accs == 1 else f"the {accs} accumulators need"
+        return f"{what} {per_thread} registers per thread (at most {MAX_ACC_REGS})"
     if config.PROGRAMS_PER_SM > 1:
         programs = config.PROGRAMS_PER_SM
         if programs * smem > limits.smem_bytes:
             return f"{programs} programs per SM need {programs * smem} bytes of shared memory"
-        if programs * config.BLOCK_M * config.BLOCK_N > REGISTER_FILE // 2:
+        if programs * accs * config.BLOCK_M * config.BLOCK_N > REGISTER_FILE // 2:
             return f"{programs} programs' accumulators would take over half of the register file"
     why = kind.search_error(problem, config)
     if why is not None:
