@@ -22,7 +22,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from epilab.compiler import explain
 from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
-from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, val
+from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.op import TEMPLATE_CALL
 from epilab.templates.kinds import current_hashes
 from epilab.templates.problem import Problem
@@ -56,8 +56,10 @@ class EpilabPass(CustomGraphPass):
         decisions: list[Decision] = []
         anchors = [n for n in graph.nodes if n.op == "call_function" and n.target in ANCHORS]
         precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
-        for anchor in anchors:
+        for i, anchor in enumerate(anchors):
             if anchor.graph is not graph or anchor not in graph.nodes:
+                continue
+            if self._dual(graph, anchor, anchors[i + 1 :], precision, decisions):
                 continue
             name = f"aten.{ANCHORS[anchor.target]}"  # type: ignore[index]
             nodes = list(graph.nodes)
@@ -80,6 +82,39 @@ class EpilabPass(CustomGraphPass):
             graph.lint()
         explain.record(decisions)
 
+    def _dual(
+        self,
+        graph: fx.Graph,
+        first: fx.Node,
+        later: list[fx.Node],
+        precision: str,
+        decisions: list[Decision],
+    ) -> bool:
+        """Fuse ``first`` with a later mm/addmm that reads the same A into one dual-GEMM call
+        where their products meet (``silu(gate) * up``) and the decision rules choose the
+        dual template; True when the graph was rewritten. Otherwise each anchor goes on
+        alone (a decision against the dual form is recorded too)."""
+        a = _a_of(first)
+        if a is None:
+            return False
+        nodes = list(graph.nodes)
+        for second in later:
+            if second not in graph.nodes or not same_input(_a_of(second), a):
+                continue
+            try:
+                group = match_dual(first, second, nodes[nodes.index(first) + 1 :], precision=precision)
+            except NoGroup:
+                continue
+            self._record_seen(group)
+            name = f"aten.{ANCHORS[first.target]}+aten.{ANCHORS[second.target]}"  # type: ignore[index]
+            decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
+            decisions.append(decision)
+            if plan is None:
+                return False
+            _rewrite(graph, group, plan, chosen)
+            return True
+        return False
+
     def _record_seen(self, group: Group) -> None:
         """Store static problems in the database, so that ``epilab tune --seen`` finds them."""
         db = self.context.db
@@ -90,6 +125,15 @@ class EpilabPass(CustomGraphPass):
                 db.put_problem(problem)
         except Exception as e:  # a read-only or busy database must not fail the compile
             log.warning("could not record problem %s in %s: %s", group.problem.key[:12], db.url, e)
+
+
+def _a_of(anchor: fx.Node) -> fx.Node | None:
+    """The A node of an mm or addmm anchor (None for the other anchors)."""
+    op = ANCHORS[anchor.target]  # type: ignore[index]
+    if op not in ("mm", "addmm"):
+        return None
+    a = anchor.args[0 if op == "mm" else 1]
+    return a if isinstance(a, fx.Node) else None
 
 
 def _shape(anchor: fx.Node) -> str:
@@ -104,7 +148,8 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
     order = {n: i for i, n in enumerate(graph.nodes)}
     by_name = {o.name: o for o in group.operands}
     operands = [by_name[spec.name] for spec in problem.operands]
-    last = max([*members, *(o.node for o in operands), group.a, group.b], key=order.__getitem__)
+    inputs = [*members, *(o.node for o in operands), group.a, group.b, *group.extra]
+    last = max(inputs, key=order.__getitem__)
     fake = fake_mode_of(val(group.anchor))
 
     def add(target: object, args: tuple, value: object) -> fx.Node:
@@ -113,7 +158,7 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
         return node
 
     with graph.inserting_after(last):
-        args = []
+        args = list(group.extra)  # the kind's extra inputs (a dual GEMM's B2) come first
         for o in operands:
             if o.reshape is None:
                 args.append(o.node)

@@ -23,6 +23,7 @@ pointwise kernels do.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -35,7 +36,8 @@ import torch.fx as fx
 from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, VIEWS, Unsupported
 from epilab.templates import dtypes
 from epilab.templates.conv2d import conv_problem
-from epilab.templates.epilogue import Epilogue, Expr, acc, operand
+from epilab.templates.dual_matmul import OP, canonical_order
+from epilab.templates.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand
 from epilab.templates.kinds import default_template, template_hash
 from epilab.templates.problem import BATCHED_OPS, ConvGeometry, Dim, OperandSpec, Problem, Shape
 from epilab.templates.runtime import layout_of, operand_layout
@@ -75,11 +77,12 @@ class Group:
     operands: list[Operand]
     uses: list[Use]  # members used outside the group, and which kernel output replaces each
     problem: Problem
+    extra: list[fx.Node] = dataclasses.field(default_factory=list)  # the kind's extra inputs (B2)
 
     @property
     def shape_text(self) -> str:
         s = self.problem.shape
-        dims = [s.m, s.n, s.k] if self.op in ("mm", "addmm") else [s.batch, s.m, s.n, s.k]
+        dims = [s.m, s.n, s.k] if self.op in ("mm", "addmm", OP) else [s.batch, s.m, s.n, s.k]
         return "x".join(str(d) for d in dims)
 
 
@@ -178,7 +181,7 @@ class _Grower(ABC):
         kind, reshape = self.operand_kind(node, pad, S)
         key = (node, reshape)
         if key not in self.operands:
-            count = sum(1 for o in self.operands.values() if o.name != "bias")
+            count = sum(1 for o in self.operands.values() if o.name.startswith("op"))
             self.operands[key] = Operand(name or f"op{count}", node, kind, reshape)
         found = self.operands[key]
         if found.kind != kind:
@@ -268,10 +271,19 @@ class _MatmulGrower(_Grower):
     columns; views that split or merge rows join."""
 
     def start(self) -> tuple[fx.Node, fx.Node]:
-        node = self.anchor
+        a, b, value = self.take_anchor(self.anchor, acc(), "bias")
+        self.values[self.anchor] = value
+        self.shape_src[self.anchor] = None
+        self.order.append(self.anchor)
+        return a, b
+
+    def take_anchor(self, node: fx.Node, leaf: Expr, bias_name: str) -> tuple[fx.Node, fx.Node, Expr]:
+        """An anchor's A and B nodes and its value: ``leaf`` (its accumulator) scaled by alpha,
+        plus its bias (an operand named ``bias_name``) scaled by beta, rounded to its dtype."""
+        op = ANCHORS[node.target]  # type: ignore[index]
         args = list(node.args)
         kwargs = dict(node.kwargs)
-        if self.op in ("addmm", "baddbmm"):
+        if op in ("addmm", "baddbmm"):
             bias, a, b = args[:3]
             beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
             alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
@@ -282,21 +294,19 @@ class _MatmulGrower(_Grower):
             raise NoGroup("an input has no shape information")
         if av.dtype not in ANCHOR_DTYPES or av.dtype != bv.dtype:
             raise NoGroup(f"inputs {av.dtype}/{bv.dtype}: the templates take float16, bfloat16, float32")
-        if self.out.dtype != av.dtype:
-            raise NoGroup(f"output dtype {self.out.dtype} differs from the inputs' {av.dtype}")
+        out = val(node)
+        if out is None or out.dtype != av.dtype:
+            raise NoGroup(f"output dtype {getattr(out, 'dtype', None)} differs from the inputs' {av.dtype}")
         for name, x in (("alpha", alpha), ("beta", beta)):
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 raise NoGroup(f"{name}={x!r} is not a number")
-        value: Expr = acc() if alpha == 1 else acc() * float(alpha)
+        value: Expr = leaf if alpha == 1 else leaf * float(alpha)
         if bias is not None and beta != 0:
-            bias_expr = self.operand(bias, self.O, "bias")
+            bias_expr = self.operand(bias, self.O, bias_name)
             value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
         if av.dtype != torch.float32:
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
-        self.values[node] = value
-        self.shape_src[node] = None
-        self.order.append(node)
-        return a, b  # type: ignore[return-value]
+        return a, b, value  # type: ignore[return-value]
 
     def operand_kind(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
@@ -446,6 +456,12 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
     g = GROWERS[ANCHORS[anchor.target]](anchor)  # type: ignore[index]
     a, b = g.start()
     g.grow(after)
+    return _group(g, a, b, precision)
+
+
+def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str, extra: Sequence[fx.Node] = ()) -> Group:
+    """The group a grown grower holds: its outputs (members used outside it), epilogue,
+    operands and problem."""
     members = set(g.order)
     exprs: list[tuple[Expr, str]] = []
     index: dict[tuple[int, str], int] = {}
@@ -465,7 +481,7 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
     used = {name for name, _ in epilogue.operands}
     operands = [o for o in g.operands.values() if o.name in used]  # constant folding may drop some
     return Group(
-        anchor=anchor,
+        anchor=g.anchor,
         op=g.op,
         a=a,
         b=b,
@@ -473,6 +489,7 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group
         operands=operands,
         uses=uses,
         problem=g.problem(a, b, operands, epilogue, precision),
+        extra=list(extra),
     )
 
 
@@ -484,3 +501,104 @@ def fake_mode_of(v: torch.Tensor | None) -> object:
 
         return nullcontext()
     return mode
+
+
+# ------------------------------------------------------------------ dual GEMMs
+
+
+class _DualGrower(_MatmulGrower):
+    """Two mm/addmm anchors that read the same A (a gated MLP's gate and up projections):
+    the first is ``acc``, the second ``acc2``; their B nodes have one shape, dtype and set of
+    strides. The group grows over the nodes after the first anchor, as one group of both."""
+
+    def __init__(self, anchor: fx.Node, second: fx.Node, swap: bool = False) -> None:
+        super().__init__(anchor)
+        self.second = second
+        self.swap = swap  # the second anchor is acc, the first acc2 (``canonical_dual``)
+        self.desc.add(second)
+
+    def start(self) -> tuple[fx.Node, fx.Node]:
+        leaves, names = (
+            ((acc2(), acc()), ("bias2", "bias")) if self.swap else ((acc(), acc2()), ("bias", "bias2"))
+        )
+        a, b, value = self.take_anchor(self.anchor, leaves[0], names[0])
+        a2, b2, value2 = self.take_anchor(self.second, leaves[1], names[1])
+        if not same_input(a, a2):
+            raise NoGroup("the two anchors read different A nodes")
+        bv, b2v = val(b), val(b2)
+        assert bv is not None and b2v is not None
+        if (
+            b2v.dtype != bv.dtype
+            or not same_shape(b2v.shape, bv.shape)
+            or not same_shape(b2v.stride(), bv.stride())
+        ):
+            raise NoGroup("the two anchors' B differ in shape, dtype or strides")
+        if not same_shape(val(self.second).shape, self.O):  # type: ignore[union-attr]
+            raise NoGroup("the two anchors' outputs differ in shape")
+        self.inputs2 = [n for n in self.second.all_input_nodes if n is not a]  # B2 and its bias
+        for node, v in ((self.anchor, value), (self.second, value2)):
+            self.values[node] = v
+            self.shape_src[node] = None
+            self.order.append(node)
+        self.op = OP
+        # the kernel's B and B2: the B of the acc anchor, and of the acc2 anchor
+        kernel_b, self.b2 = (b2, b) if self.swap else (b, b2)
+        return a, kernel_b
+
+    def joins(self) -> bool:
+        """Whether a member reads both accumulators (the halves meet in the group)."""
+        return any(_accumulators(self.values[n]) >= set(ACCUMULATORS) for n in self.order)
+
+
+def same_input(x: object, y: object) -> bool:
+    """Whether two nodes are one value: the same node, or the same view of one node (each
+    nn.Linear flattens its input with a reshape of its own)."""
+    if x is y:
+        return True
+    return (
+        isinstance(x, fx.Node)
+        and isinstance(y, fx.Node)
+        and x.op == y.op == "call_function"
+        and x.target in VIEWS
+        and x.target == y.target
+        and x.args == y.args
+        and x.kwargs == y.kwargs
+    )
+
+
+def _accumulators(e: Expr) -> set[str]:
+    """The accumulator leaves an expression reads."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.op in ACCUMULATORS:
+            found.add(x.op)
+        stack.extend(x.args)
+    return found
+
+
+def match_dual(first: fx.Node, second: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group:
+    """The dual group of two mm/addmm anchors reading one A (``first`` before ``second`` in
+    the graph) over ``after`` (the nodes following ``first``): one kernel computes both
+    products and the pointwise work after them, where a member joins the two halves
+    (``silu(gate) * up``). Anything of the second anchor's inputs computed from the first
+    anchor would be a cycle through the kernel: refused."""
+    if ANCHORS.get(first.target) not in ("mm", "addmm") or ANCHORS.get(second.target) not in ("mm", "addmm"):  # type: ignore[arg-type]
+        raise NoGroup("a dual GEMM pairs two mm/addmm anchors")
+    groups = []
+    for swap in (False, True):
+        g = _DualGrower(first, second, swap)
+        a, b = g.start()
+        g.grow([n for n in after if n is not second])
+        if any(n in g.desc for n in g.inputs2):
+            raise NoGroup("the second anchor reads a value computed from the first")
+        if not g.joins():
+            raise NoGroup("the two products never meet in a pointwise op")
+        groups.append(_group(g, a, b, precision, extra=[g.b2]))
+    # one problem whichever projection comes first in the graph (``canonical_order``)
+    return groups[0] if canonical_order(groups[0].problem.epilogue) else groups[1]

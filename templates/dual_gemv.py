@@ -26,7 +26,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return f"the dual GEMV takes {dual_matmul.OP} problems, got {problem.op}"
     if not (isinstance(m, int) and m <= gemv.BLOCK_M):
         return f"the dual GEMV takes a static M <= {gemv.BLOCK_M}, got M={m}"
-    return gemv.config_error(problem, config)
+    return gemv.loop_error(problem, config)
 
 
 def twin(problem: Problem) -> Problem | None:

@@ -32,11 +32,12 @@ from epilab.templates.matmul import (
     matmul_inputs,
     random_tensor,
 )
+from epilab.templates.patterns import identity_with_names
 from epilab.templates.problem import Config, Problem
 from epilab.templates.render import Target, files_hash
 
 B2 = "b2"  # the name of the second weight in a call's operands
-OP = "dual_mm"
+OP = matmul.DUAL_OP
 MAX_ACC_REGS = 128  # registers per thread both accumulators may take (tuner/space.py's rule)
 
 
@@ -63,6 +64,26 @@ def halves(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"a concatenated weight is [K, 2N] with an even 2N, got {tuple(b.shape)}")
     n = b.shape[1] // 2
     return b[:, :n], b[:, n:]
+
+
+def swap_accumulators(ep: Epilogue) -> Epilogue:
+    """``ep`` with ``acc`` and ``acc2`` exchanged (B and B2 passed the other way round)."""
+    swapped = {"acc": "acc2", "acc2": "acc"}
+    nodes = tuple(dataclasses.replace(n, op=swapped.get(n.op, n.op)) for n in ep.nodes)
+    exprs = Epilogue(nodes, ep.outputs).exprs()
+    return Epilogue.build(list(zip(exprs, [o.dtype for o in ep.outputs], strict=True)))
+
+
+def identity_text(ep: Epilogue) -> str:
+    return identity_with_names(ep)[0].text()
+
+
+def canonical_order(ep: Epilogue) -> bool:
+    """Whether ``ep`` names its accumulators in the canonical order: of it and its swap,
+    the one whose identity (``patterns``) has the smaller text. The compiler and the suites
+    both pick that order, so ``silu(gate) * up`` is one problem whichever projection comes
+    first in a graph (``silu(acc) * acc2``)."""
+    return identity_text(ep) <= identity_text(swap_accumulators(ep))
 
 
 def make_dual_problem(
@@ -109,7 +130,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
     """The matmul template's rules, for 2-D dual problems."""
     if problem.op != OP or problem.shape.batch != 1:
         return f"the dual templates take 2-D {OP} problems, got a {problem.op} of batch {problem.shape.batch}"
-    return matmul.config_error(problem, config)
+    return matmul.loop_error(problem, config)
 
 
 def default_dual_config(

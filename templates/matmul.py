@@ -65,8 +65,18 @@ def hopper_knobs_error(config: Config) -> str | None:
     return None
 
 
+DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): the dual templates' op (templates/dual_matmul.py)
+
+
 def config_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the matmul template for ``problem`` (None when it does)."""
+    if problem.op == DUAL_OP:
+        return "a dual GEMM (an epilogue of A @ B and A @ B2) runs on dual_matmul or dual_gemv"
+    return loop_error(problem, config)
+
+
+def loop_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the matmul template's main loops for ``problem``."""
     if config.SPLIT_K != 1:
         return "the matmul template has no split-K; use SPLIT_K=1"
     if config.variant not in VARIANTS:

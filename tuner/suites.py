@@ -30,11 +30,18 @@ Built-in suites:
   (4096, 14336) residual, (8192, 8192) bias + gelu(tanh) + residual, (128256, 4096)
   bias — plus the transposed case, a router with N = 8 experts over M = 2048 and
   8192 tokens (K = 4096);
+- ``mlp``: gated MLPs' gate and up projections as one dual GEMM (``silu(acc) * acc2``; the
+  dual_matmul template, and dual_gemv for M <= 16), bf16, nn.Linear layout, M in {1, 8,
+  128, 2048, 8192} x (d, F) of Llama-2-7B (4096, 11008), Llama-3-8B (4096, 14336),
+  Llama-3-70B (8192, 28672), Qwen2-7B (3584, 18944) and Gemma-7B (3072, 24576, GeGLU:
+  ``gelu_tanh(acc) * acc2``);
 - ``conv``: ResNet-50's convolutions at batch 32, bf16 channels_last: the 7x7 stride-2
   stem, the 3x3 layers at 56/28/14/7 with C = K = 64/128/256/512, and the 1x1
   expansions (with the block's residual add) and reductions, each with its folded
   batch norm as a per-channel bias and ReLU.
 
+An epilogue that reads ``acc2`` makes a dual GEMM (``ep(A @ B, A @ B2)``, 2-D): its template
+is dual_matmul, or dual_gemv for M <= 16.
 A spec may name its ``template`` (matmul, default, or gemv for M or N <= 16); matmul
 specs with M or N <= 16, and 1x1 NHWC conv specs, are tuned with both templates
 (``kinds.twins``).
@@ -51,7 +58,8 @@ from epilab.files import read_text_bounded
 from epilab.templates.catalog import EPILOGUES, epilogue
 from epilab.templates.conv2d import layout_for
 from epilab.templates.dtypes import INPUT_DTYPES
-from epilab.templates.epilogue import Epilogue
+from epilab.templates.dual_matmul import OP, canonical_order, swap_accumulators
+from epilab.templates.epilogue import LEAVES, Epilogue
 from epilab.templates.epilogue_text import EpilogueSyntaxError, parse_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
@@ -61,8 +69,8 @@ def problem_label(problem: Problem) -> str:
     """A short label of any problem (one the compiler recorded, say): op, shape, dtype,
     layouts of A and B, and the epilogue's ops."""
     s = problem.shape
-    shape = f"{s.m}x{s.n}x{s.k}" if problem.op in ("mm", "addmm") else f"{s.batch}x{s.m}x{s.n}x{s.k}"
-    ops_ = [n.op for n in problem.epilogue.nodes if n.op not in ("acc", "operand", "const")]
+    shape = f"{s.m}x{s.n}x{s.k}" if problem.op in ("mm", "addmm", OP) else f"{s.batch}x{s.m}x{s.n}x{s.k}"
+    ops_ = [n.op for n in problem.epilogue.nodes if n.op not in LEAVES]
     epilogue = "+".join(ops_) if ops_ else "none"
     if len(epilogue) > 40:
         epilogue = epilogue[:37] + "..."
@@ -159,7 +167,12 @@ class Spec:
             raise ValueError(f"dtype {self.dtype!r} is not one of {INPUT_DTYPES}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} is not one of {LAYOUTS}")
-        spec_epilogue(self.epilogue, self.dtype)  # a ValueError names the column
+        ep = spec_epilogue(self.epilogue, self.dtype)  # a ValueError names the column
+        if ep.accumulators == 2:  # a dual GEMM: its own template unless the spec names one
+            if self.batch is not None:
+                raise ValueError("a dual GEMM (an epilogue that reads acc2) is 2-D: leave out batch")
+            if self.template == "matmul":
+                object.__setattr__(self, "template", default_template(OP))
         if self.template not in KINDS:
             raise ValueError(f"template {self.template!r} is not one of {sorted(KINDS)}")
         if self.template == default_template("mm"):
@@ -180,6 +193,8 @@ class Spec:
         ep = spec_epilogue(self.epilogue, self.dtype)
         has_bias = ("bias", "row") in ep.operands  # as the compiler sees x @ W.T + b: addmm
         op = ("baddbmm" if has_bias else "bmm") if self.batch else ("addmm" if has_bias else "mm")
+        if ep.accumulators == 2:  # in the order the compiler names a graph's two projections
+            op, ep = OP, ep if canonical_order(ep) else swap_accumulators(ep)
         operands = tuple(
             OperandSpec(name, self.dtype, _OPERAND_LAYOUTS.get(kind, "row")) for name, kind in ep.operands
         )
@@ -218,6 +233,15 @@ _DECODE_PROJECTIONS = (
     (128256, 4096, "bias"),
 )
 
+# (d, F, join) of gated MLPs: Llama-2-7B, Llama-3-8B, Llama-3-70B, Qwen2-7B (SwiGLU), Gemma-7B (GeGLU)
+_GATED_MLPS = (
+    (4096, 11008, "silu(acc) * acc2"),
+    (4096, 14336, "silu(acc) * acc2"),
+    (8192, 28672, "silu(acc) * acc2"),
+    (3584, 18944, "silu(acc) * acc2"),
+    (3072, 24576, "gelu_tanh(acc) * acc2"),
+)
+
 SUITES: dict[str, list[Spec | ConvSpec]] = {
     "smoke": [
         Spec(64, 64, 64, dtype="float32"),
@@ -242,6 +266,9 @@ SUITES: dict[str, list[Spec | ConvSpec]] = {
         Spec(m, n, k, template="gemv")
         for m in (1, 4, 8, 16)
         for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096))
+    ],
+    "mlp": [  # gated MLPs' gate and up projections in one dual GEMM, at decode and prefill M
+        Spec(m, f, d, epilogue=ep) for d, f, ep in _GATED_MLPS for m in (1, 8, 128, 2048, 8192)
     ],
     "gemv-fused": [
         *(
