@@ -16,7 +16,6 @@ import dataclasses
 from epilab.templates import dual_matmul, gemv
 from epilab.templates.gemv import bind_gemv, split_k_error
 from epilab.templates.problem import Config, Problem
-from epilab.templates.render import files_hash
 
 
 def config_error(problem: Problem, config: Config) -> str | None:
@@ -27,14 +26,6 @@ def config_error(problem: Problem, config: Config) -> str | None:
     if not (isinstance(m, int) and m <= gemv.BLOCK_M):
         return f"the dual GEMV takes a static M <= {gemv.BLOCK_M}, got M={m}"
     return gemv.loop_error(problem, config)
-
-
-def twin(problem: Problem) -> Problem | None:
-    """The dual problem on this template when it applies (a static M <= 16), else None."""
-    m = problem.shape.m
-    if problem.template != "dual_matmul" or not (isinstance(m, int) and m <= gemv.BLOCK_M):
-        return None
-    return dataclasses.replace(problem, template=KIND.name, template_hash=files_hash(KIND.files))
 
 
 def dual_gemv_search_error(problem: Problem, config: Config) -> str | None:
@@ -50,7 +41,7 @@ SEEDS = [  # the gemv's, with narrower column tiles (two B slabs per step)
 
 KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's tensors
     dual_matmul.KIND,
-    name="dual_gemv",
+    name=dual_matmul.DUAL_GEMV,
     files=gemv.FILES,
     ops=(),  # it runs the dual problems it takes (dual_matmul's twins)
     space=gemv.SPACE,
@@ -58,6 +49,7 @@ KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's t
     check=config_error,
     default_config=gemv.default_gemv_config,
     kernel_shape=lambda problem: problem.shape,
+    problem_of=dual_matmul.problem_of_on(dual_matmul.DUAL_GEMV, gemv.FILES),
     bind=lambda problem, config, a, b, operands, out=None: bind_gemv(
         problem, config, a, b, operands, out, kind=KIND
     ),

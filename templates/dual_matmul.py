@@ -18,11 +18,11 @@ tensors of one shape and one set of strides: two weights, or the halves of one c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-from epilab.templates import dtypes, matmul
+from epilab.templates import dtypes, gemv, matmul
 from epilab.templates.epilogue import Epilogue
 from epilab.templates.matmul import (
     FILES,
@@ -105,25 +105,28 @@ def make_dual_problem(
     return dataclasses.replace(found, template=template, template_hash=files_hash(files))
 
 
-def dual_problem_of(
-    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
-) -> Problem:
-    """The problem these tensors make on ``problem``'s template (``operands`` hold B2)."""
-    if B2 not in operands:
-        raise ValueError(f"a dual GEMM's call passes its second weight as operands[{B2!r}]")
-    rest = {name: t for name, t in operands.items() if name != B2}
-    from epilab.templates.kinds import kind_of
+def problem_of_on(template: str, files: tuple[str, ...]) -> Callable[..., Problem]:
+    """A dual kind's ``problem_of``: the problem tensors make on ``template`` (whose files
+    are ``files``), B2 in ``operands``."""
 
-    return make_dual_problem(
-        a,
-        b,
-        operands[B2],
-        problem.epilogue,
-        rest,
-        precision=problem.precision,
-        template=problem.template,
-        files=kind_of(problem).files,
-    )
+    def problem_of(
+        problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+    ) -> Problem:
+        if B2 not in operands:
+            raise ValueError(f"a dual GEMM's call passes its second weight as operands[{B2!r}]")
+        rest = {name: t for name, t in operands.items() if name != B2}
+        return make_dual_problem(
+            a,
+            b,
+            operands[B2],
+            problem.epilogue,
+            rest,
+            precision=problem.precision,
+            template=template,
+            files=files,
+        )
+
+    return problem_of
 
 
 def config_error(problem: Problem, config: Config) -> str | None:
@@ -195,12 +198,15 @@ def dual_search_error(problem: Problem, config: Config) -> str | None:
     return idle_threads_error(config)
 
 
-def dual_twins(problem: Problem) -> tuple[Problem, ...]:
-    """A skinny dual problem (M <= 16) on the dual GEMV."""
-    from epilab.templates import dual_gemv
+DUAL_GEMV = "dual_gemv"  # the dual GEMV kind's name (templates/dual_gemv.py: gemv's files)
 
-    twin = dual_gemv.twin(problem)
-    return () if twin is None else (twin,)
+
+def dual_twins(problem: Problem) -> tuple[Problem, ...]:
+    """A dual problem of a static M <= 16 on the dual GEMV."""
+    m = problem.shape.m
+    if problem.template != "dual_matmul" or not (isinstance(m, int) and m <= gemv.BLOCK_M):
+        return ()
+    return (dataclasses.replace(problem, template=DUAL_GEMV, template_hash=files_hash(gemv.FILES)),)
 
 
 SEEDS = [  # two accumulators: 128x128 tiles with 8 warps at most (128 registers each thread)
@@ -221,7 +227,7 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; it
     seeds=tuple(SEEDS),
     check=config_error,
     default_config=default_dual_config,
-    problem_of=dual_problem_of,
+    problem_of=problem_of_on("dual_matmul", FILES),
     bind=lambda problem, config, a, b, operands, out=None: bind_matmul(
         problem, config, a, b, operands, out, kind=KIND
     ),

@@ -290,10 +290,13 @@ def test_builtin_suites_build_valid_problems():
         "gemv": 20,
         "gemv-fused": 22,
         "conv": 13,
+        "mlp": 25,
     }
     for name, specs in SUITES.items():
         for spec in specs:
-            want = "gemv" if name.startswith("gemv") else "conv2d" if name == "conv" else "matmul"
+            want = {"conv": "conv2d", "mlp": "dual_matmul"}.get(
+                name, "gemv" if name.startswith("gemv") else "matmul"
+            )
             assert spec.problem().template == want
     conv = [s.problem().conv for s in SUITES["conv"]]
     assert [(g.r, g.stride) for g in conv[:1]] == [(7, (2, 2))]  # the stem

@@ -16,6 +16,8 @@ infeasible configs from ever being compiled. The kinds' spaces:
     conv2d:  BLOCK_M (output pixels), BLOCK_N (output channels of a group)
              in 16..256, BLOCK_K (input channels per step) in 16..128,
              GROUP_M in {1, 4, 8}, num_warps in {2, 4, 8}, num_stages in 1..5
+    dual_matmul, dual_gemv: the matmul's and the gemv's spaces (two accumulators: the
+             feasibility rules below cut their tiles)
 
 A config is feasible for a problem on a device when
 - its pipelined tiles fit the device's shared memory:

@@ -216,7 +216,8 @@ class Spec:
             if self.batch is None
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
-        suffix = "" if self.template == default_template("mm") else f" [{self.template}]"
+        dual = spec_epilogue(self.epilogue, self.dtype).accumulators == 2
+        suffix = "" if self.template == default_template(OP if dual else "mm") else f" [{self.template}]"
         return f"{shape} {self.dtype} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
 
     def flops(self) -> int:
