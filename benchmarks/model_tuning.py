@@ -35,8 +35,12 @@ from epilab.tuner.tune import TuneOptions, Tuner
 TRANSFORMERS = ("gpt2", "llama", "bert", "moe", "vit")
 
 
-def _input(name: str, shape: str) -> tuple[int, ...]:
+def _input(name: str, shape: str, given: str | None = None) -> tuple[int, ...]:
+    """The input shape: ``given`` (``4x2048x2048``), else the zoo's for ``prefill`` and one
+    token per sequence for ``decode``."""
     spec = ZOO["real"][name]
+    if given:
+        return tuple(int(d) for d in given.split("x"))
     if shape == "decode":
         if spec.image:
             raise SystemExit(f"{name} takes images: no decode shape")
@@ -54,6 +58,7 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-max-autotune", action="store_true", help="leave Inductor max-autotune out")
+    parser.add_argument("--input", help="the input's shape instead of the zoo's (e.g. 4x2048x2048)")
     parser.add_argument("--json")
     args = parser.parse_args()
     budget = Budget(trials=args.trials, seconds=args.seconds, patience=args.patience)
@@ -61,7 +66,7 @@ def main() -> None:
     reports = []
     with TuningDB.open(args.db) as db, Tuner(db, TuneOptions(budget=budget, baselines=("cublas",))) as tuner:
         for name in args.models.split(","):
-            shape = _input(name, args.shape)
+            shape = _input(name, args.shape, args.input)
             torch.manual_seed(0)
             model = ZOO["real"][name].build().to("cuda", torch.bfloat16).eval()
             x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)

@@ -52,7 +52,7 @@ ZOO: dict[str, dict[str, Spec]] = {
     ),
     "real": _specs(
         Spec("gpt2", lambda: GPT2(d=768, heads=12, layers=2, vocab=8192), (8, 256, 768)),
-        Spec("llama", lambda: LlamaBlock(d=2048, heads=16, kv_heads=8, f=5632, max_seq=256), (4, 256, 2048)),
+        Spec("llama", lambda: LlamaBlock(d=2048, heads=16, kv_heads=8, f=5632, max_seq=2048), (4, 256, 2048)),
         Spec("bert", lambda: Bert(d=768, heads=12, f=3072, layers=2), (8, 128, 768)),
         Spec("moe", lambda: MoE(d=1024, f=1024, experts=8, top_k=2), (2, 256, 1024)),
         Spec("vit", lambda: ViT(image=224, d=384, heads=6, f=1536, layers=2, classes=1000), (16, 3, 224, 224), True),
