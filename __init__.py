@@ -2,8 +2,9 @@
 
 Public surface (see docs/design.md): ``torch.compile(model, backend="epilab")`` and
 ``epilab.compile`` (the backend), ``epilab.explain()`` (its decisions),
-``epilab.matmul`` (one fused matmul), ``epilab.tune_model`` (record, tune, check in
-context and measure a model), the epilogue builders (``acc``,
+``epilab.matmul`` (one fused matmul), ``epilab.gated_matmul`` (a gated MLP's gate and up
+projections in one dual GEMM), ``epilab.tune_model`` (record, tune, check in
+context and measure a model), the epilogue builders (``acc``, ``acc2``,
 ``operand``, ``const``, ``ops``, ``Epilogue``), ``Config``, and the ``epilab``
 command line.
 
@@ -20,16 +21,18 @@ from typing import Any
 
 from epilab.config import SettingsError as _SettingsError
 from epilab.config import settings as _settings
-from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
+from epilab.templates.epilogue import Epilogue, acc, acc2, const, operand, ops
 from epilab.templates.problem import Config
 
 __all__ = [
     "Config",
     "Epilogue",
     "acc",
+    "acc2",
     "compile",
     "const",
     "explain",
+    "gated_matmul",
     "matmul",
     "operand",
     "ops",
@@ -57,6 +60,10 @@ def __getattr__(name: str) -> Any:
         from epilab.templates.matmul_api import matmul
 
         return matmul
+    if name == "gated_matmul":
+        from epilab.templates.matmul_api import gated_matmul
+
+        return gated_matmul
     if name == "compile":
         from epilab.compiler.backend import compile
 

@@ -1,9 +1,11 @@
-"""``epilab.matmul``: one fused matmul for users and tests.
+"""``epilab.matmul`` and ``epilab.gated_matmul``: one fused matmul, or one dual GEMM, for
+users and tests.
 
     act(alpha * a @ b + beta * bias) + residual      (or any IR epilogue)
+    act(a @ b + bias) * (a @ b2 + bias2)             (or any IR epilogue of acc and acc2)
 
 Builds the epilogue (cached per signature), the Problem, a default config when
-none is given, and launches the matmul template.
+none is given, and launches the template (matmul; dual_matmul, or dual_gemv for M <= 16).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from functools import lru_cache
 import torch
 
 from epilab.templates import dtypes
-from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops
-from epilab.templates.kinds import default_config, launch_unchecked
+from epilab.templates.dual_matmul import B2, make_dual_problem
+from epilab.templates.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
+from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
 from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
 from epilab.templates.problem import Config
 from epilab.templates.runtime import target_for
@@ -62,14 +65,7 @@ def matmul(
     ``torch.compile(model, backend="epilab")``, which differentiates it as Inductor does.
     """
     check_inputs(a, b)
-    inputs = {"a": a, "b": b, "bias": bias, "residual": residual, **(operands or {})}
-    needs_grad = [n for n, t in inputs.items() if isinstance(t, torch.Tensor) and t.requires_grad]
-    if needs_grad and torch.is_grad_enabled():
-        raise NotImplementedError(
-            f"epilab.matmul has no backward, and {', '.join(needs_grad)} require(s) grad: call it "
-            "under torch.no_grad() (inference), or compile the model with torch.compile(model, "
-            'backend="epilab") to train it'
-        )
+    _refuse_grad("matmul", {"a": a, "b": b, "bias": bias, "residual": residual, **(operands or {})})
     if epilogue is not None:
         if (
             bias is not None
@@ -106,6 +102,74 @@ def matmul(
         raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
     outs = launch_unchecked(problem, config, a, b, tensors)
     return outs[0] if len(outs) == 1 else outs
+
+
+def _refuse_grad(name: str, inputs: Mapping[str, object]) -> None:
+    needs_grad = [n for n, t in inputs.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needs_grad and torch.is_grad_enabled():
+        raise NotImplementedError(
+            f"epilab.{name} has no backward, and {', '.join(needs_grad)} require(s) grad: call it "
+            "under torch.no_grad() (inference), or compile the model with torch.compile(model, "
+            'backend="epilab") to train it'
+        )
+
+
+def gated_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    b2: torch.Tensor,
+    *,
+    activation: str = "silu",
+    bias: torch.Tensor | None = None,
+    bias2: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    epilogue: Epilogue | None = None,
+    operands: Mapping[str, torch.Tensor] | None = None,
+    config: Config | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """A gated MLP's gate and up projections in one kernel: ``act(a @ b + bias) * (a @ b2 + bias2)``.
+
+    ``a``: [M, K]; ``b`` and ``b2``: [K, N] with the same strides (two nn.Linear weights as
+    ``w.t()``, or the halves of one concatenated ``[2N, K]`` weight: ``halves(w.t())``);
+    ``bias``/``bias2``: [N]. ``activation`` is one of relu, gelu, gelu_tanh, silu, sigmoid,
+    tanh (SwiGLU: silu, GeGLU: gelu_tanh). For any other join pass ``epilogue`` (reading
+    ``acc`` = a @ b and ``acc2`` = a @ b2) and its ``operands``. M <= 16 runs the dual GEMV.
+    Inference only, as ``matmul``.
+    """
+    _refuse_grad("gated_matmul", {"a": a, "b": b, "b2": b2, "bias": bias, "bias2": bias2, **(operands or {})})
+    if epilogue is not None:
+        if bias is not None or bias2 is not None or out_dtype is not None or activation != "silu":
+            raise ValueError(
+                "pass either epilogue= (with operands=) or activation/bias/bias2/out_dtype, not both"
+            )
+        tensors = dict(operands or {})
+    else:
+        if operands:
+            raise ValueError("operands= is only used together with epilogue=")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
+        tensors = {name: t for name, t in (("bias", bias), ("bias2", bias2)) if t is not None}
+        for name, t in tensors.items():
+            if not isinstance(t, torch.Tensor) or t.dim() != 1:
+                raise ValueError(f"{name} must be a 1-D tensor of N values, got {getattr(t, 'shape', t)!r}")
+        dtype = dtypes.name_of(out_dtype if out_dtype is not None else a.dtype)
+        epilogue = _build_gated(activation, bias is not None, bias2 is not None, dtype)
+    problem = make_dual_problem(a, b, b2, epilogue, tensors, precision="tf32" if allow_tf32 else "ieee")
+    problem = untuned_choice(problem) if config is None else problem
+    if config is None:
+        config = default_config(problem, target_for(a.device), sm_count=_sm_count(a.device))
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
+    outs = launch_unchecked(problem, config, a, b, {B2: b2, **tensors})
+    return outs[0] if len(outs) == 1 else outs
+
+
+@lru_cache(maxsize=64)
+def _build_gated(activation: str, has_bias: bool, has_bias2: bool, dtype: str) -> Epilogue:
+    gate: Expr = acc() + operand("bias", "row") if has_bias else acc()
+    up: Expr = acc2() + operand("bias2", "row") if has_bias2 else acc2()
+    return Epilogue.build([(getattr(ops, activation)(gate) * up, dtype)])
 
 
 def simple_epilogue(

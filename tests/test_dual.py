@@ -326,3 +326,27 @@ def test_gpu_dual_gemv_default_and_split_k(m):
         run_dual(m, 4096, 4096, "NT", torch.bfloat16, "swiglu", config=config, template="dual_gemv")
     problem = run_dual(m, 1000, 777, "NT", torch.bfloat16, "two_outputs", template="dual_gemv")
     assert problem.template == "dual_gemv"
+
+
+@pytest.mark.parametrize("m", [3, 40])
+def test_epilab_gated_matmul(m):
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    x = torch.randn(m, 24, generator=gen, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(80, 24, generator=gen, device=DEVICE).to(torch.bfloat16)  # gate and up stacked
+    bias, bias2 = (torch.randn(40, generator=gen, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        out = epilab.gated_matmul(x, *halves(w.t()), activation="gelu_tanh", bias=bias, bias2=bias2)
+        custom = epilab.gated_matmul(
+            x,
+            *halves(w.t()),
+            epilogue=Epilogue.build([(acc() * acc2() + operand("s", "scalar"), "float32")]),
+            operands={"s": torch.tensor(0.5, device=DEVICE)},
+        )
+    gate, up = (x.double() @ w.double().t()).chunk(2, dim=-1)
+    want = F.gelu(gate + bias.double(), approximate="tanh") * (up + bias2.double())
+    assert out.dtype == torch.bfloat16 and rel_error(out, want) < 2e-2
+    assert custom.dtype == torch.float32 and rel_error(custom, gate * up + 0.5) < 2e-2
+    with pytest.raises(ValueError, match="activation 'swish' is not one of"):
+        epilab.gated_matmul(x, *halves(w.t()), activation="swish")
+    with pytest.raises(NotImplementedError, match="no backward"):
+        epilab.gated_matmul(x.requires_grad_(), *halves(w.t()))
