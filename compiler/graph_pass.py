@@ -22,6 +22,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from epilab.compiler import explain
 from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
+from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.op import TEMPLATE_CALL
 from epilab.templates.kinds import current_hashes
@@ -92,28 +93,51 @@ class EpilabPass(CustomGraphPass):
     ) -> bool:
         """Fuse ``first`` with a later mm/addmm that reads the same A into one dual-GEMM call
         where their products meet (``silu(gate) * up``) and the decision rules choose the
-        dual template; True when the graph was rewritten. Otherwise each anchor goes on
-        alone (a decision against the dual form is recorded too)."""
-        a = _a_of(first)
-        if a is None:
+        dual template; True when the graph was rewritten. A concatenated projection whose
+        output is split in two halves is tried as those halves (``halves.split_halves``).
+        Otherwise each anchor goes on alone (a decision against the dual form is recorded
+        too) and the graph is as it was."""
+        halves = split_halves(graph, first)
+        if halves is not None:
+            if self._try_dual(graph, halves.first, halves.second, precision, decisions, concatenated=True):
+                return True
+            halves.undo(graph)
             return False
-        nodes = list(graph.nodes)
+        a = _a_of(first)
         for second in later:
-            if second not in graph.nodes or not same_input(_a_of(second), a):
+            if a is None or second not in graph.nodes or not same_input(_a_of(second), a):
                 continue
-            try:
-                group = match_dual(first, second, nodes[nodes.index(first) + 1 :], precision=precision)
-            except NoGroup:
-                continue
-            self._record_seen(group)
-            name = f"aten.{ANCHORS[first.target]}+aten.{ANCHORS[second.target]}"  # type: ignore[index]
-            decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
-            decisions.append(decision)
-            if plan is None:
-                return False
-            _rewrite(graph, group, plan, chosen)
-            return True
+            found = self._try_dual(graph, first, second, precision, decisions)
+            if found is not None:
+                return found
         return False
+
+    def _try_dual(
+        self,
+        graph: fx.Graph,
+        first: fx.Node,
+        second: fx.Node,
+        precision: str,
+        decisions: list[Decision],
+        concatenated: bool = False,
+    ) -> bool | None:
+        """Whether the dual group of ``first`` and ``second`` was chosen and the graph
+        rewritten (None: they make no dual group)."""
+        nodes = list(graph.nodes)
+        try:
+            group = match_dual(first, second, nodes[nodes.index(first) + 1 :], precision=precision)
+        except NoGroup:
+            return None
+        self._record_seen(group)
+        name = f"aten.{ANCHORS[first.target]}+aten.{ANCHORS[second.target]}"  # type: ignore[index]
+        if concatenated:
+            name = f"aten.{ANCHORS[first.target]} (concatenated, in halves)"  # type: ignore[index]
+        decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
+        decisions.append(decision)
+        if plan is None:
+            return False
+        _rewrite(graph, group, plan, chosen)
+        return True
 
     def _record_seen(self, group: Group) -> None:
         """Store static problems in the database, so that ``epilab tune --seen`` finds them."""

@@ -350,3 +350,46 @@ def test_epilab_gated_matmul(m):
         epilab.gated_matmul(x, *halves(w.t()), activation="swish")
     with pytest.raises(NotImplementedError, match="no backward"):
         epilab.gated_matmul(x.requires_grad_(), *halves(w.t()))
+
+
+class FusedGateUp(nn.Module):
+    """gate and up as one [2F, K] linear whose output is chunked (Phi-3's gate_up_proj)."""
+
+    def __init__(self, d=24, f=40, bias=False):
+        super().__init__()
+        self.gate_up = nn.Linear(d, 2 * f, bias=bias)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize("bias", [False, True], ids=["mm", "addmm"])
+def test_a_concatenated_gate_up_projection_runs_as_its_two_halves(tmp_path, bias):
+    torch.manual_seed(0)
+    model = FusedGateUp(bias=bias).to(DEVICE)
+    x = torch.randn(3, 7, 24, device=DEVICE)
+    ref = copy.deepcopy(model).double()(x.double())
+    with torch.no_grad():
+        out = _compile(model, str(tmp_path / "t.db"))(x)
+    assert rel_error(out, ref) < 1e-5
+    (d,) = [d for d in epilab.explain() if "concatenated" in d.anchor]
+    assert d.template == "dual_matmul" and d.shape == "21x40x24"
+    spec = suites.Spec(
+        21,
+        40,
+        24,
+        dtype="float32",
+        epilogue="silu(acc + bias[n]) * (acc2 + bias2[n])" if bias else "silu(acc) * acc2",
+    )
+    assert _recorded(tmp_path, d).identity_key == spec.problem().identity_key
+    # without a record, auto leaves the graph as it was: one GEMM of the concatenated weight
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    with torch.no_grad():
+        out = _compile(model, str(tmp_path / "t.db"), policy="auto")(x)
+    assert rel_error(out, ref) < 1e-5
+    shapes = [d.shape for d in epilab.explain() if d.template is None and "concatenated" not in d.anchor]
+    assert "21x80x24" in shapes
