@@ -91,7 +91,7 @@ def split_halves(graph: fx.Graph, anchor: fx.Node) -> Halves | None:
     added: list[fx.Node] = []
 
     def add(target: object, args: tuple) -> fx.Node:
-        values = [val(x) if isinstance(x, fx.Node) else x for x in args]
+        values = fx.node.map_arg(args, lambda n: n.meta["val"])  # symbolic sizes: their SymInts
         with fake:
             value = target(*values)  # type: ignore[operator]
         node = graph.call_function(target, args)  # type: ignore[arg-type]

@@ -393,3 +393,29 @@ def test_a_concatenated_gate_up_projection_runs_as_its_two_halves(tmp_path, bias
     assert rel_error(out, ref) < 1e-5
     shapes = [d.shape for d in epilab.explain() if d.template is None and "concatenated" not in d.anchor]
     assert "21x80x24" in shapes
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_both_forms_with_a_dynamic_batch(tmp_path):
+    class TwoMLPs(nn.Module):  # a concatenated gated MLP, then one of two linears
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = FusedGateUp(), GatedMLP()
+
+        def forward(self, x):
+            y = self.first(x)
+            return y + self.second(y)
+
+    torch.manual_seed(0)
+    model = TwoMLPs().to(DEVICE)
+    ref = copy.deepcopy(model).double()
+    fn = _compile(model, str(tmp_path / "t.db"))
+    for batch in (3, 4, 7):
+        x = torch.randn(batch, 5, 24, device=DEVICE)
+        if batch == 3:
+            torch._dynamo.mark_dynamic(x, 0)
+        with torch.no_grad():
+            out = fn(x)
+        assert rel_error(out, ref(x.double())) < 1e-5, batch
+    duals = [d for d in epilab.explain() if d.template == "dual_matmul"]
+    assert len(duals) == 2 and all("x40x24" in d.shape and "s" in d.shape for d in duals), duals
