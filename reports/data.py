@@ -143,7 +143,7 @@ def epilogue_summary(text: str) -> str:
     parts = []
     for stmt in text.split(";"):
         m = re.match(r"\s*%\d+ = (\w+)(\[[^\]]*\])?", stmt)
-        if m is None or m.group(1) in ("acc", "cast", "add", "sub", "mul", "div", "const"):
+        if m is None or m.group(1) in ("acc", "acc2", "cast", "add", "sub", "mul", "div", "const"):
             continue
         name = re.search(r"name=(\w+)", m.group(2) or "")
         parts.append(name.group(1) if m.group(1) == "operand" and name else m.group(1))
