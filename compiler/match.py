@@ -15,6 +15,10 @@ A convolution's output is [N, K, P, Q]: its operands are per output channel
 ([K, 1, 1] or [1, K, 1, 1], such as a batch norm's statistics and affine
 parameters), scalars and tensors of the output's shape; its group takes no views.
 
+Two mm/addmm anchors that read the same A and whose products meet in a pointwise op
+(``silu(gate) * up``) make one dual group (``match_dual``): one product is the epilogue's
+``acc``, the other its ``acc2``, in the order ``dual_matmul.canonical_order`` picks.
+
 Every group value used outside the group becomes an output of the kernel. The
 anchor's own value is rounded to its dtype (as the unfused graph stores it);
 the rest is computed in fp32 and rounded once per output, as Inductor's fused
@@ -514,7 +518,7 @@ class _DualGrower(_MatmulGrower):
     def __init__(self, anchor: fx.Node, second: fx.Node, swap: bool = False) -> None:
         super().__init__(anchor)
         self.second = second
-        self.swap = swap  # the second anchor is acc, the first acc2 (``canonical_dual``)
+        self.swap = swap  # the second anchor is acc, the first acc2 (``canonical_order``)
         self.desc.add(second)
 
     def start(self) -> tuple[fx.Node, fx.Node]:
