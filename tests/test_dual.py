@@ -419,3 +419,38 @@ def test_both_forms_with_a_dynamic_batch(tmp_path):
         assert rel_error(out, ref(x.double())) < 1e-5, batch
     duals = [d for d in epilab.explain() if d.template == "dual_matmul"]
     assert len(duals) == 2 and all("x40x24" in d.shape and "s" in d.shape for d in duals), duals
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("m", [4, 512], ids=["decode", "prefill"])
+def test_gpu_both_dual_forms_through_the_backend(tmp_path, mode, m):
+    class TwoMLPs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = FusedGateUp(256, 512), GatedMLP(256, 512)
+
+        def forward(self, x):
+            y = self.first(x)
+            return y + self.second(y)
+
+    torch.manual_seed(0)
+    model = TwoMLPs().to("cuda", torch.bfloat16)
+    ref = copy.deepcopy(model).double()
+    options = {
+        "policy": "always",
+        "db": str(tmp_path / "t.db"),
+        **({"mode": mode} if mode != "default" else {}),
+    }
+    fn = torch.compile(model, backend="epilab", options=options)
+    for _ in range(3):  # CUDA graphs record on the first calls, then replay
+        x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            out = fn(x).clone()
+        assert rel_error(out, ref(x.double())) < 2e-2
+    want = "dual_gemv" if m <= 16 else "dual_matmul"
+    assert [d.template for d in epilab.explain() if d.template and d.template.startswith("dual")] == [
+        want,
+        want,
+    ]
