@@ -594,8 +594,8 @@ def match_dual(first: fx.Node, second: fx.Node, after: Sequence[fx.Node], *, pre
     anchor would be a cycle through the kernel: refused."""
     if ANCHORS.get(first.target) not in ("mm", "addmm") or ANCHORS.get(second.target) not in ("mm", "addmm"):  # type: ignore[arg-type]
         raise NoGroup("a dual GEMM pairs two mm/addmm anchors")
-    groups = []
-    for swap in (False, True):
+
+    def grown(swap: bool) -> Group:
         g = _DualGrower(first, second, swap)
         a, b = g.start()
         g.grow([n for n in after if n is not second])
@@ -603,6 +603,9 @@ def match_dual(first: fx.Node, second: fx.Node, after: Sequence[fx.Node], *, pre
             raise NoGroup("the second anchor reads a value computed from the first")
         if not g.joins():
             raise NoGroup("the two products never meet in a pointwise op")
-        groups.append(_group(g, a, b, precision, extra=[g.b2]))
-    # one problem whichever projection comes first in the graph (``canonical_order``)
-    return groups[0] if canonical_order(groups[0].problem.epilogue) else groups[1]
+        return _group(g, a, b, precision, extra=[g.b2])
+
+    # one problem whichever projection comes first in the graph (``canonical_order``): the
+    # other order is grown only where this one is not canonical
+    group = grown(swap=False)
+    return group if canonical_order(group.problem.epilogue) else grown(swap=True)

@@ -26,6 +26,7 @@ from epilab.templates import dtypes, gemv, matmul
 from epilab.templates.epilogue import Epilogue
 from epilab.templates.matmul import (
     FILES,
+    MAX_ACC_REGS,
     bind_matmul,
     idle_threads_error,
     make_problem,
@@ -38,7 +39,6 @@ from epilab.templates.render import Target, files_hash
 
 B2 = "b2"  # the name of the second weight in a call's operands
 OP = matmul.DUAL_OP
-MAX_ACC_REGS = 128  # registers per thread both accumulators may take (tuner/space.py's rule)
 
 
 def check_b2(a: torch.Tensor, b: torch.Tensor, b2: object) -> torch.Tensor:

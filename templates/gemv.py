@@ -50,9 +50,7 @@ VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
 
 def config_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the gemv template for ``problem`` (None when it does)."""
-    if problem.op == matmul.DUAL_OP:
-        return "a dual GEMM (an epilogue of A @ B and A @ B2) runs on dual_matmul or dual_gemv"
-    return loop_error(problem, config)
+    return matmul.dual_error(problem) or loop_error(problem, config)
 
 
 def loop_error(problem: Problem, config: Config) -> str | None:

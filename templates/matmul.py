@@ -68,11 +68,16 @@ def hopper_knobs_error(config: Config) -> str | None:
 DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): the dual templates' op (templates/dual_matmul.py)
 
 
-def config_error(problem: Problem, config: Config) -> str | None:
-    """Why ``config`` does not fit the matmul template for ``problem`` (None when it does)."""
+def dual_error(problem: Problem) -> str | None:
+    """For the templates with one accumulator: a dual problem is not theirs."""
     if problem.op == DUAL_OP:
         return "a dual GEMM (an epilogue of A @ B and A @ B2) runs on dual_matmul or dual_gemv"
-    return loop_error(problem, config)
+    return None
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the matmul template for ``problem`` (None when it does)."""
+    return dual_error(problem) or loop_error(problem, config)
 
 
 def loop_error(problem: Problem, config: Config) -> str | None:
@@ -499,6 +504,7 @@ SEEDS = [  # seeds enqueued in every new study (when feasible), after the defaul
 
 
 MIN_ACC_PER_THREAD = 4  # fewer accumulator elements per thread wastes warps
+MAX_ACC_REGS = 128  # accumulator registers per thread at most (half of the 255 a thread may have)
 
 
 def idle_threads_error(config: Config) -> str | None:

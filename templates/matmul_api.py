@@ -20,7 +20,7 @@ from epilab.templates.dual_matmul import B2, make_dual_problem
 from epilab.templates.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
 from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
 from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
-from epilab.templates.problem import Config
+from epilab.templates.problem import Config, Problem
 from epilab.templates.runtime import target_for
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
@@ -96,6 +96,18 @@ def matmul(
     batched = a.dim() == 3 or b.dim() == 3
     op = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
     problem = make_problem(a, b, epilogue, tensors, op=op, precision="tf32" if allow_tf32 else "ieee")
+    return _run(problem, config, a, b, tensors)
+
+
+def _run(
+    problem: Problem,
+    config: Config | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    tensors: Mapping[str, torch.Tensor],
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """Launch ``problem`` with ``config`` (the default heuristic's when None): one tensor
+    per epilogue output, a single one unwrapped."""
     if config is None:
         config = default_config(problem, target_for(a.device), sm_count=_sm_count(a.device))
     if not isinstance(config, Config):
@@ -157,12 +169,7 @@ def gated_matmul(
         epilogue = _build_gated(activation, bias is not None, bias2 is not None, dtype)
     problem = make_dual_problem(a, b, b2, epilogue, tensors, precision="tf32" if allow_tf32 else "ieee")
     problem = untuned_choice(problem) if config is None else problem
-    if config is None:
-        config = default_config(problem, target_for(a.device), sm_count=_sm_count(a.device))
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
-    outs = launch_unchecked(problem, config, a, b, {B2: b2, **tensors})
-    return outs[0] if len(outs) == 1 else outs
+    return _run(problem, config, a, b, {B2: b2, **tensors})
 
 
 @lru_cache(maxsize=64)

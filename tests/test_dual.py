@@ -395,17 +395,20 @@ def test_a_concatenated_gate_up_projection_runs_as_its_two_halves(tmp_path, bias
     assert "21x80x24" in shapes
 
 
+class TwoMLPs(nn.Module):
+    """A concatenated gated MLP, then one of two linears: both dual forms in one graph."""
+
+    def __init__(self, d=24, f=40):
+        super().__init__()
+        self.first, self.second = FusedGateUp(d, f), GatedMLP(d, f)
+
+    def forward(self, x):
+        y = self.first(x)
+        return y + self.second(y)
+
+
 @pytest.mark.usefixtures("fresh_compiler")
 def test_both_forms_with_a_dynamic_batch(tmp_path):
-    class TwoMLPs(nn.Module):  # a concatenated gated MLP, then one of two linears
-        def __init__(self):
-            super().__init__()
-            self.first, self.second = FusedGateUp(), GatedMLP()
-
-        def forward(self, x):
-            y = self.first(x)
-            return y + self.second(y)
-
     torch.manual_seed(0)
     model = TwoMLPs().to(DEVICE)
     ref = copy.deepcopy(model).double()
@@ -426,17 +429,8 @@ def test_both_forms_with_a_dynamic_batch(tmp_path):
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 @pytest.mark.parametrize("m", [4, 512], ids=["decode", "prefill"])
 def test_gpu_both_dual_forms_through_the_backend(tmp_path, mode, m):
-    class TwoMLPs(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.first, self.second = FusedGateUp(256, 512), GatedMLP(256, 512)
-
-        def forward(self, x):
-            y = self.first(x)
-            return y + self.second(y)
-
     torch.manual_seed(0)
-    model = TwoMLPs().to("cuda", torch.bfloat16)
+    model = TwoMLPs(256, 512).to("cuda", torch.bfloat16)
     ref = copy.deepcopy(model).double()
     options = {
         "policy": "always",

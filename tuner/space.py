@@ -54,9 +54,9 @@ import triton
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
+from epilab.templates.matmul import MAX_ACC_REGS
 from epilab.templates.problem import Config, Problem
 
-MAX_ACC_REGS = 128
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 
 
