@@ -244,7 +244,10 @@ def table(results: list[dict], copy_gbs: float | None) -> str:
             f"{r['template']} {r['config']} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |"
         )
     lines.append("")
-    lines.append("`*`: CUDA-graph replay times (decode, M <= 16, and calls under 50 us); the rest CUDA events with L2 flushed.")
+    lines.append(
+        "`*`: CUDA-graph replay times (decode, M <= 16, and calls under 50 us);"
+        " the rest CUDA events with L2 flushed."
+    )
     for label, pick in (
         ("M >= 2048", lambda r: r["m"] >= 2048),
         ("M = 128", lambda r: r["m"] == 128),
