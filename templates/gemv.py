@@ -40,10 +40,11 @@ from epilab.templates.runtime import (
     kernel_for,
     outputs_for,
     target_for,
+    two_pass_bound,
 )
 
 _FLIP = {"row": "col", "col": "row"}
-FILES = ("gemv.py.jinja", *EPILOGUE_FILES)
+FILES = ("gemv.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
 BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
 VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
 
@@ -213,18 +214,7 @@ def bind_gemv(
         "SPLIT_K": split,
         "num_warps": 4,
     }
-    reducer = reduce[(grid_n,)]
-
-    def run_both() -> None:
-        launcher(**args)
-        reducer(**reduce_args)
-
-    def compile_both() -> None:
-        if target != "interpreter":
-            kernel.warmup(grid=grid, **args)
-            reduce.warmup(grid=(grid_n,), **reduce_args)
-
-    return Bound(outs, run_both, compile_both)  # two launches: no single-kernel replay
+    return two_pass_bound(outs, target, (kernel, grid, args), (reduce, (grid_n, 1), reduce_args))
 
 
 def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:
@@ -314,4 +304,5 @@ KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference 
     applies=lambda name, chosen: True,
     twins=gemv_twins,
     prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile
+    split_k_underfilled=False,  # a GEMV splits K to stream its weight: its own rule (split_k_error)
 )

@@ -255,3 +255,23 @@ def single_launch(
             kernel.warmup(grid=grid, **args)
 
     return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)  # type: ignore[arg-type]
+
+
+Launch = tuple[object, tuple[int, ...], Mapping[str, object]]  # a jitted kernel, its grid, its arguments
+
+
+def two_pass_bound(outs: tuple[torch.Tensor, ...], target: Target, first: Launch, second: Launch) -> Bound:
+    """The Bound of a two-pass split-K launch: the partial sums, then the reduction that
+    runs the epilogue (two launches: no single-kernel replay)."""
+    launches = [(kernel[grid], args) for kernel, grid, args in (first, second)]  # type: ignore[index]
+
+    def run_both() -> None:
+        for launcher, args in launches:
+            launcher(**args)
+
+    def compile_both() -> None:
+        if target != "interpreter":
+            for kernel, grid, args in (first, second):
+                kernel.warmup(grid=grid, **args)  # type: ignore[attr-defined]
+
+    return Bound(outs, run_both, compile_both)
