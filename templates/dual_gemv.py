@@ -57,4 +57,5 @@ KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's t
     applies=lambda name, chosen: True,
     twins=lambda problem: (),
     prefer_untuned=True,
+    split_k_underfilled=gemv.KIND.split_k_underfilled,
 )

@@ -120,6 +120,8 @@ class TemplateKind:
     # in this order, in a compiled call's operand list); its kernel reads each at ``{name}_ptr``
     extra_inputs: tuple[str, ...] = ()
     accumulators: int = 1  # fp32 accumulators per tile, one per B-side input (feasibility counts them)
+    # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``tuner/space``)
+    split_k_underfilled: bool = False
 
     def __repr__(self) -> str:
         return f"TemplateKind({self.name!r})"

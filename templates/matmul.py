@@ -34,12 +34,15 @@ from epilab.templates.runtime import (
     Described,
     epilogue_args,
     extent,
+    kernel_for,
     layout_of,
     operand_layout,
     operand_strides,
     outputs_for,
     single_launch,
     target_for,
+    tile_args,
+    two_pass_bound,
 )
 
 _GRID_Y_MAX = 65535
@@ -47,12 +50,14 @@ _GRID_Y_MAX = 65535
 
 # ------------------------------------------------------------------ what the template accepts
 
-FILES = ("matmul.py.jinja", "tile_order.py.jinja", *EPILOGUE_FILES)
+FILES = ("matmul.py.jinja", "tile_order.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
 # tma: operand tiles through tensor descriptors (Hopper); persistent: one program per SM
 # looping over the tiles; tma_persistent: both
 VARIANTS = ("default", "tma", "persistent", "tma_persistent")
 TMA_VARIANTS = ("tma", "tma_persistent")
 PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
+SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.jinja)
+REDUCE_BLOCK = (32, 128)  # the split-K reduction's tile (M x N), 4 warps
 HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
@@ -82,10 +87,13 @@ def config_error(problem: Problem, config: Config) -> str | None:
 
 def loop_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the matmul template's main loops for ``problem``."""
-    if config.SPLIT_K != 1:
-        return "the matmul template has no split-K; use SPLIT_K=1"
     if config.variant not in VARIANTS:
         return f"the matmul template has no variant {config.variant!r}; use one of {VARIANTS}"
+    if config.SPLIT_K > 1:
+        if config.variant not in SPLIT_K_VARIANTS:
+            return f"split-K runs on the {' and '.join(SPLIT_K_VARIANTS)} loops, not {config.variant!r}"
+        if config.EPILOGUE_SUBTILE != 1 or config.TMA_STORE:
+            return "with split-K the reduction runs the epilogue: leave EPILOGUE_SUBTILE=1, TMA_STORE=0"
     if config.BLOCK_N // config.EPILOGUE_SUBTILE < 16:
         return f"EPILOGUE_SUBTILE={config.EPILOGUE_SUBTILE} slices BLOCK_N={config.BLOCK_N} below 16 columns"
     persistent = config.variant in PERSISTENT_VARIANTS
@@ -120,7 +128,11 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
     if name in PERSISTENT_KNOBS:
         return variant in PERSISTENT_VARIANTS
     if name == "TMA_STORE":
-        return variant in TMA_VARIANTS
+        return variant in TMA_VARIANTS and chosen.get("SPLIT_K", 1) == 1
+    if name == "EPILOGUE_SUBTILE":
+        return chosen.get("SPLIT_K", 1) == 1
+    if name == "SPLIT_K":
+        return variant in SPLIT_K_VARIANTS
     return True
 
 
@@ -290,6 +302,9 @@ def bind_matmul(
     extra = {name: operands[name] for name in kind.extra_inputs}
     operands = {name: t for name, t in operands.items() if name not in extra}
     bt = check_inputs(a, b)
+    why = kind.check(problem, config)
+    if why is not None:
+        raise ValueError(why)
     ep = problem.epilogue
     outs = outputs_for(problem, bt.out_shape, a.device, out)
     batch, m, n, k = bt.batch, bt.a[0][1], bt.b[0][2], bt.a[0][2]
@@ -316,7 +331,8 @@ def bind_matmul(
         "stride_bn": bt.b[1][2],
         **{f"{name}_ptr": t for name, t in extra.items()},
     }
-    args.update(epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n)))
+    ep_args = epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n))
+    args.update(ep_args)
     if config.variant in PERSISTENT_VARIANTS:
         sms = (
             4 if target == "interpreter" else torch.cuda.get_device_properties(a.device).multi_processor_count
@@ -334,9 +350,50 @@ def bind_matmul(
                 config, stores = dataclasses.replace(config, TMA_STORE=0), ()
             tensors = (a, b, *extra.values(), *(outs[i] for i in range(len(stores))))
             args.update({d.arg: d.make(t) for d, t in zip((*described, *stores), tensors, strict=True)})
-            bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
-            return dataclasses.replace(bound, descriptors=(*described, *stores))
+            if config.SPLIT_K == 1:
+                bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
+                return dataclasses.replace(bound, descriptors=(*described, *stores))
+    if config.SPLIT_K > 1:
+        return _split_k_bound(kind, problem, config, target, index_64, grid, args, ep_args, outs)
     return single_launch(kind, problem, config, target, index_64, grid, args, outs)
+
+
+def _split_k_bound(
+    kind: TemplateKind,
+    problem: Problem,
+    config: Config,
+    target: Target,
+    index_64: bool,
+    grid: tuple[int, int],
+    args: dict[str, object],
+    ep_args: Mapping[str, object],
+    outs: tuple[torch.Tensor, ...],
+) -> Bound:
+    """Two-pass split-K: the main kernel writes each split's fp32 partial sums to a fresh
+    workspace, the reduction adds them in split order and runs the epilogue (deterministic)."""
+    (tiles, batch), split = grid, config.SPLIT_K
+    m, n = args["M"], args["N"]
+    ws = torch.empty((kind.accumulators * split, batch, m, n), dtype=torch.float32, device=outs[0].device)
+    index_64 = index_64 or ws.numel() > INT32_MAX
+    main = {**args, **tile_args(config), "ws_ptr": ws, "SPLIT_K": split}
+    block_m, block_n = REDUCE_BLOCK
+    reduce_args = {
+        **ep_args,
+        "ws_ptr": ws,
+        "M": m,
+        "N": n,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "SPLIT_K": split,
+        "num_warps": 4,
+    }
+    reduce_grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), batch)
+    return two_pass_bound(
+        outs,
+        target,
+        (kernel_for(kind, problem, config, target, index_64), (tiles, batch, split), main),
+        (kernel_for(kind, problem, config, target, index_64, "_reduce"), reduce_grid, reduce_args),
+    )
 
 
 def _tma_readable(t: torch.Tensor) -> bool:
@@ -475,6 +532,7 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3, 4, 5, 6),
     "variant": VARIANTS,
+    "SPLIT_K": (1, 2, 4, 8, 16),  # after the variant: drawn only for the default and tma loops
     "EPILOGUE_SUBTILE": (1, 2, 4),
     "PROGRAMS_PER_SM": (1, 2),
     "FLATTEN": (0, 1),
@@ -500,6 +558,11 @@ SEEDS = [  # seeds enqueued in every new study (when feasible), after the defaul
     Config(128, 128, 32, 8, num_warps=4, num_stages=4),
     Config(32, 64, 64, 8, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, num_warps=2, num_stages=4),
+    # two-pass split-K, for few output tiles and a long K (feasible only where tiles underfill)
+    Config(128, 128, 64, 8, 2, num_warps=8, num_stages=4, variant="tma"),
+    Config(128, 128, 64, 8, 4, num_warps=8, num_stages=4, variant="tma"),
+    Config(128, 64, 64, 8, 4, num_warps=4, num_stages=4),
+    Config(64, 128, 64, 8, 8, num_warps=4, num_stages=4),
 ]
 
 
@@ -571,4 +634,5 @@ KIND = TemplateKind(
     input_elements=matmul_input_elements,
     search_error=lambda problem, config: idle_threads_error(config),
     applies=applies,
+    split_k_underfilled=True,
 )

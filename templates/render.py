@@ -175,6 +175,7 @@ def render(
         interpret=target == "interpreter",
         dual=kind.accumulators == 2,  # two accumulators: A @ B and A @ B2 (the kind's extra input)
         subtile=config.EPILOGUE_SUBTILE,
+        split_k=config.SPLIT_K > 1,  # two-pass split-K (templates/split_k.py.jinja)
         flatten=bool(config.FLATTEN),
         warp_specialize=bool(config.WARP_SPECIALIZE),
         **kind.render_vars(problem, config),

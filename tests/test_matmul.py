@@ -311,9 +311,11 @@ def _t(*shape, dtype=torch.float32):
         ),
         (lambda: epilab.matmul(_t(4, 5), _t(5, 7), config={"BLOCK_M": 16}), TypeError, "epilab.Config"),
         (
-            lambda: epilab.matmul(_t(4, 5), _t(5, 7), config=Config(16, 16, 16, SPLIT_K=2)),
+            lambda: epilab.matmul(
+                _t(4, 5), _t(5, 7), config=Config(16, 16, 16, SPLIT_K=2, variant="persistent")
+            ),
             ValueError,
-            "split-K",
+            "split-K runs on the default and tma loops",
         ),
         (lambda: Config(48, 16, 16), ValueError, r"BLOCK_M=48 is not allowed"),
         (lambda: Config(16, 16, 16, num_warps=3), ValueError, "num_warps=3"),

@@ -4,10 +4,10 @@ infeasible configs from ever being compiled. The kinds' spaces:
 
     matmul:  BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
              GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
-             num_stages in 1..6 (the matmul template has no split-K);
-             the main loop (variant default, tma, persistent, tma_persistent),
-             EPILOGUE_SUBTILE in {1, 2, 4}; for the persistent variants
-             PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1};
+             num_stages in 1..6; the main loop (variant default, tma, persistent,
+             tma_persistent); SPLIT_K in {1, 2, 4, 8, 16} (two-pass, on the default
+             and tma loops, the epilogue in the reduction); EPILOGUE_SUBTILE in {1, 2, 4};
+             for the persistent variants PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1};
              for the tma variants TMA_STORE in {0, 1} (outputs through descriptors)
     gemv:    BLOCK_M = 16, BLOCK_N in 16..256, BLOCK_K in 16..256,
              SPLIT_K in 1..32 with its reduction (variant default = no
@@ -34,6 +34,9 @@ A config is feasible for a problem on a device when
   variants);
 - two programs per SM (persistent) fit twice in shared memory, and their accumulators
   take at most half of the 64K-register file;
+- split-K on the matmul kinds (``split_k_underfilled``) only where it can pay: the output
+  tiles (x batch) underfill the device's SMs, every split gets at least 2 K blocks, and the
+  programs (tiles x SPLIT_K) are at most 4 waves;
 - the kind's search rule passes (``search_error``): split-K has at least one K block
   per split (gemv); each thread holds at least 4 accumulator elements (matmul, conv2d);
 - it avoids a Triton 3.6 miscompile: 2 warps with
@@ -55,7 +58,7 @@ from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
 from epilab.templates.matmul import MAX_ACC_REGS
-from epilab.templates.problem import Config, Problem
+from epilab.templates.problem import Config, Problem, Shape
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 
@@ -144,11 +147,28 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
             return f"{programs} programs per SM need {programs * smem} bytes of shared memory"
         if programs * accs * config.BLOCK_M * config.BLOCK_N > REGISTER_FILE // 2:
             return f"{programs} programs' accumulators would take over half of the register file"
+    if config.SPLIT_K > 1 and kind.split_k_underfilled:
+        why = _split_k_error(s, config, limits.sm_count)
+        if why is not None:
+            return why
     why = kind.search_error(problem, config)
     if why is not None:
         return why
     if config.num_warps == 2 and config.BLOCK_K >= 128 and not (isinstance(s.k, int) and s.k % 16 == 0):
         return "2 warps with BLOCK_K >= 128 and K not a multiple of 16 miscompile in Triton 3.6"
+    return None
+
+
+def _split_k_error(s: Shape, config: Config, sm_count: int) -> str | None:
+    """Where split-K can pay on a tiled matmul: too few output tiles to fill the device."""
+    dims = [d if isinstance(d, int) else 1 << 30 for d in (s.batch, s.m, s.n, s.k)]
+    tiles = dims[0] * triton.cdiv(dims[1], config.BLOCK_M) * triton.cdiv(dims[2], config.BLOCK_N)
+    if tiles >= sm_count:
+        return f"split-K: {tiles} output tiles already fill the {sm_count} SMs"
+    if triton.cdiv(dims[3], config.BLOCK_K) < 2 * config.SPLIT_K:
+        return f"split-K: SPLIT_K={config.SPLIT_K} leaves a split fewer than 2 K blocks"
+    if tiles * config.SPLIT_K > 4 * sm_count:
+        return f"split-K: {tiles} tiles x SPLIT_K={config.SPLIT_K} is over 4 waves of {sm_count} SMs"
     return None
 
 
