@@ -175,7 +175,8 @@ def demo(
 @app.command()
 def tune(
     suite: Annotated[
-        str | None, typer.Option(help="built-in suite: smoke, quick, llm, square, gemv, gemv-fused")
+        str | None,
+        typer.Option(help="built-in suite: smoke, quick, llm, square, midm, gemv, gemv-fused, conv, mlp"),
     ] = None,
     shapes: Annotated[
         str | None, typer.Option(help="JSON or JSON Lines file of problems (see tuner/suites.py)")

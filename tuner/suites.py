@@ -21,7 +21,12 @@ Built-in suites:
   transformer layer in bf16: (N, K) = (14336, 4096) up-projection with
   bias + gelu(tanh), (4096, 14336) down-projection with a residual add, and
   (4096, 4096) with bias + residual;
-- ``square``: bf16 cubes 1024, 2048, 4096, 8192 with no epilogue;
+- ``square``: bf16 cubes 512, 1024, 2048, 4096, 8192 with no epilogue;
+- ``midm``: M in {128, 256, 512} x mid-M projections of other models (few output tiles,
+  long K: where split-K pays): Llama-2-7B's up projection (11008, 4096) fp16 with bias +
+  SiLU and its down projection (4096, 11008) with a residual, Qwen2-7B's attention output
+  (3584, 3584) with bias + residual, a grouped-query K/V projection (1024, 4096) with a bias
+  and Qwen2-7B's down projection (3584, 18944) with a residual;
 - ``gemv``: decode-sized bf16 matmuls for the gemv template, M in {1, 4, 8, 16} x
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096)},
   nn.Linear layout, no epilogue;
@@ -226,6 +231,17 @@ class Spec:
 
 _LLM_PROJECTIONS = ((14336, 4096, "bias_gelu_tanh"), (4096, 14336, "residual"), (4096, 4096, "bias_residual"))
 
+# mid-M projections of models outside ``llm`` (few output tiles, long K): Llama-2-7B's up
+# projection with bias + SiLU in fp16 and its down projection, Qwen2-7B's attention output,
+# grouped-query K/V (1024 wide) and down projection (K = 18944)
+_MID_M = (
+    (11008, 4096, "float16", "bias_silu"),
+    (4096, 11008, "bfloat16", "residual"),
+    (3584, 3584, "bfloat16", "bias_residual"),
+    (1024, 4096, "bfloat16", "bias"),
+    (3584, 18944, "bfloat16", "residual"),
+)
+
 _DECODE_PROJECTIONS = (
     (4096, 4096, "bias_residual"),
     (14336, 4096, "bias_gelu_tanh"),
@@ -262,7 +278,8 @@ SUITES: dict[str, list[Spec | ConvSpec]] = {
         Spec(3000, 1000, 777, dtype="float16", epilogue="bias_gelu"),
     ],
     "llm": [Spec(m, n, k, epilogue=ep) for m in (1, 16, 128, 2048, 8192) for n, k, ep in _LLM_PROJECTIONS],
-    "square": [Spec(s, s, s, layout="NN") for s in (1024, 2048, 4096, 8192)],
+    "square": [Spec(s, s, s, layout="NN") for s in (512, 1024, 2048, 4096, 8192)],
+    "midm": [Spec(m, n, k, dtype=dt, epilogue=ep) for m in (128, 256, 512) for n, k, dt, ep in _MID_M],
     "gemv": [
         Spec(m, n, k, template="gemv")
         for m in (1, 4, 8, 16)

@@ -1,0 +1,238 @@
+"""Split-K on the matmul template: problems with few output tiles (small cubes, mid-M
+projections) against cuBLAS + the eager epilogue and Inductor, in one process.
+
+    python3 benchmarks/split_k.py [--suite midm] [--only 0-4] [--rounds 3] [--max-autotune] \
+        [--json out.json]
+
+Method. FLOPs = 2MNK; bytes = A + B + operands + outputs. For each problem a fixed sweep —
+the kind's default config and its feasible seeds without split-K, then split-K configs
+(the seeds with SPLIT_K > 1 and ``SPLIT_SWEEP``, those ``tuner/space.infeasible`` accepts on
+this device: split-K only where the output tiles underfill the SMs) — is checked against the
+float64 reference and timed once (CUDA events, L2 flushed before each repetition). Then the
+best config without split-K, the best with it, cuBLAS + eager epilogue, Inductor (and with
+``--max-autotune`` Inductor max-autotune without CUDA graphs) are timed in ``--rounds``
+interleaved rounds: median of the rounds' medians, spread = min..max of the rounds'
+medians. Calls under 50 us are also timed by CUDA-graph replay (``*`` in the table), which
+is the time compared for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+
+import torch
+import triton
+
+from epilab.templates.kinds import bind, default_config, kind_of
+from epilab.templates.problem import Config, Problem
+from epilab.templates.verify import failure, output_errors, random_inputs
+from epilab.tuner.evaluate import baseline_fn
+from epilab.tuner.space import DeviceLimits, infeasible
+from epilab.tuner.suites import suite
+from epilab.tuner.timing import time_cuda, time_graph
+
+GRAPH_BELOW_MS = 0.05
+NO_SPLIT_SEEDS = 6  # the first feasible seeds without split-K (the Hopper loops come first)
+
+SPLIT_SWEEP = tuple(
+    Config(bm, bn, 64, 8, split, num_warps=w, num_stages=4, variant=v)
+    for bm, bn, w, v in ((128, 128, 8, "tma"), (128, 64, 4, "default"), (64, 128, 4, "tma"))
+    for split in (2, 4, 8, 16)
+)
+
+
+def candidates(problem: Problem, limits: DeviceLimits) -> tuple[list[Config], list[Config]]:
+    """(configs without split-K, configs with it), each feasible on this device."""
+    kind = kind_of(problem)
+    plain = [default_config(problem, sm_count=limits.sm_count)]
+    for c in kind.seeds:
+        if len(plain) > NO_SPLIT_SEEDS:
+            break
+        if c.SPLIT_K == 1 and c not in plain and infeasible(problem, c, limits) is None:
+            plain.append(c)
+    split = []
+    for c in (*kind.seeds, *SPLIT_SWEEP):
+        if c.SPLIT_K > 1 and c not in split and infeasible(problem, c, limits) is None:
+            split.append(c)
+    return plain, split
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, float | None]:
+    """Events (L2 flushed) and, for short calls, CUDA-graph replay."""
+    events = time_cuda(fn, rep_ms=60).median_ms
+    replayed = time_graph(fn, calls=20, replays=10).median_ms if events < GRAPH_BELOW_MS else None
+    return events, replayed
+
+
+def _ms(entry: dict | None) -> float | None:
+    """The comparable time: CUDA-graph replay where the call is short, else events."""
+    return None if entry is None else entry["graph_ms"] or entry["ms"]
+
+
+def sweep(problem: Problem, configs: list[Config], a, b, ops, refs) -> list[dict]:
+    out = []
+    for c in configs:
+        try:
+            bound = bind(problem, c, a, b, ops)
+            bound.run()
+            torch.cuda.synchronize()
+        except Exception as e:  # a config the compiler refuses: noted, not fatal
+            out.append({"config": c.short(), "error": str(e)[:200]})
+            continue
+        why = failure(output_errors(problem, bound.outs, refs))
+        if why is not None:
+            out.append({"config": c.short(), "error": why})
+            continue
+        events, graph = _timed(bound.run)
+        out.append({"config": c.short(), "ms": events, "graph_ms": graph, "obj": c})
+        print(f"  {c.short()}: {events:.4f} ms" + (f" (graph {graph:.4f})" if graph else ""), file=sys.stderr)
+    return out
+
+
+def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespace, limits) -> dict:
+    a, b, ops = random_inputs(problem, "cuda", index)
+    refs = kind_of(problem).reference(problem, a, b, ops)
+    plain, split = candidates(problem, limits)
+    swept = {"plain": sweep(problem, plain, a, b, ops, refs), "split": sweep(problem, split, a, b, ops, refs)}
+    del refs
+    variants: dict[str, Callable[[], object]] = {}
+    chosen = {}
+    for name, rows in swept.items():
+        ok = [r for r in rows if "ms" in r]
+        if ok:
+            best = min(ok, key=_ms)
+            chosen[name] = best["config"]
+            variants[name] = bind(problem, best["obj"], a, b, ops).run
+    eager = baseline_fn(problem, "cublas")
+    variants["cublas + eager"] = lambda: eager(a, b, ops)
+    inductor = baseline_fn(problem, "inductor")
+    inductor(a, b, ops)
+    variants["inductor"] = lambda: inductor(a, b, ops)
+    if args.max_autotune:
+        tuned = baseline_fn(problem, "inductor-max-autotune")
+        tuned(a, b, ops)
+        variants["max-autotune"] = lambda: tuned(a, b, ops)
+    rounds: dict[str, list[tuple[float, float | None]]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, fn in variants.items():
+            rounds[name].append(_timed(fn))
+    s = problem.shape
+    m, n, k = int(s.m), int(s.n), int(s.k)
+    esize = a.element_size()
+    result = {
+        "index": index,
+        "problem": label,
+        "m": m,
+        "n": n,
+        "k": k,
+        "flops": 2 * m * n * k,
+        "bytes": (m * k + k * n) * esize
+        + sum(t.numel() * t.element_size() for t in ops.values())
+        + m * n * esize,
+        "chosen": chosen,
+        "sweep": {
+            name: [{k: v for k, v in r.items() if k != "obj"} for r in rows] for name, rows in swept.items()
+        },
+        "times": {},
+    }
+    for name, times in rounds.items():
+        ev = [t[0] for t in times]
+        gr = [t[1] for t in times if t[1] is not None]
+        result["times"][name] = {
+            "ms": statistics.median(ev),
+            "spread": [min(ev), max(ev)],
+            "graph_ms": statistics.median(gr) if len(gr) == len(times) else None,
+        }
+    return result
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in xs) / len(xs)) if xs else float("nan")
+
+
+def table(results: list[dict]) -> str:
+    names = ["cublas + eager", "inductor", "max-autotune"]
+    lines = [
+        "| problem | best no split ms | best split-K ms (TFLOP/s) | split-K config | "
+        + " | ".join(f"{n} ms" for n in names)
+        + " | split vs no split | best epilab vs cuBLAS + eager | vs Inductor | vs max-autotune |",
+        "|---|---:|---:|---|" + "---:|" * (len(names) + 4),
+    ]
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    for r in results:
+        t = r["times"]
+        plain, split = _ms(t.get("plain")), _ms(t.get("split"))
+        best = min(v for v in (plain, split) if v is not None)
+        mark = lambda e: "*" if e and e["graph_ms"] else ""  # noqa: E731
+        cells = [f"{_ms(t[n]):.4f}{mark(t[n])}" if n in t else "-" for n in names]
+        vs = []
+        for n in names:
+            if n in t:
+                ratios[n].append(_ms(t[n]) / best)
+                vs.append(f"{_ms(t[n]) / best:.2f}x")
+            else:
+                vs.append("-")
+        split_cell = (
+            f"{split:.4f}{mark(t['split'])} ({r['flops'] / (split * 1e-3) / 1e12:.0f})" if split else "-"
+        )
+        gain = f"{plain / split:.2f}x" if split else "-"
+        row = [r["problem"], f"{plain:.4f}{mark(t.get('plain'))}", split_cell, r["chosen"].get("split", "-")]
+        lines.append("| " + " | ".join([*row, *cells, gain, *vs]) + " |")
+    lines.append("")
+    lines.append("`*`: CUDA-graph replay (calls under 50 us); the rest CUDA events with L2 flushed.")
+    parts = [
+        f"vs {n} {_geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})" for n, xs in ratios.items() if xs
+    ]
+    lines.append("- best epilab (with or without split-K): " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def _only(text: str | None, count: int) -> list[int]:
+    if not text:
+        return list(range(count))
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return [i for i in out if i < count]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="midm")
+    parser.add_argument("--only", help="spec indices, e.g. 0-4,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-autotune", action="store_true", help="also time Inductor max-autotune")
+    parser.add_argument("--json")
+    parser.add_argument("--from-json", help="print the table of an earlier run")
+    args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            print(table(json.load(f)["results"]))
+        return
+    limits = DeviceLimits.of(torch.device("cuda"))
+    specs = suite(args.suite)
+    header = (
+        f"{torch.cuda.get_device_name()} ({limits.sm_count} SMs); torch {torch.__version__}, "
+        f"triton {triton.__version__}, python {platform.python_version()}"
+    )
+    results = []
+    for i in _only(args.only, len(specs)):
+        print(f"[{i}] {specs[i].label()}", file=sys.stderr)
+        results.append(run_problem(i, specs[i].problem(), specs[i].label(), args, limits))
+        torch.cuda.empty_cache()
+        if args.json:  # after every problem: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"device": header, "results": results}, f, indent=1)
+    print(header)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
