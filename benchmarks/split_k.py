@@ -1,10 +1,12 @@
-"""Split-K on the matmul template: problems with few output tiles (small cubes, mid-M
-projections) against cuBLAS + the eager epilogue and Inductor, in one process.
+"""Split-K on the matmul and conv2d templates: problems with few output tiles (small cubes,
+mid-M projections, late ResNet convolutions) against the vendor library (cuBLAS, cuDNN) + the
+eager epilogue, cuDNN's convolution alone, and Inductor, in one process.
 
-    python3 benchmarks/split_k.py [--suite midm] [--only 0-4] [--rounds 3] [--max-autotune] \
+    python3 benchmarks/split_k.py [--suite midm|square|conv] [--only 0-4] [--rounds 3] [--max-autotune] \
         [--json out.json]
 
-Method. FLOPs = 2MNK; bytes = A + B + operands + outputs. For each problem a fixed sweep —
+Method. FLOPs = 2 x batch x MNK (a convolution's implicit GEMM); bytes = A + B as stored +
+operands + outputs. For each problem a fixed sweep —
 the kind's default config and its feasible seeds without split-K, then split-K configs
 (the seeds with SPLIT_K > 1 and ``SPLIT_SWEEP``, those ``tuner/space.infeasible`` accepts on
 this device: split-K only where the output tiles underfill the SMs) — is checked against the
@@ -12,8 +14,8 @@ float64 reference and timed once (CUDA events, L2 flushed before each repetition
 best config without split-K, the best with it, cuBLAS + eager epilogue, Inductor (and with
 ``--max-autotune`` Inductor max-autotune without CUDA graphs) are timed in ``--rounds``
 interleaved rounds: median of the rounds' medians, spread = min..max of the rounds'
-medians. Calls under 50 us are also timed by CUDA-graph replay (``*`` in the table), which
-is the time compared for them.
+medians. Calls under 50 us (in their first round) are also timed by CUDA-graph replay in
+every round (``*`` in the table), which is the time compared for them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from epilab.templates.kinds import bind, default_config, kind_of
@@ -42,7 +45,13 @@ NO_SPLIT_SEEDS = 6  # the first feasible seeds without split-K (the Hopper loops
 
 SPLIT_SWEEP = tuple(
     Config(bm, bn, 64, 8, split, num_warps=w, num_stages=4, variant=v)
-    for bm, bn, w, v in ((128, 128, 8, "tma"), (128, 64, 4, "default"), (64, 128, 4, "tma"))
+    for bm, bn, w, v in (
+        (128, 128, 8, "tma"),
+        (128, 64, 4, "default"),
+        (64, 128, 4, "tma"),
+        (128, 128, 8, "default"),  # the default loop's (conv2d has no other)
+        (64, 128, 4, "default"),
+    )
     for split in (2, 4, 8, 16)
 )
 
@@ -63,10 +72,11 @@ def candidates(problem: Problem, limits: DeviceLimits) -> tuple[list[Config], li
     return plain, split
 
 
-def _timed(fn: Callable[[], object]) -> tuple[float, float | None]:
-    """Events (L2 flushed) and, for short calls, CUDA-graph replay."""
+def _timed(fn: Callable[[], object], graph: bool = False) -> tuple[float, float | None]:
+    """Events (L2 flushed) and, for short calls or when ``graph``, CUDA-graph replay."""
     events = time_cuda(fn, rep_ms=60).median_ms
-    replayed = time_graph(fn, calls=20, replays=10).median_ms if events < GRAPH_BELOW_MS else None
+    short = graph or events < GRAPH_BELOW_MS
+    replayed = time_graph(fn, calls=20, replays=10).median_ms if short else None
     return events, replayed
 
 
@@ -109,8 +119,11 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
             best = min(ok, key=_ms)
             chosen[name] = best["config"]
             variants[name] = bind(problem, best["obj"], a, b, ops).run
-    eager = baseline_fn(problem, "cublas")
-    variants["cublas + eager"] = lambda: eager(a, b, ops)
+    eager = baseline_fn(problem, kind_of(problem).library)
+    variants["vendor + eager"] = lambda: eager(a, b, ops)
+    if problem.conv is not None:  # cuDNN's convolution without the epilogue
+        g = problem.conv
+        variants["cudnn alone"] = lambda: F.conv2d(a, b, None, g.stride, g.padding, g.dilation, g.groups)
     inductor = baseline_fn(problem, "inductor")
     inductor(a, b, ops)
     variants["inductor"] = lambda: inductor(a, b, ops)
@@ -121,20 +134,22 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
     rounds: dict[str, list[tuple[float, float | None]]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, fn in variants.items():
-            rounds[name].append(_timed(fn))
+            # once a call was short, every round replays it (one noisy round must not drop it)
+            rounds[name].append(_timed(fn, graph=any(g is not None for _, g in rounds[name])))
     s = problem.shape
-    m, n, k = int(s.m), int(s.n), int(s.k)
+    batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
     esize = a.element_size()
+    input_elements = kind_of(problem).input_elements(problem)  # A and B as stored
     result = {
         "index": index,
         "problem": label,
         "m": m,
         "n": n,
         "k": k,
-        "flops": 2 * m * n * k,
-        "bytes": (m * k + k * n) * esize
+        "flops": 2 * batch * m * n * k,
+        "bytes": sum(input_elements) * esize
         + sum(t.numel() * t.element_size() for t in ops.values())
-        + m * n * esize,
+        + batch * m * n * esize,
         "chosen": chosen,
         "sweep": {
             name: [{k: v for k, v in r.items() if k != "obj"} for r in rows] for name, rows in swept.items()
@@ -157,16 +172,19 @@ def _geomean(xs: list[float]) -> float:
 
 
 def table(results: list[dict]) -> str:
-    names = ["cublas + eager", "inductor", "max-autotune"]
+    names = ["vendor + eager", "cudnn alone", "inductor", "max-autotune"]
     lines = [
         "| problem | best no split ms | best split-K ms (TFLOP/s) | split-K config | "
         + " | ".join(f"{n} ms" for n in names)
-        + " | split vs no split | best epilab vs cuBLAS + eager | vs Inductor | vs max-autotune |",
-        "|---|---:|---:|---|" + "---:|" * (len(names) + 4),
+        + " | split vs no split | best epilab vs vendor + eager | vs cuDNN alone | vs Inductor"
+        + " | vs max-autotune |",
+        "|---|---:|---:|---|" + "---:|" * (2 * len(names) + 1),
     ]
     ratios: dict[str, list[float]] = {n: [] for n in names}
     for r in results:
         t = r["times"]
+        if "cublas + eager" in t:  # the name of the first runs' column
+            t["vendor + eager"] = t.pop("cublas + eager")
         plain, split = _ms(t.get("plain")), _ms(t.get("split"))
         best = min(v for v in (plain, split) if v is not None)
         mark = lambda e: "*" if e and e["graph_ms"] else ""  # noqa: E731

@@ -34,11 +34,12 @@ from epilab.templates.runtime import (
     epilogue_args,
     extent,
     single_launch,
+    split_k_bound,
     target_for,
 )
 
 _Pair = int | tuple[int, int]
-FILES = ("conv2d.py.jinja", "tile_order.py.jinja", *EPILOGUE_FILES)
+FILES = ("conv2d.py.jinja", "tile_order.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
 
 
 def config_error(problem: Problem, config: Config) -> str | None:
@@ -48,8 +49,10 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return why
     if problem.conv is None:
         return "the conv2d template needs a conv2d problem"
-    if config.SPLIT_K != 1 or config.variant != "default":
-        return "the conv2d template has no split-K or variants; use SPLIT_K=1, variant 'default'"
+    if config.variant != "default":
+        return "the conv2d template has no variants; use variant 'default'"
+    if config.SPLIT_K > 1 and problem.conv.c_per_group == 1:
+        return "a depthwise convolution has no channel reduction to split; use SPLIT_K=1"
     return None
 
 
@@ -64,6 +67,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
         "k_g": int(problem.shape.n) // g.groups,
         "depthwise": g.c_per_group == 1,
         "even_c": g.c_per_group % config.BLOCK_K == 0,
+        "c_blocks": g.c_per_group // config.BLOCK_K,  # channel blocks per (r, s) when even_c
     }
 
 
@@ -268,11 +272,15 @@ def bind_conv(
     target = target_for(x.device)
     index_64 = any(extent(t) > INT32_MAX for t in (x, weight, *outs, *operands.values()))
     k_g = k // g.groups
-    grid = (triton.cdiv(p * q, config.BLOCK_M) * triton.cdiv(k_g, config.BLOCK_N), n, g.groups)
-    if n > 65535 or g.groups > 65535:
-        raise ValueError(f"batch {n} or groups {g.groups} is larger than the 65535 this template launches")
+    split = config.SPLIT_K
+    grid = (triton.cdiv(p * q, config.BLOCK_M) * triton.cdiv(k_g, config.BLOCK_N), n, g.groups * split)
+    if n > 65535 or g.groups * split > 65535:
+        raise ValueError(
+            f"batch {n} or groups {g.groups} x SPLIT_K {split} is over the 65535 this template launches"
+        )
     args: dict[str, object] = {"x_ptr": x, "w_ptr": weight}
-    args.update(epilogue_args(problem.epilogue, ops3, outs3, (n, p * q, k), (n, p * q, k)))
+    ep_args = epilogue_args(problem.epilogue, ops3, outs3, (n, p * q, k), (n, p * q, k))
+    args.update(ep_args)
     args.update(
         stride_xn=x.stride(0),
         stride_xc=x.stride(1),
@@ -283,6 +291,9 @@ def bind_conv(
         stride_wr=weight.stride(2),
         stride_ws=weight.stride(3),
     )
+    if split > 1:
+        out3 = (n, p * q, k)
+        return split_k_bound(KIND, problem, config, target, index_64, grid, args, ep_args, outs, out3)
     return single_launch(KIND, problem, config, target, index_64, grid, args, outs)
 
 
@@ -428,6 +439,7 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "BLOCK_N": (16, 32, 64, 128, 256),
     "BLOCK_K": (16, 32, 64, 128),
     "GROUP_M": (1, 4, 8),
+    "SPLIT_K": (1, 2, 4, 8),  # over the (r, s, c) reduction, where the output tiles are few
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3, 4, 5),
 }
@@ -526,4 +538,5 @@ KIND = TemplateKind(
     search_error=lambda problem, config: idle_threads_error(config),
     twins=conv_twins,
     twin_call=matmul_twin_call,
+    split_k_underfilled=True,
 )

@@ -34,15 +34,13 @@ from epilab.templates.runtime import (
     Described,
     epilogue_args,
     extent,
-    kernel_for,
     layout_of,
     operand_layout,
     operand_strides,
     outputs_for,
     single_launch,
+    split_k_bound,
     target_for,
-    tile_args,
-    two_pass_bound,
 )
 
 _GRID_Y_MAX = 65535
@@ -57,7 +55,6 @@ VARIANTS = ("default", "tma", "persistent", "tma_persistent")
 TMA_VARIANTS = ("tma", "tma_persistent")
 PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
 SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.jinja)
-REDUCE_BLOCK = (32, 128)  # the split-K reduction's tile (M x N), 4 warps
 HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
@@ -354,46 +351,10 @@ def bind_matmul(
                 bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
                 return dataclasses.replace(bound, descriptors=(*described, *stores))
     if config.SPLIT_K > 1:
-        return _split_k_bound(kind, problem, config, target, index_64, grid, args, ep_args, outs)
+        grid = (*grid, config.SPLIT_K)  # the splits on the third axis
+        out3 = (batch, m, n)
+        return split_k_bound(kind, problem, config, target, index_64, grid, args, ep_args, outs, out3)
     return single_launch(kind, problem, config, target, index_64, grid, args, outs)
-
-
-def _split_k_bound(
-    kind: TemplateKind,
-    problem: Problem,
-    config: Config,
-    target: Target,
-    index_64: bool,
-    grid: tuple[int, int],
-    args: dict[str, object],
-    ep_args: Mapping[str, object],
-    outs: tuple[torch.Tensor, ...],
-) -> Bound:
-    """Two-pass split-K: the main kernel writes each split's fp32 partial sums to a fresh
-    workspace, the reduction adds them in split order and runs the epilogue (deterministic)."""
-    (tiles, batch), split = grid, config.SPLIT_K
-    m, n = args["M"], args["N"]
-    ws = torch.empty((kind.accumulators * split, batch, m, n), dtype=torch.float32, device=outs[0].device)
-    index_64 = index_64 or ws.numel() > INT32_MAX
-    main = {**args, **tile_args(config), "ws_ptr": ws, "SPLIT_K": split}
-    block_m, block_n = REDUCE_BLOCK
-    reduce_args = {
-        **ep_args,
-        "ws_ptr": ws,
-        "M": m,
-        "N": n,
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "SPLIT_K": split,
-        "num_warps": 4,
-    }
-    reduce_grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), batch)
-    return two_pass_bound(
-        outs,
-        target,
-        (kernel_for(kind, problem, config, target, index_64), (tiles, batch, split), main),
-        (kernel_for(kind, problem, config, target, index_64, "_reduce"), reduce_grid, reduce_args),
-    )
 
 
 def _tma_readable(t: torch.Tensor) -> bool:

@@ -275,3 +275,47 @@ def two_pass_bound(outs: tuple[torch.Tensor, ...], target: Target, first: Launch
                 kernel.warmup(grid=grid, **args)  # type: ignore[attr-defined]
 
     return Bound(outs, run_both, compile_both)
+
+
+REDUCE_BLOCK = (32, 128)  # the split-K reduction's tile (M x N), 4 warps
+
+
+def split_k_bound(
+    kind: TemplateKind,
+    problem: Problem,
+    config: Config,
+    target: Target,
+    index_64: bool,
+    grid: tuple[int, ...],
+    args: Mapping[str, object],
+    ep_args: Mapping[str, object],
+    outs: tuple[torch.Tensor, ...],
+    out3: tuple[int, int, int],
+) -> Bound:
+    """Two-pass split-K (``templates/split_k.py.jinja``): the main kernel, launched on ``grid``
+    (its splits on one axis), writes each split's fp32 partial sums to a fresh workspace of
+    [accumulators x SPLIT_K, batch, M, N] (``out3`` = batch, M, N as the epilogue indexes the
+    outputs); the reduction adds them in split order and runs the epilogue (deterministic)."""
+    batch, m, n = out3
+    split = config.SPLIT_K
+    ws = torch.empty((kind.accumulators * split, batch, m, n), dtype=torch.float32, device=outs[0].device)
+    index_64 = index_64 or ws.numel() > INT32_MAX
+    main = {**args, **tile_args(config), "ws_ptr": ws, "SPLIT_K": split}
+    block_m, block_n = REDUCE_BLOCK
+    reduce_args = {
+        **ep_args,
+        "ws_ptr": ws,
+        "M": m,
+        "N": n,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "SPLIT_K": split,
+        "num_warps": 4,
+    }
+    reduce_grid = (-(-m // block_m) * -(-n // block_n), batch)
+    return two_pass_bound(
+        outs,
+        target,
+        (kernel_for(kind, problem, config, target, index_64), grid, main),
+        (kernel_for(kind, problem, config, target, index_64, "_reduce"), reduce_grid, reduce_args),
+    )

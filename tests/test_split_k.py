@@ -1,4 +1,5 @@
-"""Two-pass split-K on the matmul template (and its dual kind) against a float64 reference.
+"""Two-pass split-K on the matmul template (and its dual kind) and on conv2d's (r, s, c)
+reduction, against a float64 reference.
 
 Each split sums its share of the K blocks into an fp32 workspace; a second kernel adds the
 partial sums in split order and runs the epilogue once. CPU runs use Triton's interpreter on
@@ -13,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_conv2d import GEOMETRIES, run_geometry
 from test_matmul import DTYPES, EPILOGUES, run_case
 
 import epilab
@@ -117,6 +119,28 @@ def test_symbolic_sizes_never_split():
     assert "fill" in infeasible(dynamic, Config(128, 128, 64, 8, 2, num_warps=8, num_stages=3), HOPPER)
 
 
+# ------------------------------------------------------------------ conv2d
+
+CONV_SPLIT = ["3x3-pad1-odd", "3x3-stride2", "stem-7x7-s2-p3-c3", "c24-ragged", "groups2", "dilation2"]
+
+
+@pytest.mark.parametrize("split", [2, 8])  # 8: more splits than some geometries have steps
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("geometry", CONV_SPLIT)
+def test_conv_split_k_over_the_reduction(geometry, layout, split):
+    run_geometry(GEOMETRIES[geometry], layout=layout, config=dataclasses.replace(_split(split), BLOCK_N=16))
+
+
+@pytest.mark.parametrize("epilogue", ["bias_residual_relu", "two_outputs", "bn_relu"])
+def test_conv_split_k_epilogues(epilogue):
+    run_geometry(GEOMETRIES["3x3-pad1-odd"], epilogue=epilogue, dtype=torch.float16, config=_split(4))
+
+
+def test_depthwise_convolutions_refuse_split_k():
+    with pytest.raises(ValueError, match="depthwise convolution has no channel reduction"):
+        run_geometry(GEOMETRIES["depthwise"], config=_split(2))
+
+
 # ------------------------------------------------------------------ GPU
 
 GPU_CASES = [  # (M, N, K, dtype, config)
@@ -155,3 +179,13 @@ def test_gpu_split_k_is_bitwise_reproducible_over_many_launches():
         bound.run()
         differ += not torch.equal(bound.outs[0], first.outs[0])
     assert differ == 0, f"{differ} of 300 launches differ from the first"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hw,c", [(14, 256), (7, 512)], ids=["14x14", "7x7"])
+@pytest.mark.parametrize("split", [2, 4])
+def test_gpu_conv_split_k_resnet_layers(hw, c, split):
+    from test_conv2d import run_conv
+
+    config = Config(64, 128, 64, 8, split, num_warps=4, num_stages=3)
+    run_conv(32, c, hw, hw, c, 3, 3, padding=1, epilogue="bias_residual_relu", config=config, device="cuda")
