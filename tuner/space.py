@@ -15,7 +15,8 @@ infeasible configs from ever being compiled. The kinds' spaces:
              num_stages in 1..6
     conv2d:  BLOCK_M (output pixels), BLOCK_N (output channels of a group)
              in 16..256, BLOCK_K (input channels per step) in 16..128,
-             GROUP_M in {1, 4, 8}, num_warps in {2, 4, 8}, num_stages in 1..5
+             GROUP_M in {1, 4, 8}, SPLIT_K in {1, 2, 4, 8} (two-pass, over the (r, s, c)
+             reduction; not depthwise), num_warps in {2, 4, 8}, num_stages in 1..5
     dual_matmul, dual_gemv: the matmul's and the gemv's spaces (two accumulators: the
              feasibility rules below cut their tiles)
 
@@ -34,7 +35,7 @@ A config is feasible for a problem on a device when
   variants);
 - two programs per SM (persistent) fit twice in shared memory, and their accumulators
   take at most half of the 64K-register file;
-- split-K on the matmul kinds (``split_k_underfilled``) only where it can pay: the output
+- split-K on the matmul kinds and conv2d (``split_k_underfilled``) only where it can pay: the output
   tiles (x batch) underfill the device's SMs, every split gets at least 2 K blocks, and the
   programs (tiles x SPLIT_K) are at most 4 waves;
 - the kind's search rule passes (``search_error``): split-K has at least one K block
