@@ -109,14 +109,14 @@ class Counted:
         return [Outcome("compile_error") if c in self.fail else Outcome("ok", cost_model(c)) for c in batch]
 
 
-def _run(study, evaluate, budget, **kw):
+def _run(study, evaluate, budget, problem=BIG, **kw):
     return search(
         study,
-        space_for(BIG),
+        space_for(problem),
         evaluate=evaluate,
-        infeasible=lambda c: infeasible(BIG, c, HOPPER),
+        infeasible=lambda c: infeasible(problem, c, HOPPER),
         budget=budget,
-        applies=applies(BIG),
+        applies=applies(problem),
         **kw,
     )
 
@@ -132,6 +132,32 @@ def test_search_finds_the_optimum_of_a_known_landscape_within_budget():
     assert result.evaluated == 64 == len(evaluate.asked) == len(set(evaluate.asked))
     assert result.best_ms <= cost_model(optimum) * 1.03, (result.best, optimum)
     assert all(infeasible(BIG, c, HOPPER) is None for c in evaluate.asked)  # nothing infeasible evaluated
+
+
+def test_search_finds_a_split_k_optimum_where_output_tiles_are_few():
+    """128x1024x4096: 8 tiles of 128x128 on 132 SMs, so the space includes SPLIT_K; the
+    landscape's optimum splits K in 4."""
+    few_tiles = Spec(128, 1024, 4096).problem()
+
+    def split_cost(config: Config) -> float:
+        return cost_model(config) + abs(math.log2(config.SPLIT_K) - 2) * 0.3
+
+    optimum = min(configs(few_tiles, HOPPER), key=split_cost)
+    assert optimum.SPLIT_K == 4
+    asked: list[Config] = []
+
+    def evaluate(batch: list[Config]) -> list[Outcome]:
+        asked.extend(batch)
+        return [Outcome("ok", split_cost(c)) for c in batch]
+
+    result = _run(
+        make_study("landscape-split", None, restart=False, seed=0),
+        evaluate,
+        Budget(trials=64, seconds=1e9, patience=64),
+        problem=few_tiles,
+    )
+    assert result.best_ms <= split_cost(optimum) * 1.03, (result.best, optimum)
+    assert all(infeasible(few_tiles, c, HOPPER) is None for c in asked)
 
 
 def test_seeds_are_tried_first_and_failures_are_never_best():
