@@ -25,13 +25,13 @@ import argparse
 import json
 import math
 import platform
-import statistics
 import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import triton
+from rounds import comparable_ms, geomean, only, summary, timed
 
 from epilab.templates import dtypes
 from epilab.templates.dual_matmul import B2
@@ -41,10 +41,7 @@ from epilab.templates.verify import failure, output_errors
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible
 from epilab.tuner.suites import Spec, suite
-from epilab.tuner.timing import time_cuda, time_graph
-
-GRAPH_BELOW_MS = 0.05
-
+from epilab.tuner.timing import time_cuda
 
 # decode: more column widths, depths and split-K reductions than the dual GEMV's seeds
 DECODE_SWEEP = tuple(
@@ -102,13 +99,6 @@ class Gated(nn.Module):
         return self.join(self.gate(x), self.up(x))
 
 
-def _timed(fn: Callable[[], object], graph: bool = False) -> tuple[float, float | None]:
-    """Events (L2 flushed) and, for short calls or when ``graph``, CUDA-graph replay."""
-    events = time_cuda(fn, rep_ms=60).median_ms
-    replayed = time_graph(fn, calls=20, replays=10).median_ms if graph or events < GRAPH_BELOW_MS else None
-    return events, replayed
-
-
 def copy_bandwidth() -> float:
     """GB/s of a 1 GiB device copy (bytes read + written)."""
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
@@ -142,7 +132,7 @@ def run_spec(index: int, spec: Spec, args: argparse.Namespace, limits: DeviceLim
         if why is not None:
             sweep.append({"template": p.template, "config": c.short(), "error": why})
             continue
-        events, graph = _timed(bound.run)
+        events, graph = timed(bound.run)
         sweep.append({"template": p.template, "config": c.short(), "ms": events, "graph_ms": graph})
         print(
             f"  {p.template} {c.short()}: {events:.4f} ms" + (f" (graph {graph:.4f})" if graph else ""),
@@ -183,7 +173,7 @@ def run_spec(index: int, spec: Spec, args: argparse.Namespace, limits: DeviceLim
         rounds: dict[str, list[tuple[float, float | None]]] = {name: [] for name in variants}
         for _ in range(args.rounds):
             for name, fn in variants.items():
-                rounds[name].append(_timed(fn, graph=m <= 16))  # decode: under CUDA graphs too
+                rounds[name].append(timed(fn, graph=m <= 16))  # decode: under CUDA graphs too
     result = {
         "index": index,
         "problem": spec.label(),
@@ -198,25 +188,8 @@ def run_spec(index: int, spec: Spec, args: argparse.Namespace, limits: DeviceLim
         "times": {},
     }
     for name, times in rounds.items():
-        ev = [t[0] for t in times]
-        gr = [t[1] for t in times if t[1] is not None]
-        result["times"][name] = {
-            "ms": statistics.median(ev),
-            "spread": [min(ev), max(ev)],
-            "graph_ms": statistics.median(gr) if len(gr) == len(times) else None,
-        }
+        result["times"][name] = summary(times)
     return result
-
-
-def _ms(entry: dict | None) -> float | None:
-    """The comparable time: CUDA-graph replay where the call is short, else events."""
-    if entry is None:
-        return None
-    return entry["graph_ms"] or entry["ms"]
-
-
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in xs) / len(xs)) if xs else float("nan")
 
 
 def table(results: list[dict], copy_gbs: float | None) -> str:
@@ -232,11 +205,11 @@ def table(results: list[dict], copy_gbs: float | None) -> str:
             lines.append(f"| {r['problem']} | {r['error']} |")
             continue
         t = r["times"]
-        dual = _ms(t["dual"])
+        dual = comparable_ms(t["dual"])
         gbs = r["bytes"] / (dual * 1e-3) / 1e9
         share = f" ({100 * gbs / copy_gbs:.0f}%)" if copy_gbs else ""
-        cells = [f"{_ms(t.get(n)):.4f}" if t.get(n) else "-" for n in names]
-        ratios = [f"{_ms(t[n]) / dual:.2f}x" if t.get(n) else "-" for n in names]
+        cells = [f"{comparable_ms(t.get(n)):.4f}" if t.get(n) else "-" for n in names]
+        ratios = [f"{comparable_ms(t[n]) / dual:.2f}x" if t.get(n) else "-" for n in names]
         graph = "*" if t["dual"]["graph_ms"] else ""
         tflops = r["flops"] / (dual * 1e-3) / 1e12
         lines.append(
@@ -258,21 +231,15 @@ def table(results: list[dict], copy_gbs: float | None) -> str:
             continue
         parts = []
         for n in names:
-            xs = [_ms(r["times"][n]) / _ms(r["times"]["dual"]) for r in chosen if r["times"].get(n)]
+            xs = [
+                comparable_ms(r["times"][n]) / comparable_ms(r["times"]["dual"])
+                for r in chosen
+                if r["times"].get(n)
+            ]
             if xs:
-                parts.append(f"vs {n} {_geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})")
+                parts.append(f"vs {n} {geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})")
         lines.append(f"- {label}: " + "; ".join(parts))
     return "\n".join(lines)
-
-
-def _only(text: str | None, count: int) -> list[int]:
-    if not text:
-        return list(range(count))
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return [i for i in out if i < count]
 
 
 def main() -> None:
@@ -295,7 +262,7 @@ def main() -> None:
     copy_gbs = copy_bandwidth()
     specs = suite(args.suite)
     results = []
-    for i in _only(args.only, len(specs)):
+    for i in only(args.only, len(specs)):
         print(f"[{i}] {specs[i].label()}", file=sys.stderr)
         results.append(run_spec(i, specs[i], args, limits))
         torch.cuda.empty_cache()

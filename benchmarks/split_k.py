@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
-import statistics
 import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 import triton
+from rounds import comparable_ms, geomean, only, summary, timed
 
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.problem import Config, Problem
@@ -38,9 +37,7 @@ from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible
 from epilab.tuner.suites import suite
-from epilab.tuner.timing import time_cuda, time_graph
 
-GRAPH_BELOW_MS = 0.05
 NO_SPLIT_SEEDS = 6  # the first feasible seeds without split-K (the Hopper loops come first)
 
 SPLIT_SWEEP = tuple(
@@ -72,19 +69,6 @@ def candidates(problem: Problem, limits: DeviceLimits) -> tuple[list[Config], li
     return plain, split
 
 
-def _timed(fn: Callable[[], object], graph: bool = False) -> tuple[float, float | None]:
-    """Events (L2 flushed) and, for short calls or when ``graph``, CUDA-graph replay."""
-    events = time_cuda(fn, rep_ms=60).median_ms
-    short = graph or events < GRAPH_BELOW_MS
-    replayed = time_graph(fn, calls=20, replays=10).median_ms if short else None
-    return events, replayed
-
-
-def _ms(entry: dict | None) -> float | None:
-    """The comparable time: CUDA-graph replay where the call is short, else events."""
-    return None if entry is None else entry["graph_ms"] or entry["ms"]
-
-
 def sweep(problem: Problem, configs: list[Config], a, b, ops, refs) -> list[dict]:
     out = []
     for c in configs:
@@ -99,7 +83,7 @@ def sweep(problem: Problem, configs: list[Config], a, b, ops, refs) -> list[dict
         if why is not None:
             out.append({"config": c.short(), "error": why})
             continue
-        events, graph = _timed(bound.run)
+        events, graph = timed(bound.run)
         out.append({"config": c.short(), "ms": events, "graph_ms": graph, "obj": c})
         print(f"  {c.short()}: {events:.4f} ms" + (f" (graph {graph:.4f})" if graph else ""), file=sys.stderr)
     return out
@@ -116,7 +100,7 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
     for name, rows in swept.items():
         ok = [r for r in rows if "ms" in r]
         if ok:
-            best = min(ok, key=_ms)
+            best = min(ok, key=comparable_ms)
             chosen[name] = best["config"]
             variants[name] = bind(problem, best["obj"], a, b, ops).run
     eager = baseline_fn(problem, kind_of(problem).library)
@@ -135,7 +119,7 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
     for _ in range(args.rounds):
         for name, fn in variants.items():
             # once a call was short, every round replays it (one noisy round must not drop it)
-            rounds[name].append(_timed(fn, graph=any(g is not None for _, g in rounds[name])))
+            rounds[name].append(timed(fn, graph=any(g is not None for _, g in rounds[name])))
     s = problem.shape
     batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
     esize = a.element_size()
@@ -157,18 +141,8 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
         "times": {},
     }
     for name, times in rounds.items():
-        ev = [t[0] for t in times]
-        gr = [t[1] for t in times if t[1] is not None]
-        result["times"][name] = {
-            "ms": statistics.median(ev),
-            "spread": [min(ev), max(ev)],
-            "graph_ms": statistics.median(gr) if len(gr) == len(times) else None,
-        }
+        result["times"][name] = summary(times)
     return result
-
-
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in xs) / len(xs)) if xs else float("nan")
 
 
 def table(results: list[dict]) -> str:
@@ -185,15 +159,15 @@ def table(results: list[dict]) -> str:
         t = r["times"]
         if "cublas + eager" in t:  # the name of the first runs' column
             t["vendor + eager"] = t.pop("cublas + eager")
-        plain, split = _ms(t.get("plain")), _ms(t.get("split"))
+        plain, split = comparable_ms(t.get("plain")), comparable_ms(t.get("split"))
         best = min(v for v in (plain, split) if v is not None)
         mark = lambda e: "*" if e and e["graph_ms"] else ""  # noqa: E731
-        cells = [f"{_ms(t[n]):.4f}{mark(t[n])}" if n in t else "-" for n in names]
+        cells = [f"{comparable_ms(t[n]):.4f}{mark(t[n])}" if n in t else "-" for n in names]
         vs = []
         for n in names:
             if n in t:
-                ratios[n].append(_ms(t[n]) / best)
-                vs.append(f"{_ms(t[n]) / best:.2f}x")
+                ratios[n].append(comparable_ms(t[n]) / best)
+                vs.append(f"{comparable_ms(t[n]) / best:.2f}x")
             else:
                 vs.append("-")
         split_cell = (
@@ -204,21 +178,9 @@ def table(results: list[dict]) -> str:
         lines.append("| " + " | ".join([*row, *cells, gain, *vs]) + " |")
     lines.append("")
     lines.append("`*`: CUDA-graph replay (calls under 50 us); the rest CUDA events with L2 flushed.")
-    parts = [
-        f"vs {n} {_geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})" for n, xs in ratios.items() if xs
-    ]
+    parts = [f"vs {n} {geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})" for n, xs in ratios.items() if xs]
     lines.append("- best epilab (with or without split-K): " + "; ".join(parts))
     return "\n".join(lines)
-
-
-def _only(text: str | None, count: int) -> list[int]:
-    if not text:
-        return list(range(count))
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return [i for i in out if i < count]
 
 
 def main() -> None:
@@ -241,7 +203,7 @@ def main() -> None:
         f"triton {triton.__version__}, python {platform.python_version()}"
     )
     results = []
-    for i in _only(args.only, len(specs)):
+    for i in only(args.only, len(specs)):
         print(f"[{i}] {specs[i].label()}", file=sys.stderr)
         results.append(run_problem(i, specs[i].problem(), specs[i].label(), args, limits))
         torch.cuda.empty_cache()
