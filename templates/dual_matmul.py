@@ -218,6 +218,7 @@ SEEDS = [  # two accumulators: 128x128 tiles with 8 warps at most (128 registers
     Config(64, 128, 64, 8, num_warps=4, num_stages=4),
     Config(64, 64, 64, 8, num_warps=4, num_stages=4),
     Config(32, 64, 64, 8, num_warps=4, num_stages=4),
+    Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma_stream_k"),  # a short last wave
 ]
 
 KIND = dataclasses.replace(  # the matmul's space, output layout and applies; its own tensors

@@ -3,7 +3,8 @@
 The backend's custom op runs the same problem many times with tensors of the
 same shapes. ``Replay`` keeps what the first launch bound (every scalar
 argument, the grid, Triton's compiled kernel) and, per call, only swaps the
-tensor pointers (remaking TMA descriptors over them) and allocates the outputs,
+tensor pointers (remaking TMA descriptors over them, looking up a stream-K workspace for the
+call's stream) and allocates the outputs,
 then calls the compiled kernel's launcher directly: the Python cost of a launch
 drops from the full bind
 (checks, strides, Triton's argument binding and cache lookup) to a list copy.
@@ -45,6 +46,8 @@ class Replay:
         self.outputs = [names.index(f"out{i}_ptr") for i in range(len(bound.outs))]
         self.out_specs = [(o.shape, o.stride(), o.dtype) for o in bound.outs]
         self.grid = (*bound.grid, *(1,) * (3 - len(bound.grid)))
+        self.workspace = bound.workspace  # scratch kept between calls: looked up per call and stream
+        self.scratch = [names.index(n) for n in ("ws_ptr", "flags_ptr")] if self.workspace else []
         self.compiled = compiled
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -60,6 +63,9 @@ class Replay:
             values[i] = o
         for i, tensor, described in self.descriptors:
             values[i] = described.make(values[tensor])
+        if self.workspace is not None:
+            scratch = self.workspace.tensors(device)
+            values[self.scratch[0]], values[self.scratch[1]] = scratch["ws_ptr"], scratch["flags_ptr"]
         k = self.compiled
         stream = torch.cuda.current_stream(device).cuda_stream
         g0, g1, g2 = self.grid

@@ -41,8 +41,10 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "SPLIT_K": (1, 2, 4, 8, 16, 32),
     "num_warps": (1, 2, 4, 8, 16),
     "num_stages": (1, 2, 3, 4, 5, 6, 7),
-    # gemv split-K reductions; matmul's Hopper main loops
-    "variant": ("default", "two_pass", "atomic", "tma", "persistent", "tma_persistent"),
+    # gemv split-K reductions; matmul's Hopper main loops and stream-K
+    "variant": (
+        "default", "two_pass", "atomic", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"
+    ),
     # matmul: the epilogue runs on 1, 2 or 4 column slices of the tile (fewer live registers)
     "EPILOGUE_SUBTILE": (1, 2, 4),
     # persistent matmul: programs per multiprocessor (NUM_SMS = this x the device's SMs), and the

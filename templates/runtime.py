@@ -191,6 +191,7 @@ class Bound:
     args: Mapping[str, object] | None = None
     grid: tuple[int, ...] | None = None
     descriptors: tuple[Described, ...] = ()  # TMA descriptor arguments: remade for new tensors
+    workspace: Workspace | None = None  # scratch arguments kept between calls (stream-K)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,56 @@ class Described:
 
     def make(self, t: torch.Tensor) -> TensorDescriptor:
         return TensorDescriptor.from_tensor(t.t() if self.transposed else t, list(self.block))
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Scratch memory a kernel keeps between calls: ``programs`` x ``elements`` fp32 partial
+    sums (``ws_ptr``) and one int32 flag a program (``flags_ptr``) that every launch leaves
+    at zero, so it is zeroed once, not per call. One buffer per device and stream (kernels on
+    one stream run one after the other; on two streams they could run at once), grown when
+    a kernel needs more and never freed: a captured CUDA graph may hold its address. It is
+    allocated on a side stream, outside any CUDA-graph memory pool that the calling stream
+    allocates to; while the stream is being captured a missing buffer is made for that call
+    alone (its zeroing is captured with it)."""
+
+    programs: int
+    elements: int
+
+    def tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        key = (device, None if stream is None else stream.cuda_stream)
+        have = _scratch.get(key)
+        size = self.programs * self.elements
+        if have is not None and have[0].numel() >= size and have[1].numel() >= self.programs:
+            return {"ws_ptr": have[0], "flags_ptr": have[1]}
+        size = max(size, 0 if have is None else have[0].numel())
+        programs = max(self.programs, 0 if have is None else have[1].numel())
+        if stream is None:
+            made = _allocate(size, programs, device)
+        elif torch.cuda.is_current_stream_capturing():
+            return dict(zip(("ws_ptr", "flags_ptr"), _allocate(size, programs, device), strict=True))
+        else:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                made = _allocate(size, programs, device)
+            stream.wait_stream(side)
+        if have is not None:
+            _retired.append(have)  # a CUDA graph may still launch kernels on it
+        _scratch[key] = made
+        return {"ws_ptr": made[0], "flags_ptr": made[1]}
+
+
+def _allocate(size: int, programs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.empty(size, dtype=torch.float32, device=device),
+        torch.zeros(programs, dtype=torch.int32, device=device),
+    )
+
+
+_scratch: dict[tuple[torch.device, int | None], tuple[torch.Tensor, torch.Tensor]] = {}
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 _kernels: dict[tuple[Problem, Config, Target, bool, str], object] = {}
@@ -244,9 +295,13 @@ def single_launch(
     grid: tuple[int, ...],
     args: dict[str, object],
     outs: tuple[torch.Tensor, ...],
+    workspace: Workspace | None = None,
 ) -> Bound:
-    """The Bound of one kernel launch (replayable) with ``args`` (tiling arguments added)."""
+    """The Bound of one kernel launch (replayable) with ``args`` (tiling arguments added, and
+    the ``workspace``'s scratch tensors)."""
     args = {**args, **tile_args(config)}
+    if workspace is not None:
+        args.update(workspace.tensors(outs[0].device))
     kernel = kernel_for(kind, problem, config, target, index_64)
     launcher = kernel[grid]
 
@@ -254,7 +309,8 @@ def single_launch(
         if target != "interpreter":  # the interpreter has nothing to compile
             kernel.warmup(grid=grid, **args)
 
-    return Bound(outs, lambda: launcher(**args), compile_only, kernel, args, grid)  # type: ignore[arg-type]
+    run = lambda: launcher(**args)  # type: ignore[arg-type]  # noqa: E731
+    return Bound(outs, run, compile_only, kernel, args, grid, workspace=workspace)
 
 
 Launch = tuple[object, tuple[int, ...], Mapping[str, object]]  # a jitted kernel, its grid, its arguments
