@@ -5,9 +5,11 @@ Each dimension of the template's search space is an ordinal optuna parameter
 that does not apply to the values drawn before it (the kind's ``applies``:
 the matmul's persistent knobs for its other variants) is not sampled and keeps its default, so
 the sampler models a conditional space instead of proposing dead combinations. Proposals
-that are infeasible never reach ``evaluate``: they are told a penalty so TPE
-learns to avoid them, and do not count as trials. Proposals already measured
-in this study are told their old value. The study is seeded with known-good
+that are infeasible never reach ``evaluate``: they are told as failed trials, which TPE
+leaves out of its model, and do not count as trials (told a penalty value instead, they
+filled TPE's "bad" half with configs that were never run: in the landscape test 8 of 20
+seeds came within 3% of the optimum in 64 trials; failed, 12 of 20, the worst 1.12x).
+Proposals already measured in this study are told their old value. The study is seeded with known-good
 configs (``enqueue_trial``) when it is new, and stops at the trial budget
 (counted over the whole study, so a resumed run finishes what an interrupted one
 began), the time budget, or after ``patience`` evaluated trials without a better
@@ -28,7 +30,7 @@ import optuna
 
 from epilab.templates.problem import Config
 
-PENALTY = 1e3  # told for infeasible and failed configs (objective is log10 of ms)
+PENALTY = 1e3  # told for configs that failed to run (objective is log10 of ms)
 STATUS_ATTR = "epilab_status"
 
 
@@ -133,9 +135,9 @@ def search(
             proposals += 1
             trial = _ask(study, space, applies)
             config = _decode(space, trial.params)
-            if infeasible(config) is not None:
+            if infeasible(config) is not None:  # failed, not a value: TPE models feasible trials only
                 trial.set_user_attr(STATUS_ATTR, "infeasible")
-                study.tell(trial, PENALTY)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
             elif config in seen or any(config == c for _, c in batch):
                 trial.set_user_attr(STATUS_ATTR, "repeat")
                 study.tell(trial, seen.get(config, PENALTY))

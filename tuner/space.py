@@ -5,7 +5,7 @@ infeasible configs from ever being compiled. The kinds' spaces:
     matmul:  BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
              GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
              num_stages in 1..6; the main loop (variant default, tma, persistent,
-             tma_persistent); SPLIT_K in {1, 2, 4, 8, 16} (two-pass, on the default
+             tma_persistent, stream_k, tma_stream_k); SPLIT_K in {1, 2, 4, 8, 16} (two-pass, on the default
              and tma loops, the epilogue in the reduction); EPILOGUE_SUBTILE in {1, 2, 4};
              for the persistent variants PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1};
              for the tma variants TMA_STORE in {0, 1} (outputs through descriptors)
@@ -35,6 +35,8 @@ A config is feasible for a problem on a device when
   variants);
 - two programs per SM (persistent) fit twice in shared memory, and their accumulators
   take at most half of the 64K-register file;
+- stream-K (the matmul kinds) only where whole-tile waves would leave at least 10% of
+  the SMs' time idle (tiles x batch over the device's SMs) and K has 2 blocks or more;
 - split-K on the matmul kinds and conv2d (``split_k_underfilled``) only where it can pay: the output
   tiles (x batch) underfill the device's SMs, every split gets at least 2 K blocks, and the
   programs (tiles x SPLIT_K) are at most 4 waves;
@@ -49,7 +51,6 @@ A config is feasible for a problem on a device when
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -58,7 +59,7 @@ import triton
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
-from epilab.templates.matmul import MAX_ACC_REGS
+from epilab.templates.matmul import MAX_ACC_REGS, STREAM_K_VARIANTS
 from epilab.templates.problem import Config, Problem, Shape
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
@@ -152,6 +153,10 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
         why = _split_k_error(s, config, limits.sm_count)
         if why is not None:
             return why
+    if config.variant in STREAM_K_VARIANTS:
+        why = _stream_k_error(s, config, limits.sm_count)
+        if why is not None:
+            return why
     why = kind.search_error(problem, config)
     if why is not None:
         return why
@@ -173,6 +178,23 @@ def _split_k_error(s: Shape, config: Config, sm_count: int) -> str | None:
     return None
 
 
+STREAM_K_WAVE_LOSS = 0.1  # stream-K is searched where whole-tile waves would idle >= 10% of the SMs
+
+
+def _stream_k_error(s: Shape, config: Config, sm_count: int) -> str | None:
+    """Where stream-K can pay: the output tiles (x batch) leave at least a tenth of the SMs'
+    time idle in their last wave, and there are K iterations to share (2 K blocks or more)."""
+    if not all(isinstance(d, int) for d in (s.batch, s.m, s.n, s.k)):
+        return "stream-K: the tile count must be known (symbolic dims)"
+    tiles = s.batch * triton.cdiv(s.m, config.BLOCK_M) * triton.cdiv(s.n, config.BLOCK_N)
+    slots = triton.cdiv(tiles, sm_count) * sm_count
+    if slots - tiles < STREAM_K_WAVE_LOSS * slots:
+        return f"stream-K: {tiles} output tiles fill their waves of {sm_count} SMs to within 10%"
+    if triton.cdiv(s.k, config.BLOCK_K) < 2:
+        return "stream-K: a single K block leaves nothing to share"
+    return None
+
+
 def applies(problem: Problem) -> Callable[[str, Mapping[str, object]], bool]:
     """Which search dimensions mean anything given the values drawn before them (the
     problem's kind decides: the matmul's persistent knobs only for its persistent variants)."""
@@ -191,10 +213,20 @@ def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:
 
 
 def configs(problem: Problem, limits: DeviceLimits) -> list[Config]:
-    """Every feasible config of the problem's template, in a stable order."""
-    space = kind_of(problem).space
-    return [
-        c
-        for values in itertools.product(*space.values())
-        if infeasible(problem, c := Config(**dict(zip(space, values, strict=True))), limits) is None
-    ]
+    """Every feasible config the search can propose for the problem's template, in a stable
+    order: a dimension that does not apply to the values before it (``applies``) keeps its
+    default, as in the search."""
+    kind = kind_of(problem)
+    found: list[Config] = []
+
+    def grow(chosen: dict[str, object], rest: list[str]) -> None:
+        if not rest:
+            if infeasible(problem, c := Config(**chosen), limits) is None:
+                found.append(c)
+            return
+        name, values = rest[0], kind.space[rest[0]]
+        for value in values if kind.applies(name, chosen) else values[:1]:
+            grow({**chosen, name: value}, rest[1:])
+
+    grow({}, list(kind.space))
+    return found
