@@ -445,10 +445,11 @@ def test_gpu_compiler_runs_the_gemv_template_where_its_record_wins(db_path, m, n
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["tma", "tma_persistent"])
+@pytest.mark.parametrize("variant", ["tma", "tma_persistent", "stream_k", "tma_stream_k"])
 def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, variant):
-    """A recorded tma config runs through the backend; later calls replay the launch with
-    TMA descriptors remade over their own tensors (new inputs give their own results)."""
+    """A recorded tma (or stream-K) config runs through the backend; later calls replay the
+    launch with TMA descriptors remade over their own tensors (new inputs give their own
+    results) and stream-K's workspace looked up per call."""
     from epilab.db import DeviceInfo
 
     torch.manual_seed(0)
@@ -470,7 +471,11 @@ def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, vari
     assert all(d.template == "matmul" and d.config["variant"] == variant for d in used(epilab.explain()))
     from epilab.compiler import op
 
-    assert any(r.descriptors for r, _ in op._replays.values()), "the tma launch was not replayed"
+    replayed = [r for r, _ in op._replays.values()]
+    if variant.startswith("tma"):
+        assert any(r.descriptors for r in replayed), "the tma launch was not replayed"
+    if variant.endswith("stream_k"):
+        assert any(r.workspace for r in replayed), "the stream-K launch was not replayed"
 
 
 def test_epilab_tune_seen_tunes_what_the_compiler_recorded(db_path, monkeypatch):

@@ -22,7 +22,7 @@ from epilab.templates.problem import Config
 from epilab.tuner.space import HOPPER, infeasible
 
 TMA = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma")
-HOPPER_VARIANTS = ["tma", "persistent", "tma_persistent"]
+HOPPER_VARIANTS = ["tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"]
 
 
 def config_error(problem, config):
@@ -207,6 +207,10 @@ def test_hopper_knob_rules():
 def test_gpu_hopper_variants(variant, layout, shape):
     m, n, k = shape
     config = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant)
+    if variant.startswith("tma") and layout == "TN" and m == 129:  # A stored [264, 129]: 258-byte rows
+        with pytest.raises(ValueError, match="16-byte aligned rows"):
+            run_case(None, m, n, k, layout, torch.bfloat16, "bias", device="cuda", config=config)
+        return
     run_case(None, m, n, k, layout, torch.bfloat16, "bias_gelu_tanh_residual", device="cuda", config=config)
 
 

@@ -122,21 +122,28 @@ def _run(study, evaluate, budget, problem=BIG, **kw):
 
 
 def test_search_finds_the_optimum_of_a_known_landscape_within_budget():
+    """Over six sampler seeds (one seed alone passes or fails by luck): at least four reach
+    within 3% of the optimum in 64 trials, and none is off by more than 15%."""
     optimum = min(configs(BIG, HOPPER), key=cost_model)
-    evaluate = Counted()
-    result = _run(
-        make_study("landscape", None, restart=False, seed=0),
-        evaluate,
-        Budget(trials=64, seconds=1e9, patience=64),
-    )
-    assert result.evaluated == 64 == len(evaluate.asked) == len(set(evaluate.asked))
-    assert result.best_ms <= cost_model(optimum) * 1.03, (result.best, optimum)
-    assert all(infeasible(BIG, c, HOPPER) is None for c in evaluate.asked)  # nothing infeasible evaluated
+    found = []
+    for seed in range(6):
+        evaluate = Counted()
+        result = _run(
+            make_study(f"landscape-{seed}", None, restart=False, seed=seed),
+            evaluate,
+            Budget(trials=64, seconds=1e9, patience=64),
+        )
+        assert result.evaluated == 64 == len(evaluate.asked) == len(set(evaluate.asked))
+        assert all(infeasible(BIG, c, HOPPER) is None for c in evaluate.asked)  # nothing infeasible run
+        found.append(result.best_ms / cost_model(optimum))
+    assert sum(r <= 1.03 for r in found) >= 4 and max(found) <= 1.15, found
 
 
 def test_search_finds_a_split_k_optimum_where_output_tiles_are_few():
-    """128x1024x4096: 8 tiles of 128x128 on 132 SMs, so the space includes SPLIT_K; the
-    landscape's optimum splits K in 4."""
+    """128x1024x4096: 8 tiles of 128x128 on 132 SMs, so the space includes SPLIT_K (drawn
+    only for the default and tma loops) and stream-K; the landscape's optimum splits K in 4.
+    Searched as the tuner searches (the kind's seeds first), over six sampler seeds: at
+    least four within 3% of the optimum in 64 trials, none off by more than 25%."""
     few_tiles = Spec(128, 1024, 4096).problem()
 
     def split_cost(config: Config) -> float:
@@ -144,20 +151,24 @@ def test_search_finds_a_split_k_optimum_where_output_tiles_are_few():
 
     optimum = min(configs(few_tiles, HOPPER), key=split_cost)
     assert optimum.SPLIT_K == 4
-    asked: list[Config] = []
+    found = []
+    for seed in range(6):
+        asked: list[Config] = []
 
-    def evaluate(batch: list[Config]) -> list[Outcome]:
-        asked.extend(batch)
-        return [Outcome("ok", split_cost(c)) for c in batch]
+        def evaluate(batch: list[Config], asked: list[Config] = asked) -> list[Outcome]:
+            asked.extend(batch)
+            return [Outcome("ok", split_cost(c)) for c in batch]
 
-    result = _run(
-        make_study("landscape-split", None, restart=False, seed=0),
-        evaluate,
-        Budget(trials=64, seconds=1e9, patience=64),
-        problem=few_tiles,
-    )
-    assert result.best_ms <= split_cost(optimum) * 1.03, (result.best, optimum)
-    assert all(infeasible(few_tiles, c, HOPPER) is None for c in asked)
+        result = _run(
+            make_study(f"landscape-split-{seed}", None, restart=False, seed=seed),
+            evaluate,
+            Budget(trials=64, seconds=1e9, patience=64),
+            problem=few_tiles,
+            seeds=kind_of(few_tiles).seeds,
+        )
+        assert all(infeasible(few_tiles, c, HOPPER) is None for c in asked)
+        found.append(result.best_ms / split_cost(optimum))
+    assert sum(r <= 1.03 for r in found) >= 4 and max(found) <= 1.25, found
 
 
 def test_seeds_are_tried_first_and_failures_are_never_best():
@@ -469,7 +480,7 @@ def test_space_definition_is_the_documented_one():
         "GROUP_M": (1, 4, 8, 16),
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
-        "variant": ("default", "tma", "persistent", "tma_persistent"),
+        "variant": ("default", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"),
         "SPLIT_K": (1, 2, 4, 8, 16),
         "EPILOGUE_SUBTILE": (1, 2, 4),
         "PROGRAMS_PER_SM": (1, 2),
