@@ -1,6 +1,7 @@
-"""Split-K on the matmul and conv2d templates: problems with few output tiles (small cubes,
-mid-M projections, late ResNet convolutions) against the vendor library (cuBLAS, cuDNN) + the
-eager epilogue, cuDNN's convolution alone, and Inductor, in one process.
+"""Split-K and stream-K on the matmul template, split-K on conv2d: problems with few output
+tiles or a short last wave (small cubes, mid-M projections, late ResNet convolutions) against
+the vendor library (cuBLAS, cuDNN) + the eager epilogue, cuDNN's convolution alone, and
+Inductor, in one process.
 
     python3 benchmarks/split_k.py [--suite midm|square|conv] [--only 0-4] [--rounds 3] [--max-autotune] \
         [--json out.json]
@@ -9,9 +10,11 @@ Method. FLOPs = 2 x batch x MNK (a convolution's implicit GEMM); bytes = A + B a
 operands + outputs. For each problem a fixed sweep —
 the kind's default config and its feasible seeds without split-K, then split-K configs
 (the seeds with SPLIT_K > 1 and ``SPLIT_SWEEP``, those ``tuner/space.infeasible`` accepts on
-this device: split-K only where the output tiles underfill the SMs) — is checked against the
-float64 reference and timed once (CUDA events, L2 flushed before each repetition). Then the
-best config without split-K, the best with it, cuBLAS + eager epilogue, Inductor (and with
+this device: split-K only where the output tiles underfill the SMs), then stream-K configs
+(the seeds with a stream-K variant and ``STREAM_K_SWEEP``, where a last wave would idle) — is
+checked against the float64 reference and timed once (CUDA events, L2 flushed before each
+repetition). Then the best config of each group (no split, split-K, stream-K), cuBLAS + eager
+epilogue, Inductor (and with
 ``--max-autotune`` Inductor max-autotune without CUDA graphs) are timed in ``--rounds``
 interleaved rounds: median of the rounds' medians, spread = min..max of the rounds'
 medians. Calls under 50 us (in their first round) are also timed by CUDA-graph replay in
@@ -32,6 +35,7 @@ import triton
 from rounds import comparable_ms, geomean, only, summary, timed
 
 from epilab.templates.kinds import bind, default_config, kind_of
+from epilab.templates.matmul import STREAM_K_VARIANTS
 from epilab.templates.problem import Config, Problem
 from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner.evaluate import baseline_fn
@@ -53,8 +57,15 @@ SPLIT_SWEEP = tuple(
 )
 
 
-def candidates(problem: Problem, limits: DeviceLimits) -> tuple[list[Config], list[Config]]:
-    """(configs without split-K, configs with it), each feasible on this device."""
+STREAM_K_SWEEP = tuple(
+    Config(bm, bn, 64, 8, num_warps=w, num_stages=st, variant=v)
+    for bm, bn, w, st in ((128, 256, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4), (64, 128, 4, 4))
+    for v in ("tma_stream_k", "stream_k")
+)
+
+
+def candidates(problem: Problem, limits: DeviceLimits) -> dict[str, list[Config]]:
+    """Configs without split-K, with it, and stream-K ones, each feasible on this device."""
     kind = kind_of(problem)
     plain = [default_config(problem, sm_count=limits.sm_count)]
     for c in kind.seeds:
@@ -62,11 +73,12 @@ def candidates(problem: Problem, limits: DeviceLimits) -> tuple[list[Config], li
             break
         if c.SPLIT_K == 1 and c not in plain and infeasible(problem, c, limits) is None:
             plain.append(c)
-    split = []
-    for c in (*kind.seeds, *SPLIT_SWEEP):
-        if c.SPLIT_K > 1 and c not in split and infeasible(problem, c, limits) is None:
-            split.append(c)
-    return plain, split
+    split, stream = [], []
+    for c in (*kind.seeds, *SPLIT_SWEEP, *STREAM_K_SWEEP):
+        group = split if c.SPLIT_K > 1 else stream if c.variant in STREAM_K_VARIANTS else None
+        if group is not None and c not in group and infeasible(problem, c, limits) is None:
+            group.append(c)
+    return {"plain": plain, "split": split, "stream": stream}
 
 
 def sweep(problem: Problem, configs: list[Config], a, b, ops, refs) -> list[dict]:
@@ -92,8 +104,8 @@ def sweep(problem: Problem, configs: list[Config], a, b, ops, refs) -> list[dict
 def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespace, limits) -> dict:
     a, b, ops = random_inputs(problem, "cuda", index)
     refs = kind_of(problem).reference(problem, a, b, ops)
-    plain, split = candidates(problem, limits)
-    swept = {"plain": sweep(problem, plain, a, b, ops, refs), "split": sweep(problem, split, a, b, ops, refs)}
+    groups = candidates(problem, limits)
+    swept = {name: sweep(problem, configs, a, b, ops, refs) for name, configs in groups.items()}
     del refs
     variants: dict[str, Callable[[], object]] = {}
     chosen = {}
@@ -145,22 +157,30 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
     return result
 
 
+def _cell(ms: float | None, entry: dict | None, flops: int) -> str:
+    """A group's best time (``*`` for CUDA-graph replay) and its TFLOP/s, or "-"."""
+    if not ms or entry is None:
+        return "-"
+    return f"{ms:.4f}{'*' if entry['graph_ms'] else ''} ({flops / (ms * 1e-3) / 1e12:.0f})"
+
+
 def table(results: list[dict]) -> str:
     names = ["vendor + eager", "cudnn alone", "inductor", "max-autotune"]
     lines = [
-        "| problem | best no split ms | best split-K ms (TFLOP/s) | split-K config | "
+        "| problem | best no split ms | best split-K ms (TFLOP/s) | split-K config | best stream-K ms "
+        + "(TFLOP/s) | stream-K config | "
         + " | ".join(f"{n} ms" for n in names)
-        + " | split vs no split | best epilab vs vendor + eager | vs cuDNN alone | vs Inductor"
-        + " | vs max-autotune |",
-        "|---|---:|---:|---|" + "---:|" * (2 * len(names) + 1),
+        + " | best split or stream vs no split | best epilab vs vendor + eager | vs cuDNN alone"
+        + " | vs Inductor | vs max-autotune |",
+        "|---|---:|---:|---|---:|---|" + "---:|" * (2 * len(names) + 1),
     ]
     ratios: dict[str, list[float]] = {n: [] for n in names}
     for r in results:
         t = r["times"]
         if "cublas + eager" in t:  # the name of the first runs' column
             t["vendor + eager"] = t.pop("cublas + eager")
-        plain, split = comparable_ms(t.get("plain")), comparable_ms(t.get("split"))
-        best = min(v for v in (plain, split) if v is not None)
+        plain, split, stream = (comparable_ms(t.get(g)) for g in ("plain", "split", "stream"))
+        best = min(v for v in (plain, split, stream) if v is not None)
         mark = lambda e: "*" if e and e["graph_ms"] else ""  # noqa: E731
         cells = [f"{comparable_ms(t[n]):.4f}{mark(t[n])}" if n in t else "-" for n in names]
         vs = []
@@ -170,16 +190,21 @@ def table(results: list[dict]) -> str:
                 vs.append(f"{comparable_ms(t[n]) / best:.2f}x")
             else:
                 vs.append("-")
-        split_cell = (
-            f"{split:.4f}{mark(t['split'])} ({r['flops'] / (split * 1e-3) / 1e12:.0f})" if split else "-"
-        )
-        gain = f"{plain / split:.2f}x" if split else "-"
-        row = [r["problem"], f"{plain:.4f}{mark(t.get('plain'))}", split_cell, r["chosen"].get("split", "-")]
+        other = min((v for v in (split, stream) if v is not None), default=None)
+        gain = f"{plain / other:.2f}x" if other else "-"
+        row = [
+            r["problem"],
+            f"{plain:.4f}{mark(t.get('plain'))}",
+            _cell(split, t.get("split"), r["flops"]),
+            r["chosen"].get("split", "-"),
+            _cell(stream, t.get("stream"), r["flops"]),
+            r["chosen"].get("stream", "-"),
+        ]
         lines.append("| " + " | ".join([*row, *cells, gain, *vs]) + " |")
     lines.append("")
     lines.append("`*`: CUDA-graph replay (calls under 50 us); the rest CUDA events with L2 flushed.")
     parts = [f"vs {n} {geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})" for n, xs in ratios.items() if xs]
-    lines.append("- best epilab (with or without split-K): " + "; ".join(parts))
+    lines.append("- best epilab (no split, split-K or stream-K): " + "; ".join(parts))
     return "\n".join(lines)
 
 
