@@ -87,7 +87,8 @@ def test_split_k_refusals_say_what_is_accepted(config, match):
         epilab.matmul(torch.randn(32, 48), torch.randn(48, 32), config=config)
 
 
-def _problem(m: int, n: int, k: int, batch: int = 1):
+def bf16_problem(m: int, n: int, k: int, batch: int = 1):
+    """A bf16 matmul problem of this shape (a batch > 1 broadcasts), no epilogue."""
     a, b = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16)
     if batch > 1:
         a, b = a.expand(batch, m, k), b.expand(batch, k, n)
@@ -108,14 +109,16 @@ def _problem(m: int, n: int, k: int, batch: int = 1):
 )
 def test_the_tuner_tries_split_k_only_where_tiles_underfill_the_device(shape, split, why):
     config = Config(128, 128, 64, 8, split, num_warps=8, num_stages=3)
-    found = infeasible(_problem(*shape), config, HOPPER)
+    found = infeasible(bf16_problem(*shape), config, HOPPER)
     assert (found is None) if why is None else (why in (found or ""))
 
 
 def test_symbolic_sizes_never_split():
     import sympy
 
-    dynamic = dataclasses.replace(_problem(1024, 1024, 1024), shape=Shape(1, sympy.Symbol("s0"), 1024, 1024))
+    dynamic = dataclasses.replace(
+        bf16_problem(1024, 1024, 1024), shape=Shape(1, sympy.Symbol("s0"), 1024, 1024)
+    )
     assert "fill" in infeasible(dynamic, Config(128, 128, 64, 8, 2, num_warps=8, num_stages=3), HOPPER)
 
 

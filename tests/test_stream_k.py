@@ -17,6 +17,7 @@ import dataclasses
 import pytest
 import torch
 from test_matmul import DTYPES, EPILOGUES, run_case
+from test_split_k import bf16_problem
 
 import epilab
 from epilab.templates import runtime
@@ -115,14 +116,6 @@ def test_stream_k_refusals_say_what_is_accepted(config, match):
         epilab.matmul(torch.randn(32, 48), torch.randn(48, 32), config=config)
 
 
-def _problem(m: int, n: int, k: int, batch: int = 1):
-    a, b = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16)
-    if batch > 1:
-        a, b = a.expand(batch, m, k), b.expand(batch, k, n)
-    ep, ops = simple_epilogue(a, b)
-    return make_problem(a, b, ep, ops)
-
-
 @pytest.mark.parametrize(
     "shape,why",
     [
@@ -137,14 +130,16 @@ def _problem(m: int, n: int, k: int, batch: int = 1):
 )
 def test_the_tuner_tries_stream_k_only_where_a_wave_would_idle(shape, why):
     config = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="stream_k")
-    found = infeasible(_problem(*shape), config, HOPPER)
+    found = infeasible(bf16_problem(*shape), config, HOPPER)
     assert (found is None) if why is None else (why in (found or "")), found
 
 
 def test_symbolic_sizes_never_stream_k():
     import sympy
 
-    dynamic = dataclasses.replace(_problem(1024, 1024, 1024), shape=Shape(1, sympy.Symbol("s0"), 1024, 1024))
+    dynamic = dataclasses.replace(
+        bf16_problem(1024, 1024, 1024), shape=Shape(1, sympy.Symbol("s0"), 1024, 1024)
+    )
     config = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="stream_k")
     assert "symbolic" in infeasible(dynamic, config, HOPPER)
 
