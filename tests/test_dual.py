@@ -308,12 +308,14 @@ def test_auto_keeps_two_aten_gemms_without_a_record_and_takes_the_dual_with_one(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["default", "tma", "persistent", "tma_persistent"])
+@pytest.mark.parametrize(
+    "variant", ["default", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"]
+)
 @pytest.mark.parametrize("shape", [(2048, 1408, 512), (300, 1000, 776), (128, 4096, 1024)], ids=str)
 def test_gpu_dual_matmul_main_loops(shape, variant):
     m, n, k = shape
     config = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant)
-    if variant in ("tma", "tma_persistent") and (n * 2 % 16 or k * 2 % 16):
+    if variant.startswith("tma") and (n * 2 % 16 or k * 2 % 16):
         pytest.skip("TMA needs 16-byte rows")
     run_dual(m, n, k, "NT", torch.bfloat16, "geglu_bias", config=config)
     run_dual(m, n, k, "NT", torch.bfloat16, "two_outputs", config=dual_matmul.KIND.seeds[0])
