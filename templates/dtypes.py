@@ -18,7 +18,7 @@ from epilab.templates import rules
 
 @dataclass(frozen=True)
 class DType:
-    name: str  # canonical: "float16", "bfloat16", "float32", "bool"
+    name: str  # canonical: "float16", "bfloat16", "float32", "bool", "float8_e4m3fn", "float8_e5m2"
     torch: torch.dtype
     triton: str  # the Triton type a store converts to
     itemsize: int  # bytes per element
@@ -34,12 +34,14 @@ TABLE: dict[str, DType] = {
         rules.TRITON_DTYPES[name],
         dt.itemsize,
         input=dt.is_floating_point,
-        operand=True,
+        operand=name not in rules.FP8_MAX,  # scales, biases and residuals are wider
         output=True,
     )
     for name, dt in rules.DTYPES.items()
 }
+FP8_DTYPES = tuple(rules.FP8_MAX)  # inputs of scaled matmuls (sm_89 and newer); outputs saturate
 INPUT_DTYPES = tuple(name for name, d in TABLE.items() if d.input)
+WIDE_INPUT_DTYPES = tuple(name for name in INPUT_DTYPES if name not in FP8_DTYPES)
 OPERAND_DTYPES = tuple(name for name, d in TABLE.items() if d.operand)
 OUTPUT_DTYPES = tuple(name for name, d in TABLE.items() if d.output)
 _BY_TORCH = {d.torch: name for name, d in TABLE.items()}

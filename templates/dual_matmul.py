@@ -240,4 +240,5 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; it
     twins=dual_twins,
     extra_inputs=(B2,),
     accumulators=2,
+    input_dtypes=dtypes.WIDE_INPUT_DTYPES,
 )

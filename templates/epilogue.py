@@ -303,19 +303,31 @@ class Epilogue:
 
     # -- the reference
     def evaluate(
-        self, acc: torch.Tensor, operands: Mapping[str, torch.Tensor], acc2: torch.Tensor | None = None
+        self,
+        acc: torch.Tensor,
+        operands: Mapping[str, torch.Tensor],
+        acc2: torch.Tensor | None = None,
+        *,
+        given: Mapping[int, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """Compute the outputs in torch at ``acc``'s dtype (float64 for references).
 
         Operands broadcast against ``acc``; outputs come back in the compute dtype
         (bool outputs as bool), not yet rounded to their output dtypes. ``acc2`` is a dual
-        GEMM's second accumulator (needed when the epilogue reads it).
+        GEMM's second accumulator (needed when the epilogue reads it). ``given``: node values
+        computed elsewhere (a library call that did the epilogue's first nodes).
         """
         dtype = acc.dtype
         values: list[torch.Tensor] = []
-        for node in self.nodes:
+        needed = self._needed(set(given or ()))
+        for i, node in enumerate(self.nodes):
             attr = node.attr
-            if node.op == "acc":
+            if i not in needed:  # below a given node only
+                values.append(acc)
+                continue
+            if given is not None and i in given:
+                v = given[i].to(dtype)
+            elif node.op == "acc":
                 v = acc
             elif node.op == "acc2":
                 if acc2 is None:
@@ -334,6 +346,17 @@ class Epilogue:
                     v = v.to(dtype)
             values.append(v)
         return tuple(torch.broadcast_to(values[o.node], acc.shape) for o in self.outputs)
+
+    def _needed(self, given: set[int]) -> set[int]:
+        """The nodes the outputs read, not looking below the ``given`` ones."""
+        needed: set[int] = set()
+        todo = [o.node for o in self.outputs]
+        while todo:
+            i = todo.pop()
+            if i not in needed:
+                needed.add(i)
+                todo.extend(() if i in given else self.nodes[i].args)
+        return needed
 
     # -- the Triton form
     def triton_lines(self, leaf_vars: Mapping[str, str]) -> tuple[list[tuple[str, str]], list[str]]:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 import triton
 
-from epilab.templates import matmul
+from epilab.templates import dtypes, matmul
 from epilab.templates.epilogue import Epilogue, Node
 from epilab.templates.kind import TemplateKind
 from epilab.templates.matmul import (
@@ -141,7 +141,7 @@ def bind_gemv(
     bt = check_inputs(a, b)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"the gemv template takes 2-D inputs, got {tuple(a.shape)} and {tuple(b.shape)}")
-    why = kind.check(problem, config)
+    why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)
     outs = outputs_for(problem, bt.out_shape, a.device, out)
@@ -301,6 +301,7 @@ KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference 
     problem_of=gemv_problem_of,
     bind=bind_gemv,
     search_error=split_k_error,
+    input_dtypes=dtypes.WIDE_INPUT_DTYPES,
     applies=lambda name, chosen: True,
     twins=gemv_twins,
     prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from epilab.templates.dtypes import WIDE_INPUT_DTYPES
 from epilab.templates.problem import Config, Problem, Shape
 from epilab.templates.runtime import Bound
 
@@ -122,6 +123,24 @@ class TemplateKind:
     accumulators: int = 1  # fp32 accumulators per tile, one per B-side input (feasibility counts them)
     # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``tuner/space``)
     split_k_underfilled: bool = False
+    input_dtypes: tuple[str, ...] = WIDE_INPUT_DTYPES  # the A and B dtypes its main loops take
+    # seeds tried before ``seeds`` for problems of these input dtypes (fp8's K blocks of 128)
+    dtype_seeds: tuple[tuple[str, tuple[Config, ...]], ...] = ()  # (dtype, seeds) pairs
+
+    def seeds_for(self, problem: Problem) -> tuple[Config, ...]:
+        """The seeds a new study of ``problem`` tries first: its dtype's, then the kind's."""
+        return (*(c for dt, cs in self.dtype_seeds if dt == problem.dtype for c in cs), *self.seeds)
+
+    def config_error(self, problem: Problem, config: Config) -> str | None:
+        """Why the template does not run ``problem`` tiled by ``config``: its input dtype,
+        then its ``check``; None when it does."""
+        if problem.dtype not in self.input_dtypes:
+            return (
+                f"the {self.name} template takes {', '.join(self.input_dtypes)} inputs, not "
+                f"{problem.dtype}"
+                + (" (fp8 runs on the matmul template)" if "float8" in problem.dtype else "")
+            )
+        return self.check(problem, config)
 
     def __repr__(self) -> str:
         return f"TemplateKind({self.name!r})"

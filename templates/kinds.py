@@ -95,7 +95,8 @@ def bind(
 def twins(problem: Problem) -> list[Problem]:
     """``problem`` first, then the same computation on the other templates that can run it
     (every kind is asked: the problem's own knows its rewrites, another its own cases)."""
-    return [problem, *(t for kind in KINDS.values() for t in kind.twins(problem))]
+    others = (t for kind in KINDS.values() for t in kind.twins(problem))
+    return [problem, *(t for t in others if t.dtype in kind_of(t).input_dtypes)]
 
 
 def untuned_choice(problem: Problem) -> Problem:

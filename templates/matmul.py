@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -26,8 +27,10 @@ from epilab.templates.problem import (
     OperandSpec,
     Problem,
     Shape,
+    applied_precision,
 )
 from epilab.templates.render import EPILOGUE_FILES, Target, files_hash
+from epilab.templates.rules import RULES
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
@@ -61,6 +64,8 @@ SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.
 HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
+FP8_CAPABILITY = (8, 9)  # fp8 tensor-core dots: Ada (sm_89) and Hopper (sm_90) on
+FP8_MIN_BLOCK_K = 32  # an fp8 MMA instruction takes 32 K elements
 
 
 def hopper_knobs_error(config: Config) -> str | None:
@@ -89,6 +94,8 @@ def loop_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the matmul template's main loops for ``problem``."""
     if config.variant not in VARIANTS:
         return f"the matmul template has no variant {config.variant!r}; use one of {VARIANTS}"
+    if problem.dtype in dtypes.FP8_DTYPES and config.BLOCK_K < FP8_MIN_BLOCK_K:
+        return f"fp8 dots take K blocks of {FP8_MIN_BLOCK_K} or more, not BLOCK_K={config.BLOCK_K}"
     if config.SPLIT_K > 1:
         if config.variant not in SPLIT_K_VARIANTS:
             return f"split-K runs on the {' and '.join(SPLIT_K_VARIANTS)} loops, not {config.variant!r}"
@@ -163,6 +170,13 @@ def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
             raise TypeError(f"{name} has dtype {t.dtype}; supported input dtypes: {dtypes.INPUT_DTYPES}")
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if dtypes.name_of(a.dtype) in dtypes.FP8_DTYPES and a.is_cuda:
+        cc = torch.cuda.get_device_capability(a.device)
+        if cc < FP8_CAPABILITY:
+            raise TypeError(
+                f"fp8 matmuls need a GPU of compute capability {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or "
+                f"newer (Ada, Hopper); {a.device} is {cc[0]}.{cc[1]}"
+            )
     if a.device != b.device:
         raise ValueError(f"a and b are on different devices ({a.device} and {b.device})")
     if a.shape[-1] != b.shape[-2]:
@@ -222,7 +236,7 @@ def make_problem(
         operands=tuple(specs),
         epilogue=epilogue,
         shape=Shape(batch, m, n, k),
-        precision=precision if a.dtype == torch.float32 else "ieee",
+        precision=applied_precision(dtypes.name_of(a.dtype), precision),
     )
 
 
@@ -239,7 +253,7 @@ def default_matmul_config(problem: Problem, target: Target = "cuda", *, sm_count
     the interpreter's cost is per program and per op.
 
     CUDA: start from 128x256 tiles (128x128 for fp32) with BLOCK_K=64 (32 for
-    fp32), no larger than the problem needs; then, while there are fewer tiles
+    fp32, 128 for fp8), no larger than the problem needs; then, while there are fewer tiles
     than 90% of the multiprocessors, halve BLOCK_N (down to 64) and then BLOCK_M
     (down to 32) so that small problems still fill the chip. 8 warps for tiles
     of 128x256 or more, else 4; 4 stages; GROUP_M=8. (These choices come from
@@ -254,10 +268,11 @@ def default_matmul_config(problem: Problem, target: Target = "cuda", *, sm_count
         return max(lo, min(hi, triton.next_power_of_2(max(dim, 1))))
 
     if target == "interpreter":
-        blocks = (fit(s.m, 16, 64), fit(s.n, 16, 64), fit(s.k, 16, 64))
+        k_lo = FP8_MIN_BLOCK_K if problem.dtype in dtypes.FP8_DTYPES else 16
+        blocks = (fit(s.m, 16, 64), fit(s.n, 16, 64), fit(s.k, k_lo, 64))
         return Config(*blocks, GROUP_M=4, num_warps=4, num_stages=1)
     wide = problem.dtype != "float32"
-    block_k = 64 if wide else 32
+    block_k = 128 if problem.dtype in dtypes.FP8_DTYPES else 64 if wide else 32
     block_m = fit(s.m, 16, 128)
     block_n = fit(s.n, 64, 256 if wide else 128)
 
@@ -302,7 +317,7 @@ def bind_matmul(
     extra = {name: operands[name] for name in kind.extra_inputs}
     operands = {name: t for name, t in operands.items() if name not in extra}
     bt = check_inputs(a, b)
-    why = kind.check(problem, config)
+    why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)
     ep = problem.epilogue
@@ -439,7 +454,7 @@ def trivial_bound(
     def zero_k() -> None:
         zero = torch.zeros(bt.out_shape, dtype=torch.float32, device=device)
         for o, v in zip(outs, problem.epilogue.evaluate(zero, operands, acc2=zero), strict=True):
-            o.copy_(v)
+            o.copy_(RULES["cast"].torch(v, dtype=dtypes.name_of(o.dtype)))  # fp8 saturates
 
     return Bound(outs, zero_k, lambda: None)
 
@@ -547,6 +562,20 @@ SEEDS = [  # seeds enqueued in every new study (when feasible), after the defaul
 ]
 
 
+# fp8 inputs (one byte an element: K blocks of 128 fit where 16-bit tiles do not), tried first:
+# the winners of benchmarks/fp8.py on an H100 (RESULTS.md, issue 21)
+FP8_SEEDS = (
+    Config(128, 256, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
+    Config(128, 256, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", EPILOGUE_SUBTILE=2),
+    Config(
+        128, 256, 128, 8, num_warps=8, num_stages=4, variant="tma_persistent", FLATTEN=1, EPILOGUE_SUBTILE=2
+    ),
+    Config(128, 128, 256, 8, num_warps=8, num_stages=3, variant="tma"),
+    Config(128, 128, 128, 8, num_warps=8, num_stages=4, variant="tma"),
+    Config(64, 128, 128, 8, num_warps=4, num_stages=5, variant="tma"),
+    Config(16, 64, 128, 8, num_warps=4, num_stages=4),
+)
+
 MIN_ACC_PER_THREAD = 4  # fewer accumulator elements per thread wastes warps
 MAX_ACC_REGS = 128  # accumulator registers per thread at most (half of the 255 a thread may have)
 
@@ -574,8 +603,81 @@ def matmul_input_elements(problem: Problem) -> tuple[int, int]:
 def eager_matmul(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
-    """cuBLAS (torch.matmul) then the epilogue in eager torch."""
+    """cuBLAS (torch.matmul; fp8: cuBLASLt's torch._scaled_mm) then the epilogue in eager torch."""
+    if problem.dtype in dtypes.FP8_DTYPES:
+        return eager_scaled_mm(problem, a, b, operands)
     return tuple(problem.epilogue.evaluate(torch.matmul(a, b), dict(operands)))
+
+
+class ScaledPrefix(NamedTuple):
+    """What an fp8 epilogue starts with that ``torch._scaled_mm`` does itself."""
+
+    scale_a: str | None  # operand of one element or one per row (None: no scale)
+    scale_b: str | None  # operand of one element or one per column
+    bias: str | None  # operand of one per column, added after the scales
+    scaled: int  # the node of ``acc * scale_a * scale_b``
+    node: int  # the node of ``acc * scale_a * scale_b + bias``
+
+
+def scaled_mm_prefix(epilogue: Epilogue) -> ScaledPrefix:
+    """The scales and bias an fp8 epilogue starts with (``acc * scale_a * scale_b + bias``,
+    any of them missing), as ``torch._scaled_mm`` takes them."""
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(epilogue.nodes):
+        for arg in n.args:
+            users.setdefault(arg, []).append(i)
+    found: dict[str, str] = {}
+    node = next(i for i, n in enumerate(epilogue.nodes) if n.op == "acc")
+    scaled = node
+    for side, op, kinds in (
+        ("a", "mul", ("scalar", "col")),
+        ("b", "mul", ("scalar", "row")),
+        ("bias", "add", ("row",)),
+    ):
+        after = users.get(node, [])
+        if len(after) != 1 or epilogue.nodes[after[0]].op != op:
+            break
+        other = [epilogue.nodes[x] for x in epilogue.nodes[after[0]].args if x != node]
+        if len(other) != 1 or other[0].op != "operand" or other[0].attr["kind"] not in kinds:
+            break
+        found[side], node = str(other[0].attr["name"]), after[0]
+        scaled = node if side != "bias" else scaled
+    return ScaledPrefix(found.get("a"), found.get("b"), found.get("bias"), scaled, node)
+
+
+def eager_scaled_mm(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """``torch._scaled_mm`` (cuBLASLt; A row-major and B column-major, as it needs) with the
+    epilogue's leading scales and bias, out in bfloat16, then the rest of the epilogue in eager
+    torch. Where cuBLASLt has no algorithm for the bias (rowwise scales at M = 16, K = 14336
+    on an H100 with torch 2.11), the bias is added in eager torch too."""
+    prefix = scaled_mm_prefix(problem.epilogue)
+    one = torch.ones((), dtype=torch.float32, device=a.device)
+    sa = one if prefix.scale_a is None else operands[prefix.scale_a].float()
+    sb = one if prefix.scale_b is None else operands[prefix.scale_b].float()
+    sa = sa.reshape(-1, 1) if sa.numel() > 1 else sa.reshape(())
+    sb = sb.reshape(1, -1) if sb.numel() > 1 else sb.reshape(())
+
+    def scaled_mm(bias: str | None) -> torch.Tensor:
+        return torch._scaled_mm(
+            a.contiguous(),
+            b.t().contiguous().t(),
+            sa,
+            sb,
+            bias=None if bias is None else operands[bias].to(torch.bfloat16).reshape(-1),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=problem.precision == "fast",
+        )
+
+    node = prefix.node
+    try:
+        out = scaled_mm(prefix.bias)
+    except RuntimeError:
+        if prefix.bias is None:
+            raise
+        out, node = scaled_mm(None), prefix.scaled
+    return tuple(problem.epilogue.evaluate(out, dict(operands), given={node: out}))
 
 
 def matmul_output_specs(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> list[OutputSpec]:
@@ -616,4 +718,6 @@ KIND = TemplateKind(
     search_error=lambda problem, config: idle_threads_error(config),
     applies=applies,
     split_k_underfilled=True,
+    input_dtypes=dtypes.INPUT_DTYPES,
+    dtype_seeds=tuple((dt, FP8_SEEDS) for dt in dtypes.FP8_DTYPES),
 )

@@ -21,13 +21,16 @@ from typing import Any
 
 import sympy
 
-from epilab.templates.dtypes import INPUT_DTYPES, OPERAND_DTYPES
+from epilab.templates.dtypes import FP8_DTYPES, INPUT_DTYPES, OPERAND_DTYPES
 from epilab.templates.epilogue import MALFORMED, Epilogue
 from epilab.templates.patterns import identity_with_names
 
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
 CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
-PRECISIONS = ("ieee", "tf32")  # how a float32 dot is done
+# how a dot accumulates: ieee (fp32; fp8 products of each K block summed by the tensor cores,
+# then added in fp32), tf32 (float32 inputs rounded to tf32), fast (fp8 only: the tensor cores'
+# accumulator carries the whole K loop, as torch._scaled_mm(use_fast_accum=True))
+PRECISIONS = ("ieee", "tf32", "fast")
 OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "conv2d", "dual_mm")  # dual_mm: ep(A @ B, A @ B2)
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
 _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
@@ -43,7 +46,14 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "num_stages": (1, 2, 3, 4, 5, 6, 7),
     # gemv split-K reductions; matmul's Hopper main loops and stream-K
     "variant": (
-        "default", "two_pass", "atomic", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"
+        "default",
+        "two_pass",
+        "atomic",
+        "tma",
+        "persistent",
+        "tma_persistent",
+        "stream_k",
+        "tma_stream_k",
     ),
     # matmul: the epilogue runs on 1, 2 or 4 column slices of the tile (fewer live registers)
     "EPILOGUE_SUBTILE": (1, 2, 4),
@@ -312,6 +322,10 @@ class Problem:
                 raise ValueError(f"conv shape {s} does not match its geometry (m, k) = {want}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {PRECISIONS}")
+        if (self.precision == "tf32" and self.dtype != "float32") or (
+            self.precision == "fast" and self.dtype not in FP8_DTYPES
+        ):
+            raise ValueError(f"precision {self.precision!r} does not apply to {self.dtype} inputs")
         declared = {name for name, _ in self.epilogue.operands}
         given = {o.name for o in self.operands}
         if declared != given:
@@ -389,6 +403,13 @@ class Problem:
             return cls.from_dict(json.loads(text))
         except RecursionError:
             raise ValueError("not a valid problem: nested too deeply") from None
+
+
+def applied_precision(dtype: str, precision: str) -> str:
+    """``precision`` where it applies to ``dtype`` inputs (tf32 to float32, fast to fp8),
+    else ieee: what a problem of those inputs stores."""
+    applies = (precision == "tf32" and dtype == "float32") or (precision == "fast" and dtype in FP8_DTYPES)
+    return precision if applies else "ieee"
 
 
 @lru_cache(maxsize=4096)

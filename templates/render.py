@@ -157,7 +157,7 @@ def render(
             f"problem was made for another version of template {problem.template!r} "
             f"(hash {problem.template_hash[:12]}, current {current[:12]})"
         )
-    why = kind.check(problem, config)
+    why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)
     return _ENV.get_template(kind.files[0]).render(
@@ -167,7 +167,7 @@ def render(
         layout_b=problem.layout_b,
         config_text=config.short(),
         dtype=problem.dtype,
-        precision="tf32" if problem.precision == "tf32" else "ieee",
+        precision=problem.precision,
         epilogue_text=problem.epilogue.text(),
         even_k=divides(config.BLOCK_K, problem.shape.k),
         upcast_dot=target == "interpreter" and problem.dtype == "bfloat16",

@@ -33,13 +33,21 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
     "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
 }
 TRITON_DTYPES: dict[str, str] = {
     "float16": "tl.float16",
     "bfloat16": "tl.bfloat16",
     "float32": "tl.float32",
     "bool": "tl.int1",
+    "float8_e4m3fn": "tl.float8e4nv",
+    "float8_e5m2": "tl.float8e5",
 }
+# fp8 casts saturate: values beyond the largest finite fp8 value (inf too) become it, NaN
+# stays NaN, as cuBLASLt's fp8 outputs and the quantize step of fp8 recipes do
+FP8_MAX: dict[str, float] = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+_ROUND_FN = {"bfloat16": "to_bf16", "float8_e4m3fn": "to_fp8e4nv", "float8_e5m2": "to_fp8e5"}
 
 
 def literal(value: float | bool) -> str:
@@ -79,9 +87,11 @@ def _pow_triton(x: str, exponent: float) -> str:
 
 def rounded(x: str, dtype: str) -> str:
     """Triton expression of fp32 ``x`` rounded to the float ``dtype`` (to nearest, ties to
-    even). bfloat16 goes through the kernel module's ``to_bf16`` (rounding.py.jinja),
-    which also rounds that way in Triton's interpreter; its own cast truncates."""
-    return f"to_bf16({x})" if dtype == "bfloat16" else f"{x}.to({TRITON_DTYPES[dtype]})"
+    even; fp8 saturating). bfloat16 and fp8 go through the kernel module's ``to_bf16``,
+    ``to_fp8e4nv`` and ``to_fp8e5`` (rounding.py.jinja), which also round that way in
+    Triton's interpreter; its own casts truncate."""
+    fn = _ROUND_FN.get(dtype)
+    return f"{fn}({x})" if fn else f"{x}.to({TRITON_DTYPES[dtype]})"
 
 
 def _cast_triton(x: str, dtype: str) -> str:
@@ -94,6 +104,8 @@ def _cast_triton(x: str, dtype: str) -> str:
 
 
 def _cast_torch(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    if dtype in FP8_MAX:  # saturating (torch's own fp8 casts saturate on some builds only)
+        x = torch.clamp(x, -FP8_MAX[dtype], FP8_MAX[dtype])
     return x != 0 if dtype == "bool" else x.to(DTYPES[dtype])  # evaluator restores its dtype
 
 

@@ -33,8 +33,11 @@ def test_every_kind_is_complete_and_consistent(name):
 
 
 def test_the_one_dtype_table():
-    assert dtypes.INPUT_DTYPES == ("float16", "bfloat16", "float32")
-    assert dtypes.OPERAND_DTYPES == dtypes.OUTPUT_DTYPES == ("float16", "bfloat16", "float32", "bool")
+    assert dtypes.INPUT_DTYPES == ("float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2")
+    assert dtypes.WIDE_INPUT_DTYPES == ("float16", "bfloat16", "float32")  # every kind's
+    assert dtypes.FP8_DTYPES == ("float8_e4m3fn", "float8_e5m2")  # the matmul's too
+    assert dtypes.OPERAND_DTYPES == ("float16", "bfloat16", "float32", "bool")  # scales are float32
+    assert dtypes.OUTPUT_DTYPES == ("float16", "bfloat16", "float32", "bool", "float8_e4m3fn", "float8_e5m2")
     for name, d in dtypes.TABLE.items():
         assert dtypes.name_of(d.torch) == name and d.itemsize == torch.empty((), dtype=d.torch).element_size()
     assert dtypes.name_or_none(torch.int8) is None

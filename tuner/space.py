@@ -29,7 +29,8 @@ A config is feasible for a problem on a device when
 - no block is larger than the padded problem (next power of two, at least 16);
 - the fp32 accumulators fit the register file: accumulators * BLOCK_M * BLOCK_N /
   (32 * num_warps) <= 128 registers per thread (half of the 255 a thread may have);
-- the template accepts it (its kind's ``check``: the gemv variant matches SPLIT_K;
+- the template accepts it (its kind's ``config_error``: the input dtype is one its main loops
+  take (fp8 only on the matmul, with BLOCK_K >= 32); its ``check``: the gemv variant matches SPLIT_K;
   the tma variants take 2-D problems whose rows are 16-byte aligned, and TMA_STORE non-bool
   outputs with aligned rows; the persistent knobs are left at their defaults by the other
   variants);
@@ -118,7 +119,7 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     for name, values in kind.space.items():
         if getattr(config, name) not in values:
             return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
-    why = kind.check(problem, config)
+    why = kind.config_error(problem, config)
     if why is not None:
         return why
     s = kind.kernel_shape(problem)

@@ -287,7 +287,7 @@ class Tuner:
         template's known-good list."""
         target = "interpreter" if self.options.interpret else "cuda"
         kind = kind_of(problem)
-        return [kind.default_config(problem, target, sm_count=self.limits.sm_count), *kind.seeds]
+        return [kind.default_config(problem, target, sm_count=self.limits.sm_count), *kind.seeds_for(problem)]
 
     def tune(
         self, spec: Spec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
