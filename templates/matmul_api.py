@@ -43,18 +43,31 @@ def matmul(
     alpha: float = 1.0,
     beta: float = 1.0,
     out_dtype: torch.dtype | None = None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    scale_result: torch.Tensor | float | None = None,
+    use_fast_accum: bool = False,
     epilogue: Epilogue | None = None,
     operands: Mapping[str, torch.Tensor] | None = None,
     config: Config | None = None,
     allow_tf32: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """One fused matmul: ``act(alpha * a @ b + beta * bias) + residual``.
+    """One fused matmul: ``(act(alpha * scale_a * scale_b * a @ b + beta * bias) + residual) * scale_result``.
 
-    ``a``: [M, K] or [batch, M, K]; ``b``: [K, N] or [batch, K, N]; fp16, bf16 or
-    fp32 (fp32 dots are IEEE unless ``allow_tf32``). ``bias`` broadcasts to the
+    ``a``: [M, K] or [batch, M, K]; ``b``: [K, N] or [batch, K, N]; fp16, bf16, fp32
+    (fp32 dots are IEEE unless ``allow_tf32``), or fp8 (float8_e4m3fn or float8_e5m2, both
+    the same; a GPU of compute capability 8.9 or newer). ``bias`` broadcasts to the
     output ([N] per column, [M, 1] per row, [M, N], or one element); ``residual``
     too. ``activation`` is one of relu, gelu, gelu_tanh, silu, sigmoid, tanh.
-    The output dtype is ``out_dtype`` or the inputs' dtype.
+    The output dtype is ``out_dtype``, else the inputs' dtype (bfloat16 for fp8 inputs); an
+    fp8 output saturates (beyond +-448 for e4m3, +-57344 for e5m2, inf too, the largest
+    finite value; NaN stays NaN).
+
+    Scaled matmuls, as ``torch._scaled_mm``: ``scale_a`` is float32 of one element (per
+    tensor) or [M, 1] (per row of a), ``scale_b`` of one element or [1, N] / [N] (per
+    column of b); ``scale_result`` multiplies the result before its cast (an fp8 output's
+    quantization scale). fp8 dots add each K block's products in fp32 unless
+    ``use_fast_accum`` (the tensor cores' own accumulator over all of K: faster, less exact).
 
     For any other epilogue pass ``epilogue`` (an ``Epilogue``) and the tensors
     it reads as ``operands``; the result is one tensor per epilogue output.
@@ -74,10 +87,13 @@ def matmul(
             or alpha != 1.0
             or beta != 1.0
             or out_dtype is not None
+            or scale_a is not None
+            or scale_b is not None
+            or scale_result is not None
         ):
             raise ValueError(
                 "pass either epilogue= (with operands=) or bias/activation/residual/"
-                "alpha/beta/out_dtype, not both"
+                "alpha/beta/out_dtype/scale_a/scale_b/scale_result, not both"
             )
         tensors = dict(operands or {})
     else:
@@ -92,10 +108,14 @@ def matmul(
             alpha=alpha,
             beta=beta,
             out_dtype=out_dtype,
+            scale_a=scale_a,
+            scale_b=scale_b,
+            scale_result=scale_result,
         )
     batched = a.dim() == 3 or b.dim() == 3
     op = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
-    problem = make_problem(a, b, epilogue, tensors, op=op, precision="tf32" if allow_tf32 else "ieee")
+    precision = "fast" if use_fast_accum else "tf32" if allow_tf32 else "ieee"
+    problem = make_problem(a, b, epilogue, tensors, op=op, precision=precision)
     return _run(problem, config, a, b, tensors)
 
 
@@ -189,21 +209,63 @@ def simple_epilogue(
     alpha: float = 1.0,
     beta: float = 1.0,
     out_dtype: torch.dtype | None = None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    scale_result: torch.Tensor | float | None = None,
 ) -> tuple[Epilogue, dict[str, torch.Tensor]]:
     """The epilogue ``matmul(a, b, bias=..., ...)`` runs, and its operand tensors."""
     out_shape = check_inputs(a, b).out_shape
+    if isinstance(scale_result, (int, float)) and not isinstance(scale_result, bool):
+        scale_result = torch.tensor(float(scale_result), device=a.device)
+    scales = {"scale_a": scale_a, "scale_b": scale_b, "scale_result": scale_result}
+    scale_kinds = {name: _scale_kind(t, name, out_shape) for name, t in scales.items() if t is not None}
     for name, v in (("alpha", alpha), ("beta", beta)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must be a number, got {v!r}")
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-    dtype = dtypes.name_of(out_dtype if out_dtype is not None else a.dtype)
+    fp8_in = dtypes.name_of(a.dtype) in dtypes.FP8_DTYPES
+    dtype = dtypes.name_of(out_dtype if out_dtype is not None else torch.bfloat16 if fp8_in else a.dtype)
     if dtype == "bool":
         raise TypeError("out_dtype must be a floating dtype")
     bias_kind = None if bias is None else _kind_of(bias, out_shape, "bias")
     residual_kind = None if residual is None else _kind_of(residual, out_shape, "residual")
     tensors = {name: t for name, t in (("bias", bias), ("residual", residual)) if t is not None}
-    return _build_simple(bias_kind, activation, residual_kind, float(alpha), float(beta), dtype), tensors
+    tensors.update({name: t for name, t in scales.items() if t is not None})
+    ep = _build_simple(
+        bias_kind,
+        activation,
+        residual_kind,
+        float(alpha),
+        float(beta),
+        dtype,
+        tuple(scale_kinds.get(name) for name in scales),
+    )
+    return ep, tensors
+
+
+_SCALE_SHAPES = {  # the operand kinds each scale may take, and the shape it then has
+    "scale_a": ("one element (per tensor) or [M, 1] (per row of a)", ("scalar", "col")),
+    "scale_b": ("one element (per tensor) or [1, N] or [N] (per column of b)", ("scalar", "row")),
+    "scale_result": ("one element", ("scalar",)),
+}
+
+
+def _scale_kind(t: object, name: str, out_shape: tuple[int, ...]) -> str:
+    """scalar / col / row: how a scale is read; a clear error for anything else."""
+    accepted, kinds = _SCALE_SHAPES[name]
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 tensor of {accepted}, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32 (as torch._scaled_mm takes it), got {t.dtype}")
+    kind = _kind_of(t, out_shape, name)
+    ok = kind in kinds and (t.dim() <= 2 or kind == "scalar")
+    if kind == "col":
+        ok = ok and t.dim() == 2
+    if not ok:
+        m, n = out_shape[-2:]
+        raise ValueError(f"{name} must be {accepted} (M={m}, N={n}), got shape {tuple(t.shape)}")
+    return kind
 
 
 @lru_cache(maxsize=256)
@@ -214,8 +276,15 @@ def _build_simple(
     alpha: float,
     beta: float,
     dtype: str,
+    scale_kinds: tuple[str | None, str | None, str | None] = (None, None, None),
 ) -> Epilogue:
-    x: Expr = acc() if alpha == 1.0 else const(alpha) * acc()
+    """``(act(alpha * scale_a * scale_b * acc + beta * bias) + residual) * scale_result``,
+    the scales first after the accumulator (as ``torch._scaled_mm`` applies them)."""
+    x: Expr = acc()
+    for name, kind in zip(("scale_a", "scale_b"), scale_kinds[:2], strict=True):
+        if kind is not None:
+            x = x * operand(name, kind)
+    x = x if alpha == 1.0 else const(alpha) * x
     if bias_kind is not None:
         term = operand("bias", bias_kind)
         x = x + (term if beta == 1.0 else const(beta) * term)
@@ -223,6 +292,8 @@ def _build_simple(
         x = getattr(ops, activation)(x)
     if residual_kind is not None:
         x = x + operand("residual", residual_kind)
+    if scale_kinds[2] is not None:
+        x = x * operand("scale_result", scale_kinds[2])
     return Epilogue.build([(x, dtype)])
 
 
