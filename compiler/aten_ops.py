@@ -150,4 +150,6 @@ ANCHORS = {
     aten.bmm.default: "bmm",
     aten.baddbmm.default: "baddbmm",
     aten.convolution.default: "conv2d",
+    aten._scaled_mm.default: "scaled_mm",  # fp8 (cuBLASLt): an mm whose scales are epilogue operands
 }
+SCALED_MM_ARGS = ("self", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")

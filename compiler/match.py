@@ -37,16 +37,25 @@ import sympy
 import torch
 import torch.fx as fx
 
-from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, VIEWS, Unsupported
+from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, SCALED_MM_ARGS, VIEWS, Unsupported
 from epilab.templates import dtypes
 from epilab.templates.conv2d import conv_problem
 from epilab.templates.dual_matmul import OP, canonical_order
 from epilab.templates.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand
 from epilab.templates.kinds import default_template, template_hash
-from epilab.templates.problem import BATCHED_OPS, ConvGeometry, Dim, OperandSpec, Problem, Shape
+from epilab.templates.problem import (
+    BATCHED_OPS,
+    ConvGeometry,
+    Dim,
+    OperandSpec,
+    Problem,
+    Shape,
+    applied_precision,
+)
 from epilab.templates.runtime import layout_of, operand_layout
 
-ANCHOR_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.INPUT_DTYPES)
+ANCHOR_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.WIDE_INPUT_DTYPES)
+FP8_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.FP8_DTYPES)
 OPERAND_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.OPERAND_DTYPES)
 
 
@@ -145,6 +154,7 @@ class _Grower(ABC):
         self.desc: set[fx.Node] = {anchor}
         self.operands: dict[tuple[fx.Node, tuple[int, ...] | None], Operand] = {}
         self.order: list[fx.Node] = []
+        self.precision: str | None = None  # the anchor's own (a scaled mm's fast accumulation)
 
     # -- the anchor family's part
     @abstractmethod
@@ -285,6 +295,8 @@ class _MatmulGrower(_Grower):
         """An anchor's A and B nodes and its value: ``leaf`` (its accumulator) scaled by alpha,
         plus its bias (an operand named ``bias_name``) scaled by beta, rounded to its dtype."""
         op = ANCHORS[node.target]  # type: ignore[index]
+        if op == "scaled_mm":
+            return self.take_scaled_mm(node, leaf)
         args = list(node.args)
         kwargs = dict(node.kwargs)
         if op in ("addmm", "baddbmm"):
@@ -310,6 +322,47 @@ class _MatmulGrower(_Grower):
             value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
         if av.dtype != torch.float32:
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
+        return a, b, value  # type: ignore[return-value]
+
+    def take_scaled_mm(self, node: fx.Node, leaf: Expr) -> tuple[fx.Node, fx.Node, Expr]:
+        """``torch._scaled_mm``: ``acc * scale_a * scale_b (+ bias)``, rounded
+        to its out_dtype; the scales are operands (one element, or per row of A / column of B),
+        use_fast_accum the problem's precision."""
+        given = dict(zip(SCALED_MM_ARGS, node.args, strict=False)) | dict(node.kwargs)
+        a, b = given["self"], given["mat2"]
+        av, bv, out = val(a), val(b), val(node)
+        if av is None or bv is None or out is None:
+            raise NoGroup("an input has no shape information")
+        if av.dtype not in FP8_DTYPES or av.dtype != bv.dtype:
+            raise NoGroup(
+                f"scaled mm of {av.dtype}/{bv.dtype}: the templates take two fp8 inputs of one dtype"
+            )
+        if dtypes.name_or_none(out.dtype) not in dtypes.OUTPUT_DTYPES or out.dtype == torch.bool:
+            raise NoGroup(f"scaled mm output dtype {out.dtype}")
+        if given.get("scale_result") is not None:
+            # torch 2.11 on an H100 returned the unscaled result (cuBLASLt, tensorwise, e4m3 out):
+            # what the graph computes is not certain, so torch keeps it
+            raise NoGroup("a scaled mm with scale_result (torch's result ignores it on some builds)")
+        value = leaf
+        accepted = {
+            "scale_a": ("scalar", "col"),
+            "scale_b": ("scalar", "row"),
+            "bias": ("row",),
+        }
+        for name, kinds in accepted.items():
+            if given.get(name) is None:
+                continue
+            try:
+                x = self.operand(given[name], self.O, name)
+            except Unsupported as e:
+                raise NoGroup(str(e)) from e
+            kind = dict(x.attrs)["kind"]
+            if kind not in kinds:
+                raise NoGroup(f"{name} read per {kind}: a scaled mm takes {' or '.join(kinds)}")
+            value = value + x if name == "bias" else value * x
+        self.precision = "fast" if given.get("use_fast_accum") else "ieee"
+        if out.dtype != torch.float32:
+            value = Expr("cast", (value,), (("dtype", dtypes.name_of(out.dtype)),))
         return a, b, value  # type: ignore[return-value]
 
     def operand_kind(
@@ -344,7 +397,7 @@ class _MatmulGrower(_Grower):
     def problem(
         self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
     ) -> Problem:
-        op = self.op
+        op = "mm" if self.op == "scaled_mm" else self.op
         av, bv = val(a), val(b)
         assert av is not None and bv is not None
         batched = op in BATCHED_OPS
@@ -376,7 +429,7 @@ class _MatmulGrower(_Grower):
             operands=tuple(specs),
             epilogue=epilogue,
             shape=shape,
-            precision=precision if av.dtype == torch.float32 else "ieee",
+            precision=applied_precision(dtypes.name_of(av.dtype), self.precision or precision),
         )
         try:
             if Problem.from_json(problem.to_json()) != problem:
@@ -450,7 +503,7 @@ class _ConvGrower(_Grower):
 
 
 GROWERS: dict[str, type[_Grower]] = {
-    **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm"), _MatmulGrower),
+    **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm", "scaled_mm"), _MatmulGrower),
     "conv2d": _ConvGrower,
 }
 
