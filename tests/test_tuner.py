@@ -329,6 +329,7 @@ def test_builtin_suites_build_valid_problems():
         "gemv-fused": 22,
         "conv": 13,
         "mlp": 25,
+        "fp8": 19,
     }
     for name, specs in SUITES.items():
         for spec in specs:

@@ -1,9 +1,12 @@
 """Problem suites: built-in ones and shapes files.
 
 A problem is written as a small spec: ``{"m": 2048, "n": 4096, "k": 4096}``
-plus optional ``batch`` (a batched bmm), ``dtype`` (float16, bfloat16, float32;
-default bfloat16), ``layout`` (NN, NT, TN, TT: whether A and B are stored
-transposed; default NT, the layout of ``x @ W.T`` in a linear layer) and
+plus optional ``batch`` (a batched bmm), ``dtype`` (float16, bfloat16, float32,
+float8_e4m3fn, float8_e5m2; default bfloat16), ``scales`` (fp8 only: ``row``, the default,
+scales per row of A and per column of B, ``tensor`` one each, ``none``: the epilogue starts
+with ``acc * scale_a * scale_b``, float32 operands, as ``torch._scaled_mm`` applies them; an
+fp8 spec's other operands and its outputs default to bfloat16), ``layout`` (NN, NT, TN, TT:
+whether A and B are stored transposed; default NT, the layout of ``x @ W.T`` in a linear layer) and
 ``epilogue``: a name of the catalog (``templates/catalog.py``: none, bias, bias_relu,
 ...), an expression (``"gelu_tanh(acc + bias[n]) + residual"``, ``"silu(acc) * up"``,
 ``"acc * scale[m] + s[]"``: ``templates/epilogue_text.py``), or a list of outputs, each
@@ -27,6 +30,9 @@ Built-in suites:
   SiLU and its down projection (4096, 11008) with a residual, Qwen2-7B's attention output
   (3584, 3584) with bias + residual, a grouped-query K/V projection (1024, 4096) with a bias
   and Qwen2-7B's down projection (3584, 18944) with a residual;
+- ``fp8``: rowwise-scaled float8_e4m3fn -> bf16 with bias + gelu(tanh): cubes 1024 to 8192
+  and M in {16, 128, 512, 2048, 8192} x Llama-3-8B's projections (N, K) in {(4096, 4096),
+  (14336, 4096), (4096, 14336)} (the matmul template; sm_89 or newer);
 - ``gemv``: decode-sized bf16 matmuls for the gemv template, M in {1, 4, 8, 16} x
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096)},
   nn.Linear layout, no epilogue;
@@ -62,9 +68,9 @@ from typing import Any
 from epilab.files import read_text_bounded
 from epilab.templates.catalog import EPILOGUES, epilogue
 from epilab.templates.conv2d import layout_for
-from epilab.templates.dtypes import INPUT_DTYPES
+from epilab.templates.dtypes import FP8_DTYPES, INPUT_DTYPES
 from epilab.templates.dual_matmul import OP, canonical_order, swap_accumulators
-from epilab.templates.epilogue import LEAVES, Epilogue
+from epilab.templates.epilogue import LEAVES, Epilogue, Expr, acc, operand
 from epilab.templates.epilogue_text import EpilogueSyntaxError, parse_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
@@ -83,7 +89,7 @@ def problem_label(problem: Problem) -> str:
     return f"{problem.op} {shape} {problem.dtype} {problem.layout_a}/{problem.layout_b} {epilogue}{suffix}"
 
 
-SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template"}
+SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales"}
 CONV_KEYS = {
     "n",
     "c",
@@ -108,8 +114,31 @@ EpilogueSpec = str | tuple[tuple[str, str | None], ...]
 _OPERAND_LAYOUTS = {"row": "vector", "col": "vector", "scalar": "scalar"}  # a tile: contiguous
 
 
+SCALINGS = {  # an fp8 spec's scales, as torch._scaled_mm takes them: (scale_a, scale_b) kinds
+    "row": ("col", "row"),  # per row of A and per column of B (rowwise)
+    "tensor": ("scalar", "scalar"),  # one each (tensorwise)
+    "none": None,  # the epilogue as written (it may read scales of its own)
+}
+
+
+def scaled(ep: Epilogue, scaling: str) -> Epilogue:
+    """``ep`` with its accumulator scaled first: ``acc * scale_a * scale_b`` (``SCALINGS``)."""
+    kinds = SCALINGS[scaling]
+    if kinds is None:
+        return ep
+    built: list[Expr] = []
+    for node in ep.nodes:
+        if node.op == "acc":
+            built.append(acc() * operand("scale_a", kinds[0]) * operand("scale_b", kinds[1]))
+        else:
+            built.append(Expr(node.op, tuple(built[i] for i in node.args), node.attrs))
+    return Epilogue.build([(built[o.node], o.dtype) for o in ep.outputs])
+
+
 def spec_epilogue(value: EpilogueSpec, dtype: str) -> Epilogue:
-    """The epilogue a spec names or writes out (see ``EpilogueSpec``)."""
+    """The epilogue a spec names or writes out (see ``EpilogueSpec``): for fp8 inputs its
+    outputs default to bfloat16."""
+    dtype = "bfloat16" if dtype in FP8_DTYPES else dtype
     if isinstance(value, str):
         return epilogue(value, dtype) if value in EPILOGUES else parse_epilogue([(value, None)], dtype)
     return parse_epilogue(list(value), dtype)
@@ -158,8 +187,13 @@ class Spec:
     layout: str = "NT"
     epilogue: EpilogueSpec = "none"
     template: str = "matmul"
+    scales: str = "row"  # fp8 only: ``SCALINGS``
 
     def __post_init__(self) -> None:
+        if self.scales not in SCALINGS:
+            raise ValueError(f"scales {self.scales!r} is not one of {sorted(SCALINGS)}")
+        if self.scales != "row" and self.dtype not in FP8_DTYPES:
+            raise ValueError(f"scales apply to fp8 inputs ({', '.join(FP8_DTYPES)}), not {self.dtype}")
         for name in ("m", "n", "k"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 20:
@@ -186,7 +220,10 @@ class Spec:
         able = [p.template for p in twins(problem)]
         if self.template not in able:
             other = for_template(problem, self.template)
-            why = KINDS[self.template].check(other, default_config(other)) or f"it cannot run {self.label()}"
+            why = (
+                KINDS[self.template].config_error(other, default_config(other))
+                or f"it cannot run {self.label()}"
+            )
             raise ValueError(f"{why}; templates that can: {able}")
 
     def problem(self) -> Problem:
@@ -200,8 +237,12 @@ class Spec:
         op = ("baddbmm" if has_bias else "bmm") if self.batch else ("addmm" if has_bias else "mm")
         if ep.accumulators == 2:  # in the order the compiler names a graph's two projections
             op, ep = OP, ep if canonical_order(ep) else swap_accumulators(ep)
+        fp8 = self.dtype in FP8_DTYPES
+        if fp8:  # the compiler's scaled mm: an mm whose scales (float32) start the epilogue
+            op, ep = ("bmm" if self.batch else "mm"), scaled(ep, self.scales)
         operands = tuple(
-            OperandSpec(name, self.dtype, _OPERAND_LAYOUTS.get(kind, "row")) for name, kind in ep.operands
+            OperandSpec(name, _operand_dtype(name, self.dtype), _OPERAND_LAYOUTS.get(kind, "row"))
+            for name, kind in ep.operands
         )
         return Problem(
             op=op,
@@ -223,10 +264,20 @@ class Spec:
         )
         dual = spec_epilogue(self.epilogue, self.dtype).accumulators == 2
         suffix = "" if self.template == default_template(OP if dual else "mm") else f" [{self.template}]"
-        return f"{shape} {self.dtype} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
+        scales = {"row": " row-scaled", "tensor": " tensor-scaled", "none": " unscaled"}[self.scales]
+        scales = scales if self.dtype in FP8_DTYPES else ""
+        return f"{shape} {self.dtype}{scales} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
 
     def flops(self) -> int:
         return 2 * (self.batch or 1) * self.m * self.n * self.k
+
+
+def _operand_dtype(name: str, dtype: str) -> str:
+    """An operand's dtype in a spec of ``dtype`` inputs: theirs; with fp8 inputs float32 for
+    scales (``scale*``), else bfloat16."""
+    if dtype not in FP8_DTYPES:
+        return dtype
+    return "float32" if name.startswith("scale") else "bfloat16"
 
 
 _LLM_PROJECTIONS = ((14336, 4096, "bias_gelu_tanh"), (4096, 14336, "residual"), (4096, 4096, "bias_residual"))
@@ -287,6 +338,14 @@ SUITES: dict[str, list[Spec | ConvSpec]] = {
     ],
     "mlp": [  # gated MLPs' gate and up projections in one dual GEMM, at decode and prefill M
         Spec(m, f, d, epilogue=ep) for d, f, ep in _GATED_MLPS for m in (1, 8, 128, 2048, 8192)
+    ],
+    "fp8": [  # rowwise-scaled e4m3 -> bf16 with bias + gelu(tanh): cubes, and M x Llama-3-8B's projections
+        *(Spec(s, s, s, dtype="float8_e4m3fn", epilogue="bias_gelu_tanh") for s in (1024, 2048, 4096, 8192)),
+        *(
+            Spec(m, n, k, dtype="float8_e4m3fn", epilogue="bias_gelu_tanh")
+            for m in (16, 128, 512, 2048, 8192)
+            for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))
+        ),
     ],
     "gemv-fused": [
         *(
