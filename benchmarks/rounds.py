@@ -1,13 +1,20 @@
-"""What the sweep benchmarks (``dual_mlp.py``, ``split_k.py``) share: timing one call by CUDA
-events and, when it is short, by CUDA-graph replay; the median and spread of interleaved
-rounds; the comparable time; geomeans; ``--only`` index lists. Imported by those scripts
-(run as ``python3 benchmarks/<script>.py``, this folder is on the path)."""
+"""What the sweep benchmarks (``dual_mlp.py``, ``split_k.py``, ``fp8.py``) share: timing one call
+by CUDA events and, when it is short, by CUDA-graph replay; the median and spread of
+interleaved rounds; the comparable time; geomeans; ``--only`` index lists; the suite options,
+the device header and the JSON written after every problem. Imported by those scripts (run as
+``python3 benchmarks/<script>.py``, this folder is on the path)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import platform
 import statistics
 from collections.abc import Callable
+
+import torch
+import triton
 
 from epilab.tuner.timing import time_cuda, time_graph
 
@@ -54,3 +61,36 @@ def only(text: str | None, count: int) -> list[int]:
         lo, _, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
     return [i for i in out if i < count]
+
+
+def suite_arguments(parser: argparse.ArgumentParser, default_suite: str) -> None:
+    """--suite, --only, --rounds, --max-autotune, --json and --from-json."""
+    parser.add_argument("--suite", default=default_suite)
+    parser.add_argument("--only", help="spec indices, e.g. 0-4,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-autotune", action="store_true", help="also time Inductor max-autotune")
+    parser.add_argument("--json")
+    parser.add_argument("--from-json", help="print the table of an earlier run")
+
+
+def device_header(sm_count: int) -> str:
+    return (
+        f"{torch.cuda.get_device_name()} ({sm_count} SMs); torch {torch.__version__}, "
+        f"triton {triton.__version__}, python {platform.python_version()}"
+    )
+
+
+def save(path: str | None, header: str, results: list[dict]) -> None:
+    """The results so far (called after every problem: a run cut short keeps what it measured)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"device": header, "results": results}, f, indent=1)
+
+
+def print_saved(path: str | None, table: Callable[[list[dict]], str]) -> bool:
+    """``--from-json``: print the table of an earlier run; False when there is none to print."""
+    if not path:
+        return False
+    with open(path) as f:
+        print(table(json.load(f)["results"]))
+    return True

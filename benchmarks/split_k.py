@@ -24,15 +24,22 @@ every round (``*`` in the table), which is the time compared for them.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-import triton
-from rounds import comparable_ms, geomean, only, summary, timed
+from rounds import (
+    comparable_ms,
+    device_header,
+    geomean,
+    only,
+    print_saved,
+    save,
+    suite_arguments,
+    summary,
+    timed,
+)
 
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul import STREAM_K_VARIANTS
@@ -210,31 +217,19 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", default="midm")
-    parser.add_argument("--only", help="spec indices, e.g. 0-4,8")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-autotune", action="store_true", help="also time Inductor max-autotune")
-    parser.add_argument("--json")
-    parser.add_argument("--from-json", help="print the table of an earlier run")
+    suite_arguments(parser, "midm")
     args = parser.parse_args()
-    if args.from_json:
-        with open(args.from_json) as f:
-            print(table(json.load(f)["results"]))
+    if print_saved(args.from_json, table):
         return
     limits = DeviceLimits.of(torch.device("cuda"))
     specs = suite(args.suite)
-    header = (
-        f"{torch.cuda.get_device_name()} ({limits.sm_count} SMs); torch {torch.__version__}, "
-        f"triton {triton.__version__}, python {platform.python_version()}"
-    )
+    header = device_header(limits.sm_count)
     results = []
     for i in only(args.only, len(specs)):
         print(f"[{i}] {specs[i].label()}", file=sys.stderr)
         results.append(run_problem(i, specs[i].problem(), specs[i].label(), args, limits))
         torch.cuda.empty_cache()
-        if args.json:  # after every problem: a run cut short keeps what it measured
-            with open(args.json, "w") as f:
-                json.dump({"device": header, "results": results}, f, indent=1)
+        save(args.json, header, results)
     print(header)
     print(table(results))
 

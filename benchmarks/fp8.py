@@ -1,0 +1,222 @@
+"""fp8 (e4m3) scaled matmuls with fused epilogues against torch._scaled_mm (cuBLASLt) + the
+eager epilogue, _scaled_mm alone, Inductor and Inductor max-autotune, in one process.
+
+    python3 benchmarks/fp8.py [--suite fp8] [--only 0-4] [--epilogue none] [--fast-accum] \
+        [--rounds 3] [--max-autotune] [--json out.json]
+
+Method. FLOPs = 2 x MNK; bytes = A + B (one byte an element) + scales, bias + outputs. For
+each problem a fixed sweep — the default config, the matmul kind's feasible seeds and
+``FP8_SWEEP`` — is checked against the float64 reference (inputs dequantized exactly) and
+timed once (CUDA events, L2 flushed before each repetition). Then the best config,
+_scaled_mm with the epilogue's scales and bias + the rest of the epilogue in eager torch
+("scaled_mm + eager", the kind's baseline), _scaled_mm with the scales alone (bf16 out, no
+epilogue: what the GEMM costs in cuBLASLt), Inductor (torch.compile of the eager baseline;
+its own _scaled_mm lowering) and with ``--max-autotune`` Inductor max-autotune (its
+scaled-mm Triton templates with the epilogue fused; no CUDA graphs) are timed in ``--rounds``
+interleaved rounds: median of the rounds' medians, spread = min..max. Calls under 50 us
+are also timed by CUDA-graph replay (``*``), the time compared for them; where epilab's
+kernel is that short, every side of the problem is replayed too (like with like). ``--fast-accum``
+makes every side accumulate fast (use_fast_accum=True; Triton's default fp8 dot on sm_90);
+without it the template adds each K block's products in fp32 and cuBLASLt runs its default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+from rounds import (
+    comparable_ms,
+    device_header,
+    geomean,
+    only,
+    print_saved,
+    save,
+    suite_arguments,
+    summary,
+    timed,
+)
+from split_k import sweep
+
+from epilab.templates import dtypes
+from epilab.templates.kinds import bind, default_config, kind_of
+from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
+from epilab.templates.problem import Config, Problem
+from epilab.templates.verify import random_inputs
+from epilab.tuner.evaluate import baseline_fn
+from epilab.tuner.space import DeviceLimits, infeasible
+from epilab.tuner.suites import suite
+
+FP8_SWEEP = tuple(  # the winners at 8192^3 on an H100 first (RESULTS.md, issue 21)
+    Config(bm, bn, bk, g, num_warps=w, num_stages=st, variant=v, EPILOGUE_SUBTILE=sub, FLATTEN=fl)
+    for bm, bn, bk, g, w, st, v, sub, fl in (
+        (128, 256, 128, 8, 8, 3, "tma_persistent", 2, 0),
+        (128, 256, 128, 16, 8, 3, "tma", 2, 0),
+        (128, 256, 128, 8, 8, 4, "tma_persistent", 2, 1),
+        (128, 128, 256, 8, 8, 3, "tma", 1, 0),
+        (128, 128, 128, 8, 8, 4, "tma_persistent", 1, 1),
+        (128, 128, 128, 8, 4, 4, "tma", 1, 0),
+        (64, 128, 128, 8, 4, 5, "tma", 1, 0),
+        (64, 64, 128, 8, 4, 6, "tma", 1, 0),
+        (64, 128, 256, 8, 4, 3, "tma", 1, 0),
+    )
+)
+
+
+def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
+    """The default config, the kind's fp8 seeds, its split-K and stream-K seeds, and
+    FP8_SWEEP: those feasible on this device."""
+    out = [default_config(problem, sm_count=limits.sm_count)]
+    kind = kind_of(problem)
+    seeds = [
+        *(c for c in kind.seeds_for(problem) if c not in kind.seeds),
+        *(c for c in kind.seeds if c.SPLIT_K > 1 or c.variant in STREAM_K_VARIANTS),
+    ]
+    for c in (*seeds, *FP8_SWEEP):
+        if c not in out and infeasible(problem, c, limits) is None:
+            out.append(c)
+    return out
+
+
+def scaled_mm_alone(problem: Problem, a, b, ops):
+    """_scaled_mm with the epilogue's scales, bf16 out, nothing else."""
+    prefix = scaled_mm_prefix(problem.epilogue)
+    scale_a, scale_b = prefix.scale_a, prefix.scale_b
+    one = torch.ones((), device=a.device)
+    sa = ops[scale_a] if scale_a else one
+    sb = (ops[scale_b].reshape(1, -1) if ops[scale_b].numel() > 1 else ops[scale_b]) if scale_b else one
+    fast = problem.precision == "fast"
+    return lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+
+def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespace, limits) -> dict:
+    a, b, ops = random_inputs(problem, "cuda", index)
+    refs = kind_of(problem).reference(problem, a, b, ops)
+    swept = sweep(problem, candidates(problem, limits), a, b, ops, refs)
+    del refs
+    ok = [r for r in swept if "ms" in r]
+    variants = {}
+    if ok:
+        best = min(ok, key=comparable_ms)
+        variants["epilab"] = bind(problem, best["obj"], a, b, ops).run
+    eager = baseline_fn(problem, "cublas")
+    variants["scaled_mm + eager"] = lambda: eager(a, b, ops)
+    variants["scaled_mm alone"] = scaled_mm_alone(problem, a, b, ops)
+    errors = {}
+    for name, library in (("inductor", "inductor"), ("max-autotune", "inductor-max-autotune")):
+        if name == "max-autotune" and not args.max_autotune:
+            continue
+        compiled = baseline_fn(problem, library)
+        try:
+            compiled(a, b, ops)
+        except RuntimeError as e:  # cuBLASLt refused a shape Inductor handed it: noted, not fatal
+            errors[name] = str(e)[:300]
+            print(f"  {name}: {errors[name]}", file=sys.stderr)
+            continue
+        variants[name] = lambda compiled=compiled: compiled(a, b, ops)
+    # like with like: where epilab's kernel is short, every side is also replayed in CUDA
+    # graphs (a compiled or eager call's host work would otherwise be what events time)
+    short = bool(ok) and best["graph_ms"] is not None
+    rounds: dict[str, list] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, fn in variants.items():
+            rounds[name].append(timed(fn, graph=short or any(g is not None for _, g in rounds[name])))
+    s = problem.shape
+    m, n, k = int(s.m), int(s.n), int(s.k)
+    out_bytes = sum(m * n * dtypes.itemsize(o.dtype) for o in problem.epilogue.outputs)
+    return {
+        "index": index,
+        "problem": label,
+        "m": m,
+        "n": n,
+        "k": k,
+        "precision": problem.precision,
+        "flops": 2 * m * n * k,
+        "bytes": m * k + k * n + sum(t.numel() * t.element_size() for t in ops.values()) + out_bytes,
+        "chosen": best["config"] if ok else None,
+        "sweep": [{k: v for k, v in r.items() if k != "obj"} for r in swept],
+        "times": {name: summary(times) for name, times in rounds.items()},
+        "errors": errors,
+    }
+
+
+def table(results: list[dict]) -> str:
+    names = ["scaled_mm + eager", "scaled_mm alone", "inductor", "max-autotune"]
+    lines = [
+        "| problem | epilab ms (TFLOP/s) | config | "
+        + " | ".join(f"{n} ms" for n in names)
+        + " | "
+        + " | ".join(f"vs {n}" for n in names)
+        + " |",
+        "|---|---:|---|" + "---:|" * (2 * len(names)),
+    ]
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    big: dict[str, list[float]] = {n: [] for n in names}
+    for r in results:
+        t = r["times"]
+        mark = lambda e: "*" if e and e["graph_ms"] else ""  # noqa: E731
+        mine = comparable_ms(t.get("epilab"))
+        if mine is None:
+            lines.append(f"| {r['problem']} | no config passed | | " + " | " * (2 * len(names) - 1) + " |")
+            continue
+        cells, vs = [], []
+        for n in names:
+            if n not in t:
+                cells.append("-")
+                vs.append("-")
+                continue
+            theirs = comparable_ms(t[n])
+            cells.append(f"{theirs:.4f}{mark(t[n])}")
+            vs.append(f"{theirs / mine:.2f}x")
+            ratios[n].append(theirs / mine)
+            if r["m"] >= 2048:
+                big[n].append(theirs / mine)
+        tflops = r["flops"] / (mine * 1e-3) / 1e12
+        lines.append(
+            "| "
+            + " | ".join(
+                [r["problem"], f"{mine:.4f}{mark(t['epilab'])} ({tflops:.0f})", r["chosen"], *cells, *vs]
+            )
+            + " |"
+        )
+    lines.append("")
+    lines.append("`*`: CUDA-graph replay (calls under 50 us); the rest CUDA events with L2 flushed.")
+    lines.append("- ratios are the other's time over epilab's (above 1: epilab faster)")
+    for label, group in (("all", ratios), ("M >= 2048", big)):
+        parts = [
+            f"vs {n} {geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})" for n, xs in group.items() if xs
+        ]
+        lines.append(f"- geomean, {label}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    suite_arguments(parser, "fp8")
+    parser.add_argument("--epilogue", help="replace every spec's epilogue (e.g. none)")
+    parser.add_argument("--fast-accum", action="store_true", help="use_fast_accum on every side")
+    args = parser.parse_args()
+    if print_saved(args.from_json, table):
+        return
+    limits = DeviceLimits.of(torch.device("cuda"))
+    specs = suite(args.suite)
+    header = device_header(limits.sm_count)
+    results = []
+    for i in only(args.only, len(specs)):
+        spec = specs[i] if args.epilogue is None else dataclasses.replace(specs[i], epilogue=args.epilogue)
+        problem = spec.problem()
+        if args.fast_accum:
+            problem = dataclasses.replace(problem, precision="fast")
+        label = spec.label() + (" fast-accum" if args.fast_accum else "")
+        print(f"[{i}] {label}", file=sys.stderr)
+        results.append(run_problem(i, problem, label, args, limits))
+        torch.cuda.empty_cache()
+        save(args.json, header, results)
+    print(header)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
