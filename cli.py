@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 
 import epilab
 from epilab import config
-from epilab.templates.dtypes import INPUT_DTYPES
+from epilab.templates.dtypes import WIDE_INPUT_DTYPES
 
 
 def user_error(e: BaseException) -> str | None:
@@ -104,7 +104,9 @@ def demo(
     ] = None,
     n: Annotated[int | None, typer.Option(help="columns of B and C (default: 2048 / 80)")] = None,
     k: Annotated[int | None, typer.Option(help="inner dimension (default: 2048 / 72)")] = None,
-    dtype: Annotated[str, typer.Option(help=f"input dtype: one of {', '.join(INPUT_DTYPES)}")] = "bfloat16",
+    dtype: Annotated[
+        str, typer.Option(help=f"input dtype: one of {', '.join(WIDE_INPUT_DTYPES)} (fp8: benchmarks/fp8.py)")
+    ] = "bfloat16",
     seed: Annotated[int, typer.Option(help="random seed of the inputs")] = 0,
 ) -> None:
     """Run one fused matmul, gelu_tanh(A @ B + bias) + residual, and print its error.
@@ -113,8 +115,12 @@ def demo(
     """
     import torch
 
-    if dtype not in INPUT_DTYPES:
-        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(INPUT_DTYPES)}", param_hint="--dtype")
+    if dtype not in WIDE_INPUT_DTYPES:
+        raise typer.BadParameter(
+            f"{dtype!r} is not one of {', '.join(WIDE_INPUT_DTYPES)} (the demo's bias and residual are of "
+            "the input dtype; fp8 matmuls: epilab.matmul(a8, b8, scale_a=..., scale_b=...))",
+            param_hint="--dtype",
+        )
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"

@@ -242,6 +242,10 @@ def test_fp8_feasibility_counts_one_byte_an_element():
     assert "shared memory" in infeasible(bf16, big, HOPPER)
     assert "K blocks of 32" in infeasible(fp8, Config(128, 128, 16, 8, num_warps=8), HOPPER)
     assert default_config(fp8).BLOCK_K == 128
+    ampere = dataclasses.replace(HOPPER, name="NVIDIA A100", capability="8.0")
+    why = infeasible(fp8, big, ampere)
+    assert why is not None and "compute capability 8.9 or newer; NVIDIA A100 is 8.0" in why
+    assert infeasible(bf16, Config(128, 128, 64, 8, num_warps=8), ampere) is None
 
 
 def test_scaled_mm_baseline_folds_scales_and_bias():

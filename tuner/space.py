@@ -58,9 +58,9 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-from epilab.templates.dtypes import itemsize
+from epilab.templates.dtypes import FP8_DTYPES, itemsize
 from epilab.templates.kinds import kind_of
-from epilab.templates.matmul import MAX_ACC_REGS, STREAM_K_VARIANTS
+from epilab.templates.matmul import FP8_CAPABILITY, MAX_ACC_REGS, STREAM_K_VARIANTS
 from epilab.templates.problem import Config, Problem, Shape
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
@@ -113,13 +113,27 @@ def _padded(dim: object) -> int:
     return 1 << 30 if not isinstance(dim, int) else max(16, triton.next_power_of_2(max(dim, 1)))
 
 
+def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
+    """fp8 dots need sm_89 or newer (the interpreter runs them anywhere)."""
+    if problem.dtype not in FP8_DTYPES:
+        return None
+    try:
+        capability = tuple(int(x) for x in limits.capability.split("."))
+    except ValueError:  # the interpreter's ("interpreter") runs fp8 anywhere
+        return None
+    if capability < FP8_CAPABILITY:
+        wanted = ".".join(map(str, FP8_CAPABILITY))
+        return f"fp8 dots need compute capability {wanted} or newer; {limits.name} is {limits.capability}"
+    return None
+
+
 def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | None:
     """Why ``config`` cannot run ``problem`` on the device, or None when it can."""
     kind = kind_of(problem)
     for name, values in kind.space.items():
         if getattr(config, name) not in values:
             return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
-    why = kind.config_error(problem, config)
+    why = kind.config_error(problem, config) or _dtype_error(problem, limits)
     if why is not None:
         return why
     s = kind.kernel_shape(problem)
