@@ -11,8 +11,9 @@ seeds on each dual template that can run it (``dual_matmul``; ``dual_gemv`` for 
 checked against the float64 reference and timed once (CUDA events, L2 flushed); then the best
 config and every baseline are timed in ``--rounds`` interleaved rounds (events, L2 flushed
 before each repetition, median of the rounds' medians, spread = min..max of the rounds'
-medians). Calls under 50 us, and every decode call (M <= 16), are also timed by CUDA-graph
-replay (weights of 64 MB and more: they do not stay in L2). Inductor's baselines compile the
+medians). Calls under 50 us, and every call of a problem whose dual kernel is under 50 us or
+whose M <= 16 (decode), are also timed by CUDA-graph replay (weights of 64 MB and more: they do
+not stay in L2); like with like: a baseline's host work must not be what its events time. Inductor's baselines compile the
 same eager code (``tuner/evaluate``); max-autotune (without its CUDA graphs) only from
 M >= ``--max-autotune-from``; freezing compiles an ``nn.Module`` with the two linears under
 ``torch.no_grad``. The device's copy bandwidth (a 1 GiB ``copy_``, read + write) is measured
@@ -31,7 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 import triton
-from rounds import comparable_ms, geomean, only, summary, timed
+from rounds import comparable_ms, geomean, interleaved, only, timed
 
 from epilab.templates import dtypes
 from epilab.templates.dual_matmul import B2
@@ -170,10 +171,8 @@ def run_spec(index: int, spec: Spec, args: argparse.Namespace, limits: DeviceLim
                 return frozen(x)
 
         variants["freezing"] = run_frozen
-        rounds: dict[str, list[tuple[float, float | None]]] = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name, fn in variants.items():
-                rounds[name].append(timed(fn, graph=m <= 16))  # decode: under CUDA graphs too
+        # decode, or a short kernel: every side under CUDA graphs too (like with like)
+        times = interleaved(variants, args.rounds, graph=m <= 16 or best["graph_ms"] is not None)
     result = {
         "index": index,
         "problem": spec.label(),
@@ -185,10 +184,8 @@ def run_spec(index: int, spec: Spec, args: argparse.Namespace, limits: DeviceLim
         "template": best_problem.template,
         "config": best_config.short(),
         "sweep": sweep,
-        "times": {},
+        "times": times,
     }
-    for name, times in rounds.items():
-        result["times"][name] = summary(times)
     return result
 
 

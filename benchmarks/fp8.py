@@ -31,12 +31,11 @@ from rounds import (
     comparable_ms,
     device_header,
     geomean,
+    interleaved,
     only,
     print_saved,
     save,
     suite_arguments,
-    summary,
-    timed,
 )
 from split_k import sweep
 
@@ -118,11 +117,7 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
         variants[name] = lambda compiled=compiled: compiled(a, b, ops)
     # like with like: where epilab's kernel is short, every side is also replayed in CUDA
     # graphs (a compiled or eager call's host work would otherwise be what events time)
-    short = bool(ok) and best["graph_ms"] is not None
-    rounds: dict[str, list] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, fn in variants.items():
-            rounds[name].append(timed(fn, graph=short or any(g is not None for _, g in rounds[name])))
+    times = interleaved(variants, args.rounds, graph=bool(ok) and best["graph_ms"] is not None)
     s = problem.shape
     m, n, k = int(s.m), int(s.n), int(s.k)
     out_bytes = sum(m * n * dtypes.itemsize(o.dtype) for o in problem.epilogue.outputs)
@@ -137,7 +132,7 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
         "bytes": m * k + k * n + sum(t.numel() * t.element_size() for t in ops.values()) + out_bytes,
         "chosen": best["config"] if ok else None,
         "sweep": [{k: v for k, v in r.items() if k != "obj"} for r in swept],
-        "times": {name: summary(times) for name, times in rounds.items()},
+        "times": times,
         "errors": errors,
     }
 

@@ -11,7 +11,7 @@ import json
 import math
 import platform
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import triton
@@ -27,6 +27,20 @@ def timed(fn: Callable[[], object], graph: bool = False) -> tuple[float, float |
     short = graph or events < GRAPH_BELOW_MS
     replayed = time_graph(fn, calls=20, replays=10).median_ms if short else None
     return events, replayed
+
+
+def interleaved(
+    variants: Mapping[str, Callable[[], object]], rounds: int, graph: bool = False
+) -> dict[str, dict]:
+    """Each variant's ``summary`` over ``rounds`` interleaved rounds. Once a variant's call was
+    short, every later round replays it too (one noisy round must not drop it); with ``graph``
+    every variant is replayed from the first round: like with like where the kernel under test
+    is short (a compiled or eager baseline's host work would otherwise be what its events time)."""
+    times: dict[str, list[tuple[float, float | None]]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(timed(fn, graph=graph or any(g is not None for _, g in times[name])))
+    return {name: summary(t) for name, t in times.items()}
 
 
 def summary(times: list[tuple[float, float | None]]) -> dict:
