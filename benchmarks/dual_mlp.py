@@ -12,12 +12,13 @@ checked against the float64 reference and timed once (CUDA events, L2 flushed); 
 config and every baseline are timed in ``--rounds`` interleaved rounds (events, L2 flushed
 before each repetition, median of the rounds' medians, spread = min..max of the rounds'
 medians). Calls under 50 us, and every call of a problem whose dual kernel is under 50 us or
-whose M <= 16 (decode), are also timed by CUDA-graph replay (weights of 64 MB and more: they do
-not stay in L2); like with like: a baseline's host work must not be what its events time. Inductor's baselines compile the
-same eager code (``tuner/evaluate``); max-autotune (without its CUDA graphs) only from
-M >= ``--max-autotune-from``; freezing compiles an ``nn.Module`` with the two linears under
-``torch.no_grad``. The device's copy bandwidth (a 1 GiB ``copy_``, read + write) is measured
-in the same run, for decode's "percent of copy bandwidth" of the gate and up weights.
+whose M <= 16 (decode), are also timed by CUDA-graph replay (weights of 64 MB and more: they
+do not stay in L2); like with like: a baseline's host work must not be what its events time.
+Inductor's baselines compile the same eager code (``tuner/evaluate``); max-autotune (without
+its CUDA graphs) only from M >= ``--max-autotune-from``; freezing compiles an ``nn.Module``
+with the two linears under ``torch.no_grad``. The device's copy bandwidth (a 1 GiB ``copy_``,
+read + write) is measured in the same run, for decode's "percent of copy bandwidth" of the
+gate and up weights.
 """
 
 from __future__ import annotations
