@@ -19,6 +19,10 @@ instead of ``os.environ``. Tests change knobs with ``patch(...)``:
 | EPILAB_LOG         | log_level   | level of the ``epilab`` logger (DEBUG, INFO, WARNING...);|
 |                    |             | ``1`` means INFO: the backend prints its decisions       |
 | EPILAB_DEBUG_DIR   | debug_dir   | if set, every rendered kernel is also copied here        |
+| EPILAB_DETERMINISTIC | deterministic | reduction outputs (row/column statistics) summed in a |
+|                    |             | fixed order (per-tile partials, then a sum), bitwise     |
+|                    |             | reproducible; off: fp32 atomics (also on under           |
+|                    |             | ``torch.use_deterministic_algorithms(True)``)            |
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Settings:
     policy: str
     log_level: str
     debug_dir: Path | None
+    deterministic: bool = False
 
     @property
     def kernel_dir(self) -> Path:
@@ -94,6 +99,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         policy=policy,
         log_level=log_level,
         debug_dir=Path(debug_dir).expanduser() if debug_dir else None,
+        deterministic=_parse_bool("EPILAB_DETERMINISTIC", env.get("EPILAB_DETERMINISTIC", "0")),
     )
 
 

@@ -71,7 +71,7 @@ def swap_accumulators(ep: Epilogue) -> Epilogue:
     swapped = {"acc": "acc2", "acc2": "acc"}
     nodes = tuple(dataclasses.replace(n, op=swapped.get(n.op, n.op)) for n in ep.nodes)
     exprs = Epilogue(nodes, ep.outputs).exprs()
-    return Epilogue.build(list(zip(exprs, [o.dtype for o in ep.outputs], strict=True)))
+    return ep.rebuilt(exprs)
 
 
 def identity_text(ep: Epilogue) -> str:

@@ -7,7 +7,11 @@ An ``Epilogue`` is a small DAG in a flat, canonical node list:
   element: a row vector indexed by n, a column vector indexed by m, a full tile
   with any strides, or a scalar), ``const`` (a float or bool literal);
 - inner nodes: ops from the one rule table (``templates/rules.py``);
-- outputs: one or more ``(node, dtype)`` pairs.
+- outputs: one or more ``(node, dtype)`` pairs; an output may instead be a *reduction*
+  of its node over the tile's columns or rows (``REDUCTIONS``: ``row_sum``, ``row_max``
+  give one fp32 value per output row m, ``col_sum``, ``col_max`` one per column n), summed
+  or maxed across every tile of the output (the statistics a following norm or a dynamic
+  quantization needs: ``row_sum`` of ``x * x``, ``row_max`` of ``abs(x)``).
 
 Build one with the expression helpers and ``Epilogue.build``::
 
@@ -41,6 +45,14 @@ AttrValue = float | bool | str
 LEAVES = ("acc", "acc2", "operand", "const")
 ACCUMULATORS = ("acc", "acc2")  # the leaves a template computes: A @ B, and A @ B2 (dual GEMMs)
 OPERAND_KINDS = ("row", "col", "tile", "scalar")
+# reduction outputs: (what, over which axis); row_* reduce over n (one value per row m),
+# col_* over m (one value per column n); always float32
+REDUCTIONS = {
+    "row_sum": ("sum", "n"),
+    "row_max": ("max", "n"),
+    "col_sum": ("sum", "m"),
+    "col_max": ("max", "m"),
+}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 
 # What reading JSON of the wrong shape raises (a list where an object belongs, an index out
@@ -73,6 +85,17 @@ class Node:
 class Output:
     node: int
     dtype: str
+    reduce: str = ""  # "" (a tile of the output's shape) or one of REDUCTIONS
+
+    def shape(self, out_shape: Sequence[Any]) -> tuple[Any, ...]:
+        """This output's shape when the epilogue's tile outputs have ``out_shape`` (..., M, N)."""
+        if not self.reduce:
+            return tuple(out_shape)
+        axis = REDUCTIONS[self.reduce][1]
+        return (*out_shape[:-1],) if axis == "n" else (*out_shape[:-2], out_shape[-1])
+
+
+OutputLike = tuple[Any, str] | tuple[Any, str, str]  # (expr, dtype) or (expr, dtype, reduce)
 
 
 # --------------------------------------------------------------------- building
@@ -225,8 +248,9 @@ class Epilogue:
 
     # -- construction
     @staticmethod
-    def build(outputs: Sequence[tuple[Expr, str]]) -> Epilogue:
-        """Canonical epilogue computing ``outputs``, a list of (expr, dtype)."""
+    def build(outputs: Sequence[OutputLike]) -> Epilogue:
+        """Canonical epilogue computing ``outputs``, a list of (expr, dtype) or (expr,
+        "float32", reduction) with a reduction of ``REDUCTIONS``."""
         return _Canonicalizer().run(outputs)
 
     @staticmethod
@@ -248,6 +272,15 @@ class Epilogue:
         return tuple((str(n.attr["name"]), str(n.attr["kind"])) for n in self.nodes if n.op == "operand")
 
     @cached_property
+    def reductions(self) -> tuple[int, ...]:
+        """Indices of the outputs that are reductions (row or column statistics)."""
+        return tuple(i for i, o in enumerate(self.outputs) if o.reduce)
+
+    def rebuilt(self, exprs: Sequence[Expr]) -> Epilogue:
+        """An epilogue with new expressions for this one's outputs (same dtypes, reductions)."""
+        return Epilogue.build([(e, o.dtype, o.reduce) for e, o in zip(exprs, self.outputs, strict=True)])
+
+    @cached_property
     def accumulators(self) -> int:
         """How many accumulators it reads: 2 when it reads ``acc2`` (a dual GEMM's), else 1."""
         return 2 if any(n.op == "acc2" for n in self.nodes) else 1
@@ -264,13 +297,13 @@ class Epilogue:
             attrs = ",".join(f"{k}={_attr_text(v)}" for k, v in n.attrs)
             head = f"{n.op}[{attrs}]" if attrs else n.op
             parts.append(" ".join([f"%{i} = {head}", *(f"%{a}" for a in n.args)]))
-        parts += [f"out %{o.node} {o.dtype}" for o in self.outputs]
+        parts += [" ".join(filter(None, ["out", f"%{o.node}", o.dtype, o.reduce])) for o in self.outputs]
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodes": [[n.op, list(n.args), {k: _attr_json(v) for k, v in n.attrs}] for n in self.nodes],
-            "outputs": [[o.node, o.dtype] for o in self.outputs],
+            "outputs": [[o.node, o.dtype, *([o.reduce] if o.reduce else [])] for o in self.outputs],
         }
 
     def to_json(self) -> str:
@@ -284,15 +317,11 @@ class Epilogue:
                 Node(str(op), tuple(int(a) for a in args), _check_attrs(str(op), _attrs_from_json(attrs)))
                 for op, args, attrs in d["nodes"]
             ]
-            raw_outputs = [Output(int(n), str(dt)) for n, dt in d["outputs"]]
-            return Epilogue.build(
-                list(
-                    zip(
-                        Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs(),
-                        [o.dtype for o in raw_outputs],
-                        strict=True,
-                    )
-                )
+            raw_outputs = [Output(int(o[0]), str(o[1]), *(str(r) for r in o[2:3])) for o in d["outputs"]]
+            if any(len(o) > 3 for o in d["outputs"]):
+                raise ValueError("an output is [node, dtype] or [node, dtype, reduction]")
+            return Epilogue(tuple(raw_nodes), tuple(raw_outputs)).rebuilt(
+                Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs()
             )
         except MALFORMED as e:
             raise ValueError(f"not a valid epilogue: {type(e).__name__}: {str(e)[:200]}") from e
@@ -313,7 +342,8 @@ class Epilogue:
         """Compute the outputs in torch at ``acc``'s dtype (float64 for references).
 
         Operands broadcast against ``acc``; outputs come back in the compute dtype
-        (bool outputs as bool), not yet rounded to their output dtypes. ``acc2`` is a dual
+        (bool outputs as bool), not yet rounded to their output dtypes; a reduction output
+        reduced over the last dim (row_*) or the one before it (col_*). ``acc2`` is a dual
         GEMM's second accumulator (needed when the epilogue reads it). ``given``: node values
         computed elsewhere (a library call that did the epilogue's first nodes).
         """
@@ -345,7 +375,15 @@ class Epilogue:
                 if result_kind(node.op, attr) == "float":
                     v = v.to(dtype)
             values.append(v)
-        return tuple(torch.broadcast_to(values[o.node], acc.shape) for o in self.outputs)
+        outs = []
+        for o in self.outputs:
+            v = torch.broadcast_to(values[o.node], acc.shape)
+            if o.reduce:
+                how, axis = REDUCTIONS[o.reduce]
+                dim = -1 if axis == "n" else -2
+                v = v.sum(dim) if how == "sum" else v.amax(dim)
+            outs.append(v)
+        return tuple(outs)
 
     def _needed(self, given: set[int]) -> set[int]:
         """The nodes the outputs read, not looking below the ``given`` ones."""
@@ -449,6 +487,11 @@ def _validate(ep: Epilogue) -> None:
             raise ValueError(f"output dtype {o.dtype!r} is not one of {sorted(OUTPUT_DTYPES)}")
         if not depends_on_acc[o.node]:
             raise ValueError(f"output %{o.node} does not depend on the accumulator")
+        if o.reduce and (o.reduce not in REDUCTIONS or o.dtype != "float32" or ep.kinds[o.node] != "float"):
+            raise ValueError(
+                f"reduction output {o.reduce!r} of %{o.node} ({o.dtype}): a reduction is one of "
+                f"{sorted(REDUCTIONS)} of a float node, stored as float32"
+            )
 
 
 class _Canonicalizer:
@@ -462,13 +505,19 @@ class _Canonicalizer:
         self.emitted: dict[int, int] = {}
         self.keep: list[Expr] = []  # keeps every Expr alive so that ids stay unique
 
-    def run(self, outputs: Sequence[tuple[Expr, str]]) -> Epilogue:
+    def run(self, outputs: Sequence[OutputLike]) -> Epilogue:
         if not outputs:
             raise ValueError("an epilogue needs at least one output")
-        roots = [(self._fold(_as_expr(e)), dtype) for e, dtype in outputs]
-        indices = [self._emit(e) for e, _ in roots]
+        for o in outputs:
+            if not isinstance(o, tuple) or len(o) not in (2, 3):
+                raise ValueError(f"an output is (expr, dtype) or (expr, dtype, reduction), got {o!r:.80}")
+        roots = [(self._fold(_as_expr(o[0])), *o[1:]) for o in outputs]
+        indices = [self._emit(r[0]) for r in roots]
         return Epilogue(
-            tuple(self.nodes), tuple(Output(i, dt) for i, (_, dt) in zip(indices, roots, strict=True))
+            tuple(self.nodes),
+            tuple(
+                Output(i, str(r[1]), *(str(x) for x in r[2:])) for i, r in zip(indices, roots, strict=True)
+            ),
         )
 
     def _fold(self, e: Expr) -> Expr:

@@ -302,6 +302,7 @@ KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference 
     bind=bind_gemv,
     search_error=split_k_error,
     input_dtypes=dtypes.WIDE_INPUT_DTYPES,
+    reductions=False,  # its split-K reductions already use the atomics and workspaces
     applies=lambda name, chosen: True,
     twins=gemv_twins,
     prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile

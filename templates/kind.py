@@ -124,6 +124,8 @@ class TemplateKind:
     # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``tuner/space``)
     split_k_underfilled: bool = False
     input_dtypes: tuple[str, ...] = WIDE_INPUT_DTYPES  # the A and B dtypes its main loops take
+    # whether its epilogue may have reduction outputs (row / column statistics: ``REDUCTIONS``)
+    reductions: bool = False
     # seeds tried before ``seeds`` for problems of these input dtypes (fp8's K blocks of 128)
     dtype_seeds: tuple[tuple[str, tuple[Config, ...]], ...] = ()  # (dtype, seeds) pairs
 
@@ -139,6 +141,11 @@ class TemplateKind:
                 f"the {self.name} template takes {', '.join(self.input_dtypes)} inputs, not "
                 f"{problem.dtype}"
                 + (" (fp8 runs on the matmul template)" if "float8" in problem.dtype else "")
+            )
+        if problem.epilogue.reductions and not self.reductions:
+            return (
+                f"the {self.name} template has no reduction outputs (row or column statistics); "
+                "the matmul and dual_matmul templates do"
             )
         return self.check(problem, config)
 

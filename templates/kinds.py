@@ -94,9 +94,17 @@ def bind(
 
 def twins(problem: Problem) -> list[Problem]:
     """``problem`` first, then the same computation on the other templates that can run it
-    (every kind is asked: the problem's own knows its rewrites, another its own cases)."""
+    (every kind is asked: the problem's own knows its rewrites, another its own cases); a
+    twin's kind must take its input dtype and, where it has them, its reduction outputs."""
     others = (t for kind in KINDS.values() for t in kind.twins(problem))
-    return [problem, *(t for t in others if t.dtype in kind_of(t).input_dtypes)]
+    return [
+        problem,
+        *(
+            t
+            for t in others
+            if t.dtype in kind_of(t).input_dtypes and (kind_of(t).reductions or not t.epilogue.reductions)
+        ),
+    ]
 
 
 def untuned_choice(problem: Problem) -> Problem:

@@ -48,6 +48,7 @@ class Replay:
         self.grid = (*bound.grid, *(1,) * (3 - len(bound.grid)))
         self.workspace = bound.workspace  # scratch kept between calls: looked up per call and stream
         self.scratch = [names.index(n) for n in ("ws_ptr", "flags_ptr")] if self.workspace else []
+        self.fills = bound.fills  # reduction outputs filled before each launch
         self.compiled = compiled
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -61,6 +62,8 @@ class Replay:
         ]
         for i, o in zip(self.outputs, outs, strict=True):
             values[i] = o
+        for i, value in self.fills:
+            outs[i].fill_(value)
         for i, tensor, described in self.descriptors:
             values[i] = described.make(values[tensor])
         if self.workspace is not None:

@@ -120,6 +120,8 @@ def loop_error(problem: Problem, config: Config) -> str | None:
                 f"{problem.dtype} elements are not"
             )
     if config.TMA_STORE:
+        if problem.epilogue.reductions:
+            return "TMA_STORE stores tiles: an epilogue with reduction outputs stores by pointers"
         for out in problem.epilogue.outputs:
             if out.dtype == "bool":
                 return "TMA_STORE cannot store bool outputs"
@@ -371,13 +373,23 @@ def bind_matmul(
             tensors = (a, b, *extra.values(), *(outs[i] for i in range(len(stores))))
             args.update({d.arg: d.make(t) for d, t in zip((*described, *stores), tensors, strict=True)})
             if config.SPLIT_K == 1:
-                bound = single_launch(kind, problem, config, target, index_64, grid, args, outs, workspace)
+                slots = tile_slots(config, m, n)
+                bound = single_launch(
+                    kind, problem, config, target, index_64, grid, args, outs, workspace, slots
+                )
                 return dataclasses.replace(bound, descriptors=(*described, *stores))
     if config.SPLIT_K > 1:
         grid = (*grid, config.SPLIT_K)  # the splits on the third axis
         out3 = (batch, m, n)
         return split_k_bound(kind, problem, config, target, index_64, grid, args, ep_args, outs, out3)
-    return single_launch(kind, problem, config, target, index_64, grid, args, outs, workspace)
+    slots = tile_slots(config, m, n)
+    return single_launch(kind, problem, config, target, index_64, grid, args, outs, workspace, slots)
+
+
+def tile_slots(config: Config, m: int, n: int) -> tuple[int, int]:
+    """The epilogue's tiles along M and along N (its column slices count one each): the
+    slots of ordered statistics (``runtime.Statistics``)."""
+    return triton.cdiv(m, config.BLOCK_M), triton.cdiv(n, config.BLOCK_N) * config.EPILOGUE_SUBTILE
 
 
 def stream_k_programs(tiles: int, k_blocks: int) -> int:
@@ -447,7 +459,12 @@ def trivial_bound(
     accumulator); None otherwise."""
     batch, m, n, k = bt.batch, bt.a[0][1], bt.b[0][2], bt.a[0][2]
     if batch == 0 or m == 0 or n == 0:
-        return Bound(outs, lambda: None, lambda: None)
+
+        def empty_statistics() -> None:  # a reduction over no elements: 0 (sum) or -inf (max)
+            for i in problem.epilogue.reductions:
+                outs[i].fill_(0.0 if problem.epilogue.outputs[i].reduce.endswith("sum") else -math.inf)
+
+        return Bound(outs, empty_statistics, lambda: None)
     if k != 0:
         return None
 
@@ -684,15 +701,23 @@ def matmul_output_specs(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> l
     """Contiguous outputs of [batch,] M, N from the inputs' sizes (a batch of 1 broadcasts)."""
     batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
     batch = [max(batches)] if len(batches) == 2 else batches
-    shape = (*batch, a.shape[-2], b.shape[-1])
-    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-    return [(tuple(shape), strides) for _ in problem.epilogue.outputs]
+    return contiguous_specs(problem, (*batch, a.shape[-2], b.shape[-1]))
+
+
+def contiguous_specs(problem: Problem, shape: tuple[object, ...]) -> list[OutputSpec]:
+    """Contiguous outputs when the tile outputs have ``shape`` (reduction outputs lack N or M)."""
+    specs = []
+    for o in problem.epilogue.outputs:
+        sizes = o.shape(shape)
+        specs.append((tuple(sizes), tuple(math.prod(sizes[i + 1 :]) for i in range(len(sizes)))))
+    return specs
 
 
 def empty_matmul_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
     shape = output_shape(problem)
     return tuple(
-        torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device) for o in problem.epilogue.outputs
+        torch.empty(o.shape(shape), dtype=dtypes.torch_dtype(o.dtype), device=device)
+        for o in problem.epilogue.outputs
     )
 
 
@@ -719,5 +744,6 @@ KIND = TemplateKind(
     applies=applies,
     split_k_underfilled=True,
     input_dtypes=dtypes.INPUT_DTYPES,
+    reductions=True,
     dtype_seeds=tuple((dt, FP8_SEEDS) for dt in dtypes.FP8_DTYPES),
 )

@@ -194,8 +194,8 @@ def _rewrite(ep: Epilogue, drop_rounding: bool) -> Epilogue:
             and kinds[node.args[0]] == "float"
         ):
             e = built[node.args[0]]  # storing as that dtype rounds to it anyway
-        outputs.append((e, o.dtype))
-    return Epilogue.build(outputs)
+        outputs.append(e)
+    return ep.rebuilt(outputs)
 
 
 def _fixpoint(ep: Epilogue, drop_rounding: bool) -> Epilogue:
@@ -234,4 +234,4 @@ def identity_with_names(ep: Epilogue) -> tuple[Epilogue, dict[str, str]]:
         if node.op == "operand":
             attrs = tuple((k, names[str(v)] if k == "name" else v) for k, v in attrs)
         built.append(Expr(node.op, tuple(built[a] for a in node.args), attrs))
-    return Epilogue.build([(built[o.node], o.dtype) for o in ep.outputs]), names
+    return ep.rebuilt([built[o.node] for o in ep.outputs]), names

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import jinja2
 import sympy
 
-from epilab.templates.epilogue import LEAVES
+from epilab.templates.epilogue import LEAVES, REDUCTIONS
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import rounded
 
@@ -61,6 +61,8 @@ def divides(block: int, dim: int | sympy.Expr) -> bool:
 @dataclass(frozen=True)
 class _StoredOutput:
     value: str  # Triton expression of the value to store, already in the output dtype
+    reduce: str = ""  # a reduction output: "sum" or "max"
+    axis: str = ""  # ... over the tile's columns ("n": one value per row) or rows ("m")
 
 
 def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, object]:
@@ -92,7 +94,11 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
         m0: str = "",
         n0: str = "",
         acc2: str = "",
+        m_slot: str = "0",
+        n_slot: str = "0",
     ) -> str:
+        """``m_slot``/``n_slot``: this tile's index along M and N in the partial-statistics
+        workspace of reduction outputs (``runtime.reduction_slots``)."""
         leaf_vars = {
             "acc": acc,
             **({"acc2": acc2} if acc2 else {}),
@@ -102,6 +108,9 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
         outputs = []
         for out, var in zip(ep.outputs, out_vars, strict=True):
             node_kind = ep.kinds[out.node]
+            if out.reduce:
+                outputs.append(_StoredOutput(var, *REDUCTIONS[out.reduce]))
+                continue
             if out.dtype == "bool":
                 value = var if node_kind == "bool" else f"{var} != 0.0"
             else:
@@ -121,6 +130,8 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
                 tma_store=tma_store,
                 m0=m0,
                 n0=n0,
+                m_slot=m_slot,
+                n_slot=n_slot,
             )
             .rstrip("\n")
         )

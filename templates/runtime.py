@@ -5,6 +5,7 @@ from the inputs, the kernel cache, and ``Bound`` (a launch with every argument f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from epilab.config import settings
 from epilab.templates.build import build, interpreter_active
-from epilab.templates.epilogue import Epilogue
+from epilab.templates.epilogue import REDUCTIONS, Epilogue
 from epilab.templates.problem import Config, Dim, Problem
 from epilab.templates.render import Target, kernel_name, render
 
@@ -110,7 +111,10 @@ def epilogue_args(
                 f"op_{name}_stride_n": sn,
             }
         )
-    for i, o in enumerate(outs):
+    for i, (o, spec) in enumerate(zip(outs, ep.outputs, strict=True)):
+        if spec.reduce:
+            args.update(_reduction_strides(i, o, REDUCTIONS[spec.reduce][1]))
+            continue
         o3 = o if o.dim() == 3 else o.unsqueeze(0).expand(out3)
         args.update(
             {
@@ -123,18 +127,37 @@ def epilogue_args(
     return args
 
 
+def _reduction_strides(i: int, o: torch.Tensor, axis: str) -> dict[str, object]:
+    """Arguments of reduction output ``i`` ([batch,] M for axis n, [batch,] N for axis m): its
+    strides, and a slot stride of 0 (every tile adds into the one vector)."""
+    sb, s = (o.stride(0), o.stride(1)) if o.dim() == 2 else (0, o.stride(0))
+    return {
+        f"out{i}_ptr": o,
+        f"out{i}_stride_b": sb,
+        f"out{i}_stride_m": s if axis == "n" else 0,
+        f"out{i}_stride_n": 0 if axis == "n" else s,
+    }
+
+
 def outputs_for(
     problem: Problem, shape: tuple[int, ...], device: torch.device, out: tuple[torch.Tensor, ...] | None
 ) -> tuple[torch.Tensor, ...]:
-    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
+    """The outputs of a call whose tile outputs have ``shape`` (reduction outputs: that shape
+    without N, or without M), allocated or checked."""
+    specs = problem.epilogue.outputs
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in specs]
     if out is None:
-        return tuple(torch.empty(shape, dtype=dt, device=device) for dt in out_dtypes)
+        return tuple(
+            torch.empty(o.shape(shape), dtype=dt, device=device)
+            for o, dt in zip(specs, out_dtypes, strict=True)
+        )
     if len(out) != len(out_dtypes):
         raise ValueError(f"out has {len(out)} tensors; the epilogue has {len(out_dtypes)} outputs")
-    for i, (o, dt) in enumerate(zip(out, out_dtypes, strict=True)):
-        if tuple(o.shape) != shape or o.dtype != dt or o.device != device:
+    for i, (o, dt, spec) in enumerate(zip(out, out_dtypes, specs, strict=True)):
+        want = spec.shape(shape)
+        if tuple(o.shape) != want or o.dtype != dt or o.device != device:
             raise ValueError(
-                f"out[{i}] must be {dt} of shape {shape} on {device}, got {o.dtype} "
+                f"out[{i}] must be {dt} of shape {want} on {device}, got {o.dtype} "
                 f"{tuple(o.shape)} on {o.device}"
             )
         if 0 in o.stride() and o.numel() > 1:
@@ -192,6 +215,7 @@ class Bound:
     grid: tuple[int, ...] | None = None
     descriptors: tuple[Described, ...] = ()  # TMA descriptor arguments: remade for new tensors
     workspace: Workspace | None = None  # scratch arguments kept between calls (stream-K)
+    fills: tuple[tuple[int, float], ...] = ()  # outputs filled before each launch (atomic statistics)
 
 
 @dataclass(frozen=True)
@@ -296,34 +320,112 @@ def single_launch(
     args: dict[str, object],
     outs: tuple[torch.Tensor, ...],
     workspace: Workspace | None = None,
+    slots: tuple[int, int] = (1, 1),
 ) -> Bound:
     """The Bound of one kernel launch (replayable) with ``args`` (tiling arguments added, and
-    the ``workspace``'s scratch tensors)."""
+    the ``workspace``'s scratch tensors). ``slots``: the tiles along M and N, where the
+    epilogue has reduction outputs (``Statistics``)."""
     args = {**args, **tile_args(config)}
     if workspace is not None:
         args.update(workspace.tensors(outs[0].device))
     kernel = kernel_for(kind, problem, config, target, index_64)
     launcher = kernel[grid]
+    stats = Statistics.of(problem.epilogue, outs, slots)
+    args.update(stats.args)
 
     def compile_only() -> None:
         if target != "interpreter":  # the interpreter has nothing to compile
             kernel.warmup(grid=grid, **args)
 
-    run = lambda: launcher(**args)  # type: ignore[arg-type]  # noqa: E731
-    return Bound(outs, run, compile_only, kernel, args, grid, workspace=workspace)
+    if stats.finish is not None:  # ordered statistics: fill, launch, sum the partials (no replay)
+
+        def run_ordered() -> None:
+            stats.fill()
+            launcher(**args)
+            stats.finish()  # type: ignore[misc]
+
+        return Bound(outs, run_ordered, compile_only, workspace=workspace)
+
+    def run() -> object:
+        stats.fill()
+        return launcher(**args)
+
+    return Bound(outs, run, compile_only, kernel, args, grid, workspace=workspace, fills=stats.fills)
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """How a launch fills the epilogue's reduction outputs (``Output.reduce``). Each tile adds
+    its share with an fp32 atomic (``store_output.py.jinja``) at its slot (its tile index
+    along N for row statistics, along M for column ones). By default every slot is the
+    output itself (slot stride 0), filled with 0 (or -inf for a max) before the launch: one
+    kernel, but the sums' order varies run to run. Deterministic (``settings().deterministic``
+    or ``torch.use_deterministic_algorithms``): each tile writes a slot of its own in a
+    workspace [slots, *output], summed (or maxed) in slot order after the kernel."""
+
+    args: dict[str, object]  # kernel arguments that replace the outputs' (workspaces)
+    to_fill: tuple[tuple[torch.Tensor, float], ...]
+    fills: tuple[tuple[int, float], ...]  # (output index, value) of the outputs filled
+    finish: Callable[[], None] | None
+
+    @staticmethod
+    def of(ep: Epilogue, outs: Sequence[torch.Tensor], slots: tuple[int, int]) -> Statistics:
+        if not ep.reductions:
+            return Statistics({}, (), (), None)
+        ordered = settings().deterministic or torch.are_deterministic_algorithms_enabled()
+        args: dict[str, object] = {}
+        to_fill, fills, partials = [], [], []
+        for i in ep.reductions:
+            how, axis = REDUCTIONS[ep.outputs[i].reduce]
+            fill = 0.0 if how == "sum" else -math.inf
+            if not ordered:
+                to_fill.append((outs[i], fill))
+                fills.append((i, fill))
+                continue
+            count = slots[1] if axis == "n" else slots[0]
+            ws = torch.empty((count, *outs[i].shape), dtype=torch.float32, device=outs[i].device)
+            to_fill.append((ws, fill))
+            args.update(_reduction_strides(i, ws[0], axis))
+            args[f"out{i}_ptr"] = ws
+            args[f"out{i}_stride_{axis}"] = ws.stride(0)
+            partials.append((ws, outs[i], how))
+
+        def finish() -> None:
+            for ws, out, how in partials:
+                if how == "sum":
+                    torch.sum(ws, 0, out=out)
+                else:
+                    torch.amax(ws, 0, out=out)
+
+        return Statistics(args, tuple(to_fill), tuple(fills), finish if partials else None)
+
+    def fill(self) -> None:
+        for t, value in self.to_fill:
+            t.fill_(value)
 
 
 Launch = tuple[object, tuple[int, ...], Mapping[str, object]]  # a jitted kernel, its grid, its arguments
 
 
-def two_pass_bound(outs: tuple[torch.Tensor, ...], target: Target, first: Launch, second: Launch) -> Bound:
+def two_pass_bound(
+    outs: tuple[torch.Tensor, ...],
+    target: Target,
+    first: Launch,
+    second: Launch,
+    stats: Statistics | None = None,
+) -> Bound:
     """The Bound of a two-pass split-K launch: the partial sums, then the reduction that
-    runs the epilogue (two launches: no single-kernel replay)."""
+    runs the epilogue (two launches: no single-kernel replay); ``stats``: how the second
+    fills the epilogue's reduction outputs."""
     launches = [(kernel[grid], args) for kernel, grid, args in (first, second)]  # type: ignore[index]
 
     def run_both() -> None:
+        if stats is not None:
+            stats.fill()
         for launcher, args in launches:
             launcher(**args)
+        if stats is not None and stats.finish is not None:
+            stats.finish()
 
     def compile_both() -> None:
         if target != "interpreter":
@@ -369,9 +471,12 @@ def split_k_bound(
         "num_warps": 4,
     }
     reduce_grid = (-(-m // block_m) * -(-n // block_n), batch)
+    stats = Statistics.of(problem.epilogue, outs, (-(-m // block_m), -(-n // block_n)))
+    reduce_args.update(stats.args)
     return two_pass_bound(
         outs,
         target,
         (kernel_for(kind, problem, config, target, index_64), grid, main),
         (kernel_for(kind, problem, config, target, index_64, "_reduce"), reduce_grid, reduce_args),
+        stats,
     )

@@ -132,7 +132,7 @@ def scaled(ep: Epilogue, scaling: str) -> Epilogue:
             built.append(acc() * operand("scale_a", kinds[0]) * operand("scale_b", kinds[1]))
         else:
             built.append(Expr(node.op, tuple(built[i] for i in node.args), node.attrs))
-    return Epilogue.build([(built[o.node], o.dtype) for o in ep.outputs])
+    return ep.rebuilt([built[o.node] for o in ep.outputs])
 
 
 def spec_epilogue(value: EpilogueSpec, dtype: str) -> Epilogue:
