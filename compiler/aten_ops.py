@@ -139,6 +139,9 @@ POINTWISE: dict[Any, Callable[..., Expr]] = {
 }
 # fmt: on
 
+# Reductions over the last dim that a matmul group's epilogue can compute as a reduction output
+# (row statistics, ``epilogue.REDUCTIONS``): the op, and what it reduces with
+ROW_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "max"}
 # Ops that only reshape: the matcher follows them when they split or merge rows.
 VIEWS = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default})
 # Ops that copy values unchanged into a tensor of the same shape.

@@ -24,6 +24,7 @@ from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
 from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
+from epilab.compiler.norms import fold_rms_norms
 from epilab.compiler.op import TEMPLATE_CALL
 from epilab.templates.kinds import current_hashes
 from epilab.templates.problem import Problem
@@ -55,6 +56,8 @@ class EpilabPass(CustomGraphPass):
 
     def __call__(self, graph: fx.Graph) -> None:
         decisions: list[Decision] = []
+        if self.context.device is not None:
+            fold_rms_norms(graph)  # before anchors are found: it makes new ones
         anchors = [n for n in graph.nodes if n.op == "call_function" and n.target in ANCHORS]
         precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
         for i, anchor in enumerate(anchors):
@@ -202,7 +205,10 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
         for use in group.uses:
             new = items[use.output]
             if use.reshape is not None:
-                new = add(torch.ops.aten.reshape.default, (new, use.reshape), val(use.node))
+                shaped = val(use.node).to(val(new).dtype)  # type: ignore[union-attr]
+                new = add(torch.ops.aten.reshape.default, (new, use.reshape), shaped)
+            if use.cast is not None:
+                new = add(torch.ops.prims.convert_element_type.default, (new, use.cast), val(use.node))
             use.node.replace_all_uses_with(new, delete_user_cb=lambda user: user not in members)
     for node in reversed(group.nodes):
         if not node.users:

@@ -19,6 +19,10 @@ Two mm/addmm anchors that read the same A and whose products meet in a pointwise
 (``silu(gate) * up``) make one dual group (``match_dual``): one product is the epilogue's
 ``acc``, the other its ``acc2``, in the order ``dual_matmul.canonical_order`` picks.
 
+A sum, mean or amax of a group value over its last dim (N: a norm's or a dynamic
+quantization's row statistics) joins as a reduction output of the kernel (``row_sum``,
+``row_max``: fp32 per row, added across the row's tiles); nothing in the group reads it.
+
 Every group value used outside the group becomes an output of the kernel. The
 anchor's own value is rounded to its dtype (as the unfused graph stores it);
 the rest is computed in fp32 and rounded once per output, as Inductor's fused
@@ -37,7 +41,15 @@ import sympy
 import torch
 import torch.fx as fx
 
-from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, SCALED_MM_ARGS, VIEWS, Unsupported
+from epilab.compiler.aten_ops import (
+    ANCHORS,
+    IDENTITY,
+    POINTWISE,
+    ROW_REDUCTIONS,
+    SCALED_MM_ARGS,
+    VIEWS,
+    Unsupported,
+)
 from epilab.templates import dtypes
 from epilab.templates.conv2d import conv_problem
 from epilab.templates.dual_matmul import OP, canonical_order
@@ -76,6 +88,7 @@ class Use:
     node: fx.Node
     output: int
     reshape: list[object] | None  # reshape args giving the output the member's shape
+    cast: torch.dtype | None = None  # then converted to this dtype (a max taken in fp32)
 
 
 @dataclass
@@ -140,6 +153,7 @@ class _Grower(ABC):
     views may join and which problem the group makes."""
 
     takes_views = True  # views that split or merge the output's rows may join
+    takes_reductions = True  # row statistics (sum, mean, amax over N) may join as outputs
 
     def __init__(self, anchor: fx.Node) -> None:
         self.anchor = anchor
@@ -155,6 +169,7 @@ class _Grower(ABC):
         self.operands: dict[tuple[fx.Node, tuple[int, ...] | None], Operand] = {}
         self.order: list[fx.Node] = []
         self.precision: str | None = None  # the anchor's own (a scaled mm's fast accumulation)
+        self.reduced: dict[fx.Node, tuple[Expr, str]] = {}  # row statistics: (value, reduction)
 
     # -- the anchor family's part
     @abstractmethod
@@ -210,6 +225,8 @@ class _Grower(ABC):
         if out is None:
             return False
         target = node.target
+        if target in ROW_REDUCTIONS:
+            return self.try_reduction(node, out)
         if target in VIEWS or target in IDENTITY:
             if not self.takes_views and target not in IDENTITY:
                 return False
@@ -266,6 +283,29 @@ class _Grower(ABC):
             return False
         self.values[node] = expr
         self.shape_src[node] = self.shape_src[src]
+        return True
+
+    def try_reduction(self, node: fx.Node, out: torch.Tensor) -> bool:
+        """A sum, mean or amax over the last dim (N) of a group value, in fp32 and of static
+        shape, joins as a reduction output (a terminal member: nothing in the group reads it)."""
+        src, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        how = ROW_REDUCTIONS[node.target]
+        # a max is exact at any precision (rounding is monotonic): taken in fp32, then cast
+        wide = out.dtype == torch.float32 or (how == "max" and out.dtype in (torch.bfloat16, torch.float16))
+        if not self.takes_reductions or src not in self.values or not wide:
+            return False
+        if node.kwargs.get("dtype") not in (None, torch.float32):
+            return False
+        shape = list(val(src).shape)  # type: ignore[union-attr]
+        if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (-1, len(shape) - 1):
+            return False
+        if not same(shape[-1], self.O[-1]) or not _static(shape) or not _static(out.shape):
+            return False
+        value = self.values[src]  # type: ignore[index]
+        if how == "mean":
+            value = value * (1.0 / int(expr_of(shape[-1])))
+        self.reduced[node] = (value, "row_max" if how == "max" else "row_sum")
+        self.shape_src[node] = [int(expr_of(d)) for d in out.shape]
         return True
 
     def grow(self, nodes: Sequence[fx.Node]) -> None:
@@ -440,9 +480,11 @@ class _MatmulGrower(_Grower):
 
 
 class _ConvGrower(_Grower):
-    """2-D convolutions: operands per output channel, scalars and whole tensors; no views."""
+    """2-D convolutions: operands per output channel, scalars and whole tensors; no views, no
+    reduction outputs."""
 
     takes_views = False
+    takes_reductions = False
 
     def start(self) -> tuple[fx.Node, fx.Node]:
         node = self.anchor
@@ -520,18 +562,22 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str, extra: Sequence[f
     """The group a grown grower holds: its outputs (members used outside it), epilogue,
     operands and problem."""
     members = set(g.order)
-    exprs: list[tuple[Expr, str]] = []
+    exprs: list[tuple] = []  # (value, dtype) or (value, "float32", reduction)
     index: dict[tuple[int, str], int] = {}
     uses: list[Use] = []
     for node in g.order:
         if all(u in members for u in node.users):
             continue
         dt = str(dtypes.name_or_none(val(node).dtype))  # type: ignore[union-attr, arg-type]
-        key = (id(g.values[node]), dt)
+        value, reduce = g.reduced.get(node, (g.values.get(node), ""))
+        cast = None
+        if reduce and dt != "float32":
+            dt, cast = "float32", val(node).dtype  # type: ignore[union-attr]
+        key = (id(value), dt, reduce)
         if key not in index:
             index[key] = len(exprs)
-            exprs.append((g.values[node], dt))
-        uses.append(Use(node, index[key], g.shape_src[node]))
+            exprs.append((value, dt, reduce) if reduce else (value, dt))  # type: ignore[arg-type]
+        uses.append(Use(node, index[key], g.shape_src[node], cast))
     if not uses:
         raise NoGroup("nothing of the group is used")
     epilogue = Epilogue.build(exprs)
