@@ -1,0 +1,261 @@
+"""Reduction outputs (row and column statistics) in the matmul epilogue, and the compiler's
+uses of them: RMSNorm folded between two GEMMs, a row amax for dynamic fp8 quantization.
+
+Every kernel output is checked against the float64 reference (``verify.checked_launch``) on
+awkward shapes, in both summation modes (fp32 atomics; per-tile partials summed in order,
+``EPILAB_DETERMINISTIC``), on every main loop the interpreter runs; the ``gpu`` tests add the
+TMA loops, real sizes, bitwise reproducibility of the ordered mode, and a Llama block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from zoo.transformers import LlamaBlock
+
+import epilab
+from epilab import config as epilab_config
+from epilab.templates import kinds
+from epilab.templates.dual_matmul import make_dual_problem
+from epilab.templates.epilogue import Epilogue, acc, acc2, operand, ops
+from epilab.templates.matmul import make_problem
+from epilab.templates.problem import Config
+from epilab.templates.verify import checked_launch
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+SHAPES = [(None, 41, 67, 33), (None, 1, 9, 7), (2, 20, 33, 17), (None, 129, 16, 40)]
+LOOPS = {
+    "default": Config(16, 32, 16, num_warps=4, num_stages=1),
+    "subtile2": Config(16, 32, 16, num_warps=4, num_stages=1, EPILOGUE_SUBTILE=2),
+    "split_k": Config(16, 32, 16, SPLIT_K=2, num_warps=4, num_stages=1),
+    "persistent": Config(16, 32, 16, num_warps=4, num_stages=1, variant="persistent"),
+    "stream_k": Config(16, 32, 16, num_warps=4, num_stages=1, variant="stream_k"),
+}
+
+
+def statistics_epilogue(dtype: str) -> Epilogue:
+    """A residual add stored at ``dtype``, with every kind of statistic of it and of the
+    unrounded sum: what a norm (sum of squares), a quantizer (max |x|) or a LayerNorm reads."""
+    h = acc() + operand("res", "tile")
+    stored = ops.cast(h, dtype=dtype) if dtype != "float32" else h
+    return Epilogue.build(
+        [
+            (stored, dtype),
+            (stored * stored, "float32", "row_sum"),
+            (abs(stored), "float32", "row_max"),
+            (h, "float32", "col_sum"),
+            (h * 0.5, "float32", "col_max"),
+        ]
+    )
+
+
+def _tensors(batch, m, n, k, dtype, gen, transposed_b=False):
+    lead = () if batch is None else (batch,)
+    a = torch.randn(*lead, m, k, generator=gen).to(dtype)
+    b = torch.randn(*lead, n, k, generator=gen).to(dtype).transpose(-1, -2) if transposed_b else None
+    if b is None:
+        b = torch.randn(*lead, k, n, generator=gen).to(dtype)
+    res = torch.randn(*lead, m, n, generator=gen).to(dtype)
+    return a, b, res
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["atomic", "ordered"])
+@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_statistics_match_float64(shape, dtype, loop, ordered):
+    if shape[0] is not None and loop in ("persistent", "stream_k") and dtype != "bf16":
+        pytest.skip("batched persistent loops: one dtype is enough in the interpreter")
+    gen = torch.Generator().manual_seed(1)
+    a, b, res = _tensors(*shape, DTYPES[dtype], gen, transposed_b=dtype == "fp16")
+    dt = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype]
+    problem = make_problem(a, b, statistics_epilogue(dt), {"res": res})
+    with epilab_config.patch(deterministic=ordered):
+        bound = checked_launch(problem, LOOPS[loop], a, b, {"res": res})
+    lead = () if shape[0] is None else (shape[0],)
+    assert [tuple(o.shape) for o in bound.outs] == [
+        (*lead, shape[1], shape[2]),
+        (*lead, shape[1]),
+        (*lead, shape[1]),
+        (*lead, shape[2]),
+        (*lead, shape[2]),
+    ]
+
+
+def test_ordered_statistics_are_bitwise_reproducible():
+    gen = torch.Generator().manual_seed(2)
+    a, b, res = _tensors(None, 37, 100, 24, torch.float32, gen)
+    problem = make_problem(a, b, statistics_epilogue("float32"), {"res": res})
+    with epilab_config.patch(deterministic=True):
+        first = kinds.launch(problem, LOOPS["default"], a, b, {"res": res})
+        second = kinds.launch(problem, LOOPS["default"], a, b, {"res": res})
+    for x, y in zip(first, second, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_statistics_of_a_dual_gemm():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(19, 24, generator=gen).to(torch.bfloat16)
+    w, w2 = (torch.randn(24, 40, generator=gen).to(torch.bfloat16) for _ in range(2))
+    y = ops.cast(ops.silu(acc()) * acc2(), dtype="bfloat16")
+    ep = Epilogue.build([(y, "bfloat16"), (abs(y), "float32", "row_max")])
+    problem = make_dual_problem(x, w, w2, ep, {})
+    checked_launch(problem, Config(16, 16, 16, num_warps=4, num_stages=1), x, w, {"b2": w2})
+
+
+def test_statistics_edge_cases():
+    # N = 0: the sum over no columns is 0 and the max -inf; K = 0: statistics of the epilogue of 0
+    ep = Epilogue.build(
+        [(acc(), "float32"), (acc() + 1.0, "float32", "row_sum"), (acc(), "float32", "row_max")]
+    )
+    for m, n, k in ((5, 0, 3), (5, 4, 0)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        outs = epilab.matmul(a, b, epilogue=ep)
+        assert torch.equal(outs[1], torch.full((m,), float(n)))
+        assert torch.equal(outs[2], torch.full((m,), -math.inf if n == 0 else 0.0))
+
+
+def test_reduction_outputs_are_validated_and_round_trip():
+    x = acc() * 2.0
+    ep = Epilogue.build([(x, "bfloat16"), (x, "float32", "row_sum")])
+    assert ep.text().endswith("out %2 bfloat16; out %2 float32 row_sum")
+    assert Epilogue.from_json(ep.to_json()) == ep
+    assert ep.reductions == (1,)
+    with pytest.raises(ValueError, match="stored as float32"):
+        Epilogue.build([(x, "bfloat16", "row_sum")])
+    with pytest.raises(ValueError, match="row_max"):
+        Epilogue.build([(x, "float32", "row_mean")])
+    with pytest.raises(ValueError, match="float node"):
+        Epilogue.build([(x, "float32"), (ops.gt(x, 0.0), "float32", "row_max")])
+    with pytest.raises(ValueError, match=r"\(expr, dtype\)"):
+        Epilogue.build([(x,)])  # type: ignore[list-item]
+
+
+def test_kinds_without_statistics_refuse_them_and_are_no_twins():
+    a, b = torch.randn(4, 32), torch.randn(32, 48)
+    ep = Epilogue.build([(acc(), "float32"), (acc() * acc(), "float32", "row_sum")])
+    problem = make_problem(a, b, ep, {})
+    assert [t.template for t in kinds.twins(problem)] == ["matmul"]  # no gemv twin for M = 4
+    gemv = kinds.for_template(problem, "gemv")
+    assert "no reduction outputs" in kinds.kind_of(gemv).config_error(gemv, Config(16, 32, 32))
+    tma = Config(16, 32, 16, variant="tma", TMA_STORE=1)
+    assert "TMA_STORE" in kinds.kind_of(problem).config_error(problem, tma)
+
+
+# ------------------------------------------------------------------ the compiler
+
+
+def _llama(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = LlamaBlock(d=32, heads=4, kv_heads=2, f=48, max_seq=8).to(torch.bfloat16).eval()
+    for norm in (model.norm1, model.norm2):
+        norm.weight.data.uniform_(0.5, 1.5)
+    return model, torch.randn(3, 8, 32).to(torch.bfloat16)
+
+
+def _compiled_error(model, x, want, freezing: bool = True, **options) -> float:
+    # freezing is read when Dynamo traces (parameters become constants): a global setting
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch({"cpp.weight_prepack": False, "freezing": freezing}):
+        got = torch.compile(model, **options)(x)
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def test_rms_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
+    model, x = _llama()
+    want = model.double()(x.double())
+    model = model.to(torch.bfloat16)
+    inductor = _compiled_error(model, x, want)
+    epilab.explain(clear=True)
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    ours = _compiled_error(model, x, want, backend="epilab", options=options)
+    decisions = [d for d in epilab.explain() if d.template]
+    producers = [d for d in decisions if "row_sum" in d.epilogue]
+    consumers = [d for d in decisions if "kind=col" in d.epilogue]
+    assert len(producers) == 1  # o_proj + residual: the second norm's statistics
+    # q, k, v read the first norm; the dual gate/up GEMM the second: each scales by rstd[m]
+    assert len(consumers) == 4 and any(d.template == "dual_matmul" for d in consumers)
+    assert ours <= 2 * inductor + 1e-3, (ours, inductor)
+
+
+def test_rms_norm_is_not_folded_without_constant_weights(fresh_compiler, tmp_path):
+    model, x = _llama()
+    want = model.double()(x.double())
+    model = model.to(torch.bfloat16)
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    assert _compiled_error(model, x, want, freezing=False, backend="epilab", options=options) < 1e-2
+    assert not any("kind=col" in d.epilogue for d in epilab.explain() if d.template)
+
+
+def test_row_amax_for_dynamic_fp8_quantization(fresh_compiler, tmp_path):
+    # per-row amax of a GEMM output, then quantization to e4m3: the amax comes from the epilogue
+    def quantize(x, w):
+        y = x @ w
+        scale = y.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 448.0
+        return (y.float() / scale).to(torch.float8_e4m3fn), scale
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(21, 40, generator=gen).to(torch.bfloat16)
+    w = torch.randn(40, 24, generator=gen).to(torch.bfloat16)
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    q, scale = torch.compile(quantize, backend="epilab", options=options)(x, w)
+    q_ref, scale_ref = quantize(x, w)
+    assert any("row_max" in d.epilogue for d in epilab.explain() if d.template)
+    assert torch.equal(scale, scale_ref)  # a max is exact
+    assert (q.float() - q_ref.float()).abs().max() <= 32.0  # at most one e4m3 step near 448
+
+
+# ------------------------------------------------------------------ on the GPU
+
+GPU_LOOPS = {
+    **{name: c for name, c in LOOPS.items()},
+    "tma": Config(128, 128, 64, num_warps=8, num_stages=3, variant="tma"),
+    "tma_persistent": Config(128, 128, 64, num_warps=8, num_stages=3, variant="tma_persistent"),
+    "big_subtile": Config(128, 256, 64, num_warps=8, num_stages=3, EPILOGUE_SUBTILE=4),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ordered", [False, True], ids=["atomic", "ordered"])
+@pytest.mark.parametrize("loop", list(GPU_LOOPS))
+@pytest.mark.parametrize("shape", [(None, 1000, 1536, 512), (None, 4096, 2048, 1024)], ids=str)
+def test_statistics_on_gpu(shape, loop, ordered):
+    gen = torch.Generator().manual_seed(5)
+    a, b, res = (t.cuda() for t in _tensors(*shape, torch.bfloat16, gen, transposed_b=True))
+    problem = make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res})
+    with epilab_config.patch(deterministic=ordered):
+        checked_launch(problem, GPU_LOOPS[loop], a, b, {"res": res})
+
+
+@pytest.mark.gpu
+def test_ordered_statistics_are_reproducible_on_gpu():
+    gen = torch.Generator().manual_seed(6)
+    a, b, res = (t.cuda() for t in _tensors(None, 2048, 4096, 512, torch.bfloat16, gen))
+    problem = make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res})
+    config = Config(128, 128, 64, num_warps=8, num_stages=3)
+    with epilab_config.patch(deterministic=True):
+        first = kinds.launch(problem, config, a, b, {"res": res})
+        for _ in range(50):
+            again = kinds.launch(problem, config, a, b, {"res": res})
+            assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True))
+
+
+@pytest.mark.gpu
+def test_rms_norm_fold_on_gpu(fresh_compiler, tmp_path):
+    torch.manual_seed(0)
+    model = LlamaBlock(d=512, heads=8, kv_heads=4, f=1408, max_seq=256).cuda().to(torch.bfloat16).eval()
+    for norm in (model.norm1, model.norm2):
+        norm.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(2, 256, 512, device="cuda").to(torch.bfloat16)
+    want = model.double()(x.double())
+    model = model.to(torch.bfloat16)
+    inductor = _compiled_error(model, x, want)
+    epilab.explain(clear=True)
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    ours = _compiled_error(model, x, want, backend="epilab", options=options)
+    decisions = [d for d in epilab.explain() if d.template]
+    assert sum("row_sum" in d.epilogue for d in decisions) == 1
+    assert sum("kind=col" in d.epilogue for d in decisions) == 4
+    assert ours <= 2 * inductor, (ours, inductor)
