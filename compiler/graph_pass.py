@@ -24,7 +24,7 @@ from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
 from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
-from epilab.compiler.norms import fold_rms_norms
+from epilab.compiler.norms import fold_norms
 from epilab.compiler.op import TEMPLATE_CALL
 from epilab.templates.kinds import current_hashes
 from epilab.templates.problem import Problem
@@ -57,7 +57,7 @@ class EpilabPass(CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         decisions: list[Decision] = []
         if self.context.device is not None:
-            fold_rms_norms(graph)  # before anchors are found: it makes new ones
+            fold_norms(graph)  # before anchors are found: it makes new ones
         anchors = [n for n in graph.nodes if n.op == "call_function" and n.target in ANCHORS]
         precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
         for i, anchor in enumerate(anchors):

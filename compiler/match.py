@@ -66,6 +66,9 @@ from epilab.templates.problem import (
 )
 from epilab.templates.runtime import layout_of, operand_layout
 
+# meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the
+# kernel keeps its accumulator unrounded (the aten op, where it stays, rounds as ATen does)
+UNROUNDED = "epilab_unrounded"
 ANCHOR_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.WIDE_INPUT_DTYPES)
 FP8_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.FP8_DTYPES)
 OPERAND_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.OPERAND_DTYPES)
@@ -266,7 +269,9 @@ class _Grower(ABC):
 
         def convert(x: object) -> object:
             if isinstance(x, fx.Node):
-                return self.values[x] if x in self.values else self.operand(x, S)
+                if x in self.values:
+                    return self.values[x]
+                return self.outer(x, S) or self.operand(x, S)
             if isinstance(x, (bool, int, float, str, torch.dtype)) or x is None:
                 return x
             if isinstance(x, (torch.memory_format, torch.device)):
@@ -284,6 +289,31 @@ class _Grower(ABC):
         self.values[node] = expr
         self.shape_src[node] = self.shape_src[src]
         return True
+
+    def outer(self, node: fx.Node, S: Sequence[object]) -> Expr | None:
+        """A pointwise op of vectors and scalars only whose result is a whole tile (a column
+        vector times a row vector: a folded LayerNorm's ``mean[m] * c[n]``), computed in the
+        epilogue from its operands instead of read as a materialised tile; None otherwise."""
+        builder = POINTWISE.get(node.target)
+        tv = val(node)
+        if builder is None or node.op != "call_function" or node in self.desc or tv is None:
+            return None
+        if tv.dim() < 2 or not all(not same(d, 1) for d in tv.shape[-2:]):
+            return None  # not a tile
+        args = []
+        for a in node.args:
+            if isinstance(a, fx.Node):
+                av = val(a)
+                vector = av is not None and (av.dim() < 2 or same(av.shape[-1], 1) or same(av.shape[-2], 1))
+                if not vector:
+                    return None  # a tile itself: nothing gained
+                args.append(self.operand(a, S))
+            elif isinstance(a, (bool, int, float)):
+                args.append(a)
+            else:
+                return None
+        expr = builder(*args, **node.kwargs)
+        return expr if isinstance(expr, Expr) else None
 
     def try_reduction(self, node: fx.Node, out: torch.Tensor) -> bool:
         """A sum, mean or amax over the last dim (N) of a group value, in fp32 and of static
@@ -360,7 +390,7 @@ class _MatmulGrower(_Grower):
         if bias is not None and beta != 0:
             bias_expr = self.operand(bias, self.O, bias_name)
             value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
-        if av.dtype != torch.float32:
+        if av.dtype != torch.float32 and not node.meta.get(UNROUNDED):
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
         return a, b, value  # type: ignore[return-value]
 

@@ -1,4 +1,4 @@
-"""RMSNorm folded into the GEMMs around it (inference, constant weights).
+"""RMSNorm and LayerNorm folded into the GEMMs around them (inference, constant weights).
 
 A decoder layer computes ``h = x + o_proj(...)``, then ``RMSNorm(h) @ W`` for each projection
 that reads the norm (q/k/v, or gate/up). With ``rstd[m] = 1/sqrt(mean_n h[m, n]^2 + eps)``:
@@ -13,22 +13,35 @@ statistic ``mean(h^2)`` into the producer's epilogue as a reduction output (``ro
 ``match.py``) and ``rstd[m]`` into each projection's epilogue as a column operand, so the
 normalised tensor is never materialised and no norm kernel is left but the [M] ``rsqrt``.
 
+LayerNorm folds the same way with its mean and a rank-1 correction (``fold_layer_norms``):
+
+    LayerNorm(h) @ W + b = rstd[m] * (h @ W' - mean[m] * c[n]) + (beta @ W + b)[n]
+
+with ``W' = diag(g) W`` (rounded to W's dtype), ``c[n] = sum_k W'[k, n]`` (of the rounded W',
+so the mean cancels exactly) and ``beta @ W`` constants; its ``var_mean`` becomes
+``mean(h)`` and ``mean(h^2) - mean(h)^2``, two row statistics the producer's epilogue takes
+(in fp32: the variance loses precision where |mean| >> std, which pre-norm residual streams
+do not show; Inductor's Welford is exact there). Each folded projection's product is flagged
+``match.UNROUNDED``: a template keeps its accumulator in fp32 through the correction (rounding
+``h @ W'`` to bf16 before subtracting ``mean * c`` would lose what the mean cancels).
+
 Not rewritten: a norm whose output is used by anything else (a training forward saves it for
-the backward), weights that are graph inputs (no ``freezing``: folding ``g`` would be a
-[K, N] product every call), forms other than ``x * rsqrt(mean(x^2, -1) + eps)`` scaled by a
-1-D weight (LayerNorm is not folded yet).
+the backward; a post-norm block's residual stream is the norm's output), weights that are
+graph inputs (no ``freezing``: folding ``g`` would be a [K, N] product every call), other
+forms of the norms.
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
 from epilab.compiler.aten_ops import VIEWS
-from epilab.compiler.match import fake_mode_of, val
+from epilab.compiler.match import UNROUNDED, fake_mode_of, val
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _CAST = prims.convert_element_type.default
@@ -37,23 +50,29 @@ _counter = itertools.count()
 
 @dataclass(frozen=True)
 class RMSNorm:
-    """A matched RMSNorm: its input (before any fp32 upcast), the [..., 1] rstd node, the
-    1-D weight constant, and the projections that read its output (mm/addmm over a view)."""
+    """A matched norm: its input (before any fp32 upcast), the [..., 1] rstd node, the 1-D
+    weight constant, and the projections that read its output (mm/addmm over a view); a
+    LayerNorm's [..., 1] mean node and bias constant too."""
 
     h: fx.Node
     rstd: fx.Node
     weight: torch.Tensor
     consumers: tuple[fx.Node, ...]
+    mean: fx.Node | None = None  # LayerNorm
+    bias: torch.Tensor | None = None  # LayerNorm's beta (None: no bias)
 
 
-def fold_rms_norms(graph: fx.Graph) -> int:
-    """Fold every foldable RMSNorm of ``graph`` into its projections; how many were folded."""
+def fold_norms(graph: fx.Graph) -> int:
+    """Fold every foldable RMSNorm and LayerNorm of ``graph`` into its projections; how many
+    were folded."""
     module = graph.owning_module
     if module is None:
         return 0
     folded = 0
     for node in list(graph.nodes):
-        norm = _match(node, module)
+        if node.graph is not graph or node not in graph.nodes:
+            continue
+        norm = _match(node, module) or _match_layer_norm(graph, node, module)
         if norm is not None:
             _rewrite(graph, module, norm)
             folded += 1
@@ -111,27 +130,114 @@ def _match(mean: fx.Node, module: torch.nn.Module) -> RMSNorm | None:
     scaled = _only_user(rstd)  # type: ignore[arg-type]
     if not _target(scaled, aten.mul.Tensor) or set(scaled.args) != {x32, rstd}:  # type: ignore[union-attr]
         return None
-    out = _only_user(scaled)  # type: ignore[arg-type]
-    if _target(out, _CAST):
-        out = _only_user(out)  # type: ignore[arg-type]
-    if not _target(out, aten.mul.Tensor):
+    affine = _affine(scaled, module)  # type: ignore[arg-type]
+    if affine is None or affine[1] is not None:
         return None
-    others = [a for a in out.args if a is not _only_input(out)]  # type: ignore[union-attr]
-    weight = _constant(others[0], module) if len(others) == 1 else None
-    if weight is None or weight.dim() != 1:
-        return None
-    consumers = _projections(out, module)  # type: ignore[arg-type]
-    if not consumers:
-        return None
+    weight, _, consumers = affine
     return RMSNorm(h, rstd, weight, consumers)  # type: ignore[arg-type]
 
 
-def _only_input(mul: fx.Node) -> fx.Node | None:
-    """The argument of the weight multiply that carries the normalised values."""
-    for a in mul.args:
-        if isinstance(a, fx.Node) and a.op == "call_function":
-            return a
-    return None
+def _affine(
+    scaled: fx.Node, module: torch.nn.Module
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[fx.Node, ...]] | None:
+    """After the normalised values ``scaled``: ``[cast] -> * g [-> + beta] [-> cast]`` with 1-D
+    constants, whose result only feeds projections; (g, beta or None, the projections)."""
+    out = _only_user(scaled)
+    if _target(out, _CAST):
+        out = _only_user(out)  # type: ignore[arg-type]
+    weight = _operand_constant(out, scaled, aten.mul.Tensor, module)
+    if weight is None:
+        return None
+    beta = None
+    after = _only_user(out)  # type: ignore[arg-type]
+    if after is not None:
+        beta = _operand_constant(after, out, aten.add.Tensor, module)  # type: ignore[arg-type]
+        if beta is not None:
+            out = after
+            if _target(_only_user(out), _CAST):  # type: ignore[arg-type]
+                out = _only_user(out)  # type: ignore[arg-type]
+    consumers = _projections(out, module)  # type: ignore[arg-type]
+    if not consumers or weight.dim() != 1 or (beta is not None and beta.shape != weight.shape):
+        return None
+    return weight, beta, consumers
+
+
+def _operand_constant(
+    node: object, value: fx.Node, target: object, module: torch.nn.Module
+) -> torch.Tensor | None:
+    """The constant ``node`` (an op ``target``) combines with the chain through ``value`` (the
+    chain may pass a cast between them), or None."""
+    if not _target(node, target) or len(node.args) != 2 or node.kwargs:  # type: ignore[union-attr]
+        return None
+    chain = {value, *value.users}
+    others = [a for a in node.args if a not in chain]  # type: ignore[union-attr]
+    return _constant(others[0], module) if len(others) == 1 else None
+
+
+def _match_layer_norm(graph: fx.Graph, var_mean: fx.Node, module: torch.nn.Module) -> RMSNorm | None:
+    """``var_mean(x32, [-1], correction=0, keepdim) -> (x32 - mean) * rsqrt(var + eps) -> * g
+    [-> + beta]`` whose output only feeds projections with constant weights; its var_mean is
+    replaced by two means (row statistics a producer's epilogue can compute)."""
+    if not _target(var_mean, aten.var_mean.correction) or var_mean.kwargs.get("correction") != 0:
+        return None
+    if not var_mean.kwargs.get("keepdim") or len(var_mean.args) != 2:
+        return None
+    x32 = var_mean.args[0]
+    v32 = val(x32)
+    if not isinstance(x32, fx.Node) or v32 is None or v32.dtype != torch.float32:
+        return None
+    if list(var_mean.args[1]) not in ([-1], [v32.dim() - 1]):  # type: ignore[call-overload]
+        return None
+    items = {u.args[1]: u for u in var_mean.users if u.target is operator.getitem}
+    if set(items) != {0, 1} or len(var_mean.users) != 2:
+        return None
+    var, mean = items[0], items[1]
+    add = _only_user(var)
+    if not _target(add, aten.add.Scalar, aten.add.Tensor) or not isinstance(add.args[1], float):  # type: ignore[union-attr]
+        return None
+    rstd = _only_user(add)  # type: ignore[arg-type]
+    centred = _only_user(mean)
+    if not _target(rstd, aten.rsqrt.default) or not _target(centred, aten.sub.Tensor):
+        return None
+    if centred.args != (x32, mean):  # type: ignore[union-attr]
+        return None
+    scaled = _only_user(centred)  # type: ignore[arg-type]
+    if not _target(scaled, aten.mul.Tensor) or set(scaled.args) != {centred, rstd}:  # type: ignore[union-attr]
+        return None
+    if _only_user(rstd) is not scaled:  # type: ignore[arg-type]
+        return None
+    affine = _affine(scaled, module)  # type: ignore[arg-type]
+    if affine is None:
+        return None
+    weight, beta, consumers = affine
+    h = x32.args[0] if _target(x32, _CAST) else x32
+    mean_node, var_node = _two_means(graph, var_mean, x32)
+    mean.replace_all_uses_with(mean_node)
+    var.replace_all_uses_with(var_node)
+    return RMSNorm(h, rstd, weight, consumers, mean_node, beta)  # type: ignore[arg-type]
+
+
+def _two_means(graph: fx.Graph, var_mean: fx.Node, x32: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """``mean(x)`` and ``max(mean(x^2) - mean(x)^2, 0)`` in place of ``var_mean(x)``."""
+    fake = fake_mode_of(val(x32))
+    dims = list(var_mean.args[1])  # type: ignore[call-overload]
+    with graph.inserting_before(var_mean.next):  # in order of creation
+        mean = _add(graph, fake, aten.mean.dim, (x32, dims, True))
+        square = _add(graph, fake, aten.mul.Tensor, (x32, x32))
+        mean_sq = _add(graph, fake, aten.mean.dim, (square, dims, True))
+        var = _add(graph, fake, aten.sub.Tensor, (mean_sq, _add(graph, fake, aten.mul.Tensor, (mean, mean))))
+        var = _add(graph, fake, aten.clamp_min.default, (var, 0.0))
+    return mean, var
+
+
+def _add(graph: fx.Graph, fake: object, target: object, args: tuple) -> fx.Node:
+    """A new call of ``target`` at the insertion point, with its fake value."""
+    values = fx.node.map_arg(args, lambda n: n.meta["val"])
+    with fake:  # type: ignore[attr-defined]
+        value = target(*values)  # type: ignore[operator]
+    node = graph.call_function(target, args)  # type: ignore[arg-type]
+    node.meta["val"] = value
+    return node
 
 
 def _projections(out: fx.Node, module: torch.nn.Module) -> tuple[fx.Node, ...]:
@@ -159,15 +265,19 @@ def _projections(out: fx.Node, module: torch.nn.Module) -> tuple[fx.Node, ...]:
 
 def _rewrite(graph: fx.Graph, module: torch.nn.Module, norm: RMSNorm) -> None:
     """Each projection ``mm(view(norm), B) [+ bias]`` becomes
-    ``(mm(view(h), B * g[:, None]) * rstd[m] [+ bias]).to(dtype)``."""
+    ``(mm(view(h), B * g[:, None]) * rstd[m] [+ bias]).to(dtype)``; for a LayerNorm
+    ``((mm(view(h), W') - mean[m] * c[n]) * rstd[m] + (beta @ B)[n] [+ bias]).to(dtype)``."""
     fake = fake_mode_of(val(norm.h))
 
     def add(target: object, args: tuple) -> fx.Node:
-        values = fx.node.map_arg(args, lambda n: n.meta["val"])
-        with fake:
-            value = target(*values)  # type: ignore[operator]
-        node = graph.call_function(target, args)  # type: ignore[arg-type]
-        node.meta["val"] = value
+        return _add(graph, fake, target, args)
+
+    def constant(t: torch.Tensor) -> fx.Node:
+        name = f"_epilab_norm_folded_{next(_counter)}"
+        module.register_buffer(name, t)
+        node = graph.get_attr(name)
+        from_tensor = getattr(fake, "from_tensor", None)
+        node.meta["val"] = t if from_tensor is None else from_tensor(t, static_shapes=True)
         return node
 
     for mm in norm.consumers:
@@ -177,17 +287,21 @@ def _rewrite(graph: fx.Graph, module: torch.nn.Module, norm: RMSNorm) -> None:
         assert bv is not None and isinstance(view, fx.Node)
         g = norm.weight.to(device=bv.device, dtype=torch.float32)
         weight = (bv.float() * g[:, None]).to(bv.dtype)  # B's layout kept (elementwise ops keep it)
-        name = f"_epilab_rms_folded_{next(_counter)}"
-        module.register_buffer(name, weight)
         dtype = val(mm).dtype  # type: ignore[union-attr]
         with graph.inserting_before(mm):
-            w_node = graph.get_attr(name)
-            from_tensor = getattr(fake, "from_tensor", None)
-            w_node.meta["val"] = weight if from_tensor is None else from_tensor(weight, static_shapes=True)
             h2 = add(aten.reshape.default, (norm.h, list(view.args[1])))  # type: ignore[arg-type]
-            product = add(aten.mm.default, (h2, w_node))
+            product = add(aten.mm.default, (h2, constant(weight)))
+            product.meta[UNROUNDED] = True
+            scaled = product
+            if norm.mean is not None:  # the rank-1 correction: the mean times W''s column sums
+                means = add(aten.reshape.default, (norm.mean, [-1, 1]))
+                sums = constant(weight.float().sum(0))
+                scaled = add(aten.sub.Tensor, (scaled, add(aten.mul.Tensor, (means, sums))))
             rows = add(aten.reshape.default, (norm.rstd, [-1, 1]))
-            scaled = add(aten.mul.Tensor, (product, rows))
+            scaled = add(aten.mul.Tensor, (scaled, rows))
+            if norm.bias is not None:
+                shift = norm.bias.to(device=bv.device, dtype=torch.float32) @ bv.float()
+                scaled = add(aten.add.Tensor, (scaled, constant(shift)))
             if mm.target == aten.addmm.default:
                 scaled = add(aten.add.Tensor, (scaled, mm.args[0]))
             result = add(_CAST, (scaled, dtype))
