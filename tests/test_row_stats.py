@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from zoo.transformers import LlamaBlock
+from zoo.transformers import GPT2, Bert, LlamaBlock
 
 import epilab
 from epilab import config as epilab_config
@@ -189,6 +189,46 @@ def test_rms_norm_is_not_folded_without_constant_weights(fresh_compiler, tmp_pat
     assert not any("kind=col" in d.epilogue for d in epilab.explain() if d.template)
 
 
+def _with_affine_norms(model: torch.nn.Module) -> torch.nn.Module:
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.LayerNorm):
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.5, 0.5)
+    return model
+
+
+def test_layer_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
+    torch.manual_seed(0)
+    model = _with_affine_norms(GPT2(d=32, heads=2, layers=2, vocab=40).eval())
+    x = torch.randn(3, 8, 32)
+    want = model.double()(x.double())
+    model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    inductor = _compiled_error(model, x, want)
+    epilab.explain(clear=True)
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    ours = _compiled_error(model, x, want, backend="epilab", options=options)
+    decisions = [d for d in epilab.explain() if d.template]
+    # proj and out (+ residual) of both blocks: sum and sum of squares of the next norm's input
+    producers = [d for d in decisions if d.epilogue.count("row_sum") == 2]
+    # qkv, fc1 and the head: rstd[m] * (acc - mean[m] * c[n]) + (beta @ W + b)[n], acc unrounded
+    consumers = [d for d in decisions if "kind=col" in d.epilogue and "kind=row" in d.epilogue]
+    assert len(producers) == 4 and len(consumers) == 5
+    assert all(not d.epilogue.startswith("%0 = acc; %1 = cast") for d in consumers)
+    assert ours <= 2 * inductor, (ours, inductor)
+
+
+def test_post_norm_blocks_keep_their_norms(fresh_compiler, tmp_path):
+    # BERT's LayerNorm output is the residual stream too: it must be written, nothing to fold
+    torch.manual_seed(0)
+    model = Bert(d=32, heads=2, f=64, layers=1).eval().to(torch.bfloat16)
+    x = torch.randn(3, 8, 32).to(torch.bfloat16)
+    want = model.double()(x.double())
+    model = model.to(torch.bfloat16)
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    assert _compiled_error(model, x, want, backend="epilab", options=options) < 2e-2
+    assert not any("kind=col" in d.epilogue for d in epilab.explain() if d.template)
+
+
 def test_row_amax_for_dynamic_fp8_quantization(fresh_compiler, tmp_path):
     # per-row amax of a GEMM output, then quantization to e4m3: the amax comes from the epilogue
     def quantize(x, w):
@@ -258,4 +298,21 @@ def test_rms_norm_fold_on_gpu(fresh_compiler, tmp_path):
     decisions = [d for d in epilab.explain() if d.template]
     assert sum("row_sum" in d.epilogue for d in decisions) == 1
     assert sum("kind=col" in d.epilogue for d in decisions) == 4
+    assert ours <= 2 * inductor, (ours, inductor)
+
+
+@pytest.mark.gpu
+def test_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
+    torch.manual_seed(0)
+    model = _with_affine_norms(GPT2(d=256, heads=4, layers=2, vocab=512).cuda().eval())
+    x = torch.randn(4, 128, 256, device="cuda")
+    want = model.double()(x.double())
+    model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    inductor = _compiled_error(model, x, want)
+    epilab.explain(clear=True)
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    ours = _compiled_error(model, x, want, backend="epilab", options=options)
+    decisions = [d for d in epilab.explain() if d.template]
+    assert sum(d.epilogue.count("row_sum") == 2 for d in decisions) == 4
+    assert sum("kind=col" in d.epilogue for d in decisions) == 5
     assert ours <= 2 * inductor, (ours, inductor)
