@@ -1,9 +1,13 @@
-"""A Llama block end to end with its RMSNorms folded into the GEMMs around them (issue 22).
+"""Transformers end to end with their norms folded into the GEMMs around them (issue 22).
 
-    python3 benchmarks/norm_fold.py --batch 4 --seq 2048 [--max-autotune] [--rounds 5] [--json out.json]
+    python3 benchmarks/norm_fold.py --model llama [--batch 4 --seq 2048] [--max-autotune] [--rounds 5]
+    python3 benchmarks/norm_fold.py --model gpt2 --db tuned.db --record   # record the problems
+    epilab tune --seen --db tuned.db ...                                  # tune them
+    python3 benchmarks/norm_fold.py --model gpt2 --db tuned.db --json out.json
 
-The zoo's Llama-style block (d 2048, 16 heads, 8 KV heads, SwiGLU 5632; ``tests/zoo``), bf16,
-inference (``torch.no_grad``), every variant compiled from its own copy of the model:
+The zoo's Llama-style block (d 2048, 16 heads, 8 KV heads, SwiGLU 5632; RMSNorm) or its GPT-2
+(2 pre-LayerNorm blocks, d 768, LM head 8192; ``tests/zoo``), bf16, inference
+(``torch.no_grad``), random norm weights and biases, every variant compiled from its own model:
 
 - ``inductor``: Inductor default with ``freezing`` (the weights constants, as epilab's fold
   needs them); ``max-autotune``: the same with max-autotune (``--max-autotune``);
@@ -17,7 +21,8 @@ inference (``torch.no_grad``), every variant compiled from its own copy of the m
 Timing: interleaved rounds of per-call CUDA events (L2 flushed), median and spread (``rounds``);
 error: ``||out - ref|| / ||ref||`` against the block in float64. The profile of one call lists
 every kernel of the epilab variant (JSON), and the table names the norm kernels left.
-Configs are epilab's untuned heuristics (policy ``always``): no tuning database is read.
+Without ``--db`` epilab runs its untuned heuristics (policy ``always``, an empty database);
+with ``--db`` policy ``auto`` on that database (templates only where their records win).
 """
 
 from __future__ import annotations
@@ -32,16 +37,26 @@ import torch
 from rounds import device_header, interleaved, save
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from zoo.transformers import LlamaBlock
+from zoo.transformers import GPT2, LlamaBlock
 
 _names = itertools.count()
+# the zoo's real sizes; (width, default batch, default sequence)
+MODELS = {
+    "llama": (lambda: LlamaBlock(d=2048, heads=16, kv_heads=8, f=5632, max_seq=4096), 2048, 4, 2048),
+    "gpt2": (lambda: GPT2(d=768, heads=12, layers=2, vocab=8192), 768, 8, 1024),
+}
+_model = "llama"
 
 
 def build(seed: int) -> torch.nn.Module:
+    """The model with random norm weights (and LayerNorm biases): the fold must carry them."""
     torch.manual_seed(seed)
-    model = LlamaBlock(d=2048, heads=16, kv_heads=8, f=5632, max_seq=4096).cuda().eval()
-    for norm in (model.norm1, model.norm2):
-        norm.weight.data.uniform_(0.5, 1.5)
+    model = MODELS[_model][0]().cuda().eval()
+    for mod in model.modules():
+        if hasattr(mod, "weight") and mod.weight is not None and mod.weight.dim() == 1:
+            mod.weight.data.uniform_(0.5, 1.5)
+            if getattr(mod, "bias", None) is not None:
+                mod.bias.data.uniform_(-0.5, 0.5)
     return model
 
 
@@ -80,12 +95,18 @@ def kernels(call) -> list[tuple[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama")
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--seq", type=int)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-autotune", action="store_true")
+    parser.add_argument("--db", help="a tuning database: epilab's variants run policy auto on it")
+    parser.add_argument("--record", action="store_true", help="only compile (recording the problems in --db)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    global _model
+    _model = args.model
+    width, batch, seq = MODELS[_model][1:]
     import epilab  # noqa: F401  (registers the backend)
 
     # every variant compiled afresh: Inductor's caches do not key on freezing (a frozen compile
@@ -94,20 +115,30 @@ def main() -> None:
 
     header = device_header(torch.cuda.get_device_properties(0).multi_processor_count)
     model = build(0)
-    x = torch.randn(args.batch, args.seq, 2048, device="cuda")
+    x = torch.randn(args.batch or batch, args.seq or seq, width, device="cuda")
     with torch.no_grad():
         want = model.double()(x.double())
     x = x.to(torch.bfloat16)
     del model
     db = str(Path(tempfile.mkdtemp()) / "norm_fold.db")  # empty: no records
-    ours = {"policy": "always", "db": db}
+    ours = {"policy": "auto", "db": args.db} if args.db else {"policy": "always", "db": db}
     variants, errors = {}, {}
     plan = [
-        ("inductor", True, {}),
+        *([] if args.record else [("inductor", True, {})]),
         *([("max-autotune", True, {"mode": "max-autotune-no-cudagraphs"})] if args.max_autotune else []),
         ("epilab (no fold)", False, {"backend": "epilab", "options": ours}),
         ("epilab", True, {"backend": "epilab", "options": ours}),
-        ("epilab auto, fold only", True, {"backend": "epilab", "options": {"policy": "auto", "db": db}}),
+        *(
+            []
+            if args.db
+            else [
+                (
+                    "epilab auto, fold only",
+                    True,
+                    {"backend": "epilab", "options": {"policy": "auto", "db": db}},
+                )
+            ]
+        ),
     ]
     torch._dynamo.config.cache_size_limit = 64
     for name, freezing, kwargs in plan:
@@ -115,6 +146,8 @@ def main() -> None:
         variants[name] = call
         errors[name] = ((out.double() - want).norm() / want.norm()).item()
         print(f"compiled {name}: error {errors[name]:.3e}", flush=True)
+    if args.record:
+        return
     profile = {name: kernels(call) for name, call in variants.items()}
     times = interleaved(variants, args.rounds)
     base = min(times[n]["ms"] for n in ("inductor", "max-autotune") if n in times)
@@ -134,7 +167,7 @@ def main() -> None:
             }
         )
     save(args.json, header, rows)
-    print(f"\nLlama block {args.batch}x{args.seq} bf16 (d 2048, f 5632), {header}")
+    print(f"\n{_model} {tuple(x.shape)} bf16, epilab on {args.db or 'no records, policy always'}; {header}")
     print("| variant | ms (median) | spread | vs best Inductor | error vs fp64 | kernels | norm kernels |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
