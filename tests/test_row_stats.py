@@ -316,3 +316,50 @@ def test_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
     assert sum(d.epilogue.count("row_sum") == 2 for d in decisions) == 4
     assert sum("kind=col" in d.epilogue for d in decisions) == 5
     assert ours <= 2 * inductor, (ours, inductor)
+
+
+# ------------------------------------------------------------------ the zoo's transformers
+
+TRANSFORMERS = ("gpt2", "llama", "bert", "vit", "moe")
+
+
+def _zoo_errors(size: str, name: str, device: str, db: str) -> tuple[float, float, int]:
+    """(epilab's error, Inductor's error) vs float64 of a zoo model compiled with freezing,
+    and how many projections epilab folded a norm into."""
+    from zoo import ZOO
+
+    spec = ZOO[size][name]
+    torch.manual_seed(0)
+    model = spec.build().to(device).eval()
+    for mod in model.modules():  # norms that are not the identity, so that folding them shows
+        if isinstance(mod, torch.nn.LayerNorm) or type(mod).__name__ == "RMSNorm":
+            mod.weight.data.uniform_(0.5, 1.5)
+            if getattr(mod, "bias", None) is not None:
+                mod.bias.data.uniform_(-0.5, 0.5)
+    x = torch.randn(spec.input_shape, device=device)
+    want = model.double()(x.double())
+    model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    if spec.image:
+        model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    inductor = _compiled_error(model, x, want)
+    epilab.explain(clear=True)
+    ours = _compiled_error(model, x, want, backend="epilab", options={"policy": "always", "db": db})
+    folded = sum(
+        "kind=col" in d.epilogue and "%0 = acc; %1 = cast" not in d.epilogue for d in epilab.explain()
+    )
+    return ours, inductor, folded
+
+
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_folded_zoo_transformers_are_as_accurate_as_inductor(name, fresh_compiler, tmp_path):
+    ours, inductor, folded = _zoo_errors("tiny", name, "cpu", str(tmp_path / "t.db"))
+    assert ours <= 2 * inductor + 1e-3, (ours, inductor)
+    assert (folded > 0) == (name in ("gpt2", "llama", "vit")), folded  # pre-norm blocks only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_folded_zoo_transformers_on_gpu(name, fresh_compiler, tmp_path):
+    ours, inductor, folded = _zoo_errors("real", name, "cuda", str(tmp_path / "t.db"))
+    assert ours <= 2 * inductor, (ours, inductor)
+    assert (folded > 0) == (name in ("gpt2", "llama", "vit")), folded
