@@ -13,7 +13,7 @@ statistic ``mean(h^2)`` into the producer's epilogue as a reduction output (``ro
 ``match.py``) and ``rstd[m]`` into each projection's epilogue as a column operand, so the
 normalised tensor is never materialised and no norm kernel is left but the [M] ``rsqrt``.
 
-LayerNorm folds the same way with its mean and a rank-1 correction (``fold_layer_norms``):
+LayerNorm folds the same way with its mean and a rank-1 correction (``fold_norms``):
 
     LayerNorm(h) @ W + b = rstd[m] * (h @ W' - mean[m] * c[n]) + (beta @ W + b)[n]
 
@@ -49,7 +49,7 @@ _counter = itertools.count()
 
 
 @dataclass(frozen=True)
-class RMSNorm:
+class Norm:
     """A matched norm: its input (before any fp32 upcast), the [..., 1] rstd node, the 1-D
     weight constant, and the projections that read its output (mm/addmm over a view); a
     LayerNorm's [..., 1] mean node and bias constant too."""
@@ -102,7 +102,7 @@ def _constant(node: object, module: torch.nn.Module) -> torch.Tensor | None:
     return None
 
 
-def _match(mean: fx.Node, module: torch.nn.Module) -> RMSNorm | None:
+def _match(mean: fx.Node, module: torch.nn.Module) -> Norm | None:
     """``mean(x32^2, [-1], keepdim) -> + eps -> rsqrt -> x32 * rstd -> [cast] -> * g`` whose
     output only feeds mm/addmm projections with constant weights (through views)."""
     if not _target(mean, aten.mean.dim) or len(mean.args) < 3 or not mean.args[2]:
@@ -134,7 +134,7 @@ def _match(mean: fx.Node, module: torch.nn.Module) -> RMSNorm | None:
     if affine is None or affine[1] is not None:
         return None
     weight, _, consumers = affine
-    return RMSNorm(h, rstd, weight, consumers)  # type: ignore[arg-type]
+    return Norm(h, rstd, weight, consumers)  # type: ignore[arg-type]
 
 
 def _affine(
@@ -174,7 +174,7 @@ def _operand_constant(
     return _constant(others[0], module) if len(others) == 1 else None
 
 
-def _match_layer_norm(graph: fx.Graph, var_mean: fx.Node, module: torch.nn.Module) -> RMSNorm | None:
+def _match_layer_norm(graph: fx.Graph, var_mean: fx.Node, module: torch.nn.Module) -> Norm | None:
     """``var_mean(x32, [-1], correction=0, keepdim) -> (x32 - mean) * rsqrt(var + eps) -> * g
     [-> + beta]`` whose output only feeds projections with constant weights; its var_mean is
     replaced by two means (row statistics a producer's epilogue can compute)."""
@@ -214,7 +214,7 @@ def _match_layer_norm(graph: fx.Graph, var_mean: fx.Node, module: torch.nn.Modul
     mean_node, var_node = _two_means(graph, var_mean, x32)
     mean.replace_all_uses_with(mean_node)
     var.replace_all_uses_with(var_node)
-    return RMSNorm(h, rstd, weight, consumers, mean_node, beta)  # type: ignore[arg-type]
+    return Norm(h, rstd, weight, consumers, mean_node, beta)  # type: ignore[arg-type]
 
 
 def _two_means(graph: fx.Graph, var_mean: fx.Node, x32: fx.Node) -> tuple[fx.Node, fx.Node]:
@@ -263,7 +263,7 @@ def _projections(out: fx.Node, module: torch.nn.Module) -> tuple[fx.Node, ...]:
     return tuple(found)
 
 
-def _rewrite(graph: fx.Graph, module: torch.nn.Module, norm: RMSNorm) -> None:
+def _rewrite(graph: fx.Graph, module: torch.nn.Module, norm: Norm) -> None:
     """Each projection ``mm(view(norm), B) [+ bias]`` becomes
     ``(mm(view(h), B * g[:, None]) * rstd[m] [+ bias]).to(dtype)``; for a LayerNorm
     ``((mm(view(h), W') - mean[m] * c[n]) * rstd[m] + (beta @ B)[n] [+ bias]).to(dtype)``."""
