@@ -163,15 +163,20 @@ def _compiled_error(model, x, want, freezing: bool = True, **options) -> float:
     return ((got.double() - want).norm() / want.norm()).item()
 
 
+def _fold_errors(model, x, want, db: str) -> tuple[float, float, list]:
+    """Errors vs ``want`` of Inductor and of epilab (policy always) compiling ``model`` with
+    freezing, and epilab's decisions that chose a template."""
+    inductor = _compiled_error(model, x, want)
+    epilab.explain(clear=True)
+    ours = _compiled_error(model, x, want, backend="epilab", options={"policy": "always", "db": db})
+    return ours, inductor, [d for d in epilab.explain() if d.template]
+
+
 def test_rms_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     model, x = _llama()
     want = model.double()(x.double())
     model = model.to(torch.bfloat16)
-    inductor = _compiled_error(model, x, want)
-    epilab.explain(clear=True)
-    options = {"policy": "always", "db": str(tmp_path / "t.db")}
-    ours = _compiled_error(model, x, want, backend="epilab", options=options)
-    decisions = [d for d in epilab.explain() if d.template]
+    ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     producers = [d for d in decisions if "row_sum" in d.epilogue]
     consumers = [d for d in decisions if "kind=col" in d.epilogue]
     assert len(producers) == 1  # o_proj + residual: the second norm's statistics
@@ -203,11 +208,7 @@ def test_layer_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     x = torch.randn(3, 8, 32)
     want = model.double()(x.double())
     model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
-    inductor = _compiled_error(model, x, want)
-    epilab.explain(clear=True)
-    options = {"policy": "always", "db": str(tmp_path / "t.db")}
-    ours = _compiled_error(model, x, want, backend="epilab", options=options)
-    decisions = [d for d in epilab.explain() if d.template]
+    ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     # proj and out (+ residual) of both blocks: sum and sum of squares of the next norm's input
     producers = [d for d in decisions if d.epilogue.count("row_sum") == 2]
     # qkv, fc1 and the head: rstd[m] * (acc - mean[m] * c[n]) + (beta @ W + b)[n], acc unrounded
@@ -291,11 +292,7 @@ def test_rms_norm_fold_on_gpu(fresh_compiler, tmp_path):
     x = torch.randn(2, 256, 512, device="cuda").to(torch.bfloat16)
     want = model.double()(x.double())
     model = model.to(torch.bfloat16)
-    inductor = _compiled_error(model, x, want)
-    epilab.explain(clear=True)
-    options = {"policy": "always", "db": str(tmp_path / "t.db")}
-    ours = _compiled_error(model, x, want, backend="epilab", options=options)
-    decisions = [d for d in epilab.explain() if d.template]
+    ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     assert sum("row_sum" in d.epilogue for d in decisions) == 1
     assert sum("kind=col" in d.epilogue for d in decisions) == 4
     assert ours <= 2 * inductor, (ours, inductor)
@@ -308,11 +305,7 @@ def test_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
     x = torch.randn(4, 128, 256, device="cuda")
     want = model.double()(x.double())
     model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
-    inductor = _compiled_error(model, x, want)
-    epilab.explain(clear=True)
-    options = {"policy": "always", "db": str(tmp_path / "t.db")}
-    ours = _compiled_error(model, x, want, backend="epilab", options=options)
-    decisions = [d for d in epilab.explain() if d.template]
+    ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     assert sum(d.epilogue.count("row_sum") == 2 for d in decisions) == 4
     assert sum("kind=col" in d.epilogue for d in decisions) == 5
     assert ours <= 2 * inductor, (ours, inductor)
@@ -341,12 +334,8 @@ def _zoo_errors(size: str, name: str, device: str, db: str) -> tuple[float, floa
     model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
     if spec.image:
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
-    inductor = _compiled_error(model, x, want)
-    epilab.explain(clear=True)
-    ours = _compiled_error(model, x, want, backend="epilab", options={"policy": "always", "db": db})
-    folded = sum(
-        "kind=col" in d.epilogue and "%0 = acc; %1 = cast" not in d.epilogue for d in epilab.explain()
-    )
+    ours, inductor, decisions = _fold_errors(model, x, want, db)
+    folded = sum("kind=col" in d.epilogue and "%0 = acc; %1 = cast" not in d.epilogue for d in decisions)
     return ours, inductor, folded
 
 
