@@ -11,6 +11,10 @@ a per-output-channel vector (bias, a folded batch norm's scale and shift) is a
 ``tile`` operand; ``col`` (per pixel) operands are not accepted. Outputs are
 allocated in the input's memory format (as torch's conv2d does); ``out=`` tensors may
 have any strides in which an output row (P, Q) is evenly strided (NCHW and NHWC both are).
+Reduction outputs (``epilogue.REDUCTIONS``) are in the GEMM's terms too: a row statistic is
+per output pixel over the channels, [N, P, Q]; a column statistic per image and channel
+over the pixels, [N, K] (a global average pool's sums, a batch norm's per-image sums); both
+fp32, contiguous.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import torch.nn.functional as F
 import triton
 
 from epilab.templates import dtypes
-from epilab.templates.epilogue import Epilogue
-from epilab.templates.kind import TemplateKind, TwinCall
+from epilab.templates.epilogue import REDUCTIONS, Epilogue, Output
+from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.matmul import FILES as MATMUL_FILES
 from epilab.templates.matmul import hopper_knobs_error, idle_threads_error
 from epilab.templates.problem import Config, ConvGeometry, OperandSpec, Problem, Shape
@@ -228,6 +232,25 @@ def out_shape_of(problem: Problem) -> tuple[int, int, int, int]:
     return (int(problem.shape.batch), int(problem.shape.n), g.p, g.q)
 
 
+def output_shape(problem: Problem, out: Output) -> tuple[int, ...]:
+    """Output ``out``'s shape: [N, K, P, Q]; a row statistic (over the channels) [N, P, Q], a
+    column statistic (over the pixels) [N, K]."""
+    n, k, p, q = out_shape_of(problem)
+    if not out.reduce:
+        return (n, k, p, q)
+    return (n, p, q) if REDUCTIONS[out.reduce][1] == "n" else (n, k)
+
+
+def output_specs(problem: Problem) -> list[OutputSpec]:
+    """Every output's shape and the strides ``bind_conv`` gives it (statistics contiguous)."""
+    specs = []
+    for o in problem.epilogue.outputs:
+        shape = output_shape(problem, o)
+        strides = out_strides_of(problem) if not o.reduce else torch.empty(shape, device="meta").stride()
+        specs.append((shape, tuple(strides)))
+    return specs
+
+
 def out_strides_of(problem: Problem) -> tuple[int, int, int, int]:
     """The strides ``bind_conv`` gives its outputs: channels_last for an nhwc input, else contiguous."""
     _, k, p, q = out_shape_of(problem)
@@ -252,23 +275,28 @@ def bind_conv(
     n, k, p, q = shape4
     if tuple(x.shape) != (n, g.c, g.h, g.w) or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s):
         raise ValueError(f"input {tuple(x.shape)} / weight {tuple(weight.shape)} do not match the problem")
-    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
-    if out is None:  # the input's memory format, as torch's conv2d does
-        fmt = torch.channels_last if conv_layout(x) == "nhwc" else torch.contiguous_format
-        outs = tuple(torch.empty(shape4, dtype=dt, device=x.device, memory_format=fmt) for dt in out_dtypes)
+    specs = problem.epilogue.outputs
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in specs]
+    shapes = [output_shape(problem, o) for o in specs]
+    if out is None:  # the input's memory format, as torch's conv2d does (statistics contiguous)
+        nhwc = conv_layout(x) == "nhwc"
+        outs = tuple(
+            torch.empty(s, dtype=dt, device=x.device, memory_format=_memory_format(len(s) == 4 and nhwc))
+            for s, dt in zip(shapes, out_dtypes, strict=True)
+        )
     else:
         if len(out) != len(out_dtypes) or any(
-            tuple(o.shape) != shape4 or o.dtype != dt or o.device != x.device
-            for o, dt in zip(out, out_dtypes, strict=False)
+            tuple(o.shape) != shape or o.dtype != dt or o.device != x.device
+            for o, shape, dt in zip(out, shapes, out_dtypes, strict=False)
         ):
             raise ValueError(
-                f"out must be {len(out_dtypes)} tensor(s) of shape {shape4} with dtypes {out_dtypes}"
+                f"out must be {len(out_dtypes)} tensor(s) of shapes {shapes} with dtypes {out_dtypes}"
             )
         outs = tuple(out)
     if n == 0:
         return Bound(outs, lambda: None, lambda: None)
     ops3 = _operands_3d(problem.epilogue, operands, shape4)
-    outs3 = tuple(gemm_view(o, p, q) for o in outs)
+    outs3 = tuple(_kernel_view(o, spec, p, q) for o, spec in zip(outs, specs, strict=True))
     target = target_for(x.device)
     index_64 = any(extent(t) > INT32_MAX for t in (x, weight, *outs, *operands.values()))
     k_g = k // g.groups
@@ -294,18 +322,49 @@ def bind_conv(
     if split > 1:
         out3 = (n, p * q, k)
         return split_k_bound(KIND, problem, config, target, index_64, grid, args, ep_args, outs, out3)
-    return single_launch(KIND, problem, config, target, index_64, grid, args, outs)
+    # statistics slots: the pixel tiles, and the channel tiles of every group
+    slots = (triton.cdiv(p * q, config.BLOCK_M), g.groups * triton.cdiv(k_g, config.BLOCK_N))
+    return single_launch(KIND, problem, config, target, index_64, grid, args, outs, slots=slots)
+
+
+def _memory_format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _kernel_view(o: torch.Tensor, spec: Output, p: int, q: int) -> torch.Tensor:
+    """An output as the kernel indexes it: [N, P*Q, K], a row statistic [N, P*Q]."""
+    if not spec.reduce:
+        return gemm_view(o, p, q)
+    if REDUCTIONS[spec.reduce][1] == "m":
+        return o
+    if o.dim() == 3 and p * q > 1 and o.stride(1) != q * o.stride(2):
+        raise ValueError(
+            f"a per-pixel statistic with strides {o.stride()} is not a [N, P*Q] matrix; give a contiguous one"
+        )
+    return o.as_strided((o.shape[0], p * q), (o.stride(0), o.stride(2)))
 
 
 def conv_epilogue(
     problem: Problem, acc: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """The epilogue in eager torch on a [N, K, P, Q] conv output (per-channel operands
-    broadcast as [K, 1, 1]): the float64 reference, and the cuDNN + eager baseline."""
-    k = acc.shape[1]
+    broadcast as [K, 1, 1]): the float64 reference, and the cuDNN + eager baseline. With
+    reduction outputs it runs on the [N, P*Q, K] GEMM view (a copy where acc is NCHW)."""
+    n, k, p, q = acc.shape
     kinds = dict(problem.epilogue.operands)
-    shaped = {name: t.reshape(k, 1, 1) if kinds[name] == "row" else t for name, t in operands.items()}
-    return problem.epilogue.evaluate(acc, shaped)
+    if not problem.epilogue.reductions:
+        shaped = {name: t.reshape(k, 1, 1) if kinds[name] == "row" else t for name, t in operands.items()}
+        return problem.epilogue.evaluate(acc, shaped)
+
+    def gemm(t: torch.Tensor) -> torch.Tensor:
+        return t.permute(0, 2, 3, 1).reshape(n, p * q, k)
+
+    flat = {name: gemm(t) if kinds[name] == "tile" else t.reshape(-1) for name, t in operands.items()}
+    outs = problem.epilogue.evaluate(gemm(acc), flat)
+    return tuple(
+        v.reshape(n, p, q, k).permute(0, 3, 1, 2) if not o.reduce else v.reshape(output_shape(problem, o))
+        for v, o in zip(outs, problem.epilogue.outputs, strict=True)
+    )
 
 
 def conv_reference(
@@ -365,7 +424,9 @@ def matmul_twin(problem: Problem) -> Problem | None:
     [N*H*W, C] @ [C, K] on the same memory: that problem for the matmul template (the
     compiler runs whichever template's record is faster), else None."""
     g = problem.conv
-    if g is None or (g.r, g.s, g.stride, g.padding, g.dilation, g.groups) != (
+    if g is None or problem.epilogue.reductions:  # the twin's statistics would span the images
+        return None
+    if (g.r, g.s, g.stride, g.padding, g.dilation, g.groups) != (
         1,
         1,
         (1, 1),
@@ -481,14 +542,13 @@ def conv_problem_of(
 
 
 def empty_conv_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Outputs of the problem's [N, K, P, Q] shape, channels_last."""
-    shape = out_shape_of(problem)
-    return tuple(
-        torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device).contiguous(
-            memory_format=torch.channels_last
-        )
-        for o in problem.epilogue.outputs
-    )
+    """Outputs of the problem's [N, K, P, Q] shape, channels_last (statistics contiguous)."""
+    outs = []
+    for o in problem.epilogue.outputs:
+        shape = output_shape(problem, o)
+        fmt = _memory_format(len(shape) == 4)
+        outs.append(torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device, memory_format=fmt))
+    return tuple(outs)
 
 
 def eager_conv(
@@ -526,9 +586,7 @@ KIND = TemplateKind(
     kernel_shape=conv_kernel_shape,
     problem_of=conv_problem_of,
     bind=bind_conv,
-    output_specs=lambda problem, a, b: (
-        [(out_shape_of(problem), out_strides_of(problem))] * len(problem.epilogue.outputs)
-    ),
+    output_specs=lambda problem, a, b: output_specs(problem),
     empty_outputs=empty_conv_outputs,
     inputs=conv_inputs,
     reference=conv_reference,
@@ -539,4 +597,5 @@ KIND = TemplateKind(
     twins=conv_twins,
     twin_call=matmul_twin_call,
     split_k_underfilled=True,
+    reductions=True,
 )

@@ -58,5 +58,5 @@ KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's t
     twins=lambda problem: (),
     prefer_untuned=True,
     split_k_underfilled=gemv.KIND.split_k_underfilled,
-    reductions=False,
+    reductions=True,
 )

@@ -9,8 +9,10 @@ column vectors of the epilogue) and the launch swaps every (m, n) stride pair.
 The config's SPLIT_K and variant pick the reduction: ``default`` (no split),
 ``two_pass`` (partial sums in a workspace, then a second kernel adds them and runs
 the epilogue) or ``atomic`` (fp32 atomics into a zeroed workspace; the last split
-of each column tile runs the epilogue and zeroes the workspace again). Zero sizes
-and K = 0 are handled as in ``templates.matmul``.
+of each column tile runs the epilogue and zeroes the workspace again). Reduction outputs
+(row and column statistics) are filled by whichever program runs the epilogue, one slot a
+column tile (``runtime.Statistics``). Zero sizes and K = 0 are handled as in
+``templates.matmul``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import triton
 
 from epilab.templates import dtypes, matmul
-from epilab.templates.epilogue import Epilogue, Node
+from epilab.templates.epilogue import Epilogue, Node, Output
 from epilab.templates.kind import TemplateKind
 from epilab.templates.matmul import (
     check_inputs,
@@ -35,6 +37,7 @@ from epilab.templates.render import EPILOGUE_FILES, files_hash
 from epilab.templates.runtime import (
     INT32_MAX,
     Bound,
+    Statistics,
     epilogue_args,
     extent,
     kernel_for,
@@ -44,6 +47,7 @@ from epilab.templates.runtime import (
 )
 
 _FLIP = {"row": "col", "col": "row"}
+_FLIP_REDUCE = {"row_sum": "col_sum", "col_sum": "row_sum", "row_max": "col_max", "col_max": "row_max"}
 FILES = ("gemv.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
 BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
 VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
@@ -94,12 +98,16 @@ def _flip_kinds(ep: Epilogue) -> Epilogue:
             node, attrs=tuple((k, _FLIP.get(str(v), v) if k == "kind" else v) for k, v in node.attrs)
         )
 
-    return Epilogue(tuple(flipped(n) for n in ep.nodes), ep.outputs)
+    def flipped_output(o: Output) -> Output:  # C's row statistics are C.T's column ones
+        return dataclasses.replace(o, reduce=_FLIP_REDUCE.get(o.reduce, o.reduce))
+
+    return Epilogue(tuple(flipped(n) for n in ep.nodes), tuple(flipped_output(o) for o in ep.outputs))
 
 
 def kernel_problem(problem: Problem) -> Problem:
     """The problem the kernel is rendered for: ``problem`` itself, or for a small N its
-    transpose (M and N swapped, A.T and B.T swapped, row and column vectors swapped)."""
+    transpose (M and N swapped, A.T and B.T swapped, row and column vectors and statistics
+    swapped)."""
     if not is_transposed(problem):
         return problem
     s = problem.shape
@@ -194,15 +202,25 @@ def bind_gemv(
     grid = (grid_n, split)
     kernel = kernel_for(kind, kp, config, target, index_64)
     launcher = kernel[grid]
+    stats = Statistics.of(kp.epilogue, outs, (1, grid_n))  # one tile of rows; the kernel's terms
     if config.variant != "two_pass":
+        args.update(stats.args)
 
         def compile_one() -> None:
             if target != "interpreter":
                 kernel.warmup(grid=grid, **args)
 
-        if config.variant == "atomic":  # its workspace is part of the launch: not replayable
-            return Bound(outs, lambda: launcher(**args), compile_one)
-        return Bound(outs, lambda: launcher(**args), compile_one, kernel, args, grid)
+        def run() -> object:
+            stats.fill()
+            compiled = launcher(**args)
+            if stats.finish is not None:
+                stats.finish()
+            return compiled
+
+        # the atomic variant's workspace and ordered statistics are part of the launch: no replay
+        if config.variant == "atomic" or stats.finish is not None:
+            return Bound(outs, run, compile_one)
+        return Bound(outs, run, compile_one, kernel, args, grid, fills=stats.fills)
     reduce = kernel_for(kind, kp, config, target, index_64, "_reduce")
     reduce_args = {
         **ep_args,
@@ -213,8 +231,9 @@ def bind_gemv(
         "BLOCK_N": config.BLOCK_N,
         "SPLIT_K": split,
         "num_warps": 4,
+        **stats.args,
     }
-    return two_pass_bound(outs, target, (kernel, grid, args), (reduce, (grid_n, 1), reduce_args))
+    return two_pass_bound(outs, target, (kernel, grid, args), (reduce, (grid_n, 1), reduce_args), stats)
 
 
 def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:
@@ -302,7 +321,7 @@ KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference 
     bind=bind_gemv,
     search_error=split_k_error,
     input_dtypes=dtypes.WIDE_INPUT_DTYPES,
-    reductions=False,  # its split-K reductions already use the atomics and workspaces
+    reductions=True,
     applies=lambda name, chosen: True,
     twins=gemv_twins,
     prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile

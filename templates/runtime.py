@@ -385,7 +385,8 @@ class Statistics:
             count = slots[1] if axis == "n" else slots[0]
             ws = torch.empty((count, *outs[i].shape), dtype=torch.float32, device=outs[i].device)
             to_fill.append((ws, fill))
-            args.update(_reduction_strides(i, ws[0], axis))
+            # a statistic of more dims than [batch, M] (a conv's per pixel [N, P, Q]): [batch, rest]
+            args.update(_reduction_strides(i, ws[0] if ws.dim() <= 3 else ws[0].flatten(1), axis))
             args[f"out{i}_ptr"] = ws
             args[f"out{i}_stride_{axis}"] = ws.stride(0)
             partials.append((ws, outs[i], how))
