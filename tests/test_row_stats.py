@@ -18,6 +18,7 @@ from zoo.transformers import GPT2, Bert, LlamaBlock
 import epilab
 from epilab import config as epilab_config
 from epilab.templates import kinds
+from epilab.templates.conv2d import make_conv_problem
 from epilab.templates.dual_matmul import make_dual_problem
 from epilab.templates.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.templates.matmul import make_problem
@@ -133,15 +134,103 @@ def test_reduction_outputs_are_validated_and_round_trip():
         Epilogue.build([(x,)])  # type: ignore[list-item]
 
 
-def test_kinds_without_statistics_refuse_them_and_are_no_twins():
+def test_tma_store_refuses_statistics():
     a, b = torch.randn(4, 32), torch.randn(32, 48)
     ep = Epilogue.build([(acc(), "float32"), (acc() * acc(), "float32", "row_sum")])
     problem = make_problem(a, b, ep, {})
-    assert [t.template for t in kinds.twins(problem)] == ["matmul"]  # no gemv twin for M = 4
-    gemv = kinds.for_template(problem, "gemv")
-    assert "no reduction outputs" in kinds.kind_of(gemv).config_error(gemv, Config(16, 32, 32))
     tma = Config(16, 32, 16, variant="tma", TMA_STORE=1)
     assert "TMA_STORE" in kinds.kind_of(problem).config_error(problem, tma)
+
+
+# ------------------------------------------------------------------ gemv and conv2d
+
+GEMV_LOOPS = {
+    "default": Config(16, 32, 32, num_warps=4, num_stages=1),
+    "two_pass": Config(16, 32, 16, 1, 2, num_warps=4, num_stages=1, variant="two_pass"),
+    "atomic": Config(16, 16, 16, 1, 2, num_warps=4, num_stages=1, variant="atomic"),
+}
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["atomic", "ordered"])
+@pytest.mark.parametrize("loop", list(GEMV_LOOPS))
+@pytest.mark.parametrize("shape", [(4, 67, 40), (1, 9, 33), (41, 7, 24)], ids=str)  # last: N <= 16
+def test_gemv_statistics_match_float64(shape, loop, ordered):
+    gen = torch.Generator().manual_seed(4)
+    a, b, res = _tensors(None, *shape, torch.bfloat16, gen)
+    problem = make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res})
+    assert "gemv" in [t.template for t in kinds.twins(problem)]
+    gemv = kinds.for_template(problem, "gemv")
+    with epilab_config.patch(deterministic=ordered):
+        bound = checked_launch(gemv, GEMV_LOOPS[loop], a, b, {"res": res})
+    m, n, _ = shape
+    assert [tuple(o.shape) for o in bound.outs] == [(m, n), (m,), (m,), (n,), (n,)]
+
+
+@pytest.mark.parametrize("loop", ["default", "two_pass"])
+def test_dual_gemv_statistics(loop):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 40, generator=gen).to(torch.bfloat16)
+    w, w2 = (torch.randn(40, 70, generator=gen).to(torch.bfloat16) for _ in range(2))
+    y = ops.cast(ops.silu(acc()) * acc2(), dtype="bfloat16")
+    ep = Epilogue.build([(y, "bfloat16"), (y * y, "float32", "row_sum"), (abs(y), "float32", "col_max")])
+    problem = kinds.for_template(make_dual_problem(x, w, w2, ep, {}), "dual_gemv")
+    checked_launch(problem, GEMV_LOOPS[loop], x, w, {"b2": w2})
+
+
+CONV_CASES = {  # (n, c, h, w, k, r, s, stride, padding, groups), layout, config
+    "3x3-nhwc": ((2, 16, 7, 9, 24, 3, 3, 1, 1, 1), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
+    "3x3-nchw-s2": ((1, 16, 9, 8, 20, 3, 3, 2, 1, 1), "nchw", Config(32, 16, 16, 1, num_warps=4, num_stages=1)),
+    "groups2": ((1, 32, 6, 6, 32, 3, 3, 1, 1, 2), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
+    "depthwise": ((2, 24, 7, 6, 24, 3, 3, 1, 1, 24), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
+    "split_k": ((1, 32, 5, 5, 16, 3, 3, 1, 1, 1), "nhwc", Config(16, 16, 16, 1, 2, num_warps=4, num_stages=1)),
+    "1x1": ((2, 32, 5, 5, 48, 1, 1, 1, 0, 1), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
+}
+
+
+def _conv_statistics(case, ordered: bool, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"):
+    """A conv2d launch of ``statistics_epilogue`` (a case of ``CONV_CASES``, or a case's
+    tuple), checked against float64; its outputs and tensors."""
+    (n, c, h, w, k, r, s, stride, padding, groups), layout, config = CONV_CASES.get(case, case)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(n, c, h, w, generator=gen).to(dtype).to(device)
+    weight = (torch.randn(k, c // groups, r, s, generator=gen) / (r * s * c / groups) ** 0.5).to(dtype)
+    weight = weight.to(device)
+    p, q = (h + 2 * padding - r) // stride + 1, (w + 2 * padding - s) // stride + 1
+    res = torch.randn(n, k, p, q, generator=gen).to(dtype).to(device)
+    if layout == "nhwc":
+        x, weight, res = (t.contiguous(memory_format=torch.channels_last) for t in (x, weight, res))
+    dt = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    problem = make_conv_problem(
+        x, weight, statistics_epilogue(dt), {"res": res}, stride=stride, padding=padding, groups=groups
+    )
+    with epilab_config.patch(deterministic=ordered):
+        bound = checked_launch(problem, config, x, weight, {"res": res})
+    return bound.outs, (x, weight, res, stride, padding, groups)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["atomic", "ordered"])
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv_statistics_match_float64(case, ordered):
+    outs, (*_, res, _, _, _) = _conv_statistics(case, ordered)
+    n, k, p, q = res.shape
+    assert [tuple(o.shape) for o in outs] == [(n, k, p, q), (n, p, q), (n, p, q), (n, k), (n, k)]
+
+
+def test_conv_statistics_mean_pixels_per_channel_and_channels_per_pixel():
+    # independent of the reference's GEMM view: torch's conv2d, then sums over named dims
+    outs, (x, weight, res, stride, padding, groups) = _conv_statistics("groups2", False, torch.float32)
+    h = torch.nn.functional.conv2d(x.double(), weight.double(), None, stride, padding, 1, groups) + res.double()
+    torch.testing.assert_close(outs[1].double(), (h * h).sum(1), rtol=1e-4, atol=1e-3)  # per pixel
+    torch.testing.assert_close(outs[3].double(), h.sum((2, 3)), rtol=1e-4, atol=1e-3)  # per channel
+    torch.testing.assert_close(outs[4].double(), (h * 0.5).amax((2, 3)), rtol=1e-4, atol=1e-3)
+
+
+def test_a_convolution_with_statistics_has_no_matmul_twin():
+    x = torch.randn(2, 32, 5, 5).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(48, 32, 1, 1).contiguous(memory_format=torch.channels_last)
+    ep = Epilogue.build([(acc(), "float32"), (acc(), "float32", "col_sum")])
+    problem = make_conv_problem(x, w, ep, {})
+    assert [t.template for t in kinds.twins(problem)] == ["conv2d"]  # a 1x1 conv's twin sums over images
 
 
 # ------------------------------------------------------------------ the compiler
@@ -248,6 +337,36 @@ def test_row_amax_for_dynamic_fp8_quantization(fresh_compiler, tmp_path):
     assert (q.float() - q_ref.float()).abs().max() <= 32.0  # at most one e4m3 step near 448
 
 
+class PooledConv(torch.nn.Module):
+    """conv -> relu -> global average pool -> linear, and a mean over the channels: both
+    statistics of the conv's output, which nothing else reads."""
+
+    def __init__(self, c: int = 16, k: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, k, 3, padding=1)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(k, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        return torch.cat([self.fc(torch.flatten(self.pool(y), 1)), y.mean(1).flatten(1)], 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_pooling_of_a_conv_is_its_epilogue_statistic(dtype, fresh_compiler, tmp_path):
+    torch.manual_seed(0)
+    model = PooledConv().eval()
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    want = model.double()(x.double())
+    model, x = model.to(dtype), x.to(dtype)
+    ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
+    conv = [d for d in decisions if d.template == "conv2d"]
+    assert len(conv) == 1 and "col_sum" in conv[0].epilogue and "row_sum" in conv[0].epilogue
+    outputs = [part for part in conv[0].epilogue.split("; ") if part.startswith("out ")]
+    assert len(outputs) == 2 and all(o.endswith("_sum") for o in outputs)  # the activation is never stored
+    assert ours <= 2 * inductor + 1e-6, (ours, inductor)
+
+
 # ------------------------------------------------------------------ on the GPU
 
 GPU_LOOPS = {
@@ -268,6 +387,42 @@ def test_statistics_on_gpu(shape, loop, ordered):
     problem = make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res})
     with epilab_config.patch(deterministic=ordered):
         checked_launch(problem, GPU_LOOPS[loop], a, b, {"res": res})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ordered", [False, True], ids=["atomic", "ordered"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(16, 64, 128, num_warps=4, num_stages=3),
+        Config(16, 128, 128, 1, 4, num_warps=4, num_stages=3, variant="two_pass"),
+        Config(16, 64, 256, 1, 8, num_warps=4, num_stages=3, variant="atomic"),
+    ],
+    ids=lambda c: c.short(),
+)
+@pytest.mark.parametrize("shape", [(8, 4096, 4096), (1, 11008, 4096), (2048, 4, 1024)], ids=str)
+def test_gemv_statistics_on_gpu(shape, config, ordered):
+    gen = torch.Generator().manual_seed(7)
+    a, b, res = (t.cuda() for t in _tensors(None, *shape, torch.bfloat16, gen, transposed_b=True))
+    problem = kinds.for_template(make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res}), "gemv")
+    with epilab_config.patch(deterministic=ordered):
+        checked_launch(problem, config, a, b, {"res": res})
+
+
+GPU_CONV_CASES = {  # ResNet-50's stages at batch 8, its stem, a depthwise and a split-K case
+    "3x3-56x56-c64": ((8, 64, 56, 56, 64, 3, 3, 1, 1, 1), "nhwc", Config(128, 64, 64, 8, num_warps=4, num_stages=3)),
+    "1x1-28x28-c512": ((8, 128, 28, 28, 512, 1, 1, 1, 0, 1), "nhwc", Config(128, 128, 64, 8, num_warps=8, num_stages=3)),
+    "stem-7x7-s2": ((8, 3, 224, 224, 64, 7, 7, 2, 3, 1), "nchw", Config(128, 64, 16, 8, num_warps=4, num_stages=3)),
+    "depthwise": ((8, 96, 28, 28, 96, 3, 3, 1, 1, 96), "nhwc", Config(64, 64, 16, 8, num_warps=4, num_stages=2)),
+    "3x3-7x7-split4": ((8, 512, 7, 7, 512, 3, 3, 1, 1, 1), "nhwc", Config(64, 64, 64, 8, 4, num_warps=4, num_stages=3)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ordered", [False, True], ids=["atomic", "ordered"])
+@pytest.mark.parametrize("case", list(GPU_CONV_CASES))
+def test_conv_statistics_on_gpu(case, ordered):
+    _conv_statistics(GPU_CONV_CASES[case], ordered, device="cuda")
 
 
 @pytest.mark.gpu
