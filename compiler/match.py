@@ -156,7 +156,6 @@ class _Grower(ABC):
     views may join and which problem the group makes."""
 
     takes_views = True  # views that split or merge the output's rows may join
-    takes_reductions = True  # row statistics (sum, mean, amax over N) may join as outputs
 
     def __init__(self, anchor: fx.Node) -> None:
         self.anchor = anchor
@@ -172,7 +171,7 @@ class _Grower(ABC):
         self.operands: dict[tuple[fx.Node, tuple[int, ...] | None], Operand] = {}
         self.order: list[fx.Node] = []
         self.precision: str | None = None  # the anchor's own (a scaled mm's fast accumulation)
-        self.reduced: dict[fx.Node, tuple[Expr, str]] = {}  # row statistics: (value, reduction)
+        self.reduced: dict[fx.Node, tuple[Expr, str]] = {}  # statistics: (value, reduction)
 
     # -- the anchor family's part
     @abstractmethod
@@ -316,27 +315,36 @@ class _Grower(ABC):
         return expr if isinstance(expr, Expr) else None
 
     def try_reduction(self, node: fx.Node, out: torch.Tensor) -> bool:
-        """A sum, mean or amax over the last dim (N) of a group value, in fp32 and of static
-        shape, joins as a reduction output (a terminal member: nothing in the group reads it)."""
+        """A sum, mean or amax of a group value over the dims the family's GEMM reduces a
+        tile over (``reduced_axis``), of static shape, joins as a reduction output (a
+        terminal member: nothing in the group reads it). Taken in fp32; a half-precision
+        result is rounded once after it, as torch's own reductions accumulate in fp32."""
         src, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         how = ROW_REDUCTIONS[node.target]
-        # a max is exact at any precision (rounding is monotonic): taken in fp32, then cast
-        wide = out.dtype == torch.float32 or (how == "max" and out.dtype in (torch.bfloat16, torch.float16))
-        if not self.takes_reductions or src not in self.values or not wide:
+        if src not in self.values or out.dtype not in ANCHOR_DTYPES:
             return False
-        if node.kwargs.get("dtype") not in (None, torch.float32):
+        if node.kwargs.get("dtype") not in (None, out.dtype):
             return False
         shape = list(val(src).shape)  # type: ignore[union-attr]
-        if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (-1, len(shape) - 1):
+        if not isinstance(dims, (list, tuple)) or not _static(shape) or not _static(out.shape):
             return False
-        if not same(shape[-1], self.O[-1]) or not _static(shape) or not _static(out.shape):
+        found = self.reduced_axis(sorted(d % len(shape) for d in dims), [int(expr_of(d)) for d in shape])
+        if found is None:
             return False
+        axis, count = found
         value = self.values[src]  # type: ignore[index]
         if how == "mean":
-            value = value * (1.0 / int(expr_of(shape[-1])))
-        self.reduced[node] = (value, "row_max" if how == "max" else "row_sum")
+            value = value * (1.0 / count)
+        self.reduced[node] = (value, f"{axis}_max" if how == "max" else f"{axis}_sum")
         self.shape_src[node] = [int(expr_of(d)) for d in out.shape]
         return True
+
+    def reduced_axis(self, dims: list[int], shape: list[int]) -> tuple[str, int] | None:
+        """Which statistic a reduction over ``dims`` of a group value of ``shape`` is: ("row",
+        N) over the last dim (N) of the output; None for any other."""
+        if dims != [len(shape) - 1] or not same(shape[-1], self.O[-1]):
+            return None
+        return "row", shape[-1]
 
     def grow(self, nodes: Sequence[fx.Node]) -> None:
         for node in nodes:
@@ -510,11 +518,18 @@ class _MatmulGrower(_Grower):
 
 
 class _ConvGrower(_Grower):
-    """2-D convolutions: operands per output channel, scalars and whole tensors; no views, no
-    reduction outputs."""
+    """2-D convolutions: operands per output channel, scalars and whole tensors; no views;
+    statistics per pixel over the channels or per channel over the pixels (a pooling's)."""
 
     takes_views = False
-    takes_reductions = False
+
+    def reduced_axis(self, dims: list[int], shape: list[int]) -> tuple[str, int] | None:
+        """Over the pixels (dims 2, 3: a global pool) a column statistic [N, K]; over the
+        channels (dim 1) a row statistic [N, P, Q]."""
+        if not same_shape(shape, self.O):
+            return None
+        _, k, p, q = shape
+        return {(2, 3): ("col", p * q), (1,): ("row", k)}.get(tuple(dims))
 
     def start(self) -> tuple[fx.Node, fx.Node]:
         node = self.anchor
