@@ -249,6 +249,14 @@ def tune(
             help="with --model: also check and time in Inductor's max-autotune mode (slow to compile)",
         ),
     ] = True,
+    freezing: Annotated[
+        bool,
+        typer.Option(
+            "--freezing",
+            help="with --model: compile every variant with Inductor's freezing (weights as constants, "
+            "inference only): what folding a norm into the next GEMM needs",
+        ),
+    ] = False,
     out_file: Annotated[
         str | None, typer.Option("--out", help="with --model: also write the report as JSON to this file")
     ] = None,
@@ -309,13 +317,12 @@ def tune(
     results = []
     interrupted = False
     if model is not None:
-        from epilab.tuner.model import MODES
+        from epilab.tuner.model import MODES, ModelOptions
 
         modes = tuple(m for m in MODES if max_autotune or not m.endswith("max-autotune"))
+        how = ModelOptions(rounds=rounds, check_context=context, modes=modes, freezing=freezing)
         with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
-            _tune_model(
-                tuner, store, model, inputs or [], device, context, rounds, modes, trials, out_file, json_out
-            )
+            _tune_model(tuner, store, model, inputs or [], device, how, trials, out_file, json_out)
         return
     with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
         if seen:
@@ -355,16 +362,14 @@ def _tune_model(
     target: str,
     inputs: list[str],
     device: str,
-    context: bool,
-    rounds: int,
-    modes: tuple[str, ...],
+    how: Any,
     trials: int,
     out_file: str | None,
     json_out: bool,
 ) -> None:
     import torch
 
-    from epilab.tuner.model import ModelOptions, build_model, save, tune_model
+    from epilab.tuner.model import build_model, save, tune_model
 
     where = torch.device("cpu") if tuner.options.interpret else torch.device(device)
     net, example, label = build_model(target, inputs, where, seed=tuner.options.seed)
@@ -374,7 +379,7 @@ def _tune_model(
         *example,
         db=store,
         tuner=tuner,
-        options=ModelOptions(rounds=rounds, check_context=context, modes=modes),
+        options=how,
         label=label,
         tune_jobs=lambda t, jobs: _run_tuning(t, jobs, trials, out),
         say=lambda text: out.print(printable(text)),

@@ -218,6 +218,38 @@ def test_tune_model_tunes_what_the_model_needs_until_no_new_problem_appears(tmp_
     assert again.passes == 1 and again.tuned == []  # resumed: nothing left to tune
 
 
+class NormBlock(nn.Module):
+    """A projection and residual, an RMSNorm, a projection: the norm folds with freezing."""
+
+    def __init__(self, d: int = 16, f: int = 24) -> None:
+        super().__init__()
+        self.up, self.norm, self.down = nn.Linear(d, d), nn.RMSNorm(d, eps=1e-6), nn.Linear(d, f)
+
+    def forward(self, x):
+        return self.down(self.norm(self.up(x) + x))
+
+
+@pytest.mark.parametrize("freezing", [False, True], ids=["plain", "freezing"])
+def test_tune_model_with_freezing_tunes_the_folded_norms_problems(freezing, tmp_path):
+    from epilab.templates.problem import Problem
+
+    torch.manual_seed(0)
+    model, x = NormBlock().eval(), torch.randn(2, 5, 16)
+    options = ModelOptions(check_context=False, measure=False, freezing=freezing)
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        tuner = Tuner(
+            db, TuneOptions(budget=Budget(trials=1, patience=1), interpret=True, jobs=0, baselines=())
+        )
+        with tuner:
+            report = tune_model(model, x, db=db, tuner=tuner, options=options)
+        problems = [Problem.from_json(db.problem_json(r.key)[1]) for r in report.tuned]
+    # the residual's mean square joins its GEMM either way; the next GEMM scales by rstd[m]
+    # (a per-row operand) only where the norm's weight is a constant folded into its weight
+    assert any(p.epilogue.reductions for p in problems)
+    assert any("kind=col" in p.epilogue.text() for p in problems) == freezing
+    assert ("Inductor freezing" in report.method) == freezing
+
+
 def test_unknown_modes_are_refused(tmp_path):
     with TuningDB.open(str(tmp_path / "t.db")) as db, pytest.raises(ValueError, match="unknown mode"):
         tune_model(Block(), torch.randn(2, 16), db=db, options=ModelOptions(modes=("per kall",)))

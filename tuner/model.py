@@ -315,6 +315,9 @@ class ModelOptions:
     check_context: bool = True
     measure: bool = True
     eager: bool = True  # time eager PyTorch too (per call)
+    # every variant compiled with Inductor's freezing (weights as constants: inference only),
+    # what the norm fold (``compiler/norms.py``) needs; Inductor is compared under it too
+    freezing: bool = False
 
 
 def tune_model(
@@ -359,8 +362,10 @@ def tune_model(
     )
     if not on_gpu:
         report.method = "interpreter wall-clock (not GPU time)"
+    if options.freezing:
+        report.method += "; every variant compiled with Inductor freezing (weights as constants)"
     try:
-        with _compiling():
+        with _compiling(options.freezing):
             _record_and_tune(model, example_inputs, store, tuner, modes, options, report, tune_jobs, say)
             if report.interrupted:
                 return report
@@ -383,10 +388,11 @@ def tune_model(
 
 
 @contextlib.contextmanager
-def _compiling() -> Iterator[None]:
+def _compiling(freezing: bool = False) -> Iterator[None]:
     """Every compile runs the pass (no graph cache hit hides a decision; Triton's kernel
     cache stays on) and many variants of one model live side by side (each its own
-    backend: Dynamo keeps one cache entry each)."""
+    backend: Dynamo keeps one cache entry each). ``freezing`` is Inductor's, set globally:
+    it is read when Dynamo traces, not from a compile's options."""
     import torch._dynamo
     import torch._functorch.config
     import torch._inductor.config
@@ -394,7 +400,10 @@ def _compiling() -> Iterator[None]:
     torch._dynamo.reset()
     with (
         torch._dynamo.config.patch(cache_size_limit=256, accumulated_cache_size_limit=4096),
-        torch._inductor.config.patch(fx_graph_cache=False),
+        # (on CPU tensors freezing would also prepack linear weights into mkldnn ops: kept as GEMMs)
+        torch._inductor.config.patch(
+            {"fx_graph_cache": False, "freezing": freezing, "cpp.weight_prepack": False}
+        ),
         torch._functorch.config.patch(enable_autograd_cache=False),
         torch.no_grad(),
     ):
