@@ -10,6 +10,7 @@ decided on other facts.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import operator
@@ -55,36 +56,85 @@ class EpilabPass(CustomGraphPass):
         return hashlib.sha256((code_version() + "\0" + self.facts).encode()).hexdigest()
 
     def __call__(self, graph: fx.Graph) -> None:
-        decisions: list[Decision] = []
-        if self.context.device is not None:
-            fold_norms(graph)  # before anchors are found: it makes new ones
-        anchors = [n for n in graph.nodes if n.op == "call_function" and n.target in ANCHORS]
-        precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
-        for i, anchor in enumerate(anchors):
-            if anchor.graph is not graph or anchor not in graph.nodes:
-                continue
-            if self._dual(graph, anchor, anchors[i + 1 :], precision, decisions):
-                continue
-            name = f"aten.{ANCHORS[anchor.target]}"  # type: ignore[index]
-            nodes = list(graph.nodes)
-            after = nodes[nodes.index(anchor) + 1 :]
-            try:
-                group = match(anchor, after, precision=precision)
-            except NoGroup as e:
-                decisions.append(Decision(name, "", _shape(anchor), None, None, None, f"not matched: {e}"))
-                continue
-            self._record_seen(group)
-            decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
-            decisions.append(decision)
-            if plan is not None:
-                _rewrite(graph, group, plan, chosen)
+        tried: list[Decision] = []
+        if self.context.device is not None:  # before anchors are found: a fold makes new ones
+            kept, tried = self._trial_folds(graph)
+            if kept:
+                fold_norms(graph, only=kept)
+        decisions = self._decide(graph)
         if any(d.template for d in decisions):
             from torch._inductor.pattern_matcher import stable_topological_sort
 
             stable_topological_sort(graph)
             graph.eliminate_dead_code()
             graph.lint()
-        explain.record(decisions)
+        explain.record(decisions + tried)
+
+    def _decide(
+        self, graph: fx.Graph, by_anchor: dict[fx.Node, list[Decision]] | None = None
+    ) -> list[Decision]:
+        """Match and decide every anchor of ``graph``, rewriting the groups given a template;
+        the decisions (also by anchor into ``by_anchor``: a dual pair's under its first)."""
+        decisions: list[Decision] = []
+        anchors = [n for n in graph.nodes if n.op == "call_function" and n.target in ANCHORS]
+        precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
+        for i, anchor in enumerate(anchors):
+            if anchor.graph is not graph or anchor not in graph.nodes:
+                continue
+            before = len(decisions)
+            self._decide_anchor(graph, anchor, anchors[i + 1 :], precision, decisions)
+            if by_anchor is not None:
+                by_anchor[anchor] = decisions[before:]
+        return decisions
+
+    def _decide_anchor(
+        self,
+        graph: fx.Graph,
+        anchor: fx.Node,
+        later: list[fx.Node],
+        precision: str,
+        decisions: list[Decision],
+    ) -> None:
+        if self._dual(graph, anchor, later, precision, decisions):
+            return
+        name = f"aten.{ANCHORS[anchor.target]}"  # type: ignore[index]
+        nodes = list(graph.nodes)
+        after = nodes[nodes.index(anchor) + 1 :]
+        try:
+            group = match(anchor, after, precision=precision)
+        except NoGroup as e:
+            decisions.append(Decision(name, "", _shape(anchor), None, None, None, f"not matched: {e}"))
+            return
+        self._record_seen(group)
+        decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
+        decisions.append(decision)
+        if plan is not None:
+            _rewrite(graph, group, plan, chosen)
+
+    def _trial_folds(self, graph: fx.Graph) -> tuple[set[str], list[Decision]]:
+        """The norms worth folding (``norms.Folded.key``): each foldable norm is folded in a
+        copy of the graph (dry: no constant computed), the copy is decided, and a norm is kept
+        only where every projection reading it was then given a template (in front of an aten
+        mm the fold is more work than Inductor's norm). The copy's decisions on the
+        projections of the norms left unfolded come back too, marked (not applied): their
+        problems are recorded, so ``epilab tune --seen`` and ``--model`` tune them."""
+        trial = _copy(graph)
+        folds = fold_norms(trial, dry=True, module=graph.owning_module)
+        if not folds:
+            return set(), []
+        by_anchor: dict[fx.Node, list[Decision]] = {}
+        self._decide(trial, by_anchor)
+        left = _live(trial)  # a product given a template is dead (its group's call replaced it)
+        kept = {f.key for f in folds if not any(p in left for p in f.products)}
+        note = "; tried with its norm folded in, not applied: a projection of that norm keeps its aten op"
+        tried = [
+            dataclasses.replace(d, template=None, config=None, source=None, reason=d.reason + note)
+            for f in folds
+            if f.key not in kept
+            for p in f.products
+            for d in by_anchor.get(p, [])
+        ]
+        return kept, tried
 
     def _dual(
         self,
@@ -152,6 +202,28 @@ class EpilabPass(CustomGraphPass):
                 db.put_problem(problem)
         except Exception as e:  # a read-only or busy database must not fail the compile
             log.warning("could not record problem %s in %s: %s", group.problem.key[:12], db.url, e)
+
+
+def _copy(graph: fx.Graph) -> fx.Graph:
+    """A copy of ``graph`` (same node names and values) for trials: owned by no module, so
+    its dry constants (``get_attr`` of nothing registered) pass its checks."""
+    copy = fx.Graph()
+    out = copy.graph_copy(graph, {})
+    copy.output(out)
+    return copy
+
+
+def _live(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes the graph's output depends on (the trial's rewrites leave it unsorted, so
+    no dead-code pass: that lints the order)."""
+    live: set[fx.Node] = set()
+    todo = [n for n in graph.nodes if n.op == "output"]
+    while todo:
+        node = todo.pop()
+        if node not in live:
+            live.add(node)
+            todo.extend(node.all_input_nodes)
+    return live
 
 
 def _a_of(anchor: fx.Node) -> fx.Node | None:

@@ -25,6 +25,12 @@ do not show; Inductor's Welford is exact there). Each folded projection's produc
 ``match.UNROUNDED``: a template keeps its accumulator in fp32 through the correction (rounding
 ``h @ W'`` to bf16 before subtracting ``mean * c`` would lose what the mean cancels).
 
+A fold pays only where its projections then run as templates (in front of an aten mm it is a
+GEMM and more pointwise work than Inductor's norm kernel): the pass (``graph_pass.py``) folds
+a copy of the graph first with ``dry=True`` (constants made as fake values: nothing computed
+or registered), decides it, and folds in the real graph only the norms (``Folded.key``) whose
+projections were all chosen.
+
 Not rewritten: a norm whose output is used by anything else (a training forward saves it for
 the backward; a post-norm block's residual stream is the norm's output), weights that are
 graph inputs (no ``freezing``: folding ``g`` would be a [K, N] product every call), other
@@ -62,23 +68,39 @@ class Norm:
     bias: torch.Tensor | None = None  # LayerNorm's beta (None: no bias)
 
 
-def fold_norms(graph: fx.Graph) -> int:
-    """Fold every foldable RMSNorm and LayerNorm of ``graph`` into its projections; how many
-    were folded."""
-    module = graph.owning_module
+@dataclass(frozen=True)
+class Folded:
+    """A folded norm: its key (the names of its input and rstd nodes, the same in a copy of
+    the graph) and the new projection products (the anchors its projections became)."""
+
+    key: str
+    products: tuple[fx.Node, ...]
+
+
+def fold_norms(
+    graph: fx.Graph, only: set[str] | None = None, dry: bool = False, module: torch.nn.Module | None = None
+) -> list[Folded]:
+    """Fold the foldable RMSNorms and LayerNorms of ``graph`` (those keyed in ``only``, or
+    all) into their projections; ``module`` holds its constants (default: its owning
+    module). ``dry``: the folded weights and their sums are fake values of their shapes (a
+    trial on a copy of the graph: nothing is computed or registered)."""
+    module = module if module is not None else graph.owning_module
     if module is None:
-        return 0
-    folded = 0
+        return []
+    folded = []
     for node in list(graph.nodes):
         if node.graph is not graph or node not in graph.nodes:
             continue
-        norm = _match(node, module) or _match_layer_norm(graph, node, module)
+        norm = _match(node, module, only) or _match_layer_norm(graph, node, module, only)
         if norm is not None:
-            _rewrite(graph, module, norm)
-            folded += 1
+            folded.append(Folded(_key(norm.h, norm.rstd), _rewrite(graph, module, norm, dry)))
     if folded:
         graph.eliminate_dead_code()
     return folded
+
+
+def _key(h: fx.Node, rstd: fx.Node) -> str:
+    return f"{h.name}/{rstd.name}"
 
 
 def _target(node: object, *targets: object) -> bool:
@@ -102,7 +124,7 @@ def _constant(node: object, module: torch.nn.Module) -> torch.Tensor | None:
     return None
 
 
-def _match(mean: fx.Node, module: torch.nn.Module) -> Norm | None:
+def _match(mean: fx.Node, module: torch.nn.Module, only: set[str] | None = None) -> Norm | None:
     """``mean(x32^2, [-1], keepdim) -> + eps -> rsqrt -> x32 * rstd -> [cast] -> * g`` whose
     output only feeds mm/addmm projections with constant weights (through views)."""
     if not _target(mean, aten.mean.dim) or len(mean.args) < 3 or not mean.args[2]:
@@ -134,6 +156,8 @@ def _match(mean: fx.Node, module: torch.nn.Module) -> Norm | None:
     if affine is None or affine[1] is not None:
         return None
     weight, _, consumers = affine
+    if only is not None and _key(h, rstd) not in only:  # type: ignore[arg-type]
+        return None
     return Norm(h, rstd, weight, consumers)  # type: ignore[arg-type]
 
 
@@ -174,7 +198,9 @@ def _operand_constant(
     return _constant(others[0], module) if len(others) == 1 else None
 
 
-def _match_layer_norm(graph: fx.Graph, var_mean: fx.Node, module: torch.nn.Module) -> Norm | None:
+def _match_layer_norm(
+    graph: fx.Graph, var_mean: fx.Node, module: torch.nn.Module, only: set[str] | None = None
+) -> Norm | None:
     """``var_mean(x32, [-1], correction=0, keepdim) -> (x32 - mean) * rsqrt(var + eps) -> * g
     [-> + beta]`` whose output only feeds projections with constant weights; its var_mean is
     replaced by two means (row statistics a producer's epilogue can compute)."""
@@ -211,6 +237,8 @@ def _match_layer_norm(graph: fx.Graph, var_mean: fx.Node, module: torch.nn.Modul
         return None
     weight, beta, consumers = affine
     h = x32.args[0] if _target(x32, _CAST) else x32
+    if only is not None and _key(h, rstd) not in only:  # type: ignore[arg-type]
+        return None  # left as it is: var_mean (Welford) kept
     mean_node, var_node = _two_means(graph, var_mean, x32)
     mean.replace_all_uses_with(mean_node)
     var.replace_all_uses_with(var_node)
@@ -263,10 +291,11 @@ def _projections(out: fx.Node, module: torch.nn.Module) -> tuple[fx.Node, ...]:
     return tuple(found)
 
 
-def _rewrite(graph: fx.Graph, module: torch.nn.Module, norm: Norm) -> None:
+def _rewrite(graph: fx.Graph, module: torch.nn.Module, norm: Norm, dry: bool = False) -> tuple[fx.Node, ...]:
     """Each projection ``mm(view(norm), B) [+ bias]`` becomes
     ``(mm(view(h), B * g[:, None]) * rstd[m] [+ bias]).to(dtype)``; for a LayerNorm
-    ``((mm(view(h), W') - mean[m] * c[n]) * rstd[m] + (beta @ B)[n] [+ bias]).to(dtype)``."""
+    ``((mm(view(h), W') - mean[m] * c[n]) * rstd[m] + (beta @ B)[n] [+ bias]).to(dtype)``.
+    Returns the new products (mm nodes); ``dry``: constants are fake values (``fold_norms``)."""
     fake = fake_mode_of(val(norm.h))
 
     def add(target: object, args: tuple) -> fx.Node:
@@ -274,36 +303,42 @@ def _rewrite(graph: fx.Graph, module: torch.nn.Module, norm: Norm) -> None:
 
     def constant(t: torch.Tensor) -> fx.Node:
         name = f"_epilab_norm_folded_{next(_counter)}"
-        module.register_buffer(name, t)
+        if not dry:
+            module.register_buffer(name, t)
         node = graph.get_attr(name)
         from_tensor = getattr(fake, "from_tensor", None)
         node.meta["val"] = t if from_tensor is None else from_tensor(t, static_shapes=True)
         return node
 
+    products = []
     for mm in norm.consumers:
         view = mm.args[0] if mm.target == aten.mm.default else mm.args[1]
         b = mm.args[1] if mm.target == aten.mm.default else mm.args[2]
         bv = _constant(b, module)
         assert bv is not None and isinstance(view, fx.Node)
         g = norm.weight.to(device=bv.device, dtype=torch.float32)
-        weight = (bv.float() * g[:, None]).to(bv.dtype)  # B's layout kept (elementwise ops keep it)
+        # B's layout kept (elementwise ops keep it); a dry run takes B's shape, dtype and layout
+        weight = bv if dry else (bv.float() * g[:, None]).to(bv.dtype)
+        columns = torch.empty(bv.shape[1], dtype=torch.float32, device=bv.device)  # a dry [N] constant
         dtype = val(mm).dtype  # type: ignore[union-attr]
         with graph.inserting_before(mm):
             h2 = add(aten.reshape.default, (norm.h, list(view.args[1])))  # type: ignore[arg-type]
             product = add(aten.mm.default, (h2, constant(weight)))
             product.meta[UNROUNDED] = True
+            products.append(product)
             scaled = product
             if norm.mean is not None:  # the rank-1 correction: the mean times W''s column sums
                 means = add(aten.reshape.default, (norm.mean, [-1, 1]))
-                sums = constant(weight.float().sum(0))
+                sums = constant(columns if dry else weight.float().sum(0))
                 scaled = add(aten.sub.Tensor, (scaled, add(aten.mul.Tensor, (means, sums))))
             rows = add(aten.reshape.default, (norm.rstd, [-1, 1]))
             scaled = add(aten.mul.Tensor, (scaled, rows))
             if norm.bias is not None:
-                shift = norm.bias.to(device=bv.device, dtype=torch.float32) @ bv.float()
+                shift = columns if dry else norm.bias.to(device=bv.device, dtype=torch.float32) @ bv.float()
                 scaled = add(aten.add.Tensor, (scaled, constant(shift)))
             if mm.target == aten.addmm.default:
                 scaled = add(aten.add.Tensor, (scaled, mm.args[0]))
             result = add(_CAST, (scaled, dtype))
         mm.replace_all_uses_with(result)
         graph.erase_node(mm)
+    return tuple(products)

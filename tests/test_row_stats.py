@@ -17,12 +17,13 @@ from zoo.transformers import GPT2, Bert, LlamaBlock
 
 import epilab
 from epilab import config as epilab_config
+from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.templates import kinds
 from epilab.templates.conv2d import make_conv_problem
 from epilab.templates.dual_matmul import make_dual_problem
 from epilab.templates.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.templates.matmul import make_problem
-from epilab.templates.problem import Config
+from epilab.templates.problem import Config, Problem
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -272,6 +273,28 @@ def test_rms_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     # q, k, v read the first norm; the dual gate/up GEMM the second: each scales by rstd[m]
     assert len(consumers) == 4 and any(d.template == "dual_matmul" for d in consumers)
     assert ours <= 2 * inductor + 1e-3, (ours, inductor)
+
+
+def test_a_norm_is_folded_only_where_its_projections_get_templates(fresh_compiler, tmp_path):
+    # policy auto on an empty database keeps every aten op: the fold alone would be a GEMM and
+    # more pointwise work than Inductor's norm, so nothing is folded and the result is Inductor's
+    model, x = _llama()
+    want = model.double()(x.double())
+    model = model.to(torch.bfloat16)
+    db = str(tmp_path / "t.db")
+    inductor = _compiled_error(model, x, want)
+    epilab.explain(clear=True)
+    ours = _compiled_error(model, x, want, backend="epilab", options={"policy": "auto", "db": db})
+    decisions = epilab.explain()
+    assert not any(d.template for d in decisions)
+    assert ours == inductor
+    # the folded projections' problems were tried and recorded: tuning finds them
+    tried = [d for d in decisions if "tried with its norm folded in" in d.reason]
+    assert len(tried) == 6  # q, k, v; gate and up as a dual GEMM, then each alone
+    assert all("kind=col" in d.epilogue and d.candidates for d in tried)
+    with TuningDB.open(db) as store:
+        seen = {Problem.from_json(t).key for t in store.untuned(INTERPRETER_DEVICE, kinds.current_hashes())}
+    assert all(d.problem_key in seen for d in tried)
 
 
 def test_rms_norm_is_not_folded_without_constant_weights(fresh_compiler, tmp_path):
