@@ -250,6 +250,35 @@ def test_tune_model_with_freezing_tunes_the_folded_norms_problems(freezing, tmp_
     assert ("Inductor freezing" in report.method) == freezing
 
 
+def test_problems_a_rejection_brings_in_are_checked_in_a_next_round(tmp_path):
+    # every template loses in context; rejecting the folded projection leaves its norm
+    # unfolded, and the plain projection's problem (chosen then) gets a verdict of its own
+    from epilab.templates.problem import Problem
+
+    torch.manual_seed(0)
+    model, x = NormBlock().eval(), torch.randn(2, 5, 16)
+
+    def timer(name, fn):
+        fn()
+        ms = 0.9 if name.startswith("without") else 1.0
+        return Measured(ms, ms, ms, 1, "fake")
+
+    options = ModelOptions(rounds=1, measure=False, freezing=True)
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        tuner = Tuner(
+            db, TuneOptions(budget=Budget(trials=1, patience=1), interpret=True, jobs=0, baselines=())
+        )
+        with tuner:
+            report = tune_model(model, x, db=db, tuner=tuner, options=options, timer=timer)
+        texts = [Problem.from_json(db.problem_json(v["problem"])[1]).epilogue.text() for v in report.verdicts]
+    assert not any(v["keep"] for v in report.verdicts)
+    # round 1: the producer (its sum of squares) and the folded projection (rstd, a per-row
+    # operand); round 2: the producer as the unfolded norm reads it, the plain projection
+    assert len(report.verdicts) == len({v["problem"] for v in report.verdicts}) == 4
+    assert ["kind=col" in t for t in texts].count(True) == 1
+    assert ["row_sum" in t for t in texts].count(True) == 2
+
+
 def test_unknown_modes_are_refused(tmp_path):
     with TuningDB.open(str(tmp_path / "t.db")) as db, pytest.raises(ValueError, match="unknown mode"):
         tune_model(Block(), torch.randn(2, 16), db=db, options=ModelOptions(modes=("per kall",)))

@@ -524,17 +524,48 @@ def _check_in_context(
     timer: Timer,
     say: Callable[[str], None],
 ) -> None:
-    """Verdicts for the templates the records choose in ``mode`` (see the module's text)."""
+    """Verdicts for the templates the records choose in ``mode`` (see the module's text).
+    Rounds until every template chosen has one: rejecting a problem can bring others in
+    (a norm is folded only where its projections get templates: without them the unfolded
+    projections' problems are chosen instead), and those are checked in the next round with
+    the rejected ones left out."""
+    checked: dict[str, bool] = {}
+    for _ in range(options.max_passes):
+        if not _check_round(model, inputs, store, tuner, mode, options, report, timer, say, checked):
+            break
     torch._dynamo.reset()
-    with_all = _compile(model, inputs, "epilab", mode, _epilab(store, mode, verdicts=False))
+
+
+def _check_round(
+    model: torch.nn.Module,
+    inputs: Sequence[Any],
+    store: TuningDB,
+    tuner: Tuner,
+    mode: str,
+    options: ModelOptions,
+    report: ModelReport,
+    timer: Timer,
+    say: Callable[[str], None],
+    checked: dict[str, bool],
+) -> bool:
+    """One round of ``_check_in_context``: verdicts for the chosen problems not in
+    ``checked`` (problem key -> kept), with the rejected ones left out; False when none."""
+    torch._dynamo.reset()
+    rejected = [k for k, ok in checked.items() if not ok]
+    with_all = _compile(model, inputs, "epilab", mode, _epilab(store, mode, verdicts=False, exclude=rejected))
     chosen = {d.problem_key: d for d in with_all.decisions if d.template and d.problem_key}
+    chosen = {key: d for key, d in chosen.items() if key not in checked}
     if not chosen:
-        say(f"{mode}: no template chosen; nothing to check")
-        torch._dynamo.reset()
-        return
+        if not checked:
+            say(f"{mode}: no template chosen; nothing to check")
+        return False
     without = {
         key: _compile(
-            model, inputs, f"without {key[:12]}", mode, _epilab(store, mode, verdicts=False, exclude=[key])
+            model,
+            inputs,
+            f"without {key[:12]}",
+            mode,
+            _epilab(store, mode, verdicts=False, exclude=[*rejected, key]),
         )
         for key in chosen
     }
@@ -550,7 +581,7 @@ def _check_in_context(
             inputs,
             "epilab kept",
             mode,
-            _epilab(store, mode, verdicts=False, exclude=[k for k in chosen if k not in kept]),
+            _epilab(store, mode, verdicts=False, exclude=[*rejected, *(k for k in chosen if k not in kept)]),
         )
         _rounds([final, inductor], options.rounds, timer)
     model_slower = bool(kept) and final.ms > inductor.ms
@@ -562,6 +593,7 @@ def _check_in_context(
         else:
             ok, with_ms, without_ms = keep[key], with_all.ms, without[key].ms
             why = "faster with it" if ok else "faster without it"
+        checked[key] = ok
         store.record_verdict(
             problem,
             tuner.device,
@@ -585,7 +617,7 @@ def _check_in_context(
                 "why": why,
             }
         )
-    torch._dynamo.reset()
+    return True
 
 
 def _measure(
