@@ -22,7 +22,8 @@ Timing: interleaved rounds of per-call CUDA events (L2 flushed), median and spre
 error: ``||out - ref|| / ||ref||`` against the block in float64. The profile of one call lists
 every kernel of the epilab variant (JSON), and the table names the norm kernels left.
 Without ``--db`` epilab runs its untuned heuristics (policy ``always``, an empty database);
-with ``--db`` policy ``auto`` on that database (templates only where their records win).
+with ``--db`` policy ``auto`` on that database (templates only where their records win, and
+their verdicts in context where ``epilab tune --model norm_fold:gpt2 --freezing`` gave some).
 """
 
 from __future__ import annotations
@@ -48,16 +49,31 @@ MODELS = {
 _model = "llama"
 
 
-def build(seed: int) -> torch.nn.Module:
-    """The model with random norm weights (and LayerNorm biases): the fold must carry them."""
+def build(seed: int, name: str | None = None) -> torch.nn.Module:
+    """The model (``--model``'s unless named) with random norm weights (and LayerNorm
+    biases): the fold must carry them."""
     torch.manual_seed(seed)
-    model = MODELS[_model][0]().cuda().eval()
+    model = MODELS[name or _model][0]().cuda().eval()
     for mod in model.modules():
         if hasattr(mod, "weight") and mod.weight is not None and mod.weight.dim() == 1:
             mod.weight.data.uniform_(0.5, 1.5)
             if getattr(mod, "bias", None) is not None:
                 mod.bias.data.uniform_(-0.5, 0.5)
     return model
+
+
+def factory(name: str):
+    """The model and its input at its default size, for ``epilab tune --model norm_fold:llama``
+    (or ``:gpt2``, from this folder; with ``--freezing`` for the fold)."""
+
+    def made() -> tuple[torch.nn.Module, torch.Tensor]:
+        width, batch, seq = MODELS[name][1:]
+        return build(0, name), torch.randn(batch, seq, width).to(torch.bfloat16)
+
+    return made
+
+
+llama, gpt2 = factory("llama"), factory("gpt2")
 
 
 def compiled(x: torch.Tensor, freezing: bool, **kwargs: object):
