@@ -98,7 +98,7 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
         n_slot: str = "0",
     ) -> str:
         """``m_slot``/``n_slot``: this tile's index along M and N in the partial-statistics
-        workspace of reduction outputs (``runtime.reduction_slots``)."""
+        workspace of reduction outputs (``runtime.Statistics``, ``matmul.tile_slots``)."""
         leaf_vars = {
             "acc": acc,
             **({"acc2": acc2} if acc2 else {}),
