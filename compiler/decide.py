@@ -100,6 +100,7 @@ class Decision:
     problem_key: str | None = None
     device: str | None = None
     candidates: tuple[str, ...] = ()  # keys of the problems that could run the group (its twins)
+    tried: bool = False  # decided on a trial copy of the graph (a norm fold tried), not applied
 
 
 @dataclass(frozen=True)

@@ -127,8 +127,9 @@ class EpilabPass(CustomGraphPass):
         left = _live(trial)  # a product given a template is dead (its group's call replaced it)
         kept = {f.key for f in folds if not any(p in left for p in f.products)}
         note = "; tried with its norm folded in, not applied: a projection of that norm keeps its aten op"
+        unapplied = {"template": None, "config": None, "source": None, "tried": True}
         tried = [
-            dataclasses.replace(d, template=None, config=None, source=None, reason=d.reason + note)
+            dataclasses.replace(d, reason=d.reason + note, **unapplied)  # type: ignore[arg-type]
             for f in folds
             if f.key not in kept
             for p in f.products

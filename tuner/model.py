@@ -652,7 +652,7 @@ def _measure(
                 "rounds_ms": [t.median_ms for t in v.times],
                 "compile_s": v.compile_s,
                 "templates": v.templates,
-                "anchors": len(v.decisions),
+                "anchors": sum(1 for d in v.decisions if not d.tried),
                 "method": v.times[0].method,
             }
         )
