@@ -337,11 +337,11 @@ def _kernel_view(o: torch.Tensor, spec: Output, p: int, q: int) -> torch.Tensor:
         return gemm_view(o, p, q)
     if REDUCTIONS[spec.reduce][1] == "m":
         return o
-    if o.dim() == 3 and p * q > 1 and o.stride(1) != q * o.stride(2):
+    if p > 1 and q > 1 and o.stride(1) != q * o.stride(2):
         raise ValueError(
             f"a per-pixel statistic with strides {o.stride()} is not a [N, P*Q] matrix; give a contiguous one"
         )
-    return o.as_strided((o.shape[0], p * q), (o.stride(0), o.stride(2)))
+    return o.as_strided((o.shape[0], p * q), (o.stride(0), o.stride(2) if q > 1 else o.stride(1)))
 
 
 def conv_epilogue(

@@ -226,6 +226,17 @@ def test_conv_statistics_mean_pixels_per_channel_and_channels_per_pixel():
     torch.testing.assert_close(outs[4].double(), (h * 0.5).amax((2, 3)), rtol=1e-4, atol=1e-3)
 
 
+def test_conv_statistics_into_given_outputs():
+    # a one-column output (Q = 1): the per-pixel statistic's Q stride is meaningless (here 7)
+    x, w = torch.randn(2, 16, 7, 1), torch.randn(8, 16, 3, 1)
+    ep = Epilogue.build([(acc(), "float32"), (acc() * acc(), "float32", "row_sum"), (acc(), "float32", "col_max")])
+    problem = make_conv_problem(x, w, ep, {}, padding=(1, 0))
+    outs = (torch.empty(2, 8, 7, 1), torch.empty(2, 1, 7).transpose(1, 2), torch.empty(2, 8))
+    checked_launch(problem, Config(16, 16, 16, 1, num_warps=4, num_stages=1), x, w, {}, out=outs)
+    with pytest.raises(ValueError, match="shapes"):
+        checked_launch(problem, Config(16, 16, 16, 1), x, w, {}, out=(outs[0], torch.empty(2, 7), outs[2]))
+
+
 def test_a_convolution_with_statistics_has_no_matmul_twin():
     x = torch.randn(2, 32, 5, 5).contiguous(memory_format=torch.channels_last)
     w = torch.randn(48, 32, 1, 1).contiguous(memory_format=torch.channels_last)
