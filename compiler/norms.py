@@ -5,7 +5,7 @@ that reads the norm (q/k/v, or gate/up). With ``rstd[m] = 1/sqrt(mean_n h[m, n]^
 
     RMSNorm(h) @ W = rstd[m] * (h @ (diag(g) W))
 
-``fold_rms_norms`` rewrites the post-grad graph that way where every user of the normalised
+``fold_norms`` rewrites the post-grad graph that way where every user of the normalised
 tensor is such a projection whose weight is a constant of the graph (``get_attr``: Inductor's
 ``freezing``): ``g`` is folded into a new constant weight once, at compile time, and each
 projection becomes ``mm(h, W') * rstd[m]`` (plus its bias). The matcher then grows the
