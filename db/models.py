@@ -172,3 +172,65 @@ class VerdictRecord(Base):
             name="uq_epilab_verdicts_identity",
         ),
     )
+
+
+# states of a lease (revision 0005): waiting to be taken, held by a worker, finished
+LEASE_STATES = ("pending", "leased", "done", "failed", "refused")
+WORKER_STATES = ("running", "finished", "interrupted", "lost", "failed")
+
+
+class LeaseRecord(Base):
+    """One problem of a shared work list, for one device model and versions (revision 0005).
+
+    Workers (``tuner/fleet.py``) take a ``pending`` lease, or a ``leased`` one whose holder
+    stopped renewing it (``expires_at`` passed), in one transaction; the holder renews
+    ``expires_at`` while it tunes and marks the lease ``done`` (``trials`` is the trial budget
+    it was done for), ``failed`` or ``refused`` (too large for the device) when it ends."""
+
+    __tablename__ = "epilab_leases"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("epilab_problems.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
+    torch_version: Mapped[str] = mapped_column(String(VERSION_LEN))
+    triton_version: Mapped[str] = mapped_column(String(VERSION_LEN))
+    state: Mapped[str] = mapped_column(String(16))
+    owner: Mapped[str | None] = mapped_column(String(NAME_LEN))  # the worker holding (or last held) it
+    label: Mapped[str] = mapped_column(String(NAME_LEN))  # the problem as the work list names it
+    trials: Mapped[int] = mapped_column(Integer)  # the trial budget asked (done: the one it was done for)
+    attempts: Mapped[int] = mapped_column(Integer)  # how many times it was taken
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    detail: Mapped[str | None] = mapped_column(Text)  # why it failed or was refused
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    problem: Mapped[ProblemRow] = relationship()
+    device: Mapped[Device] = relationship()
+    __table_args__ = (
+        UniqueConstraint(
+            "problem_id", "device_id", "torch_version", "triton_version", name="uq_epilab_leases_identity"
+        ),
+        Index("ix_epilab_leases_state", "device_id", "state", "expires_at"),
+    )
+
+
+class WorkerRecord(Base):
+    """A tuning worker (one GPU of one ``epilab tune`` process), for ``epilab tune status``
+    (revision 0005)."""
+
+    __tablename__ = "epilab_workers"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN), unique=True)  # host:pid:device
+    host: Mapped[str] = mapped_column(String(NAME_LEN))
+    pid: Mapped[int] = mapped_column(Integer)
+    device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
+    device_label: Mapped[str] = mapped_column(String(32))  # cuda:1, interpreter
+    state: Mapped[str] = mapped_column(String(16))
+    problems: Mapped[int] = mapped_column(Integer)  # leases it finished
+    trials: Mapped[int] = mapped_column(Integer)  # trials it evaluated
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    detail: Mapped[str | None] = mapped_column(Text)  # why it stopped, when not finished
+
+    device: Mapped[Device] = relationship()

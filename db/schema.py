@@ -23,7 +23,15 @@ from sqlalchemy import Connection, inspect, text
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 TABLES = frozenset(
-    {"epilab_devices", "epilab_problems", "epilab_trials", "epilab_baselines", "epilab_verdicts"}
+    {
+        "epilab_devices",
+        "epilab_problems",
+        "epilab_trials",
+        "epilab_baselines",
+        "epilab_verdicts",
+        "epilab_leases",
+        "epilab_workers",
+    }
 )
 # Our own alembic version table, so that optuna's storage (which keeps its studies
 # in the same database, with an alembic_version table of its own) can live beside us.

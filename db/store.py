@@ -28,7 +28,7 @@ from sqlalchemy import Engine, create_engine, delete, event, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
 from epilab.config import settings
@@ -44,6 +44,7 @@ from epilab.db.models import (
     VERSION_LEN,
     BaselineRecord,
     Device,
+    LeaseRecord,
     ProblemRow,
     TrialRecord,
     VerdictRecord,
@@ -321,12 +322,23 @@ class TuningDB:
         """Optuna's RDB storage of the studies, in this database, waiting for locks as long
         as epilab's own writes do (optuna's default is SQLite's 5 s, then a crash)."""
         import optuna
+        from sqlalchemy.exc import IntegrityError
 
-        return optuna.storages.RDBStorage(
-            self.storage_url,
-            engine_kwargs={"connect_args": _connect_args(self.full_url)},
-            skip_table_creation=not create,
-        )
+        for attempt in range(6):
+            try:
+                return optuna.storages.RDBStorage(
+                    self.storage_url,
+                    engine_kwargs={"connect_args": _connect_args(self.full_url)},
+                    skip_table_creation=not create,
+                )
+            except DBAPIError as e:
+                # Processes started together race to create optuna's tables and its version
+                # row ("UNIQUE constraint failed: alembic_version.version_num", "table already
+                # exists"); the loser finds them made when it tries again.
+                if attempt == 5 or not (isinstance(e, IntegrityError) or _is_race(e)):
+                    raise
+                time.sleep(0.1 * 2**attempt)
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -548,6 +560,7 @@ class TuningDB:
                 s.execute(delete(TrialRecord).where(TrialRecord.problem_id.in_(part)))
                 s.execute(delete(BaselineRecord).where(BaselineRecord.problem_id.in_(part)))
                 s.execute(delete(VerdictRecord).where(VerdictRecord.problem_id.in_(part)))
+                s.execute(delete(LeaseRecord).where(LeaseRecord.problem_id.in_(part)))
                 s.execute(delete(ProblemRow).where(ProblemRow.id.in_(part)))
             return len(ids)
 
@@ -988,6 +1001,11 @@ def _make_parent(path: Path) -> None:
 def _is_busy(e: OperationalError) -> bool:
     text = str(e.orig).lower()
     return "locked" in text or "busy" in text or "deadlock" in text or "could not serialize" in text
+
+
+def _is_race(e: DBAPIError) -> bool:
+    """Whether ``e`` is another process creating the same tables, or holding the lock."""
+    return _is_busy(e) or "already exists" in str(e.orig).lower()
 
 
 def _is_readonly(e: OperationalError) -> bool:

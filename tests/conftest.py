@@ -56,3 +56,28 @@ def fresh_compiler():
     with torch._inductor.config.patch(force_disable_caches=True):
         yield
     torch._dynamo.reset()
+
+
+PG_URL = os.environ.get("EPILAB_TEST_POSTGRES_URL")
+
+
+def _reset_postgres(url: str) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # ours and optuna's tables alike
+        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_target(request, tmp_path) -> str:
+    """A new, empty database: an SQLite file, and (with ``EPILAB_TEST_POSTGRES_URL`` set, as
+    CI does) the PostgreSQL server's, emptied."""
+    if request.param == "postgres":
+        if not PG_URL:
+            pytest.skip("set EPILAB_TEST_POSTGRES_URL to run against PostgreSQL")
+        _reset_postgres(PG_URL)
+        return PG_URL
+    return str(tmp_path / "tuning.db")

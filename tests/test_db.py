@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,6 @@ from epilab.templates.epilogue import Epilogue, acc, operand, ops
 from epilab.templates.kinds import template_hash
 from epilab.templates.problem import Config, OperandSpec, Problem, Shape
 
-PG_URL = os.environ.get("EPILAB_TEST_POSTGRES_URL")
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132)
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", 132)
 NOW = Versions("2.11.0", "3.6.0")
@@ -72,24 +70,6 @@ def ok(db: TuningDB, p: Problem, ms: float, config: dict, device=H200, versions=
         study="test",
         trial_number=0,
     )
-
-
-def _reset_postgres(url: str) -> None:
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:  # ours and optuna's tables alike
-        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
-        conn.execute(sa.text("CREATE SCHEMA public"))
-    engine.dispose()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_target(request, tmp_path) -> str:
-    if request.param == "postgres":
-        if not PG_URL:
-            pytest.skip("set EPILAB_TEST_POSTGRES_URL to run against PostgreSQL")
-        _reset_postgres(PG_URL)
-        return PG_URL
-    return str(tmp_path / "tuning.db")
 
 
 @pytest.fixture
@@ -260,7 +240,7 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
             )
     engine.dispose()
     with TuningDB.open(path) as db:
-        assert db.revision == db_schema.head_revision() == "0004"
+        assert db.revision == db_schema.head_revision() == "0005"
         assert all(r.graph_ms is None for r in db.records(p.key))  # 0003 added it empty
         assert db.verdict(p.key, H200, Versions("2.10", "3.5"), cuda_graphs=False) is None  # 0004: none yet
         assert len(db.records(p.key)) == 2
