@@ -252,6 +252,8 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             return evaluate_baseline(task["problem"], task["library"], task["seed"])
         if kind == "compile":
             return compile_candidate(task["problem"], task["config"])
+        if kind == "probe":
+            return probe_device()
     except (torch.OutOfMemoryError, MemoryError) as e:  # the problem is too large, not the config wrong
         return _result("out_of_resources", detail=f"out of memory: {_short(e)}", restart=True)
     except RuntimeError as e:
@@ -259,6 +261,20 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             raise
         return _result("out_of_resources", detail=f"out of memory: {_short(e)}", restart=True)
     raise ValueError(f"unknown task kind {kind!r}")
+
+
+def probe_device() -> dict[str, Any]:
+    """Whether the worker's device still computes (asked after a candidate crashed: a
+    crash of every candidate is a lost device, not bad configs)."""
+    try:
+        device = device_for_tuning()
+        x = torch.arange(64, dtype=torch.float32, device=device)
+        total = float((x * 2).sum().item())
+    except Exception as e:  # whatever the driver says, the device cannot be used
+        return _result("crashed", detail=_short(e))
+    if total != 4032.0:
+        return _result("crashed", detail=f"{device} computed a wrong sum ({total}, not 4032)")
+    return _result("ok")
 
 
 def compile_candidate(problem_json: str, config: dict[str, Any]) -> dict[str, Any]:

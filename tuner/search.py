@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import optuna
 
 from epilab.templates.problem import Config
 
+# catch_warnings swaps the process's filters: threads (tuner/fleet.py) take turns
+_WARNINGS = threading.Lock()
 PENALTY = 1e3  # told for configs that failed to run (objective is log10 of ms)
 STATUS_ATTR = "epilab_status"
 
@@ -87,19 +90,68 @@ def _ask(study: optuna.Study, space: dict[str, tuple[int, ...]], applies: Applie
     return trial
 
 
+def adopt(
+    study: optuna.Study,
+    space: dict[str, tuple[int, ...]],
+    recorded: Mapping[Config, Outcome],
+    applies: Applies,
+) -> tuple[int, int]:
+    """Make ``study`` whole again after its last runner was killed; (stale, adopted).
+
+    Only for a study this process holds alone (a leased problem): its ``RUNNING`` trials are
+    a dead runner's proposals, told ``FAIL`` so the constant liar stops counting them, and
+    every config ``recorded`` in the tuning database for this study that the study lacks
+    (measured and recorded, killed before ``tell``) is added as a finished trial: it is not
+    measured again, and it counts against the trial budget."""
+    stale = 0
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        stale += 1
+    have = {
+        _decode(space, t.params)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.user_attrs.get(STATUS_ATTR) not in (None, "infeasible", "repeat")
+    }
+    distributions = {name: optuna.distributions.IntDistribution(0, len(v) - 1) for name, v in space.items()}
+    adopted = 0
+    for config, outcome in recorded.items():
+        if config in have or not all(getattr(config, n) in v for n, v in space.items()):
+            continue
+        params = _encode(space, config, applies)
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions={n: distributions[n] for n in params},
+                value=_value(outcome),
+                user_attrs={STATUS_ATTR: outcome.status},
+            )
+        )
+        adopted += 1
+    return stale, adopted
+
+
+def _value(outcome: Outcome) -> float:
+    ok = outcome.status == "ok" and outcome.ms is not None and outcome.ms > 0
+    return math.log10(outcome.ms) if ok and outcome.ms is not None else PENALTY
+
+
 def search(
     study: optuna.Study,
     space: dict[str, tuple[int, ...]],
     *,
-    evaluate: Callable[[list[Config]], list[Outcome]],
+    evaluate: Callable[[list[Config]], Iterable[Outcome]],
     infeasible: Callable[[Config], str | None],
     budget: Budget,
     seeds: Sequence[Config] = (),
     clock: Callable[[], float] = time.monotonic,
     on_trial: Callable[[Config, Outcome, Config | None, float | None], None] | None = None,
     applies: Applies,
+    stop: Callable[[], str | None] = lambda: None,
 ) -> SearchResult:
-    """Run (or resume) ``study`` until a budget is spent; see the module doc."""
+    """Run (or resume) ``study`` until a budget is spent; see the module doc. ``evaluate``
+    may yield its outcomes one at a time: each is told as it comes, so a run killed in the
+    middle of a batch keeps the trials it finished. ``stop`` says why to stop early (checked
+    between batches), or None."""
     seen: dict[Config, float] = {}
     best: Config | None = None
     best_value = math.inf
@@ -128,6 +180,10 @@ def search(
         if since_best >= budget.patience:
             stopped_by = "patience"
             break
+        why = stop()
+        if why is not None:
+            stopped_by = why
+            break
         batch: list[tuple[optuna.Trial, Config]] = []
         proposals = 0
         want = min(budget.batch, budget.trials - len(seen))
@@ -148,8 +204,7 @@ def search(
             break
         outcomes = evaluate([c for _, c in batch])
         for (trial, config), outcome in zip(batch, outcomes, strict=True):
-            ok = outcome.status == "ok" and outcome.ms is not None and outcome.ms > 0
-            value = math.log10(outcome.ms) if ok else PENALTY
+            value = _value(outcome)
             trial.set_user_attr(STATUS_ATTR, outcome.status)
             study.tell(trial, value)
             seen[config] = value
@@ -174,7 +229,7 @@ def make_study(
     if restart and storage is not None:
         with contextlib.suppress(KeyError):  # nothing to delete
             optuna.delete_study(study_name=name, storage=storage)
-    with warnings.catch_warnings():  # group=True is marked experimental
+    with _WARNINGS, warnings.catch_warnings():  # group=True is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(
             multivariate=True, group=True, seed=seed, n_startup_trials=8, constant_liar=True

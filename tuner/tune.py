@@ -16,7 +16,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -27,10 +27,18 @@ from epilab.db.models import TIMED_LIBRARIES
 from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
 from epilab.templates.problem import Config, Problem
-from epilab.tuner.search import Budget, Outcome, make_study, search
+from epilab.tuner.search import Budget, Outcome, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.tuner.suites import Spec
 from epilab.tuner.worker import CompilePool, Worker
+
+# what a candidate's worker reports when the process died or stalled: the config's fault,
+# unless the device itself no longer answers (probed before such a trial is recorded)
+DEATHS = ("crashed", "timeout")
+
+
+class DeviceLost(RuntimeError):
+    """The tuning device stopped answering (a candidate crashed and a probe then failed)."""
 
 
 @dataclass(frozen=True)
@@ -221,11 +229,24 @@ class Tuner:
         self.storage = db.optuna_storage()  # the studies, beside the records
         self._seeds = itertools.count(options.seed * 1_000_003 + 1)
         self._trial_numbers = itertools.count()
+        self.evaluated = 0  # trials evaluated and recorded by this tuner
+
+    @property
+    def device_label(self) -> str:
+        kind = "interpreter" if self.options.interpret else "cuda"
+        return f"{kind}:{self.options.device_index}"
 
     def close(self) -> None:
         self.worker.close()
         if self.pool is not None:
             self.pool.close()
+
+    def cancel(self) -> None:
+        """From another thread (Ctrl-C): the evaluation under way raises Cancelled, nothing
+        half-done is recorded, and so does every later one."""
+        self.worker.cancel()
+        if self.pool is not None:
+            self.pool.cancel()
 
     def __enter__(self) -> Tuner:
         return self
@@ -243,6 +264,19 @@ class Tuner:
     ) -> list[Outcome]:
         """Compile ``configs`` in parallel, then check and time each in the worker;
         every one is recorded in the database as a trial of ``study``."""
+        return list(self.iter_evaluate(problem, configs, study=study, on_result=on_result))
+
+    def iter_evaluate(
+        self,
+        problem: Problem,
+        configs: list[Config],
+        *,
+        study: str,
+        on_result: Callable[[Config, dict], None] | None = None,
+    ) -> Iterator[Outcome]:
+        """``evaluate``, yielding each outcome once its trial is recorded. A candidate that
+        killed or stalled its worker is recorded as such only after a probe shows the device
+        still computes; otherwise DeviceLost is raised and nothing is recorded for it."""
         problem_json = problem.to_json()
         flops, nbytes = problem.shape.flops(), problem_bytes(problem)
         compiled = (
@@ -250,7 +284,6 @@ class Tuner:
             if self.pool
             else [{"status": "compiled"}] * len(configs)
         )
-        outcomes = []
         for config, pre in zip(configs, compiled, strict=True):
             if pre["status"] in ("compile_error", "out_of_resources"):
                 result = pre
@@ -264,6 +297,8 @@ class Tuner:
                     }
                 )
             status, ms = result["status"], result.get("median_ms")
+            if status in DEATHS:
+                self._probe(result)
             timing = _timing(result, flops, nbytes)
             self.db.record_trial(
                 problem,
@@ -277,10 +312,20 @@ class Tuner:
                 trial_number=next(self._trial_numbers),
                 detail=result.get("detail"),
             )
+            self.evaluated += 1
             if on_result is not None:
                 on_result(config, result)
-            outcomes.append(Outcome(status, ms if status == "ok" else None))
-        return outcomes
+            yield Outcome(status, ms if status == "ok" else None)
+
+    def _probe(self, died: dict) -> None:
+        """Raise DeviceLost unless the (restarted) worker's device still computes."""
+        probe = self.worker.run({"kind": "probe"}, timeout_s=120.0)
+        if probe["status"] != "ok":
+            raise DeviceLost(
+                f"{self.device_label} stopped answering: a candidate {died['status']} "
+                f"({died.get('detail', '')[:300]}), then a probe {probe['status']} "
+                f"({probe.get('detail', '')[:300]})"
+            )
 
     def seeds(self, problem: Problem) -> list[Config]:
         """Known-good configs a new study tries first: the default heuristic's, then the
@@ -300,8 +345,16 @@ class Tuner:
         problem: Problem,
         label: str,
         on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None,
+        *,
+        exclusive: bool = False,
+        stop: Callable[[], str | None] = lambda: None,
+        restart: bool | None = None,
     ) -> ProblemResult:
-        """Search ``problem`` (static shape), record every trial, time the baselines."""
+        """Search ``problem`` (static shape), record every trial, time the baselines.
+        ``exclusive``: this process holds the problem's lease, so the study is its alone
+        and is first made whole after a killed runner (``search.adopt``). ``stop`` ends the
+        search early with its reason (a lost lease). ``restart`` (default: the options')
+        deletes the problem's study first."""
         if not problem.shape.is_static():
             raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
         started = time.monotonic()
@@ -324,7 +377,11 @@ class Tuner:
             )
         self.db.put_problem(problem)
         name = study_name(problem, self.device)
-        study = make_study(name, self.storage, restart=self.options.restart, seed=self.options.seed)
+        restart = self.options.restart if restart is None else restart
+        study = make_study(name, self.storage, restart=restart, seed=self.options.seed)
+        space = space_for(problem)
+        if exclusive:
+            adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
         statuses: Counter[str] = Counter()
 
         def progress(config: Config, outcome: Outcome, best: Config | None, best_ms: float | None) -> None:
@@ -334,13 +391,14 @@ class Tuner:
 
         result = search(
             study,
-            space_for(problem),
-            evaluate=lambda configs: self.evaluate(problem, configs, study=name),
+            space,
+            evaluate=lambda configs: self.iter_evaluate(problem, configs, study=name),
             infeasible=lambda c: infeasible(problem, c, self.limits),
             budget=self.options.budget,
             seeds=self.seeds(problem),
             on_trial=progress,
             applies=applies(problem),
+            stop=stop,
         )
         flops = problem.shape.flops()
         baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))
@@ -361,6 +419,19 @@ class Tuner:
             library=kind_of(problem).library,
             compared=compared,
         )
+
+    def _recorded(self, problem: Problem, study: str) -> dict[Config, Outcome]:
+        """The configs this device and these versions recorded for ``study``."""
+        out: dict[Config, Outcome] = {}
+        for r in self.db.records(problem.key):
+            if r.study != study or r.device != self.device or r.versions != self.versions:
+                continue
+            try:
+                config = Config.from_dict(r.config or {})
+            except (ValueError, TypeError, KeyError):  # a config this epilab no longer runs
+                continue
+            out[config] = Outcome(r.status, r.median_ms if r.status == "ok" else None)
+        return out
 
     def _compared(self, problem: Problem) -> dict[str, tuple[float, float, str]]:
         best = self.db.best(problem.key, self.device, self.versions)

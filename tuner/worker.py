@@ -25,6 +25,19 @@ class TuningBug(RuntimeError):
     """A task failed in a way no config should cause: stop the run and report it."""
 
 
+class Cancelled(RuntimeError):
+    """The worker was cancelled (Ctrl-C) while a task ran: the task has no result."""
+
+
+def _ignore_interrupts() -> None:
+    """Children leave Ctrl-C to the parent, which cancels them (``Worker.cancel``): a
+    terminal's SIGINT reaches the whole process group, and a child that died of it
+    would read as a crashed candidate."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _load_hook(hook: tuple[str, str] | None) -> Any:
     if hook is None:
         return None
@@ -40,6 +53,7 @@ def _load_hook(hook: tuple[str, str] | None) -> Any:
 
 def _serve(conn: Connection, env: dict[str, str], hook: tuple[str, str] | None, device_index: int) -> None:
     os.environ.update(env)  # before anything imports triton
+    _ignore_interrupts()
     import traceback
 
     import epilab  # noqa: F401  (turns EPILAB_INTERPRET into TRITON_INTERPRET)
@@ -81,6 +95,7 @@ class Worker:
         self.device_index = device_index
         self.hook = hook
         self.restarts = 0
+        self.cancelled = False
         self._proc: Any = None
         self._conn: Connection | None = None
         self._start()
@@ -101,8 +116,10 @@ class Worker:
         self._start()
 
     def run(self, task: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        """The task's result; ``crashed``/``timeout`` when the process dies or stalls."""
-        assert self._conn is not None
+        """The task's result; ``crashed``/``timeout`` when the process dies or stalls;
+        raises Cancelled once ``cancel`` was called."""
+        if self.cancelled or self._conn is None:
+            raise Cancelled("the worker was cancelled")
         timeout = self.timeout_s if timeout_s is None else timeout_s
         start = time.monotonic()
         try:
@@ -110,12 +127,16 @@ class Worker:
             ready = self._conn.poll(timeout)
         except (BrokenPipeError, EOFError, OSError):
             ready = True
+        if self.cancelled:
+            raise Cancelled("the worker was cancelled")
         if not ready:
             self._restart()
             return {"status": "timeout", "detail": f"no answer within {timeout:.0f} s; the worker was killed"}
         try:
             result = self._conn.recv()
         except (EOFError, OSError):
+            if self.cancelled:
+                raise Cancelled("the worker was cancelled") from None
             self._proc.join(timeout=5)
             code = self._proc.exitcode
             self._restart()
@@ -126,6 +147,14 @@ class Worker:
             self._restart()
         result["seconds"] = time.monotonic() - start
         return result
+
+    def cancel(self) -> None:
+        """Kill the process from another thread: the task it runs raises Cancelled in
+        ``run``, and so does every later one."""
+        self.cancelled = True
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
 
     def close(self, *, kill: bool = False) -> None:
         if self._proc is None:
@@ -167,6 +196,7 @@ class CompilePool:
     def __init__(self, jobs: int, device_index: int) -> None:
         self.jobs = jobs
         self.device_index = device_index
+        self.cancelled = False
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
@@ -180,8 +210,12 @@ class CompilePool:
     def compile(self, problem_json: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tasks = [{"kind": "compile", "problem": problem_json, "config": c} for c in configs]
         try:
+            if self.cancelled:
+                raise Cancelled("the compile pool was cancelled")
             return list(self._pool.map(_compile_task, tasks))
         except Exception as e:  # a compile took its process down: new pool; the GPU worker decides
+            if self.cancelled:
+                return [{"status": "unknown", "detail": "cancelled"} for _ in configs]
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = self._new_pool()
             return [{"status": "unknown", "detail": str(e)} for _ in configs]
@@ -189,9 +223,19 @@ class CompilePool:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def cancel(self) -> None:
+        """Stop the compiles under way (another thread waits on them): their processes are
+        killed, the batch comes back ``unknown`` and the GPU worker, cancelled too, ends it."""
+        self.cancelled = True
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())  # no public handle
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.kill()
+
 
 def _init_compile_worker(env: dict[str, str], device_index: int) -> None:
     os.environ.update(env)
+    _ignore_interrupts()
     if device_index >= 0:
         import torch
 
