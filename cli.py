@@ -178,8 +178,13 @@ def demo(
 # ------------------------------------------------------------------ epilab tune
 
 
-@app.command()
+tune_app = typer.Typer(no_args_is_help=False, add_completion=False)
+app.add_typer(tune_app, name="tune")
+
+
+@tune_app.callback(invoke_without_command=True)
 def tune(
+    ctx: typer.Context,
     suite: Annotated[
         str | None,
         typer.Option(help="built-in suite: smoke, quick, llm, square, midm, gemv, gemv-fused, conv, mlp"),
@@ -202,6 +207,21 @@ def tune(
     only: Annotated[str | None, typer.Option(help="tune only these problems of the list, e.g. 1-3,7")] = None,
     db: DbOption = None,
     device: Annotated[str, typer.Option(help="CUDA device to tune on")] = "cuda:0",
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="tune on several GPUs of this host, one worker each: 'all' or indices like 0,1,3 "
+            "(overrides --device; with --interpret, that many interpreter workers)"
+        ),
+    ] = None,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="seconds a problem stays leased to a worker that stopped renewing it (killed, host "
+            "down) before another worker takes it over",
+        ),
+    ] = 60.0,
     resume: Annotated[
         bool, typer.Option("--resume/--restart", help="continue each problem's study, or start over")
     ] = True,
@@ -267,12 +287,19 @@ def tune(
     The summary is a table (plain text when stdout is not a terminal, never cut to its width);
     --json prints the results as JSON on stdout and the progress on stderr.
 
+    Workers share the work through the database: --devices runs one per GPU, and every
+    `epilab tune` pointed at the same database (a PostgreSQL URL for several hosts) takes
+    problems from the same list, each tuned once. A killed worker's problem is taken over
+    after --lease-ttl seconds; the same command resumes. `epilab tune status` shows the work.
+
     With --model, the problems are the model's own (see tuner/model.py): it is compiled with
     the epilab backend, what it needs is tuned, each template the records choose is kept only
     where the compiled model is faster with it (the verdict is stored for later compiles),
     and the model is timed per call and under CUDA graphs against Inductor."""
     import torch
 
+    if ctx.invoked_subcommand is not None:
+        return
     if (suite is not None) + (shapes is not None) + seen + (model is not None) != 1:
         raise ValueError("give exactly one of --suite NAME, --shapes FILE, --seen or --model MODULE:FACTORY")
     if inputs and model is None:
@@ -297,6 +324,13 @@ def tune(
         raise typer.BadParameter(str(e), param_hint="--device") from None
     if not interpret and device_index >= torch.cuda.device_count():
         raise ValueError(f"{device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
+    from epilab.tuner.fleet import FleetOptions, parse_devices
+
+    count = torch.cuda.device_count() if not interpret else 64
+    fleet = FleetOptions(
+        devices=parse_devices(devices, count) if devices is not None else (device_index,),
+        lease_ttl_s=lease_ttl,
+    )
     options = TuneOptions(
         budget=Budget(trials=trials, seconds=time_budget, patience=patience),
         baselines=tuple(b for b in baselines.split(",") if b),
@@ -322,30 +356,118 @@ def tune(
         modes = tuple(m for m in MODES if max_autotune or not m.endswith("max-autotune"))
         how = ModelOptions(rounds=rounds, check_context=context, modes=modes, freezing=freezing)
         with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
-            _tune_model(tuner, store, model, inputs or [], device, how, trials, out_file, json_out)
+            _tune_model(tuner, store, model, inputs or [], device, how, fleet, trials, out_file, json_out)
         return
-    with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
+    with store, config.patch(interpret=interpret):
         if seen:
-            recorded = store.untuned(tuner.device, _current_hashes())
-            work = [(problem_label(p), p) for p in _not_served(store, tuner.device, recorded)]
+            from epilab.db import INTERPRETER_DEVICE, DeviceInfo
+
+            where = INTERPRETER_DEVICE if interpret else DeviceInfo.of_cuda(fleet.devices[0])
+            recorded = store.untuned(where, _current_hashes())
+            work = [(problem_label(p), p) for p in _not_served(store, where, recorded)]
             if only is not None:
                 work = [work[i] for i in _indices(only, len(work))]
             if not work:
                 console.print(
                     f"nothing to tune: every problem recorded in {printable(store.url)} has records "
-                    f"on {printable(tuner.device.name)} (its own, or of the same math)"
+                    f"on {printable(where.name)} (its own, or of the same math)"
                 )
-        results, interrupted = _run_tuning(tuner, work, trials, err_console if json_out else console)
+        results, interrupted = _run_fleet(
+            store, work, options, fleet, trials, err_console if json_out else console
+        )
     if json_out:
         _print_json([r.to_dict() for r in results])
     else:
         _tune_summary(results, interpret)
     if interrupted:
-        console.print(
+        (err_console if json_out else console).print(
             "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
             "run the same command again to resume"
         )
         raise typer.Exit(130)
+
+
+@tune_app.command("status")
+def tune_status(
+    db: DbOption = None,
+    silent_after: Annotated[
+        float, typer.Option(min=1, help="seconds without a heartbeat after which a worker shows as silent")
+    ] = 180.0,
+    json_out: JsonOption = False,
+) -> None:
+    """The shared tuning work in a database: problems pending, leased, done, failed or
+    refused; the leases held (who, last heartbeat, expiry); every worker and its heartbeat;
+    the throughput of the finished work."""
+    from epilab.db.leases import fleet_status
+
+    with _open_db(db) as store:
+        status = fleet_status(store, silent_after_s=silent_after)
+    if json_out:
+        _print_json(status)
+        return
+    order = ("pending", "leased", "done", "failed", "refused")
+    counts = ", ".join(f"{status.counts.get(k, 0)} {k}" for k in order)
+    typer.echo(f"problems: {counts}")
+    if status.problems_per_hour is not None:
+        trials = "" if status.trials_per_hour is None else f", {status.trials_per_hour:.0f} trials/hour"
+        typer.echo(
+            f"throughput: {status.problems_per_hour:.1f} problems/hour{trials} "
+            f"(done problems over {status.span_s:.0f} s from the first start to the last end)"
+        )
+
+    def secs(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f} s"
+
+    if status.active:
+        _print_table(
+            "leased problems",
+            ["problem", "device", "worker", "takes", "last heartbeat", "expires in"],
+            [
+                [
+                    printable(v.label),
+                    printable(v.device),
+                    printable(v.owner or "-"),
+                    str(v.attempts),
+                    secs(v.heartbeat_age_s) + " ago",
+                    secs(v.expires_in_s),
+                ]
+                for v in status.active
+            ],
+        )
+    if status.failed:
+        _print_table(
+            "failed problems",
+            ["problem", "device", "worker", "why"],
+            [
+                [
+                    printable(v.label),
+                    printable(v.device),
+                    printable(v.owner or "-"),
+                    printable((v.detail or "").strip().splitlines()[-1:][0] if v.detail else ""),
+                ]
+                for v in status.failed
+            ],
+        )
+    if status.workers:
+        _print_table(
+            "workers",
+            ["worker", "device", "state", "last heartbeat", "problems", "trials", "trials/hour", "note"],
+            [
+                [
+                    printable(w.name),
+                    printable(w.device),
+                    w.state,
+                    secs(w.heartbeat_age_s) + " ago",
+                    str(w.problems),
+                    str(w.trials),
+                    "-" if w.trials_per_hour is None else f"{w.trials_per_hour:.0f}",
+                    printable((w.detail or "")[:120]),
+                ]
+                for w in status.workers
+            ],
+        )
+    if not status.counts and not status.workers:
+        typer.echo(f"no shared tuning work recorded in {printable(store.url)}")
 
 
 def _not_served(store: Any, device: Any, recorded: list[str]) -> list[Any]:
@@ -363,6 +485,7 @@ def _tune_model(
     inputs: list[str],
     device: str,
     how: Any,
+    fleet: Any,
     trials: int,
     out_file: str | None,
     json_out: bool,
@@ -381,7 +504,7 @@ def _tune_model(
         tuner=tuner,
         options=how,
         label=label,
-        tune_jobs=lambda t, jobs: _run_tuning(t, jobs, trials, out),
+        tune_jobs=lambda t, jobs: _run_fleet(store, jobs, t.options, fleet, trials, out),
         say=lambda text: out.print(printable(text)),
     )
     if out_file:
@@ -393,19 +516,24 @@ def _tune_model(
             _tune_summary(report.tuned, tuner.options.interpret)
         typer.echo(report.table())
     if report.interrupted:
-        console.print(
+        (err_console if json_out else console).print(
             "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
             "run the same command again to resume"
         )
         raise typer.Exit(130)
 
 
-def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int, out: Console) -> tuple[list, bool]:
-    """Tune each (label, problem) with a progress bar; stops cleanly on Ctrl-C."""
-    results = []
-    interrupted = False
+def _run_fleet(
+    store: Any, jobs: list[tuple[str, Any]], options: Any, fleet: Any, trials: int, out: Console
+) -> tuple[list, bool]:
+    """Tune each (label, problem) with the fleet's workers (tuner/fleet.py), a progress line
+    per problem this process takes; stops cleanly on Ctrl-C. A worker's bug is raised once
+    the others have stopped."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from epilab.tuner.fleet import Event, run_fleet
+
+    several = len(fleet.devices) > 1
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -414,33 +542,62 @@ def _run_tuning(tuner: Any, jobs: list[tuple[str, Any]], trials: int, out: Conso
         console=out,
         transient=False,
     ) as progress:
-        overall = progress.add_task(f"tuning {len(jobs)} problem(s) on {tuner.device.name}", total=len(jobs))
-        try:
-            for i, (label, problem) in enumerate(jobs, 1):
-                task = progress.add_task(f"[{i}/{len(jobs)}] {label}", total=trials)
+        where = "the interpreter" if options.interpret else f"{len(fleet.devices)} GPU(s)"
+        overall = progress.add_task(f"tuning {len(jobs)} problem(s) on {where}", total=len(jobs))
+        tasks: dict[tuple[str, str], Any] = {}
+        order = {p.key: i for i, (_, p) in enumerate(jobs, 1)}
 
-                def on_trial(done, cfg, outcome, best_ms, task=task, i=i, label=label) -> None:
-                    best = "-" if best_ms is None else f"{best_ms:.4f} ms"
-                    progress.update(
-                        task,
-                        completed=min(done, trials),
-                        description=f"[{i}/{len(jobs)}] {label}  best {best}",
-                    )
+        def name(e: Event) -> str:
+            prefix = printable(f"[{e.worker}] ") if several else ""
+            return f"{prefix}[{order.get(e.key, '?')}/{len(jobs)}] {printable(e.label)}"
 
-                result = tuner.tune_problem(problem, label, on_trial)
-                base = result.library_ms
-                vs = f" vs library+eager {base:.4f} ms" if base else ""
-                best = "none" if result.best_ms is None else f"{result.best_ms:.4f} ms"
-                if result.refused is not None:
-                    best, vs = "-", f"  [yellow]refused[/yellow]: {printable(result.refused)}"
+        def listen(e: Event) -> None:
+            if e.kind == "start":
+                note = f"  ({printable(e.detail)})" if e.detail else ""
+                tasks[(e.worker, e.key)] = progress.add_task(name(e) + note, total=trials)
+            elif e.kind == "trial" and (e.worker, e.key) in tasks:
+                best = "-" if e.best_ms is None else f"{e.best_ms:.4f} ms"
                 progress.update(
-                    task, completed=trials, description=f"[{i}/{len(jobs)}] {label}  best {best}{vs}"
+                    tasks[(e.worker, e.key)],
+                    completed=min(e.done, trials),
+                    description=f"{name(e)}  best {best}",
+                )
+            elif e.kind == "end" and e.result is not None and (e.worker, e.key) in tasks:
+                r = e.result
+                base = r.library_ms
+                vs = f" vs library+eager {base:.4f} ms" if base else ""
+                best = "none" if r.best_ms is None else f"{r.best_ms:.4f} ms"
+                if r.refused is not None:
+                    best, vs = "-", f"  [yellow]refused[/yellow]: {printable(r.refused)}"
+                if e.detail:
+                    best, vs = "-", f"  [yellow]{printable(e.detail)}[/yellow]: another worker finishes it"
+                progress.update(
+                    tasks[(e.worker, e.key)], completed=trials, description=f"{name(e)}  best {best}{vs}"
                 )
                 progress.advance(overall)
-                results.append(result)
-        except KeyboardInterrupt:
-            interrupted = True
-    return results, interrupted
+            elif e.kind == "stopped" and e.detail:
+                out.print(f"[yellow]worker {printable(e.worker)} stopped[/yellow]: {printable(e.detail)}")
+
+        report = run_fleet(store, jobs, options, fleet, trials=trials, listener=listen)
+    for w in report.workers:
+        if w.error is not None:
+            raise w.error
+    results = sorted(report.results, key=lambda r: order.get(r.key, 0))
+    if len(results) < len(jobs) and not report.interrupted:
+        lost = [w for w in report.workers if w.state == "lost"]
+        if lost and all(w.state == "lost" for w in report.workers):
+            err_console.print(
+                "[red]error:[/red] every device of this process was lost; the problems it held were "
+                "given back (another worker, or the same command, takes them); every recorded trial "
+                "is kept: " + printable("; ".join(f"{w.device_label}: {w.detail}" for w in lost)),
+                soft_wrap=True,
+            )
+            raise typer.Exit(1)
+        out.print(
+            f"{len(jobs) - len(results)} problem(s) of the list were finished by other workers or "
+            "before this run (`epilab tune status` shows them)"
+        )
+    return results, report.interrupted
 
 
 def _indices(text: str, count: int) -> list[int]:

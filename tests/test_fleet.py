@@ -1,0 +1,387 @@
+"""Many workers, one work list: leases in the database (db/leases.py), the study made
+whole after a killed runner (search.adopt), and ``epilab tune`` processes started
+together on one database, one of them killed with SIGKILL, one interrupted with Ctrl-C,
+one whose device disappears (tuner/fleet.py).
+
+Every test runs on an SQLite file; with ``EPILAB_TEST_POSTGRES_URL`` set (CI starts a
+server) on PostgreSQL too. The processes tune in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from epilab.cli import app
+from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
+from epilab.db.leases import LeaseBoard, fleet_status
+from epilab.db.models import LeaseRecord
+from epilab.templates.kinds import twins
+from epilab.templates.problem import Config
+from epilab.tuner.fleet import parse_devices
+from epilab.tuner.search import STATUS_ATTR, Budget, Outcome, adopt, make_study, search
+from epilab.tuner.suites import load_shapes
+
+NOW = Versions("2.11.0", "3.6.0")
+TRIALS = 4
+
+
+def _problems(count: int) -> list[dict]:
+    """``count`` small matmul problems of a shapes file, none alike and none with a twin
+    (a GEMV-shaped problem would be tuned as a second problem too)."""
+    return [{"m": 24 + 8 * i, "n": 24, "k": 16, "dtype": "float32", "epilogue": "none"} for i in range(count)]
+
+
+def _shapes_file(tmp_path: Path, count: int) -> Path:
+    path = tmp_path / "shapes.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _problems(count)))
+    return path
+
+
+def _work(tmp_path: Path, count: int) -> list:
+    work = [(spec.label(), spec.problem()) for spec in load_shapes(str(_shapes_file(tmp_path, count)))]
+    assert all(twins(p) == [p] for _, p in work)
+    return work
+
+
+def _board(target: str, items: list, *, ttl: float = 60.0, trials: int = TRIALS) -> LeaseBoard:
+    board = LeaseBoard(TuningDB.open(target), INTERPRETER_DEVICE, NOW, ttl_s=ttl)
+    board.enqueue(items, trials=trials)
+    return board
+
+
+# ------------------------------------------------------------------ leases
+
+
+def test_each_problem_is_leased_to_one_worker_and_a_held_one_is_waited_for(db_target, tmp_path):
+    items = _work(tmp_path, 3)
+    a, b = _board(db_target, items), _board(db_target, items)
+    taken = [a.take("a"), b.take("b"), a.take("a")]
+    assert sorted(lease.key for lease in taken) == sorted(p.key for _, p in items)
+    assert all(lease.attempts == 1 and not lease.taken_over for lease in taken)
+    assert a.take("a") is None and b.take("b") is None
+    assert 0 < a.held_elsewhere("a") <= 60  # b holds one: a waits to take it over if b dies
+    assert b.finish(taken[1], "b", "done")
+    assert a.held_elsewhere("a") is None  # a holds the rest itself
+    assert not b.finish(taken[0], "b", "done")  # not b's to finish
+    for lease in (taken[0], taken[2]):
+        assert a.finish(lease, "a", "done")
+    assert b.held_elsewhere("b") is None
+    assert fleet_status(a.db).counts == {"done": 3}
+
+
+def test_an_expired_lease_is_taken_over_and_its_old_holder_loses_it(db_target, tmp_path):
+    items = _work(tmp_path, 1)
+    a, b = _board(db_target, items, ttl=0.5), _board(db_target, items, ttl=0.5)
+    first = a.take("a")
+    assert first is not None and b.take("b") is None
+    assert a.renew("a", first)
+    time.sleep(0.8)  # a stopped renewing (killed, or stalled)
+    second = b.take("b")
+    assert second is not None and second.key == first.key
+    assert second.attempts == 2 and second.taken_over and second.previous_owner == "a"
+    assert not a.renew("a", first)  # a learns it lost the lease ...
+    assert not a.finish(first, "a", "done")  # ... and cannot end it
+    assert b.finish(second, "b", "done")
+
+
+def test_released_failed_and_smaller_budget_leases_open_again(db_target, tmp_path):
+    items = _work(tmp_path, 3)
+    board = _board(db_target, items)
+    leases = [board.take("a") for _ in items]
+    board.release(leases[0], "a", "interrupted")
+    board.finish(leases[1], "a", "failed", "a bug")
+    board.finish(leases[2], "a", "done")
+    assert board.take("b").key == leases[0].key  # given back: taken at once
+    assert board.take("b") is None  # the failed one waits for the next command
+    again = _board(db_target, items)  # the next command, same budget
+    assert again.take("c").key == leases[1].key
+    assert again.take("c") is None  # done for this budget
+    more = _board(db_target, items, trials=TRIALS + 4)  # a larger budget opens the done one
+    assert more.take("d").key == leases[2].key
+
+
+def test_workers_racing_for_leases_take_each_problem_once(db_target, tmp_path):
+    items = _work(tmp_path, 24)
+    boards = [_board(db_target, items) for _ in range(4)]
+    taken: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def take_all(board: LeaseBoard, name: str) -> None:
+        while (lease := board.take(name)) is not None:
+            with lock:
+                taken.append((lease.key, name))
+            board.finish(lease, name, "done")
+
+    threads = [threading.Thread(target=take_all, args=(b, f"w{i}")) for i, b in enumerate(boards)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    keys = Counter(key for key, _ in taken)
+    assert len(keys) == 24 and set(keys.values()) == {1}, keys
+    assert fleet_status(boards[0].db).counts == {"done": 24}
+
+
+def test_lease_time_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="lease time must be positive"):
+        LeaseBoard(TuningDB.open(tmp_path / "x.db"), INTERPRETER_DEVICE, NOW, ttl_s=0)
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "want"),
+    [("all", 3, (0, 1, 2)), ("0,2", 3, (0, 2)), ("cuda:1", 2, (1,)), (" 1 , 0 ", 2, (1, 0))],
+)
+def test_devices_are_parsed(text, count, want):
+    assert parse_devices(text, count) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "error"),
+    [
+        ("0,0", 2, "named twice"),
+        ("3", 2, "does not exist"),
+        ("gpu0", 2, "device indices"),
+        ("all", 0, "no CUDA"),
+    ],
+)
+def test_bad_devices_are_explained(text, count, error):
+    with pytest.raises(ValueError, match=error):
+        parse_devices(text, count)
+
+
+# ------------------------------------------------------------------ a study made whole
+
+SPACE = {"BLOCK_M": (16, 32, 64), "BLOCK_N": (16, 32), "num_warps": (4, 8)}
+
+
+def _config(bm: int, bn: int, w: int) -> Config:
+    return Config(bm, bn, 16, num_warps=w)
+
+
+def test_adopt_fails_a_dead_runners_trials_and_adopts_recorded_ones(tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    space = {"BLOCK_M": (16, 32, 64), "BLOCK_N": (16, 32), "BLOCK_K": (16,), "num_warps": (4, 8)}
+    study = make_study("s", storage, restart=False)
+    study.ask()  # a runner asked and was killed before telling
+    recorded = {
+        Config(32, 16, 16, num_warps=8): Outcome("ok", 0.5),
+        Config(64, 32, 16, num_warps=4): Outcome("incorrect"),
+    }
+    stale, adopted = adopt(study, space, recorded, lambda name, chosen: True)
+    assert (stale, adopted) == (1, 2)
+    states = Counter(t.state for t in study.trials)
+    assert states == {optuna.trial.TrialState.FAIL: 1, optuna.trial.TrialState.COMPLETE: 2}
+    assert adopt(study, space, recorded, lambda name, chosen: True) == (0, 0)  # nothing twice
+    evaluated: list[Config] = []
+
+    def evaluate(configs):
+        for c in configs:
+            evaluated.append(c)
+            yield Outcome("ok", 1.0 + c.BLOCK_M / 100)
+
+    result = search(
+        study,
+        space,
+        evaluate=evaluate,
+        infeasible=lambda c: None,
+        budget=Budget(trials=5, seconds=60, patience=50, batch=2),
+        applies=lambda name, chosen: True,
+    )
+    assert not set(evaluated) & set(recorded)  # adopted: never measured again
+    assert result.evaluated == 5 and len(evaluated) == 3  # and counted against the budget
+    assert result.best == Config(32, 16, 16, num_warps=8) and result.best_ms == pytest.approx(0.5)
+    assert all(t.user_attrs.get(STATUS_ATTR) for t in study.trials if t.state.name == "COMPLETE")
+
+
+# ------------------------------------------------------------------ processes
+
+# Runs `epilab tune` with a hook in its candidate worker: every candidate task is logged
+# (pid, problem, config) before it runs; MODE decides what else happens (see the tests).
+DRIVER = textwrap.dedent("""
+    import sys
+    import epilab.tuner.worker as worker
+
+    hook = (sys.argv[1], "hook")
+    init = worker.Worker.__init__
+
+    def hooked(self, **kw):
+        kw["hook"] = hook
+        init(self, **kw)
+
+    worker.Worker.__init__ = hooked
+    from epilab.cli import app
+
+    app(sys.argv[2:], prog_name="epilab")
+""")
+
+HOOK = textwrap.dedent("""
+    import json, os, time
+    LOG, MODE, MARK = {log!r}, {mode!r}, {mark!r}
+    seen = [0]
+
+    def hook(task):
+        gone = MARK + ".gone"
+        if MODE == "lose-device" and os.path.exists(gone):
+            os._exit(3)  # every task, the probe too: the device is gone
+        if task["kind"] != "candidate":
+            return
+        seen[0] += 1
+        with open(LOG, "a") as f:
+            f.write(json.dumps([os.getpid(), json.loads(task["problem"])["shape"], task["config"]]) + "\\n")
+        if seen[0] == 3 and MODE in ("hang", "slow"):
+            open(MARK, "w").close()  # the trial under way: the test kills or interrupts now
+            time.sleep(60 if MODE == "hang" else 2)
+        if seen[0] == 3 and MODE == "lose-device":
+            open(gone, "w").close()
+            os._exit(3)
+""")
+
+
+def _start(tmp_path: Path, name: str, target: str, shapes: Path, mode: str, *extra: str) -> subprocess.Popen:
+    hook = tmp_path / f"hook_{name}.py"
+    hook.write_text(
+        HOOK.format(log=str(tmp_path / "tasks.log"), mode=mode, mark=str(tmp_path / f"{name}.mark"))
+    )
+    args = ["tune", "--shapes", str(shapes), "--interpret", "--trials", str(TRIALS), "--patience", "100"]
+    args += ["--time-budget", "600", "--db", target, "--lease-ttl", "5", "--json", *extra]
+    env = {**os.environ, "EPILAB_INTERPRET": "1", "TRITON_INTERPRET": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(hook), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: killed with its worker
+    )
+
+
+def _wait_for(path: Path, procs: list[subprocess.Popen], timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        dead = [p for p in procs if p.poll() is not None]
+        assert not dead, [p.communicate()[1][-3000:] for p in dead]
+        assert time.monotonic() < end, f"{path.name} never appeared"
+        time.sleep(0.1)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def _tasks(tmp_path: Path) -> list[tuple[int, str, str]]:
+    path = tmp_path / "tasks.log"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [
+        (pid, json.dumps(shape, sort_keys=True), json.dumps(cfg, sort_keys=True)) for pid, shape, cfg in rows
+    ]
+
+
+def _records(target: str, work: list) -> dict[str, list]:
+    with TuningDB.open(target) as db:
+        return {p.key: db.records(p.key) for _, p in work}
+
+
+def test_three_processes_share_a_list_and_one_killed_loses_only_its_trial(db_target, tmp_path):
+    shapes = _shapes_file(tmp_path, 6)
+    work = _work(tmp_path, 6)
+    procs = [
+        _start(tmp_path, n, db_target, shapes, m) for n, m in (("p1", "log"), ("p2", "log"), ("p3", "hang"))
+    ]
+    _wait_for(tmp_path / "p3.mark", procs)  # p3 is in the middle of its third trial
+    os.killpg(procs[2].pid, signal.SIGKILL)
+    procs[2].wait(timeout=30)
+    done = [_finish(p) for p in procs[:2]]
+    for rc, _, err in done:
+        assert rc == 0, err[-3000:]
+    tuned = [r["key"] for _, out, _ in done for r in json.loads(out)]
+    assert sorted(tuned) == sorted(p.key for _, p in work)  # every problem once, by p1 or p2 ...
+    with TuningDB.open(db_target) as db:
+        status = fleet_status(db)
+    assert status.counts == {"done": 6} and not status.active  # ... no lease stuck
+    records = _records(db_target, work)
+    assert all(
+        len(r) == TRIALS and all(x.status == "ok" for x in r) for r in records.values()
+    )  # no trial lost
+    evaluations = Counter((shape, cfg) for _, shape, cfg in _tasks(tmp_path))
+    twice = [k for k, n in evaluations.items() if n > 1]
+    assert len(twice) <= 1, twice  # at most the trial p3 was killed in was measured again
+    assert sum(evaluations.values()) <= 6 * TRIALS + 1
+    assert sorted(w.state for w in status.workers) == ["finished", "finished", "running"]  # p3 never ended
+    with TuningDB.open(db_target) as db, db.session() as session:
+        attempts = sorted(session.scalars(sa.select(LeaseRecord.attempts)))
+    assert attempts == [1, 1, 1, 1, 1, 2]  # p3's problem was taken over once
+
+
+def test_ctrl_c_keeps_every_recorded_trial_and_the_same_command_resumes(db_target, tmp_path):
+    shapes = _shapes_file(tmp_path, 2)
+    work = _work(tmp_path, 2)
+    proc = _start(tmp_path, "p1", db_target, shapes, "slow")
+    _wait_for(tmp_path / "p1.mark", [proc])
+    os.kill(proc.pid, signal.SIGINT)  # Ctrl-C in the middle of the third trial
+    rc, _, err = _finish(proc)
+    assert rc == 130, err[-3000:]
+    assert "interrupted" in err
+    before = _tasks(tmp_path)
+    kept = _records(db_target, work)
+    assert sum(len(r) for r in kept.values()) == 2  # the two trials finished, not the one cut off
+    with TuningDB.open(db_target) as db:
+        assert fleet_status(db).counts == {"pending": 2}  # given back, nothing stuck
+    rc, out, err = _finish(_start(tmp_path, "p2", db_target, shapes, "log"))
+    assert rc == 0, err[-3000:]
+    assert len(json.loads(out)) == 2
+    records = _records(db_target, work)
+    assert all(len(r) == TRIALS for r in records.values())
+    evaluations = Counter((shape, cfg) for _, shape, cfg in _tasks(tmp_path))
+    assert sum(evaluations.values()) == len(before) + 2 * TRIALS - 2  # only the cut-off trial again
+    assert max(evaluations.values()) <= 2
+
+
+def test_a_worker_whose_device_disappears_stops_cleanly_and_its_problem_is_finished(db_target, tmp_path):
+    shapes = _shapes_file(tmp_path, 2)
+    work = _work(tmp_path, 2)
+    rc, _, err = _finish(_start(tmp_path, "p1", db_target, shapes, "lose-device"))
+    assert rc == 1, err[-3000:]
+    assert "every device of this process was lost" in err and "Traceback" not in err
+    records = _records(db_target, work)
+    assert sum(len(r) for r in records.values()) == 2  # the trial the device died in is not recorded
+    assert all(x.status == "ok" for r in records.values() for x in r)
+    with TuningDB.open(db_target) as db:
+        status = fleet_status(db)
+    assert status.counts == {"pending": 2}
+    assert [w.state for w in status.workers] == ["lost"]
+    rc, _, err = _finish(_start(tmp_path, "p2", db_target, shapes, "log"))
+    assert rc == 0, err[-3000:]
+    assert all(len(r) == TRIALS for r in _records(db_target, work).values())
+
+
+def test_tune_status_shows_the_work(tmp_path):
+    target = str(tmp_path / "t.db")
+    work = _work(tmp_path, 3)
+    board = _board(target, work)
+    held = board.take("host:1:cuda:0")
+    board.register("host:1:cuda:0", "cuda:0")
+    failed = board.take("host:1:cuda:0")
+    board.finish(failed, "host:1:cuda:0", "failed", "Traceback ...\nTuningBug: boom")
+    result = CliRunner().invoke(app, ["tune", "status", "--db", target])
+    assert result.exit_code == 0, result.output
+    assert "1 pending, 1 leased, 0 done, 1 failed" in result.output
+    assert held is not None and work[0][0] in result.output
+    assert "TuningBug: boom" in result.output and "host:1:cuda:0" in result.output
+    data = json.loads(CliRunner().invoke(app, ["tune", "status", "--db", target, "--json"]).output)
+    assert data["counts"] == {"leased": 1, "failed": 1, "pending": 1}
+    assert data["workers"][0]["state"] == "running"
