@@ -226,7 +226,7 @@ def tune(
         bool, typer.Option("--resume/--restart", help="continue each problem's study, or start over")
     ] = True,
     jobs: Annotated[
-        int, typer.Option(min=0, max=64, help="parallel compile processes (0: compile in the worker)")
+        int, typer.Option(min=0, max=64, help="parallel compile processes per GPU (0: compile in the worker)")
     ] = 8,
     interpret: Annotated[
         bool, typer.Option("--interpret", help="no GPU: correctness-only dry run in Triton's interpreter")

@@ -1,7 +1,8 @@
 """Tuning one work list with many workers: GPUs of one host, processes, hosts.
 
 ``run_fleet`` starts one worker thread per device of this process (``epilab tune
---devices 0,1``), each with its own ``Tuner`` (GPU worker process and compile pool).
+--devices 0,1``), each with its own ``Tuner``: a GPU worker process and a compile pool
+of ``options.jobs`` processes (per device: size it to the host's cores).
 Every worker, in this process or another one pointed at the same database, takes
 problems from the database's leases (``db/leases.py``): the database is the queue, so
 three processes on one host or eight hosts on one PostgreSQL server share the list the
@@ -102,6 +103,7 @@ class FleetWorker:
         work: dict[str, tuple[str, Problem]],
         *,
         stop: threading.Event,
+        changed: threading.Condition,
         listener: Listener,
         poll_s: float,
     ) -> None:
@@ -109,6 +111,7 @@ class FleetWorker:
         self.board = board
         self.work = work
         self.stop = stop
+        self.changed = changed  # notified when a worker of this process ends or gives back a lease
         self.listener = listener
         self.poll_s = poll_s
         self.name = worker_name(tuner.device_label)
@@ -146,7 +149,9 @@ class FleetWorker:
                 wait = self.board.held_elsewhere(self.name)
                 if wait is None:
                     return  # every problem of the list is finished
-                self.stop.wait(min(max(wait, 0.2), self.poll_s))
+                with self.changed:  # woken at once by this process's workers, else polls for others'
+                    if not self.stop.is_set():
+                        self.changed.wait(min(max(wait, 0.2), self.poll_s))
                 continue
             with self._lock:
                 self._lease, self._lost = lease, None
@@ -159,6 +164,8 @@ class FleetWorker:
             finally:
                 with self._lock:
                     self._lease = None
+                with self.changed:
+                    self.changed.notify_all()
 
     def _tune(self, lease: Lease) -> bool:
         """Tune the leased problem; False when this worker must stop (Ctrl-C, its device lost)."""
@@ -238,12 +245,9 @@ def run_fleet(
     cancels the workers and returns a report marked interrupted."""
     started = time.monotonic()
     since = datetime.now(timezone.utc)
-    jobs = max(1, options.jobs // len(fleet.devices)) if options.jobs > 0 else 0
-    tuners = [
-        Tuner(db, dataclasses.replace(options, device_index=d, jobs=jobs), hook=fleet.hook)
-        for d in fleet.devices
-    ]
+    tuners = [Tuner(db, dataclasses.replace(options, device_index=d), hook=fleet.hook) for d in fleet.devices]
     stop = threading.Event()
+    changed = threading.Condition()
     interrupted = False
     workers: list[FleetWorker] = []
     try:
@@ -264,6 +268,7 @@ def run_fleet(
                     board,
                     {p.key: (label, p) for label, p in work},
                     stop=stop,
+                    changed=changed,
                     listener=listener,
                     poll_s=fleet.poll_s,
                 )
@@ -278,6 +283,8 @@ def run_fleet(
         except KeyboardInterrupt:
             interrupted = True
             stop.set()
+            with changed:
+                changed.notify_all()
             for t in tuners:
                 t.cancel()
             for th in threads:
