@@ -121,25 +121,25 @@ class LeaseBoard:
             s.execute(
                 update(LeaseRecord)
                 .where(self._mine(device_id, ids), reopen, finished_before)
-                .values(state="pending", trials=trials, owner=None, detail=None)
+                .values(state="pending", trials=trials, owner=None, detail=None, attempts=0)
                 .execution_options(synchronize_session=False)
             )
             return device_id, ids
 
         self._device_id, self._ids = self.db.write(run)
 
-    def reopen_finished(self, since: datetime) -> int:
-        """``--restart``: open again the list's leases finished before ``since``; how many."""
+    def restart(self, since: datetime) -> int:
+        """``--restart``: open again the list's leases finished before ``since``, and count
+        every lease not held as never taken, so that its first taker in this run (``attempts``
+        1) starts its study over while a taker-over (2 and more) keeps what this run recorded;
+        returns how many."""
 
         def run(s: Session) -> int:
+            finished = LeaseRecord.state.in_(FINISHED) & (LeaseRecord.finished_at < since)
             result = s.execute(
                 update(LeaseRecord)
-                .where(
-                    self._mine(self._device_id, self._ids),
-                    LeaseRecord.state.in_(FINISHED),
-                    LeaseRecord.finished_at < since,
-                )
-                .values(state="pending", owner=None, detail=None)
+                .where(self._mine(self._device_id, self._ids), finished | (LeaseRecord.state == "pending"))
+                .values(state="pending", owner=None, detail=None, attempts=0)
                 .execution_options(synchronize_session=False)
             )
             return int(result.rowcount or 0)

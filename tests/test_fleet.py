@@ -239,6 +239,8 @@ HOOK = textwrap.dedent("""
             os._exit(3)  # every task, the probe too: the device is gone
         if task["kind"] != "candidate":
             return
+        if MODE == "bug":
+            raise KeyError("a bug in the worker")
         seen[0] += 1
         with open(LOG, "a") as f:
             f.write(json.dumps([os.getpid(), json.loads(task["problem"])["shape"], task["config"]]) + "\\n")
@@ -385,3 +387,31 @@ def test_tune_status_shows_the_work(tmp_path):
     data = json.loads(CliRunner().invoke(app, ["tune", "status", "--db", target, "--json"]).output)
     assert data["counts"] == {"leased": 1, "failed": 1, "pending": 1}
     assert data["workers"][0]["state"] == "running"
+
+
+def test_a_finished_list_is_skipped_a_larger_budget_resumes_and_restart_starts_over(tmp_path):
+    shapes = str(_shapes_file(tmp_path, 1))
+    target = str(tmp_path / "t.db")
+    base = ["tune", "--shapes", shapes, "--interpret", "--patience", "100", "--db", target, "--json"]
+
+    def tune(*extra: str) -> list[dict]:
+        result = CliRunner().invoke(app, [*base, *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    first = tune("--trials", "2")
+    assert [(r["trials"], r["new_trials"]) for r in first] == [(2, 2)]
+    assert tune("--trials", "2") == []  # done for this budget: nothing to do
+    assert [(r["trials"], r["new_trials"]) for r in tune("--trials", "3")] == [(3, 1)]  # resumed
+    assert [(r["trials"], r["new_trials"]) for r in tune("--trials", "3", "--restart")] == [(3, 3)]
+
+
+def test_a_bug_fails_its_problem_and_stops_with_a_traceback(tmp_path):
+    target = str(tmp_path / "t.db")
+    rc, _, err = _finish(_start(tmp_path, "p1", target, _shapes_file(tmp_path, 2), "bug"))
+    assert rc == 1 and "TuningBug" in err and "a bug in the worker" in err
+    with TuningDB.open(target) as db:
+        status = fleet_status(db)
+    assert status.counts == {"failed": 1, "pending": 1}  # nothing left leased
+    assert "a bug in the worker" in status.failed[0].detail
+    assert [w.state for w in status.workers] == ["failed"]

@@ -131,11 +131,9 @@ class FleetWorker:
             self._loop()
             if self.report.state == "running":
                 self.report.state = "interrupted" if self.stop.is_set() else "finished"
-        except BaseException as e:  # a bug: the lease is marked failed, the caller raises it
+        except BaseException as e:  # a bug (its lease is marked failed): the caller raises it
             self.report.state, self.report.error = "failed", e
             self.report.detail = traceback.format_exc()[-1500:]
-            if self._lease is not None:
-                self.board.finish(self._lease, self.name, "failed", self.report.detail)
         finally:
             beating.set()
             heart.join(timeout=10)
@@ -161,6 +159,9 @@ class FleetWorker:
                     return
                 if not self._tune(lease):
                     return
+            except BaseException:  # a bug: this problem failed; another run may try it again
+                self.board.finish(lease, self.name, "failed", traceback.format_exc()[-1500:])
+                raise
             finally:
                 with self._lock:
                     self._lease = None
@@ -261,7 +262,7 @@ def run_fleet(
             board = LeaseBoard(db, device, versions, ttl_s=fleet.lease_ttl_s)
             board.enqueue(work, trials=trials, since=since)
             if options.restart:
-                board.reopen_finished(since)
+                board.restart(since)
             workers.append(
                 FleetWorker(
                     t,
