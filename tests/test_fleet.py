@@ -259,7 +259,7 @@ def _start(tmp_path: Path, name: str, target: str, shapes: Path, mode: str, *ext
         HOOK.format(log=str(tmp_path / "tasks.log"), mode=mode, mark=str(tmp_path / f"{name}.mark"))
     )
     args = ["tune", "--shapes", str(shapes), "--interpret", "--trials", str(TRIALS), "--patience", "100"]
-    args += ["--time-budget", "600", "--db", target, "--lease-ttl", "5", "--json", *extra]
+    args += ["--time-budget", "600", "--db", target, "--lease-ttl", "8", "--json", *extra]
     env = {**os.environ, "EPILAB_INTERPRET": "1", "TRITON_INTERPRET": "1"}
     return subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(hook), *args],
