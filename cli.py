@@ -466,6 +466,8 @@ def tune_status(
                 for w in status.workers
             ],
         )
+    if status.older_workers:
+        typer.echo(f"({status.older_workers} worker(s) that ended over a day ago not shown)")
     if not status.counts and not status.workers:
         typer.echo(f"no shared tuning work recorded in {printable(store.url)}")
 

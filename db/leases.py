@@ -358,11 +358,13 @@ class FleetStatus:
     problems_per_hour: float | None  # done leases over the span from the first start to the last end
     trials_per_hour: float | None  # trials recorded in that span
     span_s: float | None
+    older_workers: int = 0  # workers that ended over ``recent_s`` ago, not listed
 
 
-def fleet_status(db: TuningDB, *, silent_after_s: float = 180.0) -> FleetStatus:
-    """The state of every lease and worker in ``db``; a running worker that has not beaten
-    for ``silent_after_s`` is shown as ``silent`` (killed, or its host is down)."""
+def fleet_status(db: TuningDB, *, silent_after_s: float = 180.0, recent_s: float = 86400.0) -> FleetStatus:
+    """The state of every lease in ``db``, and of the workers that beat in the last
+    ``recent_s`` or say they are running; a running worker that has not beaten for
+    ``silent_after_s`` is shown as ``silent`` (killed, or its host is down)."""
     from epilab.db.models import Device, TrialRecord
 
     with db.session() as s:
@@ -403,8 +405,12 @@ def fleet_status(db: TuningDB, *, silent_after_s: float = 180.0) -> FleetStatus:
     span = None if first is None or last is None else (last - first).total_seconds()
     hours = None if not span else span / 3600
     worker_views = []
+    older = 0
     for w, device in workers:
         beat = age(w.heartbeat_at) or 0.0
+        if w.state != "running" and beat > recent_s:
+            older += 1
+            continue
         lived = (_aware(w.heartbeat_at) - _aware(w.started_at)).total_seconds() / 3600
         state = "silent" if w.state == "running" and beat > silent_after_s else w.state
         worker_views.append(
@@ -427,4 +433,5 @@ def fleet_status(db: TuningDB, *, silent_after_s: float = 180.0) -> FleetStatus:
         problems_per_hour=None if not hours else len(done) / hours,
         trials_per_hour=None if not hours or trials is None else trials / hours,
         span_s=span,
+        older_workers=older,
     )

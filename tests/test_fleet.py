@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import optuna
@@ -28,7 +29,7 @@ from typer.testing import CliRunner
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.db.leases import LeaseBoard, fleet_status
-from epilab.db.models import LeaseRecord
+from epilab.db.models import LeaseRecord, WorkerRecord
 from epilab.templates.kinds import twins
 from epilab.templates.problem import Config
 from epilab.tuner.fleet import parse_devices
@@ -387,6 +388,16 @@ def test_tune_status_shows_the_work(tmp_path):
     data = json.loads(CliRunner().invoke(app, ["tune", "status", "--db", target, "--json"]).output)
     assert data["counts"] == {"leased": 1, "failed": 1, "pending": 1}
     assert data["workers"][0]["state"] == "running"
+    board.register("old:2:cuda:0", "cuda:0")  # a worker that ended two days ago is counted, not listed
+    board.beat("old:2:cuda:0", problems=1, trials=4, state="finished")
+    with board.db.session(write=True) as session:
+        session.execute(
+            sa.update(WorkerRecord)
+            .where(WorkerRecord.name == "old:2:cuda:0")
+            .values(heartbeat_at=datetime.now(timezone.utc) - timedelta(days=2))
+        )
+    status = fleet_status(board.db)
+    assert status.older_workers == 1 and [w.name for w in status.workers] == ["host:1:cuda:0"]
 
 
 def test_a_finished_list_is_skipped_a_larger_budget_resumes_and_restart_starts_over(tmp_path):
