@@ -22,6 +22,7 @@ list is finished.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -137,7 +138,8 @@ class FleetWorker:
         finally:
             beating.set()
             heart.join(timeout=10)
-            self._beat()
+            with contextlib.suppress(Exception):  # the row's last word; the database may be gone
+                self._beat()
             self.listener(Event("stopped", self.tuner.device_label, detail=self.report.detail))
 
     def _loop(self) -> None:
