@@ -120,6 +120,7 @@ class FleetWorker:
         self._lease: Lease | None = None
         self._lost: Lease | None = None
         self._lock = threading.Lock()
+        self.ended = threading.Event()  # set when run() has ended, its lease given back or finished
 
     def run(self) -> None:
         self.board.register(self.name, self.tuner.device_label)
@@ -140,7 +141,10 @@ class FleetWorker:
             heart.join(timeout=10)
             with contextlib.suppress(Exception):  # the row's last word; the database may be gone
                 self._beat()
-            self.listener(Event("stopped", self.tuner.device_label, detail=self.report.detail))
+            try:
+                self.listener(Event("stopped", self.tuner.device_label, detail=self.report.detail))
+            finally:
+                self.ended.set()
 
     def _loop(self) -> None:
         while not self.stop.is_set():
@@ -280,9 +284,12 @@ def run_fleet(
         for th in threads:
             th.start()
         try:
-            while any(th.is_alive() for th in threads):
-                for th in threads:
-                    th.join(timeout=0.2)
+            # Events, not Thread.join: a join interrupted by Ctrl-C can mark its thread dead
+            # while it still runs (CPython gh-90882, up to 3.11), and the process then exited
+            # before the workers gave their leases back (seen in CI: a lease left held).
+            while not all(w.ended.is_set() for w in workers):
+                for w in workers:
+                    w.ended.wait(timeout=0.2)
         except KeyboardInterrupt:
             interrupted = True
             stop.set()
@@ -290,8 +297,8 @@ def run_fleet(
                 changed.notify_all()
             for t in tuners:
                 t.cancel()
-            for th in threads:
-                th.join(timeout=60)
+            for w in workers:  # each gives its lease back, then says it ended
+                w.ended.wait(timeout=60)
     finally:
         for t in tuners:
             t.close()
