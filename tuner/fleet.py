@@ -264,22 +264,15 @@ def run_fleet(
                 "--devices must name GPUs of one model: "
                 + ", ".join(f"{t.device_label} is {t.device.name}" for t in tuners)
             )
-        for t in tuners:
-            board = LeaseBoard(db, device, versions, ttl_s=fleet.lease_ttl_s)
-            board.enqueue(work, trials=trials, since=since)
-            if options.restart:
-                board.restart(since)
-            workers.append(
-                FleetWorker(
-                    t,
-                    board,
-                    {p.key: (label, p) for label, p in work},
-                    stop=stop,
-                    changed=changed,
-                    listener=listener,
-                    poll_s=fleet.poll_s,
-                )
-            )
+        board = LeaseBoard(db, device, versions, ttl_s=fleet.lease_ttl_s)  # one per process: stateless
+        board.enqueue(work, trials=trials, since=since)  # after this, its calls name their owner
+        if options.restart:
+            board.restart(since)
+        by_key = {p.key: (label, p) for label, p in work}
+        workers = [
+            FleetWorker(t, board, by_key, stop=stop, changed=changed, listener=listener, poll_s=fleet.poll_s)
+            for t in tuners
+        ]
         threads = [threading.Thread(target=w.run, name=w.name, daemon=True) for w in workers]
         for th in threads:
             th.start()
