@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from epilab.templates.dtypes import OUTPUT_DTYPES
-from epilab.templates.rules import RULES, STRING_ATTRS, Kind, literal, result_kind
+from epilab.templates.rules import FAST_OUTPUT_DTYPES, RULES, STRING_ATTRS, Kind, literal, result_kind
 
 AttrValue = float | bool | str
 LEAVES = ("acc", "acc2", "operand", "const")
@@ -289,6 +289,25 @@ class Epilogue:
     def kinds(self) -> tuple[Kind, ...]:
         return tuple(_node_kind(n) for n in self.nodes)
 
+    @cached_property
+    def fast_nodes(self) -> frozenset[int]:
+        """The nodes a template renders with their rule's fast form (``rules.py``): those
+        whose every value ends, through float ops only, in tile outputs of a dtype whose
+        rounding dominates the fast forms' error (``FAST_OUTPUT_DTYPES``). A node that an
+        fp32 output, a statistic or a predicate reads keeps its exact form."""
+        exact = [False] * len(self.nodes)
+        for o in self.outputs:
+            if o.reduce or o.dtype not in FAST_OUTPUT_DTYPES:
+                exact[o.node] = True
+        for i in range(len(self.nodes) - 1, -1, -1):  # users come after their arguments
+            n = self.nodes[i]
+            if exact[i] or self.kinds[i] == "bool":
+                for a in n.args:
+                    exact[a] = True
+        return frozenset(
+            i for i, n in enumerate(self.nodes) if not exact[i] and n.op in RULES and RULES[n.op].fast
+        )
+
     # -- canonical text and JSON
     def text(self) -> str:
         """Canonical one-line text; equal for structurally equal epilogues."""
@@ -402,7 +421,9 @@ class Epilogue:
 
         ``leaf_vars`` maps ``"acc"`` (and ``"acc2"`` for a dual GEMM) and each operand name
         to the kernel variable holding it (already fp32). Constants are inlined as literals.
+        The ``fast_nodes`` take their rule's fast form (``fast_math.py.jinja``'s helpers).
         """
+        fast = self.fast_nodes
         names: list[str] = []
         lines: list[tuple[str, str]] = []
         for i, node in enumerate(self.nodes):
@@ -417,7 +438,8 @@ class Epilogue:
                 names.append(literal(attr["value"]))  # type: ignore[arg-type]
             else:
                 var = f"t{i}"
-                lines.append((var, RULES[node.op].render_triton([names[a] for a in node.args], attr)))
+                args = [names[a] for a in node.args]
+                lines.append((var, RULES[node.op].render_triton(args, attr, fast=i in fast)))
                 names.append(var)
         return lines, [names[o.node] for o in self.outputs]
 

@@ -31,7 +31,7 @@ TARGETS = ("cuda", "interpreter")
 TEMPLATE_DIR = Path(__file__).parent
 
 # The files every template's epilogue depends on (a kind's ``files`` end with them)
-EPILOGUE_FILES = ("rounding.py.jinja", "store_output.py.jinja", "rules.py")
+EPILOGUE_FILES = ("rounding.py.jinja", "fast_math.py.jinja", "store_output.py.jinja", "rules.py")
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
@@ -189,6 +189,7 @@ def render(
         split_k=config.SPLIT_K > 1,  # two-pass split-K (templates/split_k.py.jinja)
         flatten=bool(config.FLATTEN),
         warp_specialize=bool(config.WARP_SPECIALIZE),
+        fast_math=bool(problem.epilogue.fast_nodes),  # fast_math.py.jinja's helpers are called
         **kind.render_vars(problem, config),
         **_epilogue_hooks(problem, tma_store=bool(config.TMA_STORE)),
     )

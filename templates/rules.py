@@ -12,6 +12,18 @@ is what the unfused graph's intermediate rounding does.
 
 Forms avoid ``libdevice`` (Triton's interpreter cannot run it): tanh and
 gelu(tanh) go through sigmoid, log1p uses the compensated ``log(1+x)`` form.
+
+Fast forms (the ``fast`` column: sigmoid, silu, gelu, gelu_tanh, tanh) call the helpers of
+``fast_math.py.jinja``: the GPU's approximate ex2, rcp and tanh through inline PTX. A template
+renders them for the nodes whose every value ends in an output of a dtype in
+``FAST_OUTPUT_DTYPES`` (``Epilogue.fast_nodes``); fp32 outputs, statistics and predicates keep
+the exact forms. The bound, tested over every bfloat16 and float16 input against float64
+(``tests/test_fast_math.py``; on the GPU with the real instructions): rounded to the output
+dtype, a fast form is never more than one unit in the last place of that dtype
+(``FAST_ULPS``) further from the float64 value than torch's own fp32 computation rounded the
+same way, plus ``FAST_ABS_FLOOR`` absolutely (sigmoid factors below 2^-126, for x < -87.3,
+flush to zero; torch's own fp32 exp overflows there too from x < -88.7); special values
+(+-0, +-inf, NaN) as torch.
 """
 
 from __future__ import annotations
@@ -48,6 +60,10 @@ TRITON_DTYPES: dict[str, str] = {
 # stays NaN, as cuBLASLt's fp8 outputs and the quantize step of fp8 recipes do
 FP8_MAX: dict[str, float] = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 _ROUND_FN = {"bfloat16": "to_bf16", "float8_e4m3fn": "to_fp8e4nv", "float8_e5m2": "to_fp8e5"}
+# outputs whose rounding dominates the fast forms' errors, and the bound the fast forms keep
+FAST_OUTPUT_DTYPES = frozenset({"bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"})
+FAST_ULPS = 1.0
+FAST_ABS_FLOOR = 2.0**-100
 
 
 def literal(value: float | bool) -> str:
@@ -119,11 +135,14 @@ class Rule:
     kind: Kind = "float"  # kind of the result
     arg_kinds: tuple[ArgKind, ...] | None = None  # what each argument is coerced to; None: all float
     commutative: bool = False
+    fast: str | None = None  # the form over fast_math.py.jinja's approximations (Epilogue.fast_nodes)
 
     def arg_kind(self, i: int) -> ArgKind:
         return "float" if self.arg_kinds is None else self.arg_kinds[i]
 
-    def render_triton(self, args: list[str], attrs: dict[str, object]) -> str:
+    def render_triton(self, args: list[str], attrs: dict[str, object], *, fast: bool = False) -> str:
+        if fast and self.fast is not None:
+            return self.fast.format(*args)
         if callable(self.triton):
             return self.triton(*args, **attrs)
         return self.triton.format(*args, **{k: _attr_literal(v) for k, v in attrs.items()})
@@ -166,14 +185,14 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("log1p", 1, "tl.where(1.0 + {0} == 1.0, {0}, tl.log(1.0 + {0}) * {0} / ((1.0 + {0}) - 1.0))", torch.log1p),  # noqa: E501
     Rule("sqrt", 1, "tl.sqrt_rn({0})", torch.sqrt),
     Rule("rsqrt", 1, "tl.rsqrt({0})", torch.rsqrt),
-    Rule("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid),
-    Rule("tanh", 1, "2.0 * tl.sigmoid(2.0 * {0}) - 1.0", torch.tanh),
+    Rule("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid, fast="fast_sigmoid({0})"),
+    Rule("tanh", 1, "2.0 * tl.sigmoid(2.0 * {0}) - 1.0", torch.tanh, fast="approx_tanh({0})"),
     Rule("erf", 1, "tl.erf({0})", torch.erf),
     # activations
     Rule("relu", 1, "tl.where({0} < 0.0, 0.0, {0})", torch.relu),
-    Rule("gelu", 1, "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))", F.gelu),
-    Rule("gelu_tanh", 1, "{0} * tl.sigmoid(" + repr(_GELU_TANH_K) + " * ({0} + 0.044715 * {0} * {0} * {0}))", lambda x: F.gelu(x, approximate="tanh")),  # noqa: E501
-    Rule("silu", 1, "{0} * tl.sigmoid({0})", F.silu),
+    Rule("gelu", 1, "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))", F.gelu, fast="fast_gelu({0})"),
+    Rule("gelu_tanh", 1, "{0} * tl.sigmoid(" + repr(_GELU_TANH_K) + " * ({0} + 0.044715 * {0} * {0} * {0}))", lambda x: F.gelu(x, approximate="tanh"), fast="fast_gelu_tanh({0})"),  # noqa: E501
+    Rule("silu", 1, "{0} * tl.sigmoid({0})", F.silu, fast="fast_silu({0})"),
     Rule("leaky_relu", 1, "tl.where({0} > 0.0, {0}, {0} * {negative_slope})", lambda x, negative_slope: F.leaky_relu(x, negative_slope), attrs=("negative_slope",)),  # noqa: E501
     Rule("clamp", 1, "tl.where({0} < {min}, {min}, tl.where({0} > {max}, {max}, {0}))", lambda x, min, max: torch.clamp(x, min, max), attrs=("min", "max")),  # noqa: E501
     Rule("clamp_min", 1, "tl.where({0} < {min}, {min}, {0})", lambda x, min: torch.clamp(x, min=min), attrs=("min",)),  # noqa: E501
