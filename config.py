@@ -23,6 +23,9 @@ instead of ``os.environ``. Tests change knobs with ``patch(...)``:
 |                    |             | fixed order (per-tile partials, then a sum), bitwise     |
 |                    |             | reproducible; off: fp32 atomics (also on under           |
 |                    |             | ``torch.use_deterministic_algorithms(True)``)            |
+| EPILAB_EXACT_MATH  | exact_math  | epilogues keep their exact fp32 forms for 16-bit and fp8 |
+|                    |             | outputs too (no GPU approximations: rules.py, "Fast      |
+|                    |             | forms"); for comparisons and numerics studies            |
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Settings:
     log_level: str
     debug_dir: Path | None
     deterministic: bool = False
+    exact_math: bool = False
 
     @property
     def kernel_dir(self) -> Path:
@@ -100,6 +104,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         log_level=log_level,
         debug_dir=Path(debug_dir).expanduser() if debug_dir else None,
         deterministic=_parse_bool("EPILAB_DETERMINISTIC", env.get("EPILAB_DETERMINISTIC", "0")),
+        exact_math=_parse_bool("EPILAB_EXACT_MATH", env.get("EPILAB_EXACT_MATH", "0")),
     )
 
 

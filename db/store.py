@@ -153,8 +153,8 @@ class Record:
 
 def comparable_ms(r: Record, other: Record | None = None) -> float:
     """A record's time to compare with ``other``'s: CUDA-graph times when both have them
-    (kernels under 50 us, where one call at a time is mostly launch gaps), else the
-    events median."""
+    (the tuner replays every candidate and baseline in a graph; records made before it did
+    have graph times only under 50 us), else the events median: never one of each."""
     if r.graph_ms is not None and (other is None or other.graph_ms is not None):
         return r.graph_ms
     return float(r.median_ms or 0.0)
@@ -1091,7 +1091,11 @@ def _pick(rows: list[Any], versions: Versions | None, *, exact: bool) -> Lookup 
             versions.triton,
         )
 
-    best = min(rows, key=lambda row: (not same(row), row[0].median_ms, row[0].id))
+    def timed(row: Any) -> tuple[bool, float]:  # like with like: graph times before events
+        r = row[0]
+        return (r.graph_ms is None, r.graph_ms if r.graph_ms is not None else r.median_ms)
+
+    best = min(rows, key=lambda row: (not same(row), *timed(row), row[0].id))
     return Lookup(record=_record(best), exact=exact, m=best.ProblemRow.m, same_versions=same(best))
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from epilab.templates import dtypes, gemv, matmul
+from epilab.templates import dtypes, gemv, matmul, matmul_sm90
 from epilab.templates.epilogue import Epilogue
 from epilab.templates.matmul import (
     FILES,
@@ -133,6 +133,8 @@ def config_error(problem: Problem, config: Config) -> str | None:
     """The matmul template's rules, for 2-D dual problems."""
     if problem.op != OP or problem.shape.batch != 1:
         return f"the dual templates take 2-D {OP} problems, got a {problem.op} of batch {problem.shape.batch}"
+    if config.variant in matmul_sm90.VARIANTS:
+        return f"the {config.variant} variant computes one accumulator; a dual GEMM runs on the Triton loops"
     return matmul.loop_error(problem, config)
 
 
@@ -195,7 +197,7 @@ def dual_input_elements(problem: Problem) -> tuple[int, int]:
 
 
 def dual_search_error(problem: Problem, config: Config) -> str | None:
-    return idle_threads_error(config)
+    return idle_threads_error(config) or matmul.warp_specialize_error(config)
 
 
 DUAL_GEMV = "dual_gemv"  # the dual GEMV kind's name (templates/dual_gemv.py: gemv's files)

@@ -416,14 +416,17 @@ class Epilogue:
         return needed
 
     # -- the Triton form
-    def triton_lines(self, leaf_vars: Mapping[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
+    def triton_lines(
+        self, leaf_vars: Mapping[str, str], *, fast: bool = True
+    ) -> tuple[list[tuple[str, str]], list[str]]:
         """Assignments ``(var, expr)`` for the inner nodes and each output's variable.
 
         ``leaf_vars`` maps ``"acc"`` (and ``"acc2"`` for a dual GEMM) and each operand name
         to the kernel variable holding it (already fp32). Constants are inlined as literals.
-        The ``fast_nodes`` take their rule's fast form (``fast_math.py.jinja``'s helpers).
+        The ``fast_nodes`` take their rule's fast form (``fast_math.py.jinja``'s helpers) unless
+        ``fast`` is off.
         """
-        fast = self.fast_nodes
+        fast_nodes = self.fast_nodes if fast else frozenset()
         names: list[str] = []
         lines: list[tuple[str, str]] = []
         for i, node in enumerate(self.nodes):
@@ -439,7 +442,7 @@ class Epilogue:
             else:
                 var = f"t{i}"
                 args = [names[a] for a in node.args]
-                lines.append((var, RULES[node.op].render_triton(args, attr, fast=i in fast)))
+                lines.append((var, RULES[node.op].render_triton(args, attr, fast=i in fast_nodes)))
                 names.append(var)
         return lines, [names[o.node] for o in self.outputs]
 

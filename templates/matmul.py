@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from epilab.templates import dtypes
+from epilab.templates import dtypes, matmul_sm90
 from epilab.templates.epilogue import Epilogue
 from epilab.templates.kind import OutputSpec, TemplateKind
 from epilab.templates.problem import (
@@ -43,8 +43,10 @@ from epilab.templates.runtime import (
     operand_strides,
     outputs_for,
     single_launch,
+    sm_count,
     split_k_bound,
     target_for,
+    tma_readable,
 )
 
 _GRID_Y_MAX = 65535
@@ -52,11 +54,14 @@ _GRID_Y_MAX = 65535
 
 # ------------------------------------------------------------------ what the template accepts
 
-FILES = ("matmul.py.jinja", "tile_order.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
+FILES = ("matmul.py.jinja", matmul_sm90.SOURCE, "tile_order.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
 # tma: operand tiles through tensor descriptors (Hopper); persistent: one program per SM
 # looping over the tiles; tma_persistent: both; stream_k (and tma_stream_k): one program per SM,
-# whole waves of tiles and then the tail's K iterations shared evenly across tile boundaries
-VARIANTS = ("default", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k")
+# whole waves of tiles and then the tail's K iterations shared evenly across tile boundaries;
+# sm90_persistent and sm90_pingpong: Gluon kernels for Hopper whose epilogue overlaps the
+# tensor cores' work (matmul_sm90.py)
+TRITON_VARIANTS = ("default", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k")
+VARIANTS = (*TRITON_VARIANTS, *matmul_sm90.VARIANTS)
 TMA_VARIANTS = ("tma", "tma_persistent", "tma_stream_k")
 PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
 STREAM_K_VARIANTS = ("stream_k", "tma_stream_k")
@@ -94,6 +99,10 @@ def loop_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the matmul template's main loops for ``problem``."""
     if config.variant not in VARIANTS:
         return f"the matmul template has no variant {config.variant!r}; use one of {VARIANTS}"
+    if config.variant in matmul_sm90.VARIANTS:
+        if (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
+            return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
+        return matmul_sm90.config_error(problem, config)
     if problem.dtype in dtypes.FP8_DTYPES and config.BLOCK_K < FP8_MIN_BLOCK_K:
         return f"fp8 dots take K blocks of {FP8_MIN_BLOCK_K} or more, not BLOCK_K={config.BLOCK_K}"
     if config.SPLIT_K > 1:
@@ -137,9 +146,9 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
     if name in PERSISTENT_KNOBS:
         return variant in PERSISTENT_VARIANTS
     if name == "TMA_STORE":
-        return variant in TMA_VARIANTS and chosen.get("SPLIT_K", 1) == 1
+        return variant in (*TMA_VARIANTS, *matmul_sm90.VARIANTS) and chosen.get("SPLIT_K", 1) == 1
     if name == "EPILOGUE_SUBTILE":
-        return chosen.get("SPLIT_K", 1) == 1
+        return chosen.get("SPLIT_K", 1) == 1 and variant not in matmul_sm90.VARIANTS
     if name == "SPLIT_K":
         return variant in SPLIT_K_VARIANTS
     return True
@@ -350,11 +359,12 @@ def bind_matmul(
     }
     ep_args = epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n))
     args.update(ep_args)
+    if config.variant in matmul_sm90.VARIANTS:
+        slots = tile_slots(config, m, n)
+        return matmul_sm90.bind(kind, problem, config, a, b, outs, args, target, index_64, slots)
     workspace = None
     if config.variant in (*PERSISTENT_VARIANTS, *STREAM_K_VARIANTS):
-        sms = (
-            4 if target == "interpreter" else torch.cuda.get_device_properties(a.device).multi_processor_count
-        )
+        sms = sm_count(a.device)
         if config.variant in STREAM_K_VARIANTS:
             grid = (min(sms, stream_k_programs(grid[0] * batch, triton.cdiv(k, config.BLOCK_K))),)
             workspace = Workspace(grid[0], kind.accumulators * config.BLOCK_M * config.BLOCK_N)
@@ -400,20 +410,10 @@ def stream_k_programs(tiles: int, k_blocks: int) -> int:
     return triton.cdiv(tiles * k_blocks, max(2, k_blocks // 2))
 
 
-def _tma_readable(t: torch.Tensor) -> bool:
-    """A 2-D tensor TMA can address: unit inner stride, 16-byte aligned row stride and address."""
-    return (
-        t.dim() == 2
-        and t.stride(1) == 1
-        and (t.stride(0) * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-    )
-
-
 def tma_store_descriptors(config: Config, outs: tuple[torch.Tensor, ...]) -> tuple[Described, ...] | None:
     """How TMA_STORE describes each output (one store per epilogue slice), or None when an
     output is not a row-major, 16-byte aligned matrix."""
-    if not all(_tma_readable(o) for o in outs):
+    if not all(tma_readable(o) for o in outs):
         return None
     block = (config.BLOCK_M, config.BLOCK_N // config.EPILOGUE_SUBTILE)
     return tuple(Described(f"out{i}_desc", f"out{i}_ptr", False, block) for i in range(len(outs)))
@@ -435,8 +435,8 @@ def tma_descriptors(
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
     if not (
-        _tma_readable(a if a_row else a.t())
-        and all(_tma_readable(t if b_row else t.t()) for t in bs.values())
+        tma_readable(a if a_row else a.t())
+        and all(tma_readable(t if b_row else t.t()) for t in bs.values())
     ):
         return None
     return (
@@ -604,6 +604,28 @@ def idle_threads_error(config: Config) -> str | None:
     return None
 
 
+def warp_specialize_error(config: Config) -> str | None:
+    """Where Triton 3.6's warp specialization (``tl.range(warp_specialize=True)``) does anything
+    on Hopper, and does not abort (found by compiling every persistent config for sm_90a,
+    docs/design.md): only the tma_persistent loop with 4 warps, not flattened; a 128-row tile is
+    then split over two consumer warp groups, which neither epilogue slices (an UNREACHABLE in
+    WSDataPartition) nor a TMA store of the whole tile survive. With 8 warps, or flattened, the
+    pass leaves the kernel as it is; over pointer loads (persistent) it asserts (WSLowerToken)."""
+    if not config.WARP_SPECIALIZE:
+        return None
+    if config.variant != "tma_persistent" or config.num_warps != 4 or config.FLATTEN:
+        return "WARP_SPECIALIZE: Triton 3.6 specializes only tma_persistent with 4 warps, not flattened"
+    if config.BLOCK_M > 64 and (config.EPILOGUE_SUBTILE > 1 or config.TMA_STORE):
+        return "WARP_SPECIALIZE: a tile split over two warp groups takes no epilogue slices or TMA store"
+    return None
+
+
+def matmul_search_error(problem: Problem, config: Config) -> str | None:
+    """The tuner's rules for the matmul kinds: idle threads, and warp specialization only where
+    Triton does it."""
+    return idle_threads_error(config) or warp_specialize_error(config)
+
+
 def output_shape(problem: Problem) -> tuple[int, ...]:
     """The outputs' shape: [batch,] M, N (3-D when the inputs are)."""
     s = problem.shape
@@ -721,9 +743,21 @@ def empty_matmul_outputs(problem: Problem, device: torch.device) -> tuple[torch.
     )
 
 
+def render_vars(problem: Problem, config: Config) -> dict[str, object]:
+    """The sm90 variants' own (the Triton loops need none beyond the common ones)."""
+    return matmul_sm90.render_vars(problem, config) if config.variant in matmul_sm90.VARIANTS else {}
+
+
+def source(config: Config) -> str:
+    """The Jinja file of a config's main loop: Triton's, or the sm90 variants' Gluon."""
+    return matmul_sm90.SOURCE if config.variant in matmul_sm90.VARIANTS else FILES[0]
+
+
 KIND = TemplateKind(
     name="matmul",
     files=FILES,
+    render_vars=render_vars,
+    source=source,
     ops=("mm", "addmm", "bmm", "baddbmm", "matmul"),
     library="cublas",
     input_args=("a_ptr", "b_ptr"),
@@ -740,7 +774,7 @@ KIND = TemplateKind(
     reference=lambda problem, a, b, operands: reference(problem.epilogue, a, b, operands),
     baseline=eager_matmul,
     input_elements=matmul_input_elements,
-    search_error=lambda problem, config: idle_threads_error(config),
+    search_error=matmul_search_error,
     applies=applies,
     split_k_underfilled=True,
     input_dtypes=dtypes.INPUT_DTYPES,

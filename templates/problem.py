@@ -54,6 +54,8 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
         "tma_persistent",
         "stream_k",
         "tma_stream_k",
+        "sm90_persistent",
+        "sm90_pingpong",
     ),
     # matmul: the epilogue runs on 1, 2 or 4 column slices of the tile (fewer live registers)
     "EPILOGUE_SUBTILE": (1, 2, 4),

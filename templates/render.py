@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import jinja2
 import sympy
 
+from epilab.config import settings
 from epilab.templates.epilogue import LEAVES, REDUCTIONS
 from epilab.templates.problem import Config, Problem
 from epilab.templates.rules import rounded
@@ -63,11 +64,16 @@ class _StoredOutput:
     value: str  # Triton expression of the value to store, already in the output dtype
     reduce: str = ""  # a reduction output: "sum" or "max"
     axis: str = ""  # ... over the tile's columns ("n": one value per row) or rows ("m")
+    smem: bool = False  # through its shared-memory buffer and a TMA store (Gluon kernels)
 
 
-def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, object]:
-    """``epilogue_params()`` and ``store_output(...)``; with ``tma_store`` every output is
-    stored through its tensor descriptor ``out{i}_desc`` at (m0, n0) instead of by pointers."""
+def _epilogue_hooks(
+    problem: Problem, tma_store: bool = False, smem_outputs: tuple[int, ...] = ()
+) -> dict[str, object]:
+    """``epilogue_params()``, ``epilogue_args()`` (the same names, to pass them on) and
+    ``store_output(...)``; with ``tma_store`` every output is stored through its tensor
+    descriptor ``out{i}_desc`` at (m0, n0) instead of by pointers; outputs ``smem_outputs`` are
+    written to their shared-memory buffer ``out{i}_smem`` and stored from it by TMA (Gluon)."""
     ep = problem.epilogue
     operands = [{"name": name, "kind": kind} for name, kind in ep.operands]
 
@@ -82,6 +88,9 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
         if tma_store:
             params.append(" ".join(f"out{i}_desc," for i in range(len(ep.outputs))))
         return "\n    ".join(params)
+
+    def epilogue_args() -> str:
+        return epilogue_params().replace("\n    ", " ")
 
     def store_output(
         *,
@@ -104,7 +113,7 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
             **({"acc2": acc2} if acc2 else {}),
             **{o["name"]: f"op_{o['name']}" for o in operands},
         }
-        lines, out_vars = ep.triton_lines(leaf_vars)
+        lines, out_vars = ep.triton_lines(leaf_vars, fast=not settings().exact_math)
         outputs = []
         for out, var in zip(ep.outputs, out_vars, strict=True):
             node_kind = ep.kinds[out.node]
@@ -115,7 +124,7 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
                 value = var if node_kind == "bool" else f"{var} != 0.0"
             else:
                 value = rounded(var, out.dtype)
-            outputs.append(_StoredOutput(value))
+            outputs.append(_StoredOutput(value, smem=len(outputs) in smem_outputs))
         return (
             _ENV.get_template("store_output.py.jinja")
             .render(
@@ -136,7 +145,7 @@ def _epilogue_hooks(problem: Problem, tma_store: bool = False) -> dict[str, obje
             .rstrip("\n")
         )
 
-    return {"epilogue_params": epilogue_params, "store_output": store_output}
+    return {"epilogue_params": epilogue_params, "epilogue_args": epilogue_args, "store_output": store_output}
 
 
 def kernel_name(problem: Problem) -> str:
@@ -171,7 +180,7 @@ def render(
     why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)
-    return _ENV.get_template(kind.files[0]).render(
+    return _ENV.get_template(kind.source(config) if kind.source else kind.files[0]).render(
         kernel_name=kernel_name(problem),
         variant=config.variant,
         layout_a=problem.layout_a,
@@ -189,7 +198,12 @@ def render(
         split_k=config.SPLIT_K > 1,  # two-pass split-K (templates/split_k.py.jinja)
         flatten=bool(config.FLATTEN),
         warp_specialize=bool(config.WARP_SPECIALIZE),
-        fast_math=bool(problem.epilogue.fast_nodes),  # fast_math.py.jinja's helpers are called
-        **kind.render_vars(problem, config),
-        **_epilogue_hooks(problem, tma_store=bool(config.TMA_STORE)),
+        # fast_math.py.jinja's helpers are called (EPILAB_EXACT_MATH keeps every exact form)
+        fast_math=bool(problem.epilogue.fast_nodes) and not settings().exact_math,
+        **(variables := kind.render_vars(problem, config)),
+        **_epilogue_hooks(
+            problem,
+            tma_store=bool(config.TMA_STORE) and "tma_outputs" not in variables,
+            smem_outputs=tuple(variables.get("tma_outputs", ())),  # type: ignore[arg-type]
+        ),
     )

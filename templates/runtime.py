@@ -5,8 +5,10 @@ from the inputs, the kernel cache, and ``Bound`` (a launch with every argument f
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,8 +31,33 @@ INT32_MAX = 2**31 - 1
 # ------------------------------------------------------------------ tensors in
 
 
+# Set while binding launches for a CUDA target without a GPU (``templates/cross.py``): CPU
+# tensors then stand for CUDA ones of a device with this many SMs, and nothing is launched.
+_cross_sms: ContextVar[int | None] = ContextVar("epilab_cross_sms", default=None)
+
+
+@contextlib.contextmanager
+def cross_binding(sms: int) -> Iterator[None]:
+    """Bind launches for CUDA on CPU tensors (a device of ``sms`` SMs), to compile them."""
+    token = _cross_sms.set(sms)
+    try:
+        yield
+    finally:
+        _cross_sms.reset(token)
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (the interpreter's: 4; a cross binding's: its own)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    cross = _cross_sms.get()
+    return 4 if cross is None else cross
+
+
 def target_for(device: torch.device) -> Target:
     """Where kernels run: compiled for CUDA, or in Triton's interpreter when it is on."""
+    if device.type == "cpu" and _cross_sms.get() is not None:
+        return "cuda"
     if device.type not in ("cpu", "cuda"):
         raise ValueError(
             f"device {device} is not supported; use a CUDA device (or CPU with EPILAB_INTERPRET=1)"
@@ -221,15 +248,32 @@ class Bound:
 @dataclass(frozen=True)
 class Described:
     """A tensor-descriptor argument of a launch: made from tensor argument ``tensor`` (over
-    its transpose when ``transposed``) with ``block`` tiles."""
+    its transpose when ``transposed``) with ``block`` tiles; a Gluon kernel's descriptors also
+    carry the shared-memory ``layout`` of their tiles."""
 
     arg: str
     tensor: str
     transposed: bool
     block: tuple[int, int]
+    layout: object = None  # a Gluon NVMMASharedLayout, or None for Triton's descriptors
 
-    def make(self, t: torch.Tensor) -> TensorDescriptor:
-        return TensorDescriptor.from_tensor(t.t() if self.transposed else t, list(self.block))
+    def make(self, t: torch.Tensor) -> object:
+        t = t.t() if self.transposed else t
+        if self.layout is None:
+            return TensorDescriptor.from_tensor(t, list(self.block))
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+        return GluonDescriptor.from_tensor(t, list(self.block), self.layout)
+
+
+def tma_readable(t: torch.Tensor) -> bool:
+    """A 2-D tensor TMA can address: unit inner stride, 16-byte aligned row stride and address."""
+    return (
+        t.dim() == 2
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
 
 
 @dataclass(frozen=True)
@@ -282,7 +326,7 @@ _scratch: dict[tuple[torch.device, int | None], tuple[torch.Tensor, torch.Tensor
 _retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
-_kernels: dict[tuple[Problem, Config, Target, bool, str], object] = {}
+_kernels: dict[tuple[Problem, Config, Target, bool, str, bool], object] = {}
 
 
 def kernel_for(
@@ -290,7 +334,7 @@ def kernel_for(
 ) -> object:
     """The jitted kernel (``kernel_name`` + ``suffix``) of ``kind``'s template for this
     problem and config, rendered and built once."""
-    key = (problem, config, target, index_64, suffix)
+    key = (problem, config, target, index_64, suffix, settings().exact_math)
     kernel = _kernels.get(key)
     if kernel is None:
         module = build(render(kind, problem, config, target=target, index_64=index_64), target=target)

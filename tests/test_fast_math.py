@@ -75,7 +75,9 @@ def check_bound(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
     # special values and overflow: exactly torch's
     same = (got == own) | (got.isnan() & own.isnan())
     bad = ~finite & ~same
-    assert not bad.any(), f"{op} -> {dtype}: at x = {xs[bad][:5].tolist()} got {got[bad][:5].tolist()}, torch {own[bad][:5].tolist()}"
+    assert not bad.any(), (
+        f"{op} -> {dtype}: at x = {xs[bad][:5].tolist()} got {got[bad][:5].tolist()}, torch {own[bad][:5].tolist()}"
+    )
     zeros = xs == 0  # f(+-0) as torch's (0 and -0 compare equal: torch's CPU gelu(-0) is +0)
     assert torch.equal(got[zeros], own[zeros]), f"{op} -> {dtype}: f(+-0) = {got[zeros].tolist()[:4]}"
     allowed = (own - ref).abs() + FAST_ULPS * ulp(ref, dtype) + FAST_ABS_FLOOR
@@ -151,8 +153,15 @@ def test_fast_forms_render_only_for_fast_nodes() -> None:
     def source(out_dtype: str) -> str:
         ep = Epilogue.build([(ops.gelu_tanh(acc() + operand("bias", "row")), out_dtype)])
         problem = Problem(
-            "addmm", "matmul", template_hash("matmul"), "bfloat16", "row", "col",
-            (OperandSpec("bias", "bfloat16", "vector"),), ep, Shape(1, 64, 64, 64),
+            "addmm",
+            "matmul",
+            template_hash("matmul"),
+            "bfloat16",
+            "row",
+            "col",
+            (OperandSpec("bias", "bfloat16", "vector"),),
+            ep,
+            Shape(1, 64, 64, 64),
         )
         return render(KIND, problem, Config(64, 64, 32), target="cuda")
 

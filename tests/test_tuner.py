@@ -112,7 +112,7 @@ class Counted:
 def _run(study, evaluate, budget, problem=BIG, **kw):
     return search(
         study,
-        space_for(problem),
+        space_for(problem, HOPPER),
         evaluate=evaluate,
         infeasible=lambda c: infeasible(problem, c, HOPPER),
         budget=budget,
@@ -481,7 +481,16 @@ def test_space_definition_is_the_documented_one():
         "GROUP_M": (1, 4, 8, 16),
         "num_warps": (2, 4, 8),
         "num_stages": (1, 2, 3, 4, 5, 6),
-        "variant": ("default", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"),
+        "variant": (
+            "default",
+            "tma",
+            "persistent",
+            "tma_persistent",
+            "stream_k",
+            "tma_stream_k",
+            "sm90_persistent",
+            "sm90_pingpong",
+        ),
         "SPLIT_K": (1, 2, 4, 8, 16),
         "EPILOGUE_SUBTILE": (1, 2, 4),
         "PROGRAMS_PER_SM": (1, 2),

@@ -25,7 +25,7 @@ from epilab.templates.runtime import target_for
 from epilab.templates.verify import failure, output_errors, poisoned_outputs, random_inputs
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
 
-GRAPH_BELOW_MS = 0.05  # also time kernels shorter than this by CUDA-graph replay
+GRAPH_REPLAY_MS = 2.0  # a CUDA-graph replay holds about this much work (at least one call a set)
 ROTATE_L2_MULTIPLE = 3  # graph replays rotate over input sets of this many times L2 in all ...
 MAX_INPUT_SETS = 16  # ... but never more sets than this (tiny problems stay in L2: the method says so)
 # the family of each vendor baseline: a kind is timed against those of its ``library``
@@ -84,16 +84,18 @@ def _set_bytes(*tensors: torch.Tensor) -> int:
 def _measure(
     run: Callable[[], object], interpreter: bool, more_runs: Callable[[], list[Callable[[], object]]]
 ) -> tuple[Measured, Measured | None]:
-    """Events with L2 flushed; kernels shorter than GRAPH_BELOW_MS also by a CUDA graph over
-    ``run`` and ``more_runs()`` (the same computation on other input sets), so that neither
-    launch gaps nor an L2 kept warm between calls flatter the number."""
+    """Events with L2 flushed, and a CUDA graph over ``run`` and ``more_runs()`` (the same
+    computation on other input sets), so that neither launch gaps nor an L2 kept warm between
+    calls flatter the number. Every candidate and every baseline gets both, so a template is
+    always compared with a library by the same method (``db.comparable_ms``: graph with graph):
+    a baseline of several launches (Inductor's cuBLAS call and its pointwise kernel) is not
+    charged host time that a template's single launch escapes, whatever their lengths."""
     if interpreter:
         return time_wall(run), None
     events = time_cuda(run)
-    if events.median_ms >= GRAPH_BELOW_MS:
-        return events, None
     runs = [run, *more_runs()]
-    return events, time_graph(runs, calls=max(4, 64 // len(runs)))
+    rounds = max(1, min(64 // len(runs), round(GRAPH_REPLAY_MS / max(events.median_ms * len(runs), 1e-3))))
+    return events, time_graph(runs, calls=rounds)
 
 
 def _other_sets(
@@ -108,12 +110,18 @@ def _result(status: str, **fields: Any) -> dict[str, Any]:
     return {"status": status, **fields}
 
 
+def method_text(events: Measured, graph: Measured) -> str:
+    """Both methods in the database's 64 characters."""
+    rotating = " rotating" if graph.rotating else " L2-warm"
+    return f"events x{events.reps} L2-flushed; graph {graph.calls} calls x{graph.reps}{rotating}; medians"
+
+
 def _timed(events: Measured, graph: Measured | None, err: float) -> dict[str, Any]:
     out = {
         "median_ms": events.median_ms,
         "p20_ms": events.p20_ms,
         "p80_ms": events.p80_ms,
-        "method": events.method,
+        "method": events.method if graph is None else method_text(events, graph),
         "max_rel_error": err,
     }
     if graph is not None:

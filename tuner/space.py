@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
+from epilab.templates import matmul_sm90
 from epilab.templates.dtypes import FP8_DTYPES, itemsize
 from epilab.templates.kinds import kind_of
 from epilab.templates.matmul import FP8_CAPABILITY, MAX_ACC_REGS, STREAM_K_VARIANTS
@@ -75,6 +76,7 @@ class DeviceLimits:
     sm_count: int
     smem_bytes: int  # opt-in shared memory per block
     memory_bytes: int = 0  # the device's memory (0: not known); the interpreter's is the host's
+    interpreter: bool = False  # Triton's interpreter stands in for it (it runs no Gluon kernel)
 
     @classmethod
     def of(cls, device: object) -> DeviceLimits:
@@ -97,7 +99,7 @@ class DeviceLimits:
 
 
 # What the interpreter dry run assumes: an H100/H200 (sm_90: 227 KiB per block).
-HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448)
+HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448, interpreter=True)
 __all__ = [
     "HOPPER",
     "INTERPRETER_DEVICE",
@@ -111,6 +113,17 @@ __all__ = [
 
 def _padded(dim: object) -> int:
     return 1 << 30 if not isinstance(dim, int) else max(16, triton.next_power_of_2(max(dim, 1)))
+
+
+def _variant_error(variant: str, limits: DeviceLimits) -> str | None:
+    """The sm90 variants are Gluon kernels for sm_90 GPUs (wgmma): not in the interpreter."""
+    if variant not in matmul_sm90.VARIANTS:
+        return None
+    if limits.interpreter:
+        return f"the {variant} variant is a Gluon kernel: Triton's interpreter cannot run it"
+    if not limits.capability.startswith(f"{matmul_sm90.CAPABILITY}."):
+        return f"{variant} needs an sm_90 GPU (wgmma); {limits.name} is {limits.capability}"
+    return None
 
 
 def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
@@ -133,7 +146,11 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     for name, values in kind.space.items():
         if getattr(config, name) not in values:
             return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
-    why = kind.config_error(problem, config) or _dtype_error(problem, limits)
+    why = (
+        kind.config_error(problem, config)
+        or _dtype_error(problem, limits)
+        or _variant_error(config.variant, limits)
+    )
     if why is not None:
         return why
     s = kind.kernel_shape(problem)
@@ -151,7 +168,8 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     )
     if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
         out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
-        smem += config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
+        copies = matmul_sm90.staging_copies(config)  # the ping-pong's consumers have one each
+        smem += copies * config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
     if smem > limits.smem_bytes:
         return f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
     per_thread = accs * config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
@@ -216,15 +234,20 @@ def applies(problem: Problem) -> Callable[[str, Mapping[str, object]], bool]:
     return kind_of(problem).applies
 
 
-def space_for(problem: Problem) -> dict[str, tuple[int, ...]]:
+def space_for(problem: Problem, limits: DeviceLimits | None = None) -> dict[str, tuple[int, ...]]:
     """The template's space with block sizes cut at the padded problem dims, so the
-    sampler never proposes blocks the problem cannot use."""
+    sampler never proposes blocks the problem cannot use; with ``limits``, without the
+    variants the device can never run (the sm90 ones off sm_90, or in the interpreter)."""
     s = kind_of(problem).kernel_shape(problem)
     caps = {"BLOCK_M": _padded(s.m), "BLOCK_N": _padded(s.n), "BLOCK_K": _padded(s.k)}
-    return {
+    space = {
         name: tuple(v for v in values if v <= caps.get(name, v)) or values[:1]
         for name, values in kind_of(problem).space.items()
     }
+    if limits is not None and "variant" in space:
+        runs = tuple(v for v in space["variant"] if _variant_error(str(v), limits) is None)
+        space["variant"] = runs or space["variant"][:1]
+    return space  # type: ignore[return-value]
 
 
 def configs(problem: Problem, limits: DeviceLimits) -> list[Config]:

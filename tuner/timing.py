@@ -30,6 +30,8 @@ class Measured:
     p80_ms: float
     reps: int
     method: str
+    calls: int = 1  # calls per repetition (a CUDA graph's)
+    rotating: bool = False  # over several input sets
 
 
 def _quantiles(times: list[float]) -> tuple[float, float, float]:
@@ -117,7 +119,13 @@ def time_graph(
     med, p20, p80 = _quantiles(times)
     warm = "rotating inputs" if len(fns) > 1 else "L2 warm"
     return Measured(
-        med, p20, p80, replays, f"cuda-graph of {calls * len(fns)} calls, {replays} replays; {warm}; median"
+        med,
+        p20,
+        p80,
+        replays,
+        f"cuda-graph of {calls * len(fns)} calls, {replays} replays; {warm}; median",
+        calls * len(fns),
+        len(fns) > 1,
     )
 
 
