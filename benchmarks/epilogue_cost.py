@@ -162,6 +162,30 @@ def graph_us(fns: list[Callable[[], object]]) -> float:
     return time_graph(fns, calls=max(2, 32 // len(fns)), replays=10).median_ms * 1e3
 
 
+def ceilings() -> dict[str, float]:
+    """The device's copy bandwidth (a 1 GiB device-to-device copy, bytes read plus written) and
+    its bf16 cuBLAS rate (8192^3 on random data), measured once (METHOD.md's two numbers)."""
+    src = torch.randn(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = time_graph(lambda: dst.copy_(src), calls=4, replays=10).median_ms
+    a = torch.randn(8192, 8192, device="cuda").to(torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda").to(torch.bfloat16)
+    mm_ms = time_graph(lambda: torch.mm(a, b), calls=4, replays=10).median_ms
+    return {"copy_tb_s": 2 * src.numel() * 4 / copy_ms / 1e9, "cublas_tflops": 2 * 8192**3 / mm_ms / 1e9}
+
+
+def cublas_kernels(case: Case) -> list[str]:
+    """The kernels ``torch.mm`` runs for the class (torch.profiler): cuBLAS's names carry its
+    tile, cluster, stages and schedule."""
+    a, b, _ = inputs(case, 1)[0]
+    torch.mm(a, b)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.mm(a, b)
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+
+
 def floors(case: Case) -> dict[str, float]:
     """The output's copy at the device's copy bandwidth, and 2MNK at its cuBLAS rate."""
     out = torch.empty(case.m, case.n, device="cuda", dtype=torch.bfloat16)
@@ -195,7 +219,7 @@ def sweep_case(
 
 
 def measure_case(
-    case: Case, best: Config | None, best_none: Config | None, rounds: int, max_autotune: bool
+    case: Case, best: Config | None, best_none: Config | None, rounds: int, max_autotune: bool, peak: dict
 ) -> dict:
     """Every variant of the case in ``rounds`` interleaved rounds of CUDA-graph replays."""
     sets = inputs(case, set_count(case))
@@ -236,7 +260,12 @@ def measure_case(
         "sets": len(sets),
         "us": {n: statistics.median(t) for n, t in times.items()},
         "spread": {n: [min(t), max(t)] for n, t in times.items()},
-        "flop_floor_us": 2 * case.m * case.n * case.k / 790e12 * 1e6,
+        "flop_floor_us": 2 * case.m * case.n * case.k / (peak["cublas_tflops"] * 1e12) * 1e6,
+        "byte_floor_us": 2
+        * (case.m * case.k + case.n * case.k + case.m * case.n)
+        / (peak["copy_tb_s"] * 1e12)
+        * 1e6,
+        "cublas_kernels": cublas_kernels(case),
         **floors(case),
     }
 
@@ -267,6 +296,8 @@ def table(results: list[dict]) -> str:
     cost = [r["us"]["fast"] / r["us"]["none"] for r in results if "fast" in r["us"] and "none" in r["us"]]
     loop = [r["us"]["best_none"] / r["us"]["cublas"] for r in results if "best_none" in r["us"]]
     lines.append("")
+    for label, kernels in sorted({(r["class"], tuple(r.get("cublas_kernels", ()))) for r in results}):
+        lines.append(f"- cuBLAS for {label}: {', '.join(kernels) or '?'}")
     worst_cost, worst_loop = max(cost, default=0), max(loop, default=0)
     lines.append(
         f"- epilogue cost (fast / none, same config): geomean {geomean(cost):.3f}x, max {worst_cost:.3f}x"
@@ -311,6 +342,11 @@ def main() -> None:
     ]
     header = device_header(torch.cuda.get_device_properties(0).multi_processor_count)
     print("#", header, flush=True)
+    peak = ceilings()
+    print(
+        f"# copy {peak['copy_tb_s']:.2f} TB/s, cuBLAS bf16 8192^3 {peak['cublas_tflops']:.0f} TFLOP/s",
+        flush=True,
+    )
     first = []
     for case in cases:
         x = inputs(case, 1)[0]
@@ -331,14 +367,18 @@ def main() -> None:
     results: list[dict] = []
     for case, best, best_none, fused in chosen:
         start = time.time()
-        result = measure_case(case, best, best_none, args.rounds, args.max_autotune)
+        result = measure_case(case, best, best_none, args.rounds, args.max_autotune, peak)
         result["sweep"] = fused
         results.append(result)
         print(f"# {case.label} {case.epilogue}: {time.time() - start:.0f} s", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 sweeps = {str(k): v for k, v in none_sweeps.items()}
-                json.dump({"device": header, "results": results, "none_sweeps": sweeps}, f, indent=1)
+                json.dump(
+                    {"device": header, "ceilings": peak, "results": results, "none_sweeps": sweeps},
+                    f,
+                    indent=1,
+                )
     print(table(results))
 
 
