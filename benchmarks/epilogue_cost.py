@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import statistics
 import time
@@ -120,27 +121,38 @@ def set_count(case: Case) -> int:
     return max(1, min(16, math.ceil(3 * l2 / per)))
 
 
-def _compile_one(item: tuple[str, dict, bool]) -> str:
-    """In a pool process: bind and compile one (problem, config) (fills Triton's disk cache)."""
+def _compile_one(item: tuple[str, dict | None, bool]) -> str:
+    """In a pool process: bind and compile one (problem, config), or with no config compile the
+    problem's Inductor baseline (fills Triton's and Inductor's disk caches)."""
     problem_json, config, exact = item
     from epilab.templates.verify import random_inputs
 
     problem = Problem.from_json(problem_json)
+    x = random_inputs(problem, "cuda", 0)
     with epilab_config.patch(exact_math=exact):
         try:
-            bind(problem, Config.from_dict(config), *random_inputs(problem, "cuda", 0)).compile()
+            if config is None:
+                base = baseline_fn(problem, "inductor")
+                assert base is not None
+                base(*x)
+            else:
+                bind(problem, Config.from_dict(config), *x).compile()
         except Exception as e:  # reported, and the config is skipped when checked
             return f"{type(e).__name__}: {str(e)[:200]}"
     return "ok"
 
 
-def precompile(items: list[tuple[Problem, Config, bool]]) -> None:
+def precompile(items: list[tuple[Problem, Config | None, bool]]) -> None:
     start = time.time()
-    work = [(p.to_json(), c.to_dict(), exact) for p, c, exact in items]
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
+    work = [(p.to_json(), None if c is None else c.to_dict(), exact) for p, c, exact in items]
+    # spawned, not forked: this process has initialised CUDA
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 4), mp_context=context) as pool:
         results = list(pool.map(_compile_one, work))
-    bad = sum(r != "ok" for r in results)
-    print(f"# compiled {len(work)} kernels in {time.time() - start:.0f} s ({bad} failed)", flush=True)
+    bad = [r for r in results if r != "ok"]
+    print(f"# compiled {len(work)} kernels in {time.time() - start:.0f} s ({len(bad)} failed)", flush=True)
+    for why in sorted(set(bad))[:5]:
+        print(f"#   {why}", flush=True)
 
 
 def checked(problem: Problem, config: Config, x: tuple, exact: bool = False) -> Callable[[], object] | None:
@@ -347,12 +359,13 @@ def main() -> None:
         f"# copy {peak['copy_tb_s']:.2f} TB/s, cuBLAS bf16 8192^3 {peak['cublas_tflops']:.0f} TFLOP/s",
         flush=True,
     )
-    first = []
+    first: list[tuple[Problem, Config | None, bool]] = []
     for case in cases:
         x = inputs(case, 1)[0]
+        first.append((problem_of(case, case.epilogue, x), None, False))  # Inductor's
         for c in configs:
             first += [(problem_of(case, case.epilogue, x), c, False), (problem_of(case, "none", x), c, False)]
-    precompile(list({(p.key, c, e): (p, c, e) for p, c, e in first}.values()))
+    precompile(list({(p.key, c, e): (p, c, e) for p, c, e in first}.values()))  # type: ignore[misc]
     none_sweeps: dict = {}
     chosen = []
     for case in cases:

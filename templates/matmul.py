@@ -360,8 +360,12 @@ def bind_matmul(
     ep_args = epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n))
     args.update(ep_args)
     if config.variant in matmul_sm90.VARIANTS:
-        slots = tile_slots(config, m, n)
-        return matmul_sm90.bind(kind, problem, config, a, b, outs, args, target, index_64, slots)
+        if target == "cuda" and matmul_sm90.descriptors(problem, config, a, b, outs) is None:
+            # views TMA cannot address (a transposed M = 1, an unaligned slice): the classic loop
+            config = dataclasses.replace(config, variant="default", TMA_STORE=0)
+        else:
+            slots = tile_slots(config, m, n)
+            return matmul_sm90.bind(kind, problem, config, a, b, outs, args, target, index_64, slots)
     workspace = None
     if config.variant in (*PERSISTENT_VARIANTS, *STREAM_K_VARIANTS):
         sms = sm_count(a.device)
@@ -550,7 +554,13 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
 }
 
 SEEDS = [  # seeds enqueued in every new study (when feasible), after the default config
-    # Hopper main loops first: the winners of benchmarks/matmul_hopper.py on an H200 (RESULTS.md)
+    # sm_90 GPUs: the Gluon ping-pong, whose epilogue overlaps the other warp group's MMAs
+    # (benchmarks/epilogue_cost.py on an H100, RESULTS.md, issue 36); feasible only there
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_pingpong", TMA_STORE=1),
+    Config(64, 256, 64, 8, num_warps=4, num_stages=4, variant="sm90_pingpong", TMA_STORE=1),
+    Config(128, 64, 64, 8, num_warps=4, num_stages=6, variant="sm90_pingpong", TMA_STORE=1),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="sm90_persistent", TMA_STORE=1),
+    # Hopper main loops: the winners of benchmarks/matmul_hopper.py on an H200 (RESULTS.md)
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma", EPILOGUE_SUBTILE=2),
     Config(
