@@ -71,6 +71,10 @@ CONFIGS: dict[str, list[Config]] = {
         Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="tma"),
         Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="tma_persistent", PROGRAMS_PER_SM=2),
         Config(64, 128, 64, 8, num_warps=4, num_stages=4),
+        # few tiles or a short last wave: stream-K and split-K
+        Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="tma_stream_k"),
+        Config(128, 64, 64, 8, num_warps=4, num_stages=4, variant="tma_stream_k"),
+        Config(128, 128, 64, 8, 2, num_warps=8, num_stages=4, variant="tma"),
     ],
     "sm90": [
         Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_pingpong", TMA_STORE=1),
