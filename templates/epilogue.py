@@ -386,8 +386,10 @@ class Epilogue:
                 v = operands[str(attr["name"])].to(device=acc.device, dtype=dtype)
             elif node.op == "const":
                 value = attr["value"]
-                v = torch.tensor(
-                    value, device=acc.device, dtype=torch.bool if isinstance(value, bool) else dtype
+                # a fill on the device, not a copy from the host: a baseline running this is
+                # replayed in a CUDA graph (tuner/evaluate.py), which captures no host copies
+                v = torch.full(
+                    (), value, device=acc.device, dtype=torch.bool if isinstance(value, bool) else dtype
                 )
             else:
                 v = RULES[node.op].torch(*(values[a] for a in node.args), **attr)
