@@ -55,6 +55,10 @@ def _always(name: str, chosen: Mapping[str, object]) -> bool:
     return True
 
 
+def _no_source(config: Config) -> str | None:
+    return None
+
+
 def _no_twins(problem: Problem) -> tuple[Problem, ...]:
     return ()
 
@@ -106,8 +110,8 @@ class TemplateKind:
     input_elements: Callable[[Problem], tuple[int, int]]
     # -- optional parts
     render_vars: Callable[[Problem, Config], dict[str, object]] = _no_vars  # beyond the common ones
-    # the Jinja file (one of ``files``) that renders ``config``; None: the first of ``files``
-    source: Callable[[Config], str] | None = None
+    # the Jinja file (one of ``files``) that renders ``config``, where not the first of ``files``
+    source: Callable[[Config], str | None] = _no_source
     # why the tuner should not spend a trial on a config the template takes, or None
     search_error: Callable[[Problem, Config], str | None] = _no_error
     # whether search dimension ``name`` means anything given the values chosen before it

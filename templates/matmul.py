@@ -758,9 +758,10 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     return matmul_sm90.render_vars(problem, config) if config.variant in matmul_sm90.VARIANTS else {}
 
 
-def source(config: Config) -> str:
-    """The Jinja file of a config's main loop: Triton's, or the sm90 variants' Gluon."""
-    return matmul_sm90.SOURCE if config.variant in matmul_sm90.VARIANTS else FILES[0]
+def source(config: Config) -> str | None:
+    """The Jinja file of the sm90 variants (Gluon); None for the kind's own (its first file:
+    kinds built on the matmul's, gemv's and the dual ones, keep theirs)."""
+    return matmul_sm90.SOURCE if config.variant in matmul_sm90.VARIANTS else None
 
 
 KIND = TemplateKind(

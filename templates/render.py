@@ -180,7 +180,7 @@ def render(
     why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)
-    return _ENV.get_template(kind.source(config) if kind.source else kind.files[0]).render(
+    return _ENV.get_template(kind.source(config) or kind.files[0]).render(
         kernel_name=kernel_name(problem),
         variant=config.variant,
         layout_a=problem.layout_a,
