@@ -53,6 +53,7 @@ from epilab.tuner.timing import time_graph
 CLASSES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
     "convnext_fc1": (25088, 384, 96, ("bias_gelu", "bias_gelu_tanh", "bias_silu")),
     "vit_s_fc1": (6272, 1536, 384, ("bias_gelu", "bias_gelu_tanh", "bias_silu")),
+    "vit_s_fc1_3k": (3152, 1536, 384, ("bias_gelu", "bias_gelu_tanh")),  # the zoo's ViT (16 images)
     "bert_fc1": (4096, 3072, 768, ("bias_gelu", "bias_gelu_tanh", "bias_silu")),
     "convnext_fc2": (25088, 96, 384, ("residual", "bias_residual")),
     "vit_s_fc2": (6272, 384, 1536, ("residual", "bias_residual")),
