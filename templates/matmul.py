@@ -141,12 +141,27 @@ def loop_error(problem: Problem, config: Config) -> str | None:
 
 def applies(name: str, chosen: Mapping[str, object]) -> bool:
     """Whether search dimension ``name`` means anything given the values chosen before it:
-    the persistent loop's knobs for the persistent variants, TMA_STORE for the tma ones."""
+    the persistent loop's knobs for the persistent variants, TMA_STORE for the tma ones, and
+    WARP_SPECIALIZE only where Triton 3.6 specializes the loop without aborting (the rule of
+    ``warp_specialize_error``, so the sampler never draws a config that rule rejects)."""
     variant = chosen.get("variant", "default")
+    if name == "WARP_SPECIALIZE":
+        split_tile = chosen.get("BLOCK_M", 0) > 64 and chosen.get("EPILOGUE_SUBTILE", 1) > 1
+        return (
+            variant == "tma_persistent"
+            and chosen.get("num_warps") == 4
+            and not chosen.get("FLATTEN")
+            and not split_tile
+        )
     if name in PERSISTENT_KNOBS:
         return variant in PERSISTENT_VARIANTS
     if name == "TMA_STORE":
-        return variant in (*TMA_VARIANTS, *matmul_sm90.VARIANTS) and chosen.get("SPLIT_K", 1) == 1
+        split_tile = chosen.get("WARP_SPECIALIZE", 0) and chosen.get("BLOCK_M", 0) > 64
+        return (
+            variant in (*TMA_VARIANTS, *matmul_sm90.VARIANTS)
+            and chosen.get("SPLIT_K", 1) == 1
+            and not split_tile
+        )
     if name == "EPILOGUE_SUBTILE":
         return chosen.get("SPLIT_K", 1) == 1 and variant not in matmul_sm90.VARIANTS
     if name == "SPLIT_K":
@@ -439,8 +454,7 @@ def tma_descriptors(
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
     if not (
-        tma_readable(a if a_row else a.t())
-        and all(tma_readable(t if b_row else t.t()) for t in bs.values())
+        tma_readable(a if a_row else a.t()) and all(tma_readable(t if b_row else t.t()) for t in bs.values())
     ):
         return None
     return (

@@ -122,8 +122,10 @@ def _run(study, evaluate, budget, problem=BIG, **kw):
 
 
 def test_search_finds_the_optimum_of_a_known_landscape_within_budget():
-    """Over six sampler seeds (one seed alone passes or fails by luck): at least four reach
-    within 3% of the optimum in 64 trials, and none is off by more than 15%."""
+    """Over six sampler seeds (one seed alone passes or fails by luck), in 64 trials: the best
+    found is within 6% of the optimum on geometric mean and 15% at worst. Over twelve seeds TPE
+    finds 1.00-1.07x (mean 1.03x); random sampling 1.07-1.65x (mean 1.39x). A count of seeds
+    within 3% (about 7 of 12) flipped with any change to the space."""
     optimum = min(configs(BIG, HOPPER), key=cost_model)
     found = []
     for seed in range(6):
@@ -136,14 +138,16 @@ def test_search_finds_the_optimum_of_a_known_landscape_within_budget():
         assert result.evaluated == 64 == len(evaluate.asked) == len(set(evaluate.asked))
         assert all(infeasible(BIG, c, HOPPER) is None for c in evaluate.asked)  # nothing infeasible run
         found.append(result.best_ms / cost_model(optimum))
-    assert sum(r <= 1.03 for r in found) >= 4 and max(found) <= 1.15, found
+    assert math.prod(found) ** (1 / len(found)) <= 1.06 and max(found) <= 1.15, found
 
 
 def test_search_finds_a_split_k_optimum_where_output_tiles_are_few():
     """128x1024x4096: 8 tiles of 128x128 on 132 SMs, so the space includes SPLIT_K (drawn
     only for the default and tma loops) and stream-K; the landscape's optimum splits K in 4.
-    Searched as the tuner searches (the kind's seeds first), over six sampler seeds: at
-    least four within 3% of the optimum in 64 trials, none off by more than 25%."""
+    Searched as the tuner searches (the kind's seeds first), over twelve sampler seeds, in 64
+    trials: within 10% of the optimum on geometric mean (measured 1.06-1.07x; random sampling
+    1.16x) and 25% at worst. A count of seeds within 3% (4 to 8 of 12) flipped with any change
+    to the space."""
     few_tiles = Spec(128, 1024, 4096).problem()
 
     def split_cost(config: Config) -> float:
@@ -152,7 +156,7 @@ def test_search_finds_a_split_k_optimum_where_output_tiles_are_few():
     optimum = min(configs(few_tiles, HOPPER), key=split_cost)
     assert optimum.SPLIT_K == 4
     found = []
-    for seed in range(6):
+    for seed in range(12):
         asked: list[Config] = []
 
         def evaluate(batch: list[Config], asked: list[Config] = asked) -> list[Outcome]:
@@ -168,7 +172,7 @@ def test_search_finds_a_split_k_optimum_where_output_tiles_are_few():
         )
         assert all(infeasible(few_tiles, c, HOPPER) is None for c in asked)
         found.append(result.best_ms / split_cost(optimum))
-    assert sum(r <= 1.03 for r in found) >= 4 and max(found) <= 1.25, found
+    assert math.prod(found) ** (1 / len(found)) <= 1.10 and max(found) <= 1.25, found
 
 
 def test_seeds_are_tried_first_and_failures_are_never_best():
@@ -211,6 +215,22 @@ def test_budgets_are_respected():
         Budget(trials=64, seconds=1e9, patience=5, batch=1),
     )
     assert flat.stopped_by == "patience" and flat.evaluated == 6
+
+
+def test_a_study_stops_exhausted_only_when_every_feasible_config_was_measured():
+    """TPE settles on what it measured and proposes it again; the search then draws at random,
+    so "exhausted" means the space is (here: 18 feasible configs, one trial a batch: TPE alone
+    stopped after 4)."""
+    tiny = Spec(1, 16, 16, template="gemv").problem()
+    evaluate = Counted()
+    result = _run(
+        make_study("tiny", None, restart=False),
+        evaluate,
+        Budget(trials=64, seconds=1e9, batch=1),
+        problem=tiny,
+    )
+    assert result.stopped_by == "exhausted"
+    assert sorted(map(str, evaluate.asked)) == sorted(map(str, configs(tiny, HOPPER)))
 
 
 def test_resume_continues_the_same_study(tmp_path):

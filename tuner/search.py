@@ -9,7 +9,10 @@ that are infeasible never reach ``evaluate``: they are told as failed trials, wh
 leaves out of its model, and do not count as trials (told a penalty value instead, they
 filled TPE's "bad" half with configs that were never run: in the landscape test 8 of 20
 seeds came within 3% of the optimum in 64 trials; failed, 12 of 20, the worst 1.12x).
-Proposals already measured in this study are told their old value. The study is seeded with known-good
+Proposals already measured in this study are told their old value; once TPE has
+proposed fifty per batch slot without a new one (it settles on what it measured), the rest are
+drawn at random, so a search stops "exhausted" only when draws find no feasible config left
+to measure (before, TPE alone stopped a resumed 20-trial study at 16). The study is seeded with known-good
 configs (``enqueue_trial``) when it is new, and stops at the trial budget
 (counted over the whole study, so a resumed run finishes what an interrupted one
 began), the time budget, or after ``patience`` evaluated trials without a better
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import threading
 import time
 import warnings
@@ -35,6 +39,8 @@ from epilab.templates.problem import Config
 _WARNINGS = threading.Lock()
 PENALTY = 1e3  # told for configs that failed to run (objective is log10 of ms)
 STATUS_ATTR = "epilab_status"
+TPE_PROPOSALS = 50  # per batch slot, before the search draws at random
+RANDOM_DRAWS = 4000  # a space with fewer untried feasible configs than this finds them all
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,21 @@ def adopt(
     return stale, adopted
 
 
+def _draw(
+    space: dict[str, tuple[int, ...]], applies: Applies, rng: random.Random, wanted: Callable[[Config], bool]
+) -> Config | None:
+    """A config ``wanted`` accepts, drawn uniformly dimension by dimension (those that apply)
+    as TPE's first trials are; None when ``RANDOM_DRAWS`` draws found none."""
+    for _ in range(RANDOM_DRAWS):
+        chosen: dict[str, object] = {}
+        for name, values in space.items():
+            chosen[name] = rng.choice(values) if applies(name, chosen) else values[0]
+        config = Config(**chosen)  # type: ignore[arg-type]
+        if wanted(config):
+            return config
+    return None
+
+
 def _value(outcome: Outcome) -> float:
     ok = outcome.status == "ok" and outcome.ms is not None and outcome.ms > 0
     return math.log10(outcome.ms) if ok and outcome.ms is not None else PENALTY
@@ -166,6 +187,7 @@ def search(
         for c in seeds:
             if infeasible(c) is None:
                 study.enqueue_trial(_encode(space, c, applies), skip_if_exists=True)
+    rng = random.Random(len(seen))  # the draws of a resumed study differ from the first run's
     start = clock()
     new = 0
     since_best = 0
@@ -187,8 +209,16 @@ def search(
         batch: list[tuple[optuna.Trial, Config]] = []
         proposals = 0
         want = min(budget.batch, budget.trials - len(seen))
-        while len(batch) < want and proposals < 50 * budget.batch:
+        while len(batch) < want:
             proposals += 1
+            if proposals > TPE_PROPOSALS * budget.batch:  # TPE proposes what it measured: draw at random
+                taken = {*seen, *(c for _, c in batch)}
+                drawn = _draw(
+                    space, applies, rng, lambda c, taken=taken: c not in taken and infeasible(c) is None
+                )
+                if drawn is None:
+                    break
+                study.enqueue_trial(_encode(space, drawn, applies))
             trial = _ask(study, space, applies)
             config = _decode(space, trial.params)
             if infeasible(config) is not None:  # failed, not a value: TPE models feasible trials only
