@@ -17,10 +17,11 @@ the mode may also go in ``options``. Everything else is Inductor's ``compile_fx`
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
@@ -29,6 +30,9 @@ from epilab.config import POLICIES, settings
 from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.templates.build import interpreter_active
 from epilab.templates.problem import Problem
+
+if TYPE_CHECKING:
+    from epilab.compiler import replay
 
 log = logging.getLogger("epilab.compiler")
 EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode", "exclude", "verdicts")
@@ -57,6 +61,7 @@ def epilab_backend(
     patches = dict(_TorchCompileInductorWrapper(mode, opts, None).config)
     if policy == "never":
         return compile_fx(gm, example_inputs, config_patches=patches)
+    from epilab.compiler import explain, replay
     from epilab.compiler.graph_pass import ChainedPass, EpilabPass
 
     cuda_graphs = bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
@@ -69,12 +74,30 @@ def epilab_backend(
     )
     context.inductor_mode = "max-autotune" if autotune else "default"
     facts += f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}|{context.inductor_mode}"
-    ours_pass = EpilabPass(context, facts)
+    key = replay.graph_key(gm, example_inputs, facts)
+    entry = replay.load(key)
+    if entry is None or not entry.reusable:
+        entry = replay.Entry()
+    if context.tune is not None:
+        context.tune = _counted(context.tune, entry)
+    kept = None if inductor_config.force_disable_caches else (key, entry)  # nothing is served warm
+    ours_pass = EpilabPass(context, facts + f"|decided={entry.nonce}", kept)
     user_pass = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = (
         ours_pass if user_pass is None else ChainedPass(user_pass, ours_pass)
     )
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    if not ours_pass.ran:  # served by Inductor's caches: report what was decided on that graph
+        explain.record([dataclasses.replace(d, replayed=True) for d in entry.decisions])
+    return compiled
+
+
+def _counted(tune: Callable[[Problem], None], entry: replay.Entry) -> Callable[[Problem], None]:
+    def counted(problem: Problem) -> None:
+        entry.tuned += 1
+        tune(problem)
+
+    return counted
 
 
 def compile(

@@ -101,6 +101,7 @@ class Decision:
     device: str | None = None
     candidates: tuple[str, ...] = ()  # keys of the problems that could run the group (its twins)
     tried: bool = False  # decided on a trial copy of the graph (a norm fold tried), not applied
+    replayed: bool = False  # Inductor served the graph from its cache; decided when it was compiled
 
 
 @dataclass(frozen=True)

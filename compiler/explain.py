@@ -2,7 +2,8 @@
 
 Every anchor the pass sees adds one ``Decision``. With ``EPILAB_LOG=1`` (or the
 INFO level) each compilation's decisions are also printed as a table. A graph
-that Inductor serves from its cache is not compiled again, so it adds nothing.
+that Inductor serves from its cache adds the decisions stored when it was compiled
+(``replay.py``), marked ``replayed``.
 """
 
 from __future__ import annotations
@@ -18,18 +19,28 @@ _lock = threading.Lock()
 _decisions: list[Decision] = []
 
 
+class Decisions(list[Decision]):
+    """The decisions, a list that prints as the table (``table``)."""
+
+    def __str__(self) -> str:
+        return table(self) if self else "no decisions: nothing was compiled with backend='epilab'"
+
+
 def record(decisions: list[Decision]) -> None:
     with _lock:
         _decisions.extend(decisions)
     if decisions and log.isEnabledFor(logging.INFO):
-        log.info("epilab decisions for one graph:\n%s", table(decisions))
+        cached = (
+            " (Inductor's cache served it: decided when it was compiled)" if decisions[0].replayed else ""
+        )
+        log.info("epilab decisions for one graph%s:\n%s", cached, table(decisions))
 
 
-def explain(clear: bool = False) -> list[Decision]:
-    """The decisions of the compilations so far in this process (oldest first);
-    ``clear=True`` also forgets them."""
+def explain(clear: bool = False) -> Decisions:
+    """The decisions of the compilations so far in this process (oldest first), printing as a
+    table; ``clear=True`` also forgets them."""
     with _lock:
-        out = list(_decisions)
+        out = Decisions(_decisions)
         if clear:
             _decisions.clear()
     return out

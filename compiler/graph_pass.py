@@ -4,8 +4,9 @@ Installed as Inductor's ``post_grad_custom_post_pass``, so it sees the
 post-grad ATen graphs of the forward and the backward alike. Its ``uuid()``
 covers everything that changes what it does: epilab's compiler and template
 sources, the policy, the database (URL and a fingerprint of its records), the
-device and ``tune_missing``; Inductor's caches therefore never serve a graph
-decided on other facts.
+device and ``tune_missing``, and the nonce of the decisions stored for a warm cache
+(``replay.py``); Inductor's caches therefore never serve a graph decided on other facts, nor
+one whose decisions could not be reported.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from epilab.compiler import explain
+from epilab.compiler import explain, replay
 from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
 from epilab.compiler.halves import split_halves
@@ -48,9 +49,11 @@ class EpilabPass(CustomGraphPass):
     """Replaces each anchor's epilogue group with one ``epilab::template_call``
     where the decision rules (``compiler/decide.py``) choose the template."""
 
-    def __init__(self, context: Context, facts: str) -> None:
+    def __init__(self, context: Context, facts: str, kept: tuple[str, replay.Entry] | None = None) -> None:
         self.context = context
         self.facts = facts  # policy, database fingerprint, device...: all that decisions read
+        self.kept = kept  # where this compile's decisions are stored for warm caches (replay.py)
+        self.ran = False
 
     def uuid(self) -> str:
         return hashlib.sha256((code_version() + "\0" + self.facts).encode()).hexdigest()
@@ -69,6 +72,13 @@ class EpilabPass(CustomGraphPass):
             graph.eliminate_dead_code()
             graph.lint()
         explain.record(decisions + tried)
+        if self.kept is not None:
+            key, entry = self.kept
+            if not self.ran:  # Inductor missed: what an older compile stored is replaced
+                entry.decisions = []
+            entry.decisions += decisions + tried
+            replay.save(key, entry)
+        self.ran = True
 
     def _decide(
         self, graph: fx.Graph, by_anchor: dict[fx.Node, list[Decision]] | None = None

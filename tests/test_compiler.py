@@ -250,6 +250,67 @@ def test_epilab_log_1_prints_the_decision_table(tmp_path):
     assert "epilab decisions for one graph" in run.stderr and "aten.addmm" in run.stderr, run.stderr[-2000:]
 
 
+WARM_SCRIPT = """
+import sys, torch, epilab
+from epilab.compiler import backend
+backend.TUNE_NOW["trials"] = 2
+print("the script's top level ran", file=sys.stderr)  # no __main__ guard: workers must not rerun it
+torch.manual_seed(0)
+lin = torch.nn.Linear(16, 24)
+with torch.no_grad():
+    epilab.compile(lambda t: torch.relu(lin(t)), db=sys.argv[1], tune_missing=True)(torch.randn(10, 16))
+print("DECISIONS", [(d.source, d.replayed) for d in epilab.explain()])
+"""
+
+
+def test_a_warm_inductor_cache_still_reports_decisions_and_tunes_a_fresh_database(tmp_path):
+    """Inductor's caches serve a compiled graph without running the pass: its decisions are
+    replayed (explain and EPILAB_LOG), and a fresh database at the same path is tuned again.
+    The script has no ``if __name__ == "__main__":`` guard: the tuner's spawned workers must
+    not run it again."""
+    script = tmp_path / "warm.py"
+    script.write_text(WARM_SCRIPT)
+    db = tmp_path / "tuning.db"
+    env = {
+        **os.environ,
+        "EPILAB_INTERPRET": "1",
+        "EPILAB_LOG": "1",
+        "EPILAB_CACHE_DIR": str(tmp_path / "kernels"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
+
+    def run() -> tuple[str, str]:
+        done = subprocess.run(
+            [sys.executable, str(script), str(db)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        (line,) = [x for x in done.stdout.splitlines() if x.startswith("DECISIONS")]
+        return line, done.stderr
+
+    line, log = run()
+    assert line == "DECISIONS [('tuned now', False)]" and log.count("top level ran") == 1, log[-3000:]
+    assert run()[0] == "DECISIONS [('exact record', False)]"  # the database changed: compiled again
+    line, log = run()
+    assert line == "DECISIONS [('exact record', True)]"  # served warm, its decisions replayed
+    assert "Inductor's cache served it" in log and "aten.addmm" in log, log[-3000:]
+    db.unlink()
+    assert run()[0] == "DECISIONS [('tuned now', False)]"  # a fresh database is tuned, not skipped
+    with TuningDB.open(db) as opened:
+        assert opened.fingerprint().split(";")[0] != "0:None:None"
+
+
+def test_explain_prints_as_the_table_and_iterates_as_decisions(db_path):
+    lin = nn.Linear(8, 8)
+    with torch.no_grad():
+        epilab.compile(lin, db=db_path, policy="always")(torch.randn(4, 8))
+    decisions = epilab.explain()
+    (d,) = list(decisions)
+    text = str(decisions)
+    assert text.splitlines()[0].split()[:3] == ["anchor", "shape", "template"]
+    assert "aten.addmm" in text and "Decision(" not in text and d.epilogue not in text.splitlines()[0]
+    assert str(epilab.explain(clear=True)) == text and "no decisions" in str(epilab.explain())
+
+
 # ----------------------------------------------------------- decisions from the db
 
 

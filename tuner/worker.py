@@ -13,9 +13,14 @@ a process pool first, so the GPU worker mostly launches cached kernels.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.machinery
 import multiprocessing as mp
 import os
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -36,6 +41,32 @@ def _ignore_interrupts() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def main_not_reimported() -> Iterator[None]:
+    """Start spawned processes without re-running the user's main script in them.
+
+    A spawned child imports the parent's ``__main__`` again (multiprocessing's "safe importing
+    of the main module"), so a script that calls ``tune_model`` or ``compile(...,
+    tune_missing=True)`` at its top level, without ``if __name__ == "__main__":``, would start
+    workers from each worker and fail while bootstrapping. Ours need nothing from it: while
+    they start, the main module's spec is named like a package's ``__main__``, which a child
+    never imports (``multiprocessing.spawn._fixup_main_from_name``)."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    with _MAIN_LOCK:
+        spec = getattr(main, "__spec__", None)
+        main.__spec__ = importlib.machinery.ModuleSpec("epilab.__main__", None)
+        try:
+            yield
+        finally:
+            main.__spec__ = spec
 
 
 def _load_hook(hook: tuple[str, str] | None) -> Any:
@@ -106,7 +137,8 @@ class Worker:
         self._proc = ctx.Process(
             target=_serve, args=(child, _env(), self.hook, self.device_index), daemon=True
         )
-        self._proc.start()
+        with main_not_reimported():
+            self._proc.start()
         child.close()
         self._conn = parent
 
@@ -212,7 +244,9 @@ class CompilePool:
         try:
             if self.cancelled:
                 raise Cancelled("the compile pool was cancelled")
-            return list(self._pool.map(_compile_task, tasks))
+            with main_not_reimported():  # the pool starts its processes as tasks are submitted
+                results = self._pool.map(_compile_task, tasks)
+            return list(results)
         except Exception as e:  # a compile took its process down: new pool; the GPU worker decides
             if self.cancelled:
                 return [{"status": "unknown", "detail": "cancelled"} for _ in configs]
