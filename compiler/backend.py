@@ -6,7 +6,7 @@
     epilab.compile(model, db="tuning.db", policy="auto", tune_missing=True)
 
 ``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``,
-``mode``; and, for ``tuner/model.py``'s measurements, ``exclude``: problem keys to leave
+``progress``, ``mode``; and, for ``tuner/model.py``'s measurements, ``exclude``: problem keys to leave
 to the aten op, ``verdicts``: False to ignore the verdicts recorded from models) and any
 Inductor option; ``mode`` is Inductor's (``reduce-overhead``
 gives CUDA graphs). torch 2.11 refuses ``mode=`` and ``options=`` together, so
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from epilab.compiler import replay
 
 log = logging.getLogger("epilab.compiler")
-EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode", "exclude", "verdicts")
+EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode", "exclude", "verdicts", "progress")
 TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
 
 _dbs: dict[str, TuningDB] = {}
@@ -66,7 +66,8 @@ def epilab_backend(
 
     cuda_graphs = bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
     tune_missing = bool(ours.get("tune_missing", False))
-    context, facts = _context(policy, ours.get("db"), tune_missing, cuda_graphs, example_inputs)
+    progress = bool(ours.get("progress", True))
+    context, facts = _context(policy, ours.get("db"), tune_missing, cuda_graphs, example_inputs, progress)
     context.exclude = _keys(ours.get("exclude", ()))
     context.verdicts = bool(ours.get("verdicts", True))
     autotune = patches.get("max_autotune", inductor_config.max_autotune) or patches.get(
@@ -108,13 +109,15 @@ def compile(
     tune_missing: bool = False,
     mode: str | None = None,
     options: dict[str, Any] | None = None,
+    progress: bool = True,
     **compile_kwargs: Any,
 ) -> Any:
     """``torch.compile(model, backend="epilab", ...)`` with epilab's knobs as arguments.
 
     ``db``: the tuning database (path or URL; default ``EPILAB_DB``); ``policy``:
     auto, always or never (default ``EPILAB_POLICY``); ``tune_missing``: tune
-    problems without records now, with a small budget, and store them.
+    problems without records now, with a small budget, and store them; ``progress``: report
+    that tuning on stderr (``tuner/progress.py``).
     """
     opts = dict(options or {})
     if db is not None:
@@ -123,6 +126,8 @@ def compile(
         opts["policy"] = _policy(policy)
     if tune_missing:
         opts["tune_missing"] = True
+    if not progress:
+        opts["progress"] = False
     if mode is not None and opts:
         opts["mode"] = mode
         mode = None
@@ -150,7 +155,12 @@ def _device(example_inputs: Sequence[object]) -> torch.device:
 
 
 def _context(
-    policy: str, db_target: object, tune_missing: bool, cuda_graphs: bool, example_inputs: Sequence[object]
+    policy: str,
+    db_target: object,
+    tune_missing: bool,
+    cuda_graphs: bool,
+    example_inputs: Sequence[object],
+    progress: bool = True,
 ) -> tuple[Any, str]:
     from epilab.compiler.decide import Context
     from epilab.db import INTERPRETER_DEVICE
@@ -167,7 +177,7 @@ def _context(
     db, error = (None, "CPU tensors") if info is None else _open_db(str(db_target or settings().db))
     tune = None
     if tune_missing and db is not None and info is not None:
-        tune = _tune_now(db, device, target == "interpreter")
+        tune = _tune_now(db, device, target == "interpreter", progress)
     context = Context(policy, info, target, versions, db, error, tune, cuda_graphs)
     fingerprint = "" if db is None else f"{db.url}|{db.fingerprint()}"
     facts = f"{policy}|{info}|{target}|{versions}|{fingerprint}|{error}|{tune_missing=}|{cuda_graphs=}"
@@ -187,12 +197,17 @@ def _open_db(target: str) -> tuple[TuningDB | None, str | None]:
         return None, f"{type(e).__name__}: {e}"
 
 
-def _tune_now(db: TuningDB, device: torch.device, interpret: bool) -> Callable[[Problem], None]:
-    """A function that tunes one problem with the small budget (one tuner per process)."""
+def _tune_now(
+    db: TuningDB, device: torch.device, interpret: bool, progress: bool
+) -> Callable[[Problem], None]:
+    """A function that tunes one problem with the small budget (one tuner per process),
+    reporting it on stderr unless ``progress`` is off (``tuner/progress.py``)."""
 
     def tune(problem: Problem) -> None:
         # The one place the compiler reaches into the tuner, and only when asked to tune.
+        from epilab.tuner.progress import Reporter
         from epilab.tuner.search import Budget
+        from epilab.tuner.suites import problem_label
         from epilab.tuner.tune import TuneOptions, Tuner
 
         key = (db.url, str(device))
@@ -205,7 +220,9 @@ def _tune_now(db: TuningDB, device: torch.device, interpret: bool) -> Callable[[
             )
             _tuners[key] = Tuner(db, options)
             atexit.register(_tuners[key].close)
-        result = _tuners[key].tune_problem(problem, f"{problem.op} {problem.shape}")
+        label = f"{problem_label(problem)} now (tune_missing)"
+        tuner = _tuners[key]
+        result = Reporter().tune(tuner, problem, label) if progress else tuner.tune_problem(problem, label)
         log.info("epilab: tuned %s now: %s", problem.key[:12], result.best)
 
     return tune

@@ -430,7 +430,7 @@ def test_nearest_record_is_used_and_noted(db_path):
     assert d.template == "matmul" and d.source == "nearest record (M=16)", (d.source, d.reason)
 
 
-def test_tune_missing_tunes_now_and_stores(db_path, monkeypatch):
+def test_tune_missing_tunes_now_and_stores(db_path, monkeypatch, capsys):
     monkeypatch.setitem(backend.TUNE_NOW, "trials", 2)
     torch.manual_seed(0)
     lin = nn.Linear(16, 24)
@@ -440,6 +440,8 @@ def test_tune_missing_tunes_now_and_stores(db_path, monkeypatch):
     check_close(out, F.relu(as64(lin)(x.double())))
     (d,) = epilab.explain()
     assert d.source == "tuned now" and d.template in ("matmul", "gemv"), d.reason
+    told = capsys.readouterr().err.splitlines()  # a line as each problem starts and ends
+    assert [line.split(" 10x24x16")[0] for line in told] == ["epilab: tuning addmm", "epilab: tuned addmm"] * 2, told
     with TuningDB.open(db_path) as db:
         assert db.best(d.problem_key, INTERPRETER_DEVICE) is not None
 

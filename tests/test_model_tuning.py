@@ -195,7 +195,7 @@ def test_every_template_is_dropped_when_the_model_is_slower_than_inductor(tmp_pa
             assert db.verdict(p.key, INTERPRETER_DEVICE, Versions("0", "0"), cuda_graphs=False) is None
 
 
-def test_tune_model_tunes_what_the_model_needs_until_no_new_problem_appears(tmp_path):
+def test_tune_model_tunes_what_the_model_needs_until_no_new_problem_appears(tmp_path, capsys):
     torch.manual_seed(0)
     db_path = str(tmp_path / "t.db")
     model, x = Block().eval(), torch.randn(2, 5, 16)
@@ -207,15 +207,24 @@ def test_tune_model_tunes_what_the_model_needs_until_no_new_problem_appears(tmp_
             report = tune_model(
                 model, x, db=db, tuner=tuner, options=ModelOptions(check_context=False, measure=False)
             )
+            told = capsys.readouterr().err  # by default the steps and each problem's tuning
             # two projections at M=10, each with its gemv twin
             assert len(report.tuned) == 4 and all(r.best is not None for r in report.tuned)
             assert report.passes == 2  # the second pass found nothing new
             _, problems = _problems(db_path, model, x)
             assert unserved(db, tuner.device, problems) == []
             again = tune_model(
-                model, x, db=db, tuner=tuner, options=ModelOptions(check_context=False, measure=False)
+                model,
+                x,
+                db=db,
+                tuner=tuner,
+                options=ModelOptions(check_context=False, measure=False),
+                progress=False,
             )
     assert again.passes == 1 and again.tuned == []  # resumed: nothing left to tune
+    assert "epilab: pass 1: " in told and told.count("epilab: tuned [") == 4, told
+    assert "epilab: tuned [4/4] " in told and " trials, " in told
+    assert capsys.readouterr().err == ""  # progress=False: silent
 
 
 class NormBlock(nn.Module):

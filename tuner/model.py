@@ -329,14 +329,23 @@ def tune_model(
     label: str | None = None,
     tune_jobs: TuneJobs | None = None,
     timer: Timer | None = None,
-    say: Callable[[str], None] = lambda _: None,
+    say: Callable[[str], None] | None = None,
+    progress: bool = True,
 ) -> ModelReport:
     """Record, tune, check in context and measure ``model`` on ``example_inputs`` (see the
     module's text). ``tuner``: a ``Tuner`` over ``db`` (default: one with the default budget
     and cuBLAS/cuDNN baselines); ``tune_jobs``: how a list of problems is tuned (the command
     line's progress bars); ``timer``: how a variant is timed, given its name and its call
-    (default ``time_calls`` on a GPU, wall-clock in the interpreter)."""
+    (default ``time_calls`` on a GPU, wall-clock in the interpreter); ``say``: where its steps
+    are told, and ``progress``: whether they are (default: on stderr, with each problem's tuning
+    as ``tuner/progress.py`` reports it)."""
     from epilab.config import settings
+    from epilab.tuner import progress as reported
+
+    if say is None:
+        say = (lambda text: print(f"epilab: {text}", file=sys.stderr, flush=True)) if progress else _silent
+    if tune_jobs is None:
+        tune_jobs = reported.tune_all if progress else _tune_all
 
     options = options or ModelOptions()
     unknown = set(options.modes) - set(MODES)
@@ -479,6 +488,10 @@ def _record_and_tune(
             break
     report.seconds["record"] = record_s
     report.seconds["tune"] = tune_s
+
+
+def _silent(_: str) -> None:
+    pass
 
 
 def _tune_all(tuner: Tuner, jobs: list[tuple[str, Problem]]) -> tuple[list[ProblemResult], bool]:

@@ -1,0 +1,53 @@
+"""The Python API's progress (tuner/progress.py): lines in logs, a bar in a terminal."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+from epilab.templates.problem import Config
+from epilab.tuner.progress import Reporter, summary
+from epilab.tuner.search import Outcome
+from epilab.tuner.tune import ProblemResult
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _result(label: str, best_ms: float | None, refused: str | None = None) -> ProblemResult:
+    return ProblemResult(label, "k", None, best_ms, None, {"cublas": 2.0}, 3, 3, "trials", {}, 1.4, refused)
+
+
+class FakeTuner:
+    """A test double of Tuner: three trials, each reported."""
+
+    options = SimpleNamespace(budget=SimpleNamespace(trials=3))
+
+    def tune_problem(self, problem, label, on_trial=None):
+        for done in (1, 2, 3):
+            on_trial(done, Config(64, 64, 32), Outcome("ok", 1.0 / done), 1.0 / done)
+        return _result(label, 1 / 3)
+
+
+def test_lines_when_not_a_terminal():
+    out = io.StringIO()
+    reporter = Reporter(out, total=2)
+    reporter.tune(FakeTuner(), None, "mm 8x8x8")
+    reporter.tune(FakeTuner(), None, "mm 16x8x8")
+    assert out.getvalue().splitlines() == [
+        "epilab: tuning [1/2] mm 8x8x8 (up to 3 trials)",
+        "epilab: tuned [1/2] mm 8x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s",
+        "epilab: tuning [2/2] mm 16x8x8 (up to 3 trials)",
+        "epilab: tuned [2/2] mm 16x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s",
+    ]
+
+
+def test_a_bar_in_a_terminal_and_the_summary_kept():
+    out = Terminal()
+    Reporter(out).tune(FakeTuner(), None, "mm 8x8x8")
+    text = out.getvalue()
+    assert "(up to 3 trials)" not in text  # the bar, not the log line
+    assert text.rstrip().endswith("epilab: tuned mm 8x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s")
+    assert summary(_result("x", None, refused="too large")) == "refused: too large"

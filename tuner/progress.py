@@ -1,0 +1,88 @@
+"""Progress of the Python API's tuning on stderr, as the command line shows it.
+
+``epilab.tune_model`` and ``epilab.compile(..., tune_missing=True)`` run for minutes; they
+report each problem they tune: in a terminal a rich progress bar per problem (trials done, the
+best time so far), otherwise one line when a problem starts and one when it ends, so that logs
+stay readable. ``progress=False`` (an argument of both) turns it off.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from epilab.templates.problem import Config, Problem
+    from epilab.tuner.search import Outcome
+    from epilab.tuner.tune import ProblemResult, Tuner
+
+OnTrial = Callable[[int, "Config", "Outcome", "float | None"], None]
+
+
+def _ms(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f} ms"
+
+
+def summary(result: ProblemResult) -> str:
+    """What one problem's tuning found, on one line."""
+    if result.refused is not None:
+        return f"refused: {result.refused}"
+    base = result.library_ms
+    vs = f" ({base / result.best_ms:.2f}x {result.library})" if base and result.best_ms else ""
+    return f"best {_ms(result.best_ms)}{vs}, {result.evaluated} trials, {result.seconds:.0f} s"
+
+
+class Reporter:
+    """Reports the problems of one tuning run on ``stream`` (see the module doc)."""
+
+    def __init__(self, stream: TextIO | None = None, *, total: int | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.total = total
+        self.done = 0
+        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def _name(self, label: str) -> str:
+        count = f"[{self.done + 1}/{self.total}] " if self.total else ""
+        return f"epilab: tuning {count}{label}"
+
+    @contextmanager
+    def problem(self, label: str, trials: int) -> Iterator[OnTrial]:
+        """Around one problem's tuning; yields the ``on_trial`` callback of ``Tuner.tune_problem``."""
+        name = self._name(label)
+        if not self.terminal:
+            print(f"{name} (up to {trials} trials)", file=self.stream, flush=True)
+            yield lambda *_: None
+        else:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            with Progress(*columns, console=Console(file=self.stream), transient=True) as bar:
+                task = bar.add_task(name, total=trials)
+
+                def on_trial(done: int, _config: Config, _outcome: Outcome, best_ms: float | None) -> None:
+                    bar.update(task, completed=min(done, trials), description=f"{name}  best {_ms(best_ms)}")
+
+                yield on_trial
+        self.done += 1
+
+    def tune(self, tuner: Tuner, problem: Problem, label: str) -> ProblemResult:
+        """``tuner.tune_problem`` with the problem reported."""
+        name = self._name(label).replace("tuning ", "tuned ", 1)
+        with self.problem(label, tuner.options.budget.trials) as on_trial:
+            result = tuner.tune_problem(problem, label, on_trial)
+        print(f"{name}: {summary(result)}", file=self.stream, flush=True)
+        return result
+
+
+def tune_all(tuner: Tuner, jobs: list[tuple[str, Problem]]) -> tuple[list[ProblemResult], bool]:
+    """Tune (label, problem) jobs one after another, reported (``tune_model``'s default)."""
+    reporter = Reporter(total=len(jobs))
+    return [reporter.tune(tuner, problem, label) for label, problem in jobs], False
