@@ -637,7 +637,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
         rows.append(
             [
                 r.label,
-                "refused" if r.refused else "-" if r.best is None else r.best.short().replace(" default", ""),
+                "refused" if r.refused else "-" if r.best is None else r.best.short(),
                 _ms(tuned),
                 ""
                 if r.tflops is None or interpret
@@ -808,12 +808,9 @@ def _shape_text(shape: list) -> str:
 
 
 def _config_text(config: dict | None) -> str:
-    if not config:
-        return ""
-    return (
-        f"{config.get('BLOCK_M')}x{config.get('BLOCK_N')}x{config.get('BLOCK_K')} g{config.get('GROUP_M')} "
-        f"s{config.get('SPLIT_K')} w{config.get('num_warps')} st{config.get('num_stages')}"
-    )
+    from epilab.templates.problem import config_text
+
+    return config_text(config)
 
 
 def _add_row(table: Table, *cells: object) -> None:

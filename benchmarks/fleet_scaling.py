@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from epilab.templates.problem import config_text
+
 
 def run(
     gpus: int, out: Path, suites: list[str], trials: int, jobs: int, limits: list[float], interpret: bool
@@ -97,19 +99,11 @@ def compare(out: Path, gpus: int) -> None:
     )
     for key, ratio in sorted(ratios.items(), key=lambda kv: -abs(kv[1] - 1)):
         a, b = one[key], many[key]
+        config_a, config_b = config_text(a["best"]) or "-", config_text(b["best"]) or "-"
         print(
-            f"| {a['label']} | {a['best_ms']:.4f} | {_short(a['best'])} | {b['best_ms']:.4f} | "
-            f"{_short(b['best'])} | {ratio:.3f} |"
+            f"| {a['label']} | {a['best_ms']:.4f} | {config_a} | {b['best_ms']:.4f} | {config_b} "
+            f"| {ratio:.3f} |"
         )
-
-
-def _short(config: dict | None) -> str:
-    if not config:
-        return "-"
-    return (
-        f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']} w{config['num_warps']} "
-        f"s{config['num_stages']} {config.get('variant', '')}".strip()
-    )
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ import logging
 import threading
 
 from epilab.compiler.decide import Decision
+from epilab.templates.problem import config_text
 
 log = logging.getLogger("epilab.compiler")
 _lock = threading.Lock()
@@ -63,12 +64,8 @@ def table(decisions: list[Decision]) -> str:
 def _short(config: dict) -> str:
     if "buckets" in config:
         return f"{len(config['buckets'])} M buckets"
-    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
-    if all(k in config for k in keys):
-        return (
-            "x".join(str(config[k]) for k in keys)
-            + f" w{config.get('num_warps')} s{config.get('num_stages')}"
-        )
+    if all(k in config for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")):
+        return config_text(config)
     return json.dumps(config, sort_keys=True)
 
 

@@ -18,6 +18,7 @@ import jinja2
 from epilab.files import write_text_atomic
 from epilab.reports import plots
 from epilab.reports.data import ReportData, epilogue_summary
+from epilab.templates.problem import config_text
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent),
@@ -48,21 +49,6 @@ def _cuda_of(version: str) -> str:
 
 def _fmt(v: float | None, spec: str = ".4f") -> str:
     return "" if v is None else format(v, spec)
-
-
-def config_text(c: dict[str, Any] | None) -> str:
-    if not c:
-        return ""
-    text = f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')} g{c.get('GROUP_M')}"
-    if c.get("SPLIT_K", 1) != 1 or c.get("variant", "default") != "default":
-        text += f" split{c.get('SPLIT_K')} {c.get('variant')}"
-    text += f" w{c.get('num_warps')} s{c.get('num_stages')}"
-    if c.get("EPILOGUE_SUBTILE", 1) != 1:
-        text += f" sub{c['EPILOGUE_SUBTILE']}"
-    if c.get("PROGRAMS_PER_SM", 1) != 1:
-        text += f" {c['PROGRAMS_PER_SM']}/sm"
-    flags = {"FLATTEN": " flat", "WARP_SPECIALIZE": " ws", "TMA_STORE": " tma-store"}
-    return text + "".join(flag for name, flag in flags.items() if c.get(name))
 
 
 def render(data: ReportData, *, db: Any = None, detail_limit: int = DETAIL_LIMIT) -> str:

@@ -126,21 +126,29 @@ class Config:
         return asdict(self)
 
     def short(self) -> str:
-        """One line; the Hopper knobs only where they differ from their defaults."""
-        extra = [
-            f"sub{self.EPILOGUE_SUBTILE}" if self.EPILOGUE_SUBTILE != 1 else "",
-            f"{self.PROGRAMS_PER_SM}/sm" if self.PROGRAMS_PER_SM != 1 else "",
-            "flat" if self.FLATTEN else "",
-            "ws" if self.WARP_SPECIALIZE else "",
-            "tma-store" if self.TMA_STORE else "",
-        ]
-        return " ".join(
-            [
-                f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} g{self.GROUP_M} s{self.SPLIT_K} "
-                f"w{self.num_warps} st{self.num_stages} {self.variant}",
-                *filter(None, extra),
-            ]
-        )
+        """The one shorthand (``config_text``)."""
+        return config_text(self)
+
+
+def config_text(config: Config | Mapping[str, Any] | None) -> str:
+    """The one shorthand of a config, in every table, log and report: tile MxNxK, ``g`` group,
+    ``w`` warps, ``st`` stages, then only what differs from the default: ``split`` split-K,
+    the variant, ``sub`` epilogue slices, programs ``/sm``, ``flat``, ``ws``, ``tma-store``."""
+    if not config:
+        return ""
+    c = config.to_dict() if isinstance(config, Config) else config
+    parts = [
+        f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')} g{c.get('GROUP_M', 1)} "
+        f"w{c.get('num_warps')} st{c.get('num_stages')}",
+        f"split{c['SPLIT_K']}" if c.get("SPLIT_K", 1) != 1 else "",
+        str(c["variant"]) if c.get("variant", "default") != "default" else "",
+        f"sub{c['EPILOGUE_SUBTILE']}" if c.get("EPILOGUE_SUBTILE", 1) != 1 else "",
+        f"{c['PROGRAMS_PER_SM']}/sm" if c.get("PROGRAMS_PER_SM", 1) != 1 else "",
+        "flat" if c.get("FLATTEN") else "",
+        "ws" if c.get("WARP_SPECIALIZE") else "",
+        "tma-store" if c.get("TMA_STORE") else "",
+    ]
+    return " ".join(filter(None, parts))
 
 
 @dataclass(frozen=True)

@@ -441,7 +441,10 @@ def test_tune_missing_tunes_now_and_stores(db_path, monkeypatch, capsys):
     (d,) = epilab.explain()
     assert d.source == "tuned now" and d.template in ("matmul", "gemv"), d.reason
     told = capsys.readouterr().err.splitlines()  # a line as each problem starts and ends
-    assert [line.split(" 10x24x16")[0] for line in told] == ["epilab: tuning addmm", "epilab: tuned addmm"] * 2, told
+    assert [line.split(" 10x24x16")[0] for line in told] == [
+        "epilab: tuning addmm",
+        "epilab: tuned addmm",
+    ] * 2, told
     with TuningDB.open(db_path) as db:
         assert db.best(d.problem_key, INTERPRETER_DEVICE) is not None
 
