@@ -73,7 +73,7 @@ app = typer.Typer(
     name="epilab",
     help="Autotuned Triton templates for matmul-like ops with fused epilogues.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     cls=_Commands,
 )
 console = Console()
@@ -81,8 +81,25 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print JSON for scripts
 err_console = Console(stderr=True)
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        version()
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(ctx: typer.Context) -> None:
+def _main(
+    ctx: typer.Context,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="print the versions of epilab, torch, triton",
+        ),
+    ] = False,
+) -> None:
     """Autotuned Triton templates for matmul-like ops with fused epilogues."""
     if ctx.invoked_subcommand != "version":
         config.settings()  # a bad EPILAB_* value is an error line now, whatever the command reads

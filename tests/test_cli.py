@@ -34,7 +34,7 @@ def test_demo_rejects_bad_options():
 
 
 def test_one_config_shorthand_everywhere():
-    """"st" is stages and "split" split-K in tune, db list, explain and the report alike."""
+    """ "st" is stages and "split" split-K in tune, db list, explain and the report alike."""
     from epilab import cli
     from epilab.compiler import explain
     from epilab.reports import html
@@ -47,3 +47,15 @@ def test_one_config_shorthand_everywhere():
     assert html.config_text is config_text
     tma = Config(64, 64, 64, num_warps=4, num_stages=4, variant="tma_persistent", TMA_STORE=1)
     assert config_text(tma) == "64x64x64 g8 w4 st4 tma_persistent tma-store"
+
+
+def test_python_m_epilab_version_and_completion():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "epilab", "--version"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.startswith("epilab 0.1.0  torch "), done.stderr[-2000:]
+    helped = runner.invoke(app, ["--help"])
+    assert "--version" in helped.output and "--install-completion" in helped.output
