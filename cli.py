@@ -59,6 +59,30 @@ class _Commands(TyperGroup):
             err_console.print(f"[red]error:[/red] {printable(message)}", soft_wrap=True)
             raise typer.Exit(1) from None
 
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """A usage error (an unknown option, a value of the wrong type) is one ``error:`` line
+        on stderr with exit status 2, as Unix tools have it, not a box drawn around it."""
+        # click's classes, vendored by newer typer releases: found from one typer re-exports
+        usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+        click_exception = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except usage_error as e:
+            where = e.ctx.command_path if e.ctx is not None else "epilab"
+            err_console.print(
+                f"[red]error:[/red] {printable(e.format_message())} (see '{where} --help')", soft_wrap=True
+            )
+            sys.exit(2)
+        except click_exception as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            err_console.print("aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 def printable(text: object) -> str:
     """Text from outside (a database, a file, an exception) as it may reach a terminal: rich

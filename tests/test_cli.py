@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from epilab.cli import app
@@ -59,3 +60,24 @@ def test_python_m_epilab_version_and_completion():
     assert done.returncode == 0 and done.stdout.startswith("epilab 0.1.0  torch "), done.stderr[-2000:]
     helped = runner.invoke(app, ["--help"])
     assert "--version" in helped.output and "--install-completion" in helped.output
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["tune", "--trials", "abc"], "Invalid value for '--trials'"),
+        (["db", "list", "--no-such-option"], "No such option"),
+        (["nosuch"], "No such command 'nosuch'"),
+    ],
+)
+def test_usage_errors_are_one_error_line_with_status_2(args, words):
+    """Run as a user runs it (a subprocess, no terminal): one line on stderr, no box."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "epilab", *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: ") and words in line and "--help" in line, done.stderr
