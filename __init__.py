@@ -10,7 +10,8 @@ command line.
 
 Triton decides between its interpreter and its compiler when it is first
 imported, so ``matmul`` (which needs Triton) is imported on first use: by then
-``EPILAB_INTERPRET=1`` has been turned into ``TRITON_INTERPRET=1``.
+``EPILAB_INTERPRET=1`` has been turned into ``TRITON_INTERPRET=1``. Every public name is
+imported on first use, so ``import epilab`` imports neither torch nor Triton.
 """
 
 from __future__ import annotations
@@ -21,8 +22,23 @@ from typing import Any
 
 from epilab.config import SettingsError as _SettingsError
 from epilab.config import settings as _settings
-from epilab.templates.epilogue import Epilogue, acc, acc2, const, operand, ops
-from epilab.templates.problem import Config
+
+# name -> module: imported on first use, so that `import epilab` (and `epilab --help`,
+# `--version`) does not import torch
+_LAZY = {
+    "Config": "epilab.templates.problem",
+    "Epilogue": "epilab.templates.epilogue",
+    "acc": "epilab.templates.epilogue",
+    "acc2": "epilab.templates.epilogue",
+    "const": "epilab.templates.epilogue",
+    "operand": "epilab.templates.epilogue",
+    "ops": "epilab.templates.epilogue",
+    "matmul": "epilab.templates.matmul_api",
+    "gated_matmul": "epilab.templates.matmul_api",
+    "compile": "epilab.compiler.backend",
+    "tune_model": "epilab.tuner.model",
+    "explain": "epilab.compiler.explain",
+}
 
 __all__ = [
     "Config",
@@ -56,24 +72,14 @@ enable_interpreter_if_asked()
 
 
 def __getattr__(name: str) -> Any:
-    if name == "matmul":
-        from epilab.templates.matmul_api import matmul
+    if name in _LAZY:
+        import importlib
 
-        return matmul
-    if name == "gated_matmul":
-        from epilab.templates.matmul_api import gated_matmul
-
-        return gated_matmul
-    if name == "compile":
-        from epilab.compiler.backend import compile
-
-        return compile
-    if name == "tune_model":
-        from epilab.tuner.model import tune_model
-
-        return tune_model
-    if name == "explain":
-        from epilab.compiler.explain import explain
-
-        return explain
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'epilab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

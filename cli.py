@@ -17,7 +17,11 @@ from typer.core import TyperGroup
 
 import epilab
 from epilab import config
-from epilab.templates.dtypes import WIDE_INPUT_DTYPES
+
+# Named here so that `--help` imports no torch; tests/test_cli.py checks them against
+# templates.dtypes.WIDE_INPUT_DTYPES and tuner.suites.SUITES.
+DEMO_DTYPES = ("float16", "bfloat16", "float32")
+SUITE_NAMES = ("smoke", "quick", "llm", "square", "midm", "gemv", "mlp", "fp8", "gemv-fused", "conv")
 
 
 def user_error(e: BaseException) -> str | None:
@@ -132,10 +136,16 @@ def _main(
 @app.command()
 def version() -> None:
     """Print the versions of epilab, torch and triton."""
-    import torch
-    import triton
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
-    console.print(f"epilab {epilab.__version__}  torch {torch.__version__}  triton {triton.__version__}")
+    def of(name: str) -> str:  # the installed distribution's version: no torch import for this
+        try:
+            return installed(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    console.print(f"epilab {epilab.__version__}  torch {of('torch')}  triton {of('triton')}")
 
 
 @app.command()
@@ -146,7 +156,7 @@ def demo(
     n: Annotated[int | None, typer.Option(help="columns of B and C (default: 2048 / 80)")] = None,
     k: Annotated[int | None, typer.Option(help="inner dimension (default: 2048 / 72)")] = None,
     dtype: Annotated[
-        str, typer.Option(help=f"input dtype: one of {', '.join(WIDE_INPUT_DTYPES)} (fp8: benchmarks/fp8.py)")
+        str, typer.Option(help=f"input dtype: one of {', '.join(DEMO_DTYPES)} (fp8: benchmarks/fp8.py)")
     ] = "bfloat16",
     seed: Annotated[int, typer.Option(help="random seed of the inputs")] = 0,
 ) -> None:
@@ -156,9 +166,9 @@ def demo(
     """
     import torch
 
-    if dtype not in WIDE_INPUT_DTYPES:
+    if dtype not in DEMO_DTYPES:
         raise typer.BadParameter(
-            f"{dtype!r} is not one of {', '.join(WIDE_INPUT_DTYPES)} (the demo's bias and residual are of "
+            f"{dtype!r} is not one of {', '.join(DEMO_DTYPES)} (the demo's bias and residual are of "
             "the input dtype; fp8 matmuls: epilab.matmul(a8, b8, scale_a=..., scale_b=...))",
             param_hint="--dtype",
         )
@@ -228,7 +238,7 @@ def tune(
     ctx: typer.Context,
     suite: Annotated[
         str | None,
-        typer.Option(help="built-in suite: smoke, quick, llm, square, midm, gemv, gemv-fused, conv, mlp"),
+        typer.Option(help=f"built-in suite: {', '.join(SUITE_NAMES)}"),
     ] = None,
     shapes: Annotated[
         str | None, typer.Option(help="JSON or JSON Lines file of problems (see tuner/suites.py)")

@@ -81,3 +81,27 @@ def test_usage_errors_are_one_error_line_with_status_2(args, words):
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
     (line,) = done.stderr.splitlines()
     assert line.startswith("error: ") and words in line and "--help" in line, done.stderr
+
+
+def test_help_and_version_import_no_torch_and_name_what_exists():
+    import subprocess
+    import sys
+
+    from epilab import cli
+    from epilab.templates.dtypes import WIDE_INPUT_DTYPES
+    from epilab.tuner.suites import SUITES
+
+    assert cli.DEMO_DTYPES == WIDE_INPUT_DTYPES and sorted(cli.SUITE_NAMES) == sorted(SUITES)
+    probe = (
+        "import sys, epilab, epilab.cli\n"
+        "from epilab.cli import app\n"
+        "for args in (['--help'], ['--version'], ['tune', '--help']):\n"
+        "    try:\n"
+        "        app(args)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, (args, e.code)\n"
+        "print('torch' in sys.modules, 'triton' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "False False", done.stderr[-2000:]
+    assert "fp8" in done.stdout and "gemv-fused" in done.stdout  # every suite in tune --help
