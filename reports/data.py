@@ -117,6 +117,11 @@ class ReportData:
     filters: str
 
     @property
+    def interpreter(self) -> bool:
+        """Triton's interpreter ran these: wall-clock times, no graph times, no throughput."""
+        return self.device == INTERPRETER_DEVICE
+
+    @property
     def tuned(self) -> list[ProblemReport]:
         return [p for p in self.problems if p.best is not None]
 

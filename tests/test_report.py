@@ -175,6 +175,44 @@ def test_report_has_the_rows_speedups_and_plot_containers(db):
     assert "CUDA 13.0" in report_html.render(data)
 
 
+def _rows(page: _Page) -> tuple[list[str], list[list[str]]]:
+    tables = [rs for cls, rs in page.tables if "problems" in cls]
+    return tables[0][0], [r for rs in tables for r in rs[1:]]
+
+
+def test_each_spread_is_shown_with_its_own_median(db):
+    """The compared time is the graph time where one was measured; the events' p20-p80 sit
+    beside the events median, never beside the graph time (a graph median of 0.0114 ms next
+    to p20-p80 of 0.0176-0.0185 read as a median outside its own spread)."""
+    problem = PROBLEMS[1].problem()
+    timing = Timing(0.018, 0.0176, 0.0185, "events and graph", graph_ms=0.0114, gbps=1.0)
+    db.record_trial(
+        problem,
+        H200,
+        config=CONFIG,
+        status="ok",
+        timing=timing,
+        max_rel_error=1e-3,
+        versions=VERSIONS,
+        study="spread",
+    )
+    head, (row,) = _rows(_Page(report_html.render(_collect(db))))
+    cells = dict(zip(head, row, strict=False))
+    assert cells["ms"] == "0.0114" and cells["graph ms"] == "0.0114"
+    assert cells["events ms (p20–p80)"] == "0.0180 (0.0176–0.0185)"
+
+
+def test_an_interpreter_run_is_labelled_and_leaves_out_gpu_columns(db):
+    from epilab.db import INTERPRETER_DEVICE
+
+    _fill(db, INTERPRETER_DEVICE)
+    data = _collect(db)
+    assert data.interpreter
+    head, rows = _rows(_Page(report_html.render(data)))
+    assert "interpreter wall ms (p20–p80)" in head and len(rows) == 3
+    assert not {"ms", "graph ms", "TFLOP/s", "GB/s", "% of roofline"} & set(head), head
+
+
 def test_hostile_strings_render_as_text(db):
     _fill(db, EVIL_GPU, detail=f"error {HOSTILE} & more")
     db.record_baseline(
