@@ -703,11 +703,16 @@ def _tune_summary(results: list, interpret: bool) -> None:
                 f"{r.seconds:.0f}",
             ]
         )
+    if interpret:  # no GPU: no throughput, no library timed, nothing to compare
+        gpu_only = {"TFLOP/s", "cuBLAS/cuDNN+eager", "speedup", "timed as"}
+        keep = [i for i, h in enumerate(headers) if h not in gpu_only]
+        headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
     _print_table(f"epilab tune: best config per problem ({unit})", headers, rows, left=2)
-    typer.echo(
-        "speedup: the library's time over the tuned one, like with like: CUDA-graph times where both "
-        "have one (kernels under 50 us), else CUDA-event medians"
-    )
+    if not interpret:
+        typer.echo(
+            "speedup: the library's time over the tuned one, like with like: CUDA-graph times where "
+            "both have one (kernels under 50 us), else CUDA-event medians"
+        )
     for r in results:
         if r.refused is not None:
             console.print(f"[yellow]not tuned[/yellow] {printable(r.label)}: {printable(r.refused)}")
