@@ -21,6 +21,7 @@ from epilab import config
 # Named here so that `--help` imports no torch; tests/test_cli.py checks them against
 # templates.dtypes.WIDE_INPUT_DTYPES and tuner.suites.SUITES.
 DEMO_DTYPES = ("float16", "bfloat16", "float32")
+REPORT_OPS = ("mm", "addmm", "bmm", "baddbmm", "scaled_mm", "dual_mm", "conv2d")  # every Problem.op
 SUITE_NAMES = ("smoke", "quick", "llm", "square", "midm", "gemv", "mlp", "fp8", "gemv-fused", "conv")
 
 
@@ -748,7 +749,7 @@ def report(
         str | None, typer.Option(help="device name (or part of it); default: the one with most trials")
     ] = None,
     suite: Annotated[str | None, typer.Option(help="only the problems of this built-in suite")] = None,
-    op: Annotated[str | None, typer.Option(help="only this op: mm, addmm, bmm, baddbmm")] = None,
+    op: Annotated[str | None, typer.Option(help=f"only this op: {', '.join(REPORT_OPS)}")] = None,
     peak_tflops: Annotated[
         float | None, typer.Option(help="measured fp16/bf16 peak TFLOP/s (default: the data sheet)")
     ] = None,
@@ -770,8 +771,8 @@ def report(
     from epilab.reports import data as report_data
     from epilab.reports import html as report_html
 
-    if op is not None and op not in ("mm", "addmm", "bmm", "baddbmm"):
-        raise typer.BadParameter(f"{op!r} is not one of mm, addmm, bmm, baddbmm", param_hint="--op")
+    if op is not None and op not in REPORT_OPS:
+        raise typer.BadParameter(f"{op!r} is not one of {', '.join(REPORT_OPS)}", param_hint="--op")
     for hint, peak in (("--peak-tflops", peak_tflops), ("--peak-gbs", peak_gbs)):
         if peak is not None and not (math.isfinite(peak) and peak > 0):
             raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)

@@ -394,3 +394,33 @@ def test_report_in_headless_chromium(db, tmp_path):
         browser, "--window-size=1400,4200", f"--screenshot={artifacts / 'report-problem.png'}", url + anchor
     )
     assert detail_shot.returncode == 0
+
+
+def test_conv_problems_are_first_class_in_the_report(db, tmp_path):
+    """`--op conv2d` is accepted, and a convolution is labelled in its own terms (as `tune`
+    labels it), not by its GEMM view; every op the compiler anchors and every suite's op is
+    a valid `--op`."""
+    from epilab.cli import REPORT_OPS
+    from epilab.compiler.aten_ops import ANCHORS
+    from epilab.templates.kinds import twins
+    from epilab.tuner.suites import SUITES, ConvSpec
+
+    ops = {q.op for specs in SUITES.values() for spec in specs for q in twins(spec.problem())}
+    assert ops | set(ANCHORS.values()) <= set(REPORT_OPS)
+    spec = ConvSpec(2, 8, 6, 6, 8, 3, 3, padding=1, epilogue="none")
+    db.record_trial(
+        spec.problem(),
+        H200,
+        config=CONFIG,
+        status="ok",
+        timing=_timing(0.01),
+        max_rel_error=1e-3,
+        versions=VERSIONS,
+        study="conv",
+    )
+    _, (row,) = _rows(_Page(report_html.render(_collect(db, op="conv2d"))))
+    assert row[0].startswith("2x8x6x6 -> 8x6x6 3x3 "), row[0]
+    assert spec.label().startswith("conv 2x8x6x6 -> 8x6x6 3x3 ")
+    out = tmp_path / "conv.html"
+    done = CliRunner().invoke(app, ["report", "--db", db.url, "--op", "conv2d", "--out", str(out)])
+    assert done.exit_code == 0 and out.exists(), done.output

@@ -79,14 +79,29 @@ from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
 def problem_label(problem: Problem) -> str:
     """A short label of any problem (one the compiler recorded, say): op, shape, dtype,
     layouts of A and B, and the epilogue's ops."""
-    s = problem.shape
-    shape = f"{s.m}x{s.n}x{s.k}" if problem.op in ("mm", "addmm", OP) else f"{s.batch}x{s.m}x{s.n}x{s.k}"
     ops_ = [n.op for n in problem.epilogue.nodes if n.op not in LEAVES]
     epilogue = "+".join(ops_) if ops_ else "none"
     if len(epilogue) > 40:
         epilogue = epilogue[:37] + "..."
     suffix = "" if problem.template == default_template(problem.op) else f" [{problem.template}]"
-    return f"{problem.op} {shape} {problem.dtype} {problem.layout_a}/{problem.layout_b} {epilogue}{suffix}"
+    layouts = f"{problem.layout_a}/{problem.layout_b}"
+    return f"{problem.op} {shape_label(problem)} {problem.dtype} {layouts} {epilogue}{suffix}"
+
+
+def shape_label(problem: Problem) -> str:
+    """A problem's shape as every table shows it: MxNxK (BxMxNxK batched); a convolution in
+    its own terms, N x C x H x W -> K x P x Q, the kernel, and stride/dilation/groups where
+    not 1 (as ``ConvSpec.label``), not its GEMM view."""
+    s = problem.shape
+    if problem.conv is not None:
+        g = problem.conv
+        extra = "".join(
+            f" {name}{v[0] if v[0] == v[1] else v}"
+            for name, v in (("s", g.stride), ("d", g.dilation))
+            if v != (1, 1)
+        ) + (f" g{g.groups}" if g.groups != 1 else "")
+        return f"{s.batch}x{g.c}x{g.h}x{g.w} -> {s.n}x{g.p}x{g.q} {g.r}x{g.s}{extra}"
+    return f"{s.m}x{s.n}x{s.k}" if problem.op in ("mm", "addmm", OP) else f"{s.batch}x{s.m}x{s.n}x{s.k}"
 
 
 SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales"}
