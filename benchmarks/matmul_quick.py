@@ -15,7 +15,9 @@ checked against a float64 reference before it is timed; random inputs; times are
 medians of CUDA-event timings after warm-up, two ways: (1) per-call time of
 CUDA-graph replay over rotating input sets larger than L2 (kernel time without
 launch gaps); (2) one call at a time from Python with L2 flushed before each
-(triton.testing.do_bench; p20-p80 in the JSON), which includes launch cost.
+(``tuner/timing.py``'s ``time_cuda``, as the tuner times: p20-p80 in the JSON; runs before
+2026-11-25 used ``triton.testing.do_bench``, the same events-and-flush method), which includes
+launch cost.
 ``--probe`` also times a few other configs of the epilab kernel, to judge the
 default heuristic.
 """
@@ -30,7 +32,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 import triton
-import triton.testing
 
 import epilab
 from epilab.templates.check import rel_error
@@ -38,7 +39,7 @@ from epilab.templates.kinds import default_config, launch
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
 from epilab.templates.problem import Config
-from epilab.tuner.timing import time_graph
+from epilab.tuner.timing import time_cuda, time_graph
 
 SHAPES = [(4096, 4096, 4096), (8192, 14336, 4096), (2048, 4096, 4096), (128, 4096, 4096)]
 PROBE = [
@@ -56,8 +57,8 @@ PROBE = [
 
 def bench(fn: Callable[[], object]) -> dict[str, float]:
     """Median and p20/p80 ms per call, L2 flushed before every call."""
-    med, p20, p80 = triton.testing.do_bench(fn, warmup=50, rep=300, quantiles=[0.5, 0.2, 0.8])
-    return {"ms": med, "p20": p20, "p80": p80}
+    t = time_cuda(fn, warmup_ms=50, rep_ms=300)
+    return {"ms": t.median_ms, "p20": t.p20_ms, "p80": t.p80_ms}
 
 
 def bench_graph(fns: list[Callable[[], object]]) -> float:
