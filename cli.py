@@ -93,9 +93,15 @@ def printable(text: object) -> str:
     """Text from outside (a database, a file, an exception) as it may reach a terminal: rich
     markup escaped, and every control character but line breaks and tabs (an escape sequence,
     a bidi override) shown as its code instead of acting."""
+    return escape(_plain(text))
+
+
+def _plain(text: object) -> str:
+    """Text from outside with every control character but line breaks and tabs shown as its
+    code (for plain output: a Markdown table, a log)."""
     from epilab.db.models import CONTROL_CHARS
 
-    return escape(CONTROL_CHARS.sub(lambda m: m[0] if m[0] in "\n\t" else repr(m[0])[1:-1], str(text)))
+    return CONTROL_CHARS.sub(lambda m: m[0] if m[0] in "\n\t" else repr(m[0])[1:-1], str(text))
 
 
 app = typer.Typer(
@@ -708,7 +714,8 @@ def _tune_summary(results: list, interpret: bool) -> None:
         gpu_only = {"TFLOP/s", "cuBLAS/cuDNN+eager", "speedup", "timed as"}
         keep = [i for i, h in enumerate(headers) if h not in gpu_only]
         headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
-    _print_table(f"epilab tune: best config per problem ({unit})", headers, rows, left=2)
+    optional = ("timed as", "wall s", "failed", "TFLOP/s", "trials")
+    _print_table(f"epilab tune: best config per problem ({unit})", headers, rows, left=2, optional=optional)
     if not interpret:
         typer.echo(
             "speedup: the library's time over the tuned one, like with like: CUDA-graph times where "
@@ -719,23 +726,43 @@ def _tune_summary(results: list, interpret: bool) -> None:
             console.print(f"[yellow]not tuned[/yellow] {printable(r.label)}: {printable(r.refused)}")
 
 
-def _print_table(title: str, headers: list[str], rows: list[list[str]], left: int = 1) -> None:
-    """A rich table on a terminal; elsewhere (a pipe, a file, CI logs) a plain Markdown table
-    that keeps every character (rich would cut it to 80 columns)."""
+def _print_table(
+    title: str, headers: list[str], rows: list[list[str]], left: int = 1, optional: tuple[str, ...] = ()
+) -> None:
+    """The one table of the command line; its cells are data (neither markup nor terminal
+    control). In a terminal a rich table that fits its width: the ``optional`` columns (the
+    least needed first) are left out, and said so, while it does not. Elsewhere (a pipe, a
+    file, CI logs) a plain Markdown table that keeps every character and every column."""
+    cells = [[_plain(c) for c in row] for row in rows]
     if console.is_terminal:
+        shown = list(range(len(headers)))
+
+        def width() -> int:  # a column's widest cell, its padding and border
+            return 1 + sum(3 + max(len(headers[i]), *(len(r[i]) for r in cells)) for i in shown)
+
+        left_out = []
+        for name in (n for n in optional if n in headers):
+            if width() <= console.width:
+                break
+            shown.remove(headers.index(name))
+            left_out.append(name)
         table = Table(title=title)
-        for i, col in enumerate(headers):
-            table.add_column(col, justify="left" if i < left else "right")
-        for row in rows:
-            table.add_row(*row)
+        for i in shown:
+            table.add_column(headers[i], justify="left" if i < left else "right", overflow="fold")
+        for row in cells:
+            table.add_row(*(escape(row[i]) for i in shown))
         console.print(table)
+        if left_out:
+            console.print(
+                f"(left out to fit {console.width} columns: {', '.join(left_out)}; "
+                "a wider terminal or a pipe shows every column)"
+            )
         return
-    cells = [[c.replace("|", "\\|") for c in row] for row in rows]
     typer.echo(title)
     typer.echo("| " + " | ".join(headers) + " |")
     typer.echo("|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|")
     for row in cells:
-        typer.echo("| " + " | ".join(row) + " |")
+        typer.echo("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |")
 
 
 # ------------------------------------------------------------------ epilab db
@@ -870,11 +897,6 @@ def _config_text(config: dict | None) -> str:
     return config_text(config)
 
 
-def _add_row(table: Table, *cells: object) -> None:
-    """Strings from a database are data: neither markup nor terminal control."""
-    table.add_row(*(printable(c) for c in cells))
-
-
 def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.4f}"
 
@@ -887,20 +909,15 @@ def db_stats(db: DbOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         _print_json(stats)
         return
-    console.print(f"epilab tuning database {printable(stats.url)} (schema {printable(stats.revision)})")
-    table = Table()
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    table.add_row("devices", str(stats.devices))
-    table.add_row("problems", str(stats.problems))
-    for status, n in stats.trials_by_status.items():
-        table.add_row(f"trial records: {status}", str(n))
-    table.add_row("baselines", str(stats.baselines))
-    table.add_row("stale problems (template changed)", str(stats.stale_problems))
-    table.add_row("stale trial records", str(stats.stale_trials))
-    for template, n in stats.stale_by_template.items():
-        table.add_row(f"  stale problems of template {printable(template)}", str(n))
-    console.print(table)
+    rows = [["devices", str(stats.devices)], ["problems", str(stats.problems)]]
+    rows += [[f"trial records: {status}", str(n)] for status, n in stats.trials_by_status.items()]
+    rows += [
+        ["baselines", str(stats.baselines)],
+        ["stale problems (template changed)", str(stats.stale_problems)],
+        ["stale trial records", str(stats.stale_trials)],
+    ]
+    rows += [[f"  stale problems of template {t}", str(n)] for t, n in stats.stale_by_template.items()]
+    _print_table(f"epilab tuning database {stats.url} (schema {stats.revision})", ["what", "count"], rows)
     if stats.stale_problems:
         console.print("Stale records are never used; remove them with [bold]epilab db prune --stale[/bold].")
 
@@ -920,8 +937,7 @@ def db_list(
     if as_json:
         _print_json([{"problem": p, "record": r} for p, r in rows])
         return
-    table = Table(title=f"{len(rows)} trial record(s), newest first")
-    for col in (
+    headers = [
         "key",
         "op",
         "shape",
@@ -932,28 +948,35 @@ def db_list(
         "config",
         "median ms",
         "TFLOP/s",
-    ):
-        table.add_column(col, justify="right" if col in ("median ms", "TFLOP/s") else "left", overflow="fold")
+    ]
+    cells = []
     for p, r in rows:
         ops_ = " ".join(
             t.split(" = ")[1].split("[")[0].split(" ")[0]
             for t in p["epilogue"].split("; ")
             if " = " in t and not t.split(" = ")[1].startswith(("acc", "operand", "const"))
         )
-        _add_row(
-            table,
-            p["key"][:12],
-            p["op"],
-            _shape_text(p["shape"]),
-            p["dtype"],
-            ops_ or "-",
-            r.device.name,
-            r.status,
-            _config_text(r.config),
-            _ms(r.median_ms),
-            "" if r.tflops is None else f"{r.tflops:.0f}",
+        cells.append(
+            [
+                p["key"][:12],
+                p["op"],
+                _shape_text(p["shape"]),
+                p["dtype"],
+                ops_ or "-",
+                r.device.name,
+                r.status,
+                _config_text(r.config),
+                _ms(r.median_ms),
+                "" if r.tflops is None else f"{r.tflops:.0f}",
+            ]
         )
-    console.print(table)
+    _print_table(
+        f"{len(rows)} trial record(s), newest first",
+        headers,
+        cells,
+        left=8,
+        optional=("TFLOP/s", "dtype", "op", "device", "epilogue"),
+    )
 
 
 @db_app.command("show")
@@ -978,8 +1001,7 @@ def db_show(
         return
     console.print(f"[bold]problem[/bold] {printable(full_key)}")
     console.print_json(text)
-    table = Table(title="records (fastest ok first) and baselines")
-    for col in (
+    headers = [
         "kind",
         "device",
         "status",
@@ -992,26 +1014,28 @@ def db_show(
         "torch",
         "triton",
         "created",
-    ):
-        table.add_column(col, overflow="fold")
+    ]
+    cells = []
     for r in [*records, *baselines]:
         spread = "" if r.p20_ms is None else f"{r.p20_ms:.4f}-{r.p80_ms:.4f}"
-        _add_row(
-            table,
-            "trial" if r.config is not None else "baseline",
-            r.device.name,
-            r.status,
-            _config_text(r.config) or (r.library or ""),
-            _ms(r.median_ms),
-            spread,
-            _ms(r.graph_ms),
-            "" if r.tflops is None else f"{r.tflops:.0f}",
-            "" if r.max_rel_error is None else f"{r.max_rel_error:.1e}",
-            r.versions.torch,
-            r.versions.triton,
-            r.created_at.strftime("%Y-%m-%d %H:%M"),
+        cells.append(
+            [
+                "trial" if r.config is not None else "baseline",
+                r.device.name,
+                r.status,
+                _config_text(r.config) or (r.library or ""),
+                _ms(r.median_ms),
+                spread,
+                _ms(r.graph_ms),
+                "" if r.tflops is None else f"{r.tflops:.0f}",
+                "" if r.max_rel_error is None else f"{r.max_rel_error:.1e}",
+                r.versions.torch,
+                r.versions.triton,
+                r.created_at.strftime("%Y-%m-%d %H:%M"),
+            ]
         )
-    console.print(table)
+    optional = ("created", "torch", "triton", "TFLOP/s", "max err", "p20-p80 ms", "device", "kind")
+    _print_table("records (fastest ok first) and baselines", headers, cells, left=4, optional=optional)
 
 
 @db_app.command("export")
