@@ -248,7 +248,12 @@ def tune(
         typer.Option(help=f"built-in suite: {', '.join(SUITE_NAMES)}"),
     ] = None,
     shapes: Annotated[
-        str | None, typer.Option(help="JSON or JSON Lines file of problems (see tuner/suites.py)")
+        str | None,
+        typer.Option(
+            help='JSON or JSON Lines file of problems, e.g. {"m": 4096, "n": 4096, "k": 4096, '
+            '"dtype": "bfloat16", "epilogue": "bias_gelu_tanh"} per line (keys: m n k batch dtype '
+            "layout epilogue template scales; a conv: n c h w k r s stride padding dilation groups)"
+        ),
     ] = None,
     trials: Annotated[int, typer.Option(min=1, max=10_000, help="trial budget per problem")] = 64,
     time_budget: Annotated[float, typer.Option(min=1, help="seconds of search per problem")] = 90.0,
@@ -353,7 +358,18 @@ def tune(
     With --model, the problems are the model's own (see tuner/model.py): it is compiled with
     the epilab backend, what it needs is tuned, each template the records choose is kept only
     where the compiled model is faster with it (the verdict is stored for later compiles),
-    and the model is timed per call and under CUDA graphs against Inductor."""
+    and the model is timed per call and under CUDA graphs against Inductor.
+
+    Examples:
+
+      epilab tune --suite smoke --interpret --trials 3     # no GPU: a dry run in the interpreter
+
+      epilab tune --suite llm --db tuned.db --devices all  # every GPU of this host
+
+      epilab tune --shapes shapes.jsonl --db tuned.db      # one problem per line, e.g.
+      {"m": 8192, "n": 14336, "k": 4096, "epilogue": "bias_gelu_tanh"}
+
+      epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --db tuned.db"""
     import torch
 
     if ctx.invoked_subcommand is not None:

@@ -105,3 +105,9 @@ def test_help_and_version_import_no_torch_and_name_what_exists():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "False False", done.stderr[-2000:]
     assert "fp8" in done.stdout and "gemv-fused" in done.stdout  # every suite in tune --help
+
+
+def test_tune_help_shows_examples_not_source_files():
+    text = runner.invoke(app, ["tune", "--help"], env={"COLUMNS": "200"}).output
+    assert "Examples:" in text and "epilab tune --suite smoke --interpret" in text
+    assert '"epilogue": "bias_gelu_tanh"' in text and "suites.py" not in text
