@@ -913,6 +913,19 @@ def _config_text(config: dict | None) -> str:
     return config_text(config)
 
 
+def _interpreted(r: Any) -> bool:
+    from epilab.db import INTERPRETER_DEVICE
+
+    return r.device == INTERPRETER_DEVICE
+
+
+def _tflops(r: Any) -> str:
+    """A record's TFLOP/s; none for the interpreter's wall-clock times (not GPU time)."""
+    if r.tflops is None or _interpreted(r):
+        return ""
+    return f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.2g}"
+
+
 def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.4f}"
 
@@ -983,7 +996,7 @@ def db_list(
                 r.status,
                 _config_text(r.config),
                 _ms(r.median_ms),
-                "" if r.tflops is None else f"{r.tflops:.0f}",
+                _tflops(r),
             ]
         )
     _print_table(
@@ -1042,8 +1055,8 @@ def db_show(
                 _config_text(r.config) or (r.library or ""),
                 _ms(r.median_ms),
                 spread,
-                _ms(r.graph_ms),
-                "" if r.tflops is None else f"{r.tflops:.0f}",
+                "" if _interpreted(r) else _ms(r.graph_ms),
+                _tflops(r),
                 "" if r.max_rel_error is None else f"{r.max_rel_error:.1e}",
                 r.versions.torch,
                 r.versions.triton,

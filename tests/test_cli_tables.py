@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from test_report import _fill
+from test_report import VERSIONS, _fill
 
 from epilab.db import TuningDB
 
@@ -75,3 +75,38 @@ def test_tables_are_markdown_with_every_column_in_a_pipe(db_path, command):
     if command == ["db", "list"]:
         assert rows[0].split(" | ")[0] == "| key" and "TFLOP/s" in rows[0] and "device" in rows[0]
         assert "NVIDIA H200" in text and "64x64x32 g8 w4 st1" in text  # whole cells, one shorthand
+
+
+def test_interpreter_records_show_no_gpu_numbers(tmp_path):
+    """Wall-clock times of Triton's interpreter are no GPU time: no TFLOP/s ("0" before)."""
+    from typer.testing import CliRunner
+
+    from epilab.cli import app
+    from epilab.db import INTERPRETER_DEVICE, Timing
+    from epilab.tuner.suites import Spec
+
+    path = str(tmp_path / "i.db")
+    with TuningDB.open(path) as db:
+        db.record_trial(
+            Spec(64, 64, 64).problem(),
+            INTERPRETER_DEVICE,
+            config={
+                "BLOCK_M": 16,
+                "BLOCK_N": 16,
+                "BLOCK_K": 16,
+                "GROUP_M": 1,
+                "num_warps": 2,
+                "num_stages": 1,
+            },
+            status="ok",
+            timing=Timing(
+                12.0, 11.0, 13.0, "interpreter wall-clock (not GPU time)", tflops=4e-5, graph_ms=0.0
+            ),
+            max_rel_error=1e-6,
+            versions=VERSIONS,
+            study="i",
+        )
+    text = CliRunner().invoke(app, ["db", "list", "--db", path, "--status", "ok"]).output
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")]
+    column = rows[0].index("TFLOP/s |") if "TFLOP/s |" in rows[0] else rows[0].index("TFLOP/s")
+    assert len(rows) > 1 and all(row[column].strip(" |") == "" for row in rows[1:]), text
