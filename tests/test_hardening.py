@@ -332,7 +332,7 @@ ATTACKS = [
         ("db", "stats", *DB),
         both(at("t.db", epilab_db), read_only_dir),
         code=0,
-        says="problems +│ +1",
+        says=r"\| problems \| 1 \|",  # the Markdown table of a pipe
         unchanged=("t.db",),
         absent=("t.db-wal", "t.db-shm"),
         unprivileged=True,
