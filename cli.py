@@ -713,11 +713,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
                 r.label,
                 "refused" if r.refused else "-" if r.best is None else r.best.short(),
                 _ms(tuned),
-                ""
-                if r.tflops is None or interpret
-                else f"{r.tflops:.0f}"
-                if r.tflops >= 10
-                else f"{r.tflops:.2g}",
+                "" if interpret else _tflops_text(r.tflops),
                 _ms(r.library_ms),
                 "" if r.speedup is None else f"{r.speedup:.2f}x",
                 r.timed_as or "",
@@ -902,11 +898,6 @@ def _print_json(obj: object) -> None:
     typer.echo(json.dumps(obj, default=default, indent=1))
 
 
-def _shape_text(shape: list) -> str:
-    b, m, n, k = ("?" if d is None else d for d in shape)
-    return f"{m}x{n}x{k}" if b == 1 else f"{b}x{m}x{n}x{k}"
-
-
 def _config_text(config: dict | None) -> str:
     from epilab.templates.problem import config_text
 
@@ -921,9 +912,11 @@ def _interpreted(r: Any) -> bool:
 
 def _tflops(r: Any) -> str:
     """A record's TFLOP/s; none for the interpreter's wall-clock times (not GPU time)."""
-    if r.tflops is None or _interpreted(r):
-        return ""
-    return f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.2g}"
+    return "" if _interpreted(r) else _tflops_text(r.tflops)
+
+
+def _tflops_text(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
 def _ms(v: float | None) -> str:
@@ -961,6 +954,8 @@ def db_list(
     as_json: JsonOption = False,
 ) -> None:
     """Trial records, newest first, with their problems."""
+    from epilab.reports.data import shape_text
+
     with _open_db(db) as store:
         rows = store.list_records(op=op, device=device, status=status, limit=limit)
     if as_json:
@@ -989,7 +984,7 @@ def db_list(
             [
                 p["key"][:12],
                 p["op"],
-                _shape_text(p["shape"]),
+                shape_text(p),
                 p["dtype"],
                 ops_ or "-",
                 r.device.name,

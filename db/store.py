@@ -758,7 +758,7 @@ class TuningDB:
 
     def snapshot(self) -> Snapshot:
         with self.session() as s:
-            problems = {p.key: {**_problem_summary(p), "json": p.json} for p in s.scalars(select(ProblemRow))}
+            problems = {p.key: _problem_summary(p) for p in s.scalars(select(ProblemRow))}
             trials = [_record(r) for r in s.execute(_records_query(TrialRecord)).all()]
             baselines = [_record(r) for r in s.execute(_records_query(BaselineRecord)).all()]
         return Snapshot(problems, trials, baselines)
@@ -1109,4 +1109,5 @@ def _problem_summary(p: ProblemRow) -> dict[str, Any]:
         "shape": [p.batch, p.m, p.n, p.k],
         "epilogue": p.epilogue,
         "template_hash": p.template_hash,
+        "json": p.json,  # the whole problem (a convolution's geometry, for its label)
     }

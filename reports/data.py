@@ -165,7 +165,7 @@ def _bytes_moved(records: list[Record]) -> int:
     return 0
 
 
-def _shape_text(summary: dict[str, Any]) -> str:
+def shape_text(summary: dict[str, Any]) -> str:
     """As ``suites.shape_label`` shows it (a convolution in its own terms)."""
     if summary["op"] == "conv2d":
         from epilab.templates.problem import Problem
@@ -248,7 +248,7 @@ def collect(
             template=summary["template"],
             dtype=summary["dtype"],
             layouts=summary["layouts"],
-            shape=_shape_text(summary),
+            shape=shape_text(summary),
             epilogue=summary["epilogue"],
             flops=2 * math.prod(dims) if all(isinstance(d, int) for d in dims) else 0,
             nbytes=_bytes_moved(trials[key] + bases[key]),

@@ -110,3 +110,26 @@ def test_interpreter_records_show_no_gpu_numbers(tmp_path):
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")]
     column = rows[0].index("TFLOP/s |") if "TFLOP/s |" in rows[0] else rows[0].index("TFLOP/s")
     assert len(rows) > 1 and all(row[column].strip(" |") == "" for row in rows[1:]), text
+
+
+def test_db_list_labels_a_convolution_as_the_report_does(tmp_path):
+    from test_report import CONFIG, H200, _timing
+    from typer.testing import CliRunner
+
+    from epilab.cli import app
+    from epilab.tuner.suites import ConvSpec
+
+    path = str(tmp_path / "c.db")
+    with TuningDB.open(path) as db:
+        db.record_trial(
+            ConvSpec(2, 8, 6, 6, 8, 3, 3, padding=1, epilogue="none").problem(),
+            H200,
+            config=CONFIG,
+            status="ok",
+            timing=_timing(0.01),
+            max_rel_error=1e-3,
+            versions=VERSIONS,
+            study="c",
+        )
+    text = CliRunner().invoke(app, ["db", "list", "--db", path]).output
+    assert "| 2x8x6x6 -> 8x6x6 3x3 |" in text, text
