@@ -122,8 +122,8 @@ def _epilogue_hooks(
                 continue
             if out.dtype == "bool":
                 value = var if node_kind == "bool" else f"{var} != 0.0"
-            else:
-                value = rounded(var, out.dtype)
+            else:  # a predicate stored as a float is 0.0 / 1.0 (the rounding helpers bit-cast fp32)
+                value = rounded(var if node_kind == "float" else f"{var}.to(tl.float32)", out.dtype)
             outputs.append(_StoredOutput(value, smem=len(outputs) in smem_outputs))
         return (
             _ENV.get_template("store_output.py.jinja")

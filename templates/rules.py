@@ -10,8 +10,10 @@ Every value inside an epilogue is fp32 (``kind="float"``) or a predicate
 (``kind="bool"``); a cast rounds through its dtype and comes back as fp32, which
 is what the unfused graph's intermediate rounding does.
 
-Forms avoid ``libdevice`` (Triton's interpreter cannot run it): tanh and
-gelu(tanh) go through sigmoid, log1p uses the compensated ``log(1+x)`` form.
+Forms avoid ``libdevice`` (Triton's interpreter cannot run it): gelu(tanh) goes through
+sigmoid, tanh is Cephes' tanhf (a polynomial near 0), log1p the compensated ``log(1+x)``
+form. Special values (+-0, +-inf, NaN, subnormals, huge) come out as torch's, attributes
+included (a NaN clamp bound gives NaN): ``tests/test_special_values.py`` runs every row.
 
 Fast forms (the ``fast`` column: sigmoid, silu, gelu, gelu_tanh, tanh) call the helpers of
 ``fast_math.py.jinja``: the GPU's approximate ex2, rcp and tanh through inline PTX. A template
@@ -78,27 +80,47 @@ def literal(value: float | bool) -> str:
     return repr(v)
 
 
+# exponents small enough to multiply out (exact to a few ulp where exp2(e * log2|x|) loses
+# |e * log2 x| ulp, and it keeps the sign of -0 and the overflow of torch's own forms)
+_POW_BY_MULTIPLYING = 16
+
+
+def _power_product(x: str, n: int) -> str:
+    """x ** n for an integer 1 <= n, by squaring: at most 2 log2(n) multiplies."""
+    if n == 1:
+        return x
+    half = _power_product(x, n // 2)
+    square = f"({half} * {half})"
+    return f"({square} * {x})" if n % 2 else square
+
+
 def _pow_triton(x: str, exponent: float) -> str:
-    """x ** exponent for a constant exponent, specialised on its value."""
+    """x ** exponent for a constant exponent, specialised on its value; special values as C's
+    (and so torch's) pow: pow(x, 0) = 1 (NaN too), pow(1, y) = 1, pow(-inf, 1.5) = inf,
+    pow(x < 0, non-integer) = NaN."""
+    if math.isnan(exponent):
+        return f"tl.where({x} == 1.0, 1.0, float('nan'))"
+    if math.isinf(exponent):  # |x| < 1 goes to 0 (or inf for -inf), |x| > 1 the other way
+        small, large = ('0.0', 'float("inf")') if exponent > 0 else ('float("inf")', "0.0")
+        return (
+            f"tl.where({x} != {x}, {x}, tl.where(tl.abs({x}) == 1.0, 1.0, "
+            f"tl.where(tl.abs({x}) < 1.0, {small}, {large})))"
+        )
     if exponent == 0.0:
         return f"tl.full({x}.shape, 1.0, tl.float32)"
-    if exponent == 1.0:
-        return x
-    if exponent == 2.0:
-        return f"{x} * {x}"
-    if exponent == 3.0:
-        return f"{x} * {x} * {x}"
     if exponent == 0.5:
         return f"tl.sqrt_rn({x})"
     if exponent == -0.5:
         return f"tl.rsqrt({x})"
-    if exponent == -1.0:
-        return f"1.0 / {x}"
+    if exponent.is_integer() and abs(exponent) <= _POW_BY_MULTIPLYING:
+        product = _power_product(x, int(abs(exponent)))
+        return product if exponent > 0 else f"1.0 / {product}"
     magnitude = f"tl.exp2({literal(exponent)} * tl.log2(tl.abs({x})))"
-    if exponent.is_integer():  # defined for negative x: sign follows the parity
+    if exponent.is_integer():  # defined for negative x: the sign follows the parity (-0 too)
         odd = int(exponent) % 2 == 1
-        return f"tl.where({x} < 0.0, -{magnitude}, {magnitude})" if odd else magnitude
-    return f"tl.where({x} < 0.0, float('nan'), {magnitude})"
+        negative = f"({x}.to(tl.int32, bitcast=True) < 0)"
+        return f"tl.where({negative}, -{magnitude}, {magnitude})" if odd else magnitude
+    return f"tl.where(({x} < 0.0) & ({x} > float('-inf')), float('nan'), {magnitude})"
 
 
 def rounded(x: str, dtype: str) -> str:
@@ -111,12 +133,16 @@ def rounded(x: str, dtype: str) -> str:
 
 
 def _cast_triton(x: str, dtype: str) -> str:
-    """Round through ``dtype`` (any kind in, fp32 or a predicate out)."""
+    """Round through ``dtype`` (a float or a predicate in, fp32 or a predicate out)."""
     if dtype == "bool":
         return f"{x} != 0"
+    f = f"{x}.to(tl.float32)"  # a predicate becomes 0.0 / 1.0 (the rounding helpers bit-cast fp32)
     if dtype == "float32":
-        return f"{x}.to(tl.float32)"
-    return f"{rounded(x, dtype)}.to(tl.float32)"
+        return f
+    back = f"{rounded(f, dtype)}.to(tl.float32)"
+    if dtype in FP8_MAX:  # NaN stays NaN (the interpreter reads fp8 NaN bits back as numbers)
+        return f"tl.where({f} != {f}, {f}, {back})"
+    return back
 
 
 def _cast_torch(x: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -152,6 +178,25 @@ def _attr_literal(v: object) -> str:
     return literal(v) if isinstance(v, (int, float)) else str(v)
 
 
+def _bounded(low: str | None, high: str | None) -> str:
+    """min(max(x, low), high) as torch.clamp computes it: a NaN argument or bound gives NaN,
+    a low bound above the high one gives the high one."""
+    form = "{0}"
+    if low is not None:
+        form = f"tl.maximum({form}, {low}, propagate_nan=tl.PropagateNan.ALL)"
+    if high is not None:
+        form = f"tl.minimum({form}, {high}, propagate_nan=tl.PropagateNan.ALL)"
+    return form
+
+
+# tanh as Cephes' tanhf: an odd polynomial below |x| = 0.625 (where 1 - 2 / (e^2x + 1) cancels:
+# it turned 1e-8 into 0), that form above it (e^2x overflowing to inf gives 1 exactly)
+_TANH = (
+    "tl.where(tl.abs({0}) < 0.625, {0} + {0} * ({0} * {0}) * (((((-5.70498872745e-3 * ({0} * {0})"
+    " + 2.06390887954e-2) * ({0} * {0}) - 5.37397155531e-2) * ({0} * {0}) + 1.33314422036e-1)"
+    " * ({0} * {0}) - 3.33332819422e-1)), tl.where({0} < 0.0, -1.0, 1.0)"
+    " * (1.0 - 2.0 / (tl.exp(2.0 * tl.abs({0})) + 1.0)))"
+)
 _GELU_TANH_K = 2.0 * math.sqrt(2.0 / math.pi)  # gelu_tanh(x) == x * sigmoid(K (x + 0.044715 x^3))
 
 # fmt: off
@@ -182,11 +227,11 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("exp", 1, "tl.exp({0})", torch.exp),
     Rule("exp2", 1, "tl.exp2({0})", torch.exp2),
     Rule("log", 1, "tl.log({0})", torch.log),
-    Rule("log1p", 1, "tl.where(1.0 + {0} == 1.0, {0}, tl.log(1.0 + {0}) * {0} / ((1.0 + {0}) - 1.0))", torch.log1p),  # noqa: E501
+    Rule("log1p", 1, "tl.where((1.0 + {0} == 1.0) | ({0} == float('inf')), {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0)))", torch.log1p),  # noqa: E501
     Rule("sqrt", 1, "tl.sqrt_rn({0})", torch.sqrt),
     Rule("rsqrt", 1, "tl.rsqrt({0})", torch.rsqrt),
     Rule("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid, fast="fast_sigmoid({0})"),
-    Rule("tanh", 1, "2.0 * tl.sigmoid(2.0 * {0}) - 1.0", torch.tanh, fast="approx_tanh({0})"),
+    Rule("tanh", 1, _TANH, torch.tanh, fast="approx_tanh({0})"),
     Rule("erf", 1, "tl.erf({0})", torch.erf),
     # activations
     Rule("relu", 1, "tl.where({0} < 0.0, 0.0, {0})", torch.relu),
@@ -194,10 +239,10 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("gelu_tanh", 1, "{0} * tl.sigmoid(" + repr(_GELU_TANH_K) + " * ({0} + 0.044715 * {0} * {0} * {0}))", lambda x: F.gelu(x, approximate="tanh"), fast="fast_gelu_tanh({0})"),  # noqa: E501
     Rule("silu", 1, "{0} * tl.sigmoid({0})", F.silu, fast="fast_silu({0})"),
     Rule("leaky_relu", 1, "tl.where({0} > 0.0, {0}, {0} * {negative_slope})", lambda x, negative_slope: F.leaky_relu(x, negative_slope), attrs=("negative_slope",)),  # noqa: E501
-    Rule("clamp", 1, "tl.where({0} < {min}, {min}, tl.where({0} > {max}, {max}, {0}))", lambda x, min, max: torch.clamp(x, min, max), attrs=("min", "max")),  # noqa: E501
-    Rule("clamp_min", 1, "tl.where({0} < {min}, {min}, {0})", lambda x, min: torch.clamp(x, min=min), attrs=("min",)),  # noqa: E501
-    Rule("clamp_max", 1, "tl.where({0} > {max}, {max}, {0})", lambda x, max: torch.clamp(x, max=max), attrs=("max",)),  # noqa: E501
-    Rule("hardtanh", 1, "tl.where({0} < {min_val}, {min_val}, tl.where({0} > {max_val}, {max_val}, {0}))", lambda x, min_val, max_val: F.hardtanh(x, min_val, max_val), attrs=("min_val", "max_val")),  # noqa: E501
+    Rule("clamp", 1, _bounded("{min}", "{max}"), lambda x, min, max: torch.clamp(x, min, max), attrs=("min", "max")),  # noqa: E501
+    Rule("clamp_min", 1, _bounded("{min}", None), lambda x, min: torch.clamp(x, min=min), attrs=("min",)),
+    Rule("clamp_max", 1, _bounded(None, "{max}"), lambda x, max: torch.clamp(x, max=max), attrs=("max",)),
+    Rule("hardtanh", 1, _bounded("{min_val}", "{max_val}"), lambda x, min_val, max_val: F.hardtanh(x, min_val, max_val), attrs=("min_val", "max_val")),  # noqa: E501
     # dtype casts: round through the dtype, continue in fp32 (or as a predicate)
     Rule("cast", 1, _cast_triton, _cast_torch, attrs=("dtype",), arg_kinds=("any",)),
 ]}
