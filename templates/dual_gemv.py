@@ -44,6 +44,7 @@ KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's t
     name=dual_matmul.DUAL_GEMV,
     files=gemv.FILES,
     ops=(),  # it runs the dual problems it takes (dual_matmul's twins)
+    takes=dual_matmul.KIND.ops,
     space=gemv.SPACE,
     seeds=tuple(SEEDS),
     check=config_error,

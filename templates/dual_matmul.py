@@ -38,7 +38,7 @@ from epilab.templates.problem import Config, Problem
 from epilab.templates.render import Target, files_hash
 
 B2 = "b2"  # the name of the second weight in a call's operands
-OP = matmul.DUAL_OP
+OP = "dual_mm"  # ep(A @ B, A @ B2): a problem op of its own (templates/problem.py OPS)
 
 
 def check_b2(a: torch.Tensor, b: torch.Tensor, b2: object) -> torch.Tensor:
@@ -101,8 +101,7 @@ def make_dual_problem(
     if B2 in operands:
         raise ValueError(f"an epilogue operand may not be named {B2!r} in a dual GEMM (its second weight is)")
     check_b2(a, b, b2)
-    found = make_problem(a, b, epilogue, operands, op=OP, precision=precision)
-    return dataclasses.replace(found, template=template, template_hash=files_hash(files))
+    return make_problem(a, b, epilogue, operands, op=OP, precision=precision, template=template, files=files)
 
 
 def problem_of_on(template: str, files: tuple[str, ...]) -> Callable[..., Problem]:

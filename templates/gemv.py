@@ -55,7 +55,7 @@ VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
 
 def config_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the gemv template for ``problem`` (None when it does)."""
-    return matmul.dual_error(problem) or loop_error(problem, config)
+    return loop_error(problem, config)
 
 
 def loop_error(problem: Problem, config: Config) -> str | None:
@@ -312,6 +312,7 @@ KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference 
     name="gemv",
     files=FILES,
     ops=(),  # no op is made for it first: it runs the matmul problems it takes (its twins)
+    takes=matmul.KIND.ops,
     space=SPACE,
     seeds=tuple(SEEDS),
     check=config_error,

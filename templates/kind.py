@@ -121,6 +121,9 @@ class TemplateKind:
     twins: Callable[[Problem], tuple[Problem, ...]] = _no_twins
     # for a twin this kind made, called with the original problem's tensors: how they convert
     twin_call: Callable[[Problem, Tensor, Tensor], TwinCall | None] = _no_twin_call
+    # the ops of the problems it runs besides ``ops``: its twins' (gemv runs matmul's); a
+    # problem of another op on this template is refused where it is made (``Problem``)
+    takes: tuple[str, ...] = ()
     prefer_untuned: bool = False  # its heuristic beats the other template's on the twins it takes
     # tensors its calls take besides A, B and the epilogue's operands, each shaped and strided
     # as B (a dual GEMM's second weight, "b2"): passed in ``operands`` under these names (first,
@@ -134,6 +137,10 @@ class TemplateKind:
     reductions: bool = False
     # seeds tried before ``seeds`` for problems of these input dtypes (fp8's K blocks of 128)
     dtype_seeds: tuple[tuple[str, tuple[Config, ...]], ...] = ()  # (dtype, seeds) pairs
+
+    def runs_op(self, op: str) -> bool:
+        """Whether a problem of ``op`` may be made for this template."""
+        return op in self.ops or op in self.takes
 
     def seeds_for(self, problem: Problem) -> tuple[Config, ...]:
         """The seeds a new study of ``problem`` tries first: its dtype's, then the kind's."""

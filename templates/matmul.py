@@ -80,19 +80,10 @@ def hopper_knobs_error(config: Config) -> str | None:
     return None
 
 
-DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): the dual templates' op (templates/dual_matmul.py)
-
-
-def dual_error(problem: Problem) -> str | None:
-    """For the templates with one accumulator: a dual problem is not theirs."""
-    if problem.op == DUAL_OP:
-        return "a dual GEMM (an epilogue of A @ B and A @ B2) runs on dual_matmul or dual_gemv"
-    return None
-
 
 def config_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the matmul template for ``problem`` (None when it does)."""
-    return dual_error(problem) or loop_error(problem, config)
+    return loop_error(problem, config)
 
 
 def loop_error(problem: Problem, config: Config) -> str | None:
@@ -227,8 +218,11 @@ def make_problem(
     *,
     op: str = "matmul",
     precision: str = "ieee",
+    template: str = "matmul",
+    files: tuple[str, ...] = FILES,
 ) -> Problem:
-    """The Problem that ``launch`` would run for these tensors (checks them all)."""
+    """The Problem that ``launch`` would run for these tensors (checks them all), for
+    ``template`` (whose files are ``files``: a dual GEMM's kinds make theirs here too)."""
     bt = check_inputs(a, b)
     target_for(a.device)
     declared = dict(epilogue.operands)
@@ -254,8 +248,8 @@ def make_problem(
     n = bt.b[0][2]
     return Problem(
         op=op,
-        template="matmul",
-        template_hash=files_hash(FILES),
+        template=template,
+        template_hash=files_hash(files),
         dtype=dtypes.name_of(a.dtype),
         layout_a=layout_of((m, k), a_strides[1:]),
         layout_b=layout_of(bt.b[0][1:], bt.b[1][1:]),

@@ -317,6 +317,10 @@ class Problem:
         object.__setattr__(self, "operands", tuple(sorted(self.operands, key=lambda o: o.name)))
         if self.op not in OPS:
             raise ValueError(f"op {self.op!r} is not one of {OPS}")
+        from epilab.templates.kinds import kind_of  # the registry imports this module
+
+        if not kind_of(self.template).runs_op(self.op):
+            raise ValueError(f"the {self.template} template does not run {self.op} problems")
         if self.dtype not in INPUT_DTYPES:
             raise ValueError(f"input dtype {self.dtype!r} is not supported; use one of {INPUT_DTYPES}")
         layouts = CONV_LAYOUTS if self.op == "conv2d" else LAYOUTS

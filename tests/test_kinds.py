@@ -67,6 +67,7 @@ TOY = dataclasses.replace(
     matmul.KIND,
     name="small_tile",
     ops=(),
+    takes=matmul.KIND.ops,  # the matmul problems it runs (its twins)
     space={
         "BLOCK_M": (16, 32),
         "BLOCK_N": (16, 32),
@@ -125,9 +126,10 @@ def test_a_new_kind_is_one_object_and_one_registry_line(toy):
 
 
 def test_a_kind_that_is_not_registered_is_refused_by_name():
-    problem = dataclasses.replace(_problem(), template="small_tile")
     with pytest.raises(ValueError, match="unknown template 'small_tile'"):
-        kinds.kind_of(problem)
+        dataclasses.replace(_problem(), template="small_tile")  # a Problem names a known template
+    with pytest.raises(ValueError, match="unknown template 'small_tile'"):
+        kinds.kind_of("small_tile")
     with pytest.raises(ValueError, match="template 'small_tile' is not one of"):
         suites.Spec(9, 41, 20, template="small_tile")
 

@@ -234,11 +234,12 @@ class Spec:
         problem = self._problem()
         able = [p.template for p in twins(problem)]
         if self.template not in able:
-            other = for_template(problem, self.template)
-            why = (
-                KINDS[self.template].config_error(other, default_config(other))
-                or f"it cannot run {self.label()}"
-            )
+            try:
+                other = for_template(problem, self.template)
+                why = KINDS[self.template].config_error(other, default_config(other))
+            except ValueError as e:  # a problem of an op the template does not run
+                why = str(e)
+            why = why or f"it cannot run {self.label()}"
             raise ValueError(f"{why}; templates that can: {able}")
 
     def problem(self) -> Problem:
