@@ -638,12 +638,12 @@ def _run_fleet(
                     completed=min(e.done, trials),
                     description=f"{name(e)}  best {best}",
                 )
-            elif e.kind == "end" and e.result is not None and (e.worker, e.key) in tasks:
+            elif e.kind == "end" and (e.worker, e.key) in tasks:
                 r = e.result
-                base = r.library_ms
+                base = None if r is None else r.library_ms
                 vs = f" vs library+eager {base:.4f} ms" if base else ""
-                best = "none" if r.best_ms is None else f"{r.best_ms:.4f} ms"
-                if r.refused is not None:
+                best = "none" if r is None or r.best_ms is None else f"{r.best_ms:.4f} ms"
+                if r is not None and r.refused is not None:
                     best, vs = "-", f"  [yellow]refused[/yellow]: {printable(r.refused)}"
                 if e.detail:
                     best, vs = "-", f"  [yellow]{printable(e.detail)}[/yellow]: another worker finishes it"
@@ -651,8 +651,9 @@ def _run_fleet(
                     tasks[(e.worker, e.key)], completed=trials, description=f"{name(e)}  best {best}{vs}"
                 )
                 progress.advance(overall)
-            elif e.kind == "stopped" and e.detail:
-                out.print(f"[yellow]worker {printable(e.worker)} stopped[/yellow]: {printable(e.detail)}")
+            elif e.kind == "stopped" and e.detail:  # the last line of a traceback: its error
+                why = printable(e.detail.strip().splitlines()[-1][:300])
+                out.print(f"[yellow]worker {printable(e.worker)} stopped[/yellow]: {why}")
 
         report = run_fleet(store, jobs, options, fleet, trials=trials, listener=listen)
     for w in report.workers:
@@ -1102,11 +1103,20 @@ def parse_problem(text: str) -> tuple[str, str]:
     return problem.key, problem.epilogue.text()
 
 
-def validate_config(d: Any) -> dict[str, Any]:
-    """What `db import` checks of a config: ``Config.from_dict``, the one validation."""
-    from epilab.templates.problem import Config
+def validate_config(d: Any, problem_json: str | None = None) -> dict[str, Any]:
+    """What `db import` checks of a config: ``Config.from_dict``, the one validation; and,
+    given the JSON of the problem it must run, that its template runs it (the kind's own
+    rules and the device-independent ones: ``tuner.space.run_error``)."""
+    from epilab.templates.problem import Config, Problem
+    from epilab.tuner.space import run_error
 
-    return Config.from_dict(d).to_dict()
+    config = Config.from_dict(d)
+    if problem_json is not None:
+        problem = Problem.from_json(problem_json)
+        why = run_error(problem, config)
+        if why is not None:
+            raise ValueError(f"config {config.short()} cannot run its problem on {problem.template}: {why}")
+    return config.to_dict()
 
 
 @db_app.command("prune")

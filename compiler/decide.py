@@ -64,7 +64,8 @@ from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.templates.kinds import default_config, twins, untuned_choice
 from epilab.templates.problem import Config, Problem, identity_key_of
-from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, why_not
+from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
+from epilab.tuner.space import run_error
 from epilab.tuner.suites import problem_label
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
@@ -308,7 +309,7 @@ def _transfer(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup]
     best: tuple[Problem, Lookup] | None = None
     for p in candidates:
         for hit in ctx.db.nearest(
-            p, ctx.device, distance_to(p), versions=ctx.versions, usable=Config.is_valid, within=within
+            p, ctx.device, distance_to(p), versions=ctx.versions, usable=_runs(p, ctx), within=within
         ):
             if why_not(p, Config.from_dict(hit.record.config or {}), ctx.device) is None:
                 if best is None or hit.distance < best[1].distance:  # type: ignore[operator]
@@ -346,16 +347,28 @@ def _transfer_verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool
     return ok, f"source: {why}"
 
 
+def _runs(problem: Problem, ctx: Context) -> Callable[[Any], bool]:
+    """Whether a record's config runs ``problem`` on the device: records this version cannot
+    run (another version's, a bad import, another problem's whose config does not fit this
+    one) are passed over, never chosen to fail on the first call."""
+    assert ctx.device is not None
+    limits = limits_of(ctx.device)
+
+    def runs(d: Any) -> bool:
+        return Config.is_valid(d) and run_error(problem, Config.from_dict(d), limits) is None
+
+    return runs
+
+
 def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | None:
     if ctx.db is None or ctx.device is None:
         return None
-    # records whose config this version cannot run (another version's, a bad import) are passed over
     hit = ctx.db.lookup(
         problem,
         ctx.device,
         ctx.versions,
         m=m,
-        usable=Config.is_valid,
+        usable=_runs(problem, ctx),
         same=lambda text: identity_key_of(text) == problem.identity_key,
     )
     return None if hit is None or hit.record.config is None else hit

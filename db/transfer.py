@@ -73,8 +73,9 @@ OPTIONAL_FIELDS = frozenset(("graph_ms",))  # absent from files written before s
 
 # (problem JSON) -> (key, canonical epilogue text); raises ValueError when invalid
 ProblemParser = Callable[[str], tuple[str, str]]
-# (config dict) -> canonical config dict; raises ValueError when invalid
-ConfigValidator = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+# (config dict, the JSON of the problem it must run, or None) -> canonical config dict;
+# raises ValueError when invalid, or when the problem's template cannot run it
+ConfigValidator = Callable[[Mapping[str, Any], str | None], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,12 @@ def import_json(
     errors: list[str] = []
     problems = _checked_problems(doc.get("problems"), parse_problem, errors)
     trials = _checked_rows(
-        doc.get("trials"), "trials", TRIAL_FIELDS, problems, errors, lambda r: _trial(r, validate_config)
+        doc.get("trials"),
+        "trials",
+        TRIAL_FIELDS,
+        problems,
+        errors,
+        lambda r: _trial(r, validate_config, problems[r["problem"]]["json"]),
     )
     baselines = _checked_rows(doc.get("baselines"), "baselines", BASELINE_FIELDS, problems, errors, _baseline)
     if errors:
@@ -269,10 +275,12 @@ def _created(r: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(r["created_at"])
 
 
-def _trial(r: dict[str, Any], validate_config: ConfigValidator) -> dict[str, Any]:
+def _trial(r: dict[str, Any], validate_config: ConfigValidator, problem_json: str) -> dict[str, Any]:
+    """An "ok" record's config must run its problem (a lookup would choose it); a failed
+    one's is the record of a failure, checked as a config only."""
     if not isinstance(r["config"], dict):
         raise ValueError("config must be an object")
-    config = dict(validate_config(r["config"]))
+    config = dict(validate_config(r["config"], problem_json if r["status"] == "ok" else None))
     return trial_values(
         config=config,
         status=r["status"],

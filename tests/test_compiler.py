@@ -363,6 +363,26 @@ def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
 
 
 @pytest.mark.parametrize(
+    "bad",
+    [{"variant": "atomic", "SPLIT_K": 2}, {"EPILOGUE_SUBTILE": 4, "BLOCK_N": 16}],
+    ids=["gemv-variant-on-matmul", "subtile-wider-than-the-tile"],
+)
+def test_records_the_template_cannot_run_are_passed_over(db_path, bad):
+    """An "ok" record (an import, another version's) whose config the kind's own rules refuse
+    is never chosen to fail on the first call: the next usable record is (issue 38, item 3)."""
+    _run(db_path)
+    problem = _seen_problem(db_path)
+    record(db_path, problem, {**CONFIG, **bad}, 0.5, 2.0)  # the fastest, and not runnable
+    _run(db_path)
+    (d,) = epilab.explain(clear=True)
+    assert d.template is None and "nothing recorded" in d.reason, d
+    record(db_path, problem, CONFIG, 1.0, 2.0)
+    _run(db_path)
+    (d,) = epilab.explain()
+    assert d.template == "matmul" and d.config == {**d.config, **CONFIG}, d
+
+
+@pytest.mark.parametrize(
     "act,trial_ms,baseline_ms,want",
     [
         (None, 0.030, 0.060, None),

@@ -375,7 +375,7 @@ def _parse_problem(text: str) -> tuple[str, str]:
     return p.key, p.epilogue.text()
 
 
-def _validate_config(d):
+def _validate_config(d, problem_json):
     return Config.from_dict(d).to_dict()
 
 

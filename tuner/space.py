@@ -107,6 +107,7 @@ __all__ = [
     "applies",
     "configs",
     "infeasible",
+    "run_error",
     "space_for",
 ]
 
@@ -140,17 +141,23 @@ def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
     return None
 
 
+def run_error(problem: Problem, config: Config, limits: DeviceLimits | None = None) -> str | None:
+    """Why the template cannot run ``problem`` with ``config`` at all (its kind's own rules;
+    given ``limits``, the device's dtypes and variants): what a stored record's config must
+    pass before a compiled model uses it. ``infeasible`` adds the search's own limits."""
+    why = kind_of(problem).config_error(problem, config)
+    if why is None and limits is not None:
+        why = _dtype_error(problem, limits) or _variant_error(config.variant, limits)
+    return why
+
+
 def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | None:
     """Why ``config`` cannot run ``problem`` on the device, or None when it can."""
     kind = kind_of(problem)
     for name, values in kind.space.items():
         if getattr(config, name) not in values:
             return f"{name}={getattr(config, name)} is outside the {problem.template} search space"
-    why = (
-        kind.config_error(problem, config)
-        or _dtype_error(problem, limits)
-        or _variant_error(config.variant, limits)
-    )
+    why = run_error(problem, config, limits)
     if why is not None:
         return why
     s = kind.kernel_shape(problem)
