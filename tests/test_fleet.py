@@ -354,6 +354,29 @@ def test_ctrl_c_keeps_every_recorded_trial_and_the_same_command_resumes(db_targe
     assert max(evaluations.values()) <= 2
 
 
+def test_a_worker_paused_past_its_lease_drops_its_trial_and_goes_on(db_target, tmp_path):
+    """SIGSTOP in the middle of a trial, past the lease time: another worker takes the problem
+    over and finishes it; resumed, the paused worker records nothing of the trial it was in
+    (the budget holds: never TRIALS + 1 records) and ends cleanly (issue 38, item 5)."""
+    shapes = _shapes_file(tmp_path, 2)
+    work = _work(tmp_path, 2)
+    paused = _start(tmp_path, "p1", db_target, shapes, "slow")
+    _wait_for(tmp_path / "p1.mark", [paused])  # its third trial is under way
+    os.killpg(paused.pid, signal.SIGSTOP)
+    try:
+        rc, _, err = _finish(_start(tmp_path, "p2", db_target, shapes, "log"))  # takes over after 8 s
+        assert rc == 0, err[-3000:]
+    finally:
+        os.killpg(paused.pid, signal.SIGCONT)
+    rc, _, err = _finish(paused)
+    assert rc == 0, err[-3000:]
+    assert "Traceback" not in err and "lease lost" in err
+    records = _records(db_target, work)
+    assert [len(r) for r in records.values()] == [TRIALS, TRIALS], {k[:8]: len(r) for k, r in records.items()}
+    with TuningDB.open(db_target) as db:
+        assert fleet_status(db).counts == {"done": 2}
+
+
 def test_a_worker_whose_device_disappears_stops_cleanly_and_its_problem_is_finished(db_target, tmp_path):
     shapes = _shapes_file(tmp_path, 2)
     work = _work(tmp_path, 2)

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from epilab.db import TuningDB
 from epilab.db.leases import Lease, LeaseBoard, worker_name
 from epilab.templates.problem import Config, Problem
-from epilab.tuner.search import Outcome
+from epilab.tuner.search import Outcome, TakenOver
 from epilab.tuner.tune import DeviceLost, ProblemResult, TuneOptions, Tuner
 from epilab.tuner.worker import Cancelled
 
@@ -192,8 +192,12 @@ class FleetWorker:
                 on_trial,
                 exclusive=True,
                 stop=self._lease_lost,
+                holds=lambda: self._holds(lease),
                 restart=self.tuner.options.restart and lease.attempts == 1,
             )
+        except TakenOver as e:  # paused past the lease: the trial is dropped, the worker goes on
+            self.listener(Event("end", device, label, lease.key, detail=f"{LEASE_LOST}: {e}"))
+            return True
         except Cancelled:
             self.board.release(lease, self.name, "interrupted (Ctrl-C)")
             self.report.state = "interrupted"
@@ -211,6 +215,18 @@ class FleetWorker:
         self.report.results.append(result)
         self.listener(Event("end", device, label, lease.key, result=result))
         return True
+
+    def _holds(self, lease: Lease) -> bool:
+        """Whether this worker still holds ``lease``, asked of the database before a trial is
+        recorded (the heartbeat thread may not have run since a pause); renewing it if so."""
+        try:
+            held = self.board.renew(self.name, lease)
+        except Exception:  # the database is unreachable for now: the heartbeat decides
+            return True
+        if not held:
+            with self._lock:
+                self._lost = lease
+        return held
 
     def _lease_lost(self) -> str | None:
         with self._lock:

@@ -156,6 +156,11 @@ def _value(outcome: Outcome) -> float:
     return math.log10(outcome.ms) if ok and outcome.ms is not None else PENALTY
 
 
+class TakenOver(RuntimeError):
+    """Another runner took the study over (``adopt``) while this one measured a trial: the
+    trial is no longer this runner's to record or tell."""
+
+
 def search(
     study: optuna.Study,
     space: dict[str, tuple[int, ...]],
@@ -235,8 +240,11 @@ def search(
         outcomes = evaluate([c for _, c in batch])
         for (trial, config), outcome in zip(batch, outcomes, strict=True):
             value = _value(outcome)
-            trial.set_user_attr(STATUS_ATTR, outcome.status)
-            study.tell(trial, value)
+            try:
+                trial.set_user_attr(STATUS_ATTR, outcome.status)
+                study.tell(trial, value)
+            except optuna.exceptions.UpdateFinishedTrialError as e:  # adopted and failed meanwhile
+                raise TakenOver(f"trial {trial.number} was finished by another runner") from e
             seen[config] = value
             new += 1
             if value < best_value:

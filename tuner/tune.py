@@ -27,9 +27,9 @@ from epilab.db.models import TIMED_LIBRARIES
 from epilab.templates.dtypes import itemsize
 from epilab.templates.kinds import kind_of
 from epilab.templates.problem import Config, Problem
-from epilab.tuner.search import Budget, Outcome, adopt, make_study, search
+from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
-from epilab.tuner.suites import Spec
+from epilab.tuner.suites import Spec, problem_label
 from epilab.tuner.worker import CompilePool, Worker
 
 # what a candidate's worker reports when the process died or stalled: the config's fault,
@@ -273,10 +273,13 @@ class Tuner:
         *,
         study: str,
         on_result: Callable[[Config, dict], None] | None = None,
+        holds: Callable[[], bool] = lambda: True,
     ) -> Iterator[Outcome]:
         """``evaluate``, yielding each outcome once its trial is recorded. A candidate that
         killed or stalled its worker is recorded as such only after a probe shows the device
-        still computes; otherwise DeviceLost is raised and nothing is recorded for it."""
+        still computes; otherwise DeviceLost is raised and nothing is recorded for it.
+        ``holds`` says whether the problem is still this runner's (its lease): when it is
+        not, the trial is dropped unrecorded and TakenOver raised."""
         problem_json = problem.to_json()
         flops, nbytes = problem.shape.flops(), problem_bytes(problem)
         compiled = (
@@ -301,6 +304,8 @@ class Tuner:
             if status in DEATHS:
                 self._probe(result)
             timing = _timing(result, flops, nbytes)
+            if not holds():  # paused past its lease: the new holder measures this config
+                raise TakenOver(f"{problem_label(problem)}: the lease was lost while a trial ran")
             self.db.record_trial(
                 problem,
                 self.device,
@@ -349,12 +354,14 @@ class Tuner:
         *,
         exclusive: bool = False,
         stop: Callable[[], str | None] = lambda: None,
+        holds: Callable[[], bool] = lambda: True,
         restart: bool | None = None,
     ) -> ProblemResult:
         """Search ``problem`` (static shape), record every trial, time the baselines.
         ``exclusive``: this process holds the problem's lease, so the study is its alone
         and is first made whole after a killed runner (``search.adopt``). ``stop`` ends the
-        search early with its reason (a lost lease). ``restart`` (default: the options')
+        search early with its reason (a lost lease); ``holds``, checked before each trial is
+        recorded, raises TakenOver when the problem is no longer this runner's. ``restart`` (default: the options')
         deletes the problem's study first."""
         if not problem.shape.is_static():
             raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
@@ -393,7 +400,7 @@ class Tuner:
         result = search(
             study,
             space,
-            evaluate=lambda configs: self.iter_evaluate(problem, configs, study=name),
+            evaluate=lambda configs: self.iter_evaluate(problem, configs, study=name, holds=holds),
             infeasible=lambda c: infeasible(problem, c, self.limits),
             budget=self.options.budget,
             seeds=self.seeds(problem),
