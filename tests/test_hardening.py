@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import pickle
 import re
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from records import record
 from typer.testing import CliRunner
 
@@ -39,6 +41,7 @@ from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.db.models import CONTROL_CHARS, Device
 from epilab.db.transfer import export_json
+from epilab.templates.check import rel_error
 from epilab.templates.problem import Config
 from epilab.tuner.suites import Spec, load_shapes
 
@@ -134,6 +137,30 @@ def _set_trial(key: str, value: object) -> Callable[[dict], None]:
 def _set_config(key: str, value: object) -> Callable[[dict], None]:
     def spoil(doc: dict) -> None:
         doc["trials"][0]["config"][key] = value
+
+    return spoil
+
+
+def _set_configs(**values: object) -> Callable[[dict], None]:
+    def spoil(doc: dict) -> None:
+        doc["trials"][0]["config"].update(values)
+
+    return spoil
+
+
+def _retemplated(template: str) -> Callable[[dict], None]:
+    """The problem's JSON names another template; key and references follow, so only the
+    Problem's own check can refuse it."""
+
+    def spoil(doc: dict) -> None:
+        problem = doc["problems"][0]
+        d = json.loads(problem["json"])
+        d["template"] = template
+        text = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        key = hashlib.sha256(text.encode()).hexdigest()
+        for row in (*doc["trials"], *doc["baselines"]):
+            row["problem"] = key
+        problem.update(json=text, key=key)
 
     return spoil
 
@@ -398,6 +425,22 @@ ATTACKS = [
         says="is not a regular file",
         unchanged=("target.db",),
     ),
+    # --- issue 38: "ok" records a compiled model would choose and crash on; problems that lie
+    import_attack(
+        "import: a gemv variant on a matmul problem",
+        spoiled_export(_set_config("variant", "atomic")),
+        says="cannot run its problem on matmul: .*no variant 'atomic'",
+    ),
+    import_attack(
+        "import: an epilogue subtile wider than the tile",
+        spoiled_export(_set_configs(BLOCK_N=16, EPILOGUE_SUBTILE=4)),
+        says="cannot run its problem on matmul",
+    ),
+    import_attack(
+        "import: an mm problem on the conv2d template",
+        spoiled_export(_retemplated("conv2d")),
+        says="the conv2d template does not run mm problems",
+    ),
     import_attack(
         "import: a duplicated trial",
         spoiled_export(_duplicate_trial),
@@ -524,6 +567,13 @@ ATTACKS = [
         (*TUNE, "--suite", "smoke", "--only", "9", *DB),
         says="--only '9'",
         absent=("t.db",),
+    ),
+    Attack(
+        "tune: a predicate stored as bfloat16",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write("s.json", '[{"m": 16, "n": 16, "k": 16, "dtype": "bfloat16", "epilogue": "acc > 0"}]'),
+        code=0,
+        says=r"16x16x16 bfloat16 NT acc > 0 \|",  # a row of the summary: tuned, not crashed
     ),
     Attack(
         "tune: a problem larger than the device",
@@ -780,3 +830,40 @@ def test_a_worker_out_of_memory_is_a_recorded_failure_not_the_end_of_the_run():
     with config.patch(interpret=True):
         result = run_task({"kind": "candidate", "problem": huge.to_json(), "config": CONFIG, "seed": 0})
     assert result["status"] == "out_of_resources" and "out of memory" in result["detail"], result
+
+
+# ------------------------------------------------------------------ second round (issue 38)
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("clamp with a NaN bound", lambda y: torch.clamp(y, min=-1.0, max=math.nan)),
+        ("hardtanh with a NaN bound", lambda y: F.hardtanh(y, min_val=math.nan, max_val=1.0)),
+        ("tanh of tiny values", lambda y: torch.tanh(y * 1e-8)),
+        ("a predicate as bfloat16", lambda y: (y > 0).to(torch.bfloat16)),
+        ("a predicate as fp8", lambda y: (y > 0).to(torch.float8_e4m3fn)),
+    ],
+)
+def test_compiled_epilogues_match_eager_at_the_edges(tmp_path, name, fn):
+    """Under ``always`` no tuner's float64 check stands between a rule's form and the user:
+    the compiled model must give eager's NaNs, tiny values and predicates (items 1 and 2)."""
+    x, w = torch.randn(64, 32), torch.randn(32, 32)
+
+    def model(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return fn(a @ b)
+
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    with torch.no_grad():
+        got = torch.compile(model, backend="epilab", options=options)(x, w)
+        want = model(x, w)
+    import epilab
+
+    assert [d.template for d in epilab.explain()] == ["matmul"], name
+    assert got.dtype == want.dtype
+    got, want = got.double(), want.double()
+    assert torch.equal(got.isnan(), want.isnan()), f"{name}: {int(want.isnan().sum())} NaNs in eager"
+    finite = ~want.isnan()
+    if finite.any():  # to the matmul's own rounding (eager sums in another order)
+        assert rel_error(got[finite], want[finite]) < 1e-5, name
