@@ -13,7 +13,9 @@ is what the unfused graph's intermediate rounding does.
 Forms avoid ``libdevice`` (Triton's interpreter cannot run it): gelu(tanh) goes through
 sigmoid, tanh is Cephes' tanhf (a polynomial near 0), log1p the compensated ``log(1+x)``
 form. Special values (+-0, +-inf, NaN, subnormals, huge) come out as torch's, attributes
-included (a NaN clamp bound gives NaN): ``tests/test_special_values.py`` runs every row.
+included: ``tests/test_special_values.py`` runs every row. A NaN clamp bound gives NaN, as
+torch.clamp with both bounds and Inductor's lowering do (eager clamp_min and clamp_max of torch
+2.11 ignore a NaN bound, 2.13's CPU kernels do not: torch disagrees with itself there).
 
 Fast forms (the ``fast`` column: sigmoid, silu, gelu, gelu_tanh, tanh) call the helpers of
 ``fast_math.py.jinja``: the GPU's approximate ex2, rcp and tanh through inline PTX. A template
@@ -80,6 +82,12 @@ def literal(value: float | bool) -> str:
     return repr(v)
 
 
+# the GPU's rsqrt.approx flushes subnormal inputs to 0 (giving inf): scale them into the
+# normal range first, by 2^64, and the result back by 2^32
+_RSQRT = (
+    "tl.where(tl.abs({0}) < 1.1754943508222875e-38, tl.rsqrt({0} * 1.8446744073709552e19)"
+    " * 4294967296.0, tl.rsqrt({0}))"
+)
 # exponents small enough to multiply out (exact to a few ulp where exp2(e * log2|x|) loses
 # |e * log2 x| ulp, and it keeps the sign of -0 and the overflow of torch's own forms)
 _POW_BY_MULTIPLYING = 16
@@ -111,7 +119,7 @@ def _pow_triton(x: str, exponent: float) -> str:
     if exponent == 0.5:
         return f"tl.sqrt_rn({x})"
     if exponent == -0.5:
-        return f"tl.rsqrt({x})"
+        return _RSQRT.format(x)
     if exponent.is_integer() and abs(exponent) <= _POW_BY_MULTIPLYING:
         product = _power_product(x, int(abs(exponent)))
         return product if exponent > 0 else f"1.0 / {product}"
@@ -229,7 +237,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("log", 1, "tl.log({0})", torch.log),
     Rule("log1p", 1, "tl.where((1.0 + {0} == 1.0) | ({0} == float('inf')), {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0)))", torch.log1p),  # noqa: E501
     Rule("sqrt", 1, "tl.sqrt_rn({0})", torch.sqrt),
-    Rule("rsqrt", 1, "tl.rsqrt({0})", torch.rsqrt),
+    Rule("rsqrt", 1, _RSQRT.format("{0}"), torch.rsqrt),
     Rule("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid, fast="fast_sigmoid({0})"),
     Rule("tanh", 1, _TANH, torch.tanh, fast="approx_tanh({0})"),
     Rule("erf", 1, "tl.erf({0})", torch.erf),
