@@ -145,13 +145,19 @@ def check_sqlite_file(path: Path) -> None:
     try:
         conn = sqlite3.connect(f"{uri}?{urlencode(options)}", uri=True)
         try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            schema = conn.execute("SELECT type, name FROM sqlite_master").fetchall()
+            tables = {name for kind, name in schema if kind == "table"}
+            foreign = sorted(f"{kind} {name!r}" for kind, name in schema if kind in ("trigger", "view"))
             revision = None
             if VERSION_TABLE in tables:
                 row = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone()
                 revision = row[0] if row else None
-            # every page read once: a file damaged inside is refused before anything writes to it
-            problems = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
+            # every page read, every index matched against its table: a file damaged inside is
+            # refused before anything writes to it. quick_check does not match indexes, and a
+            # stale -wal of another database beside a restored file leaves table rows its
+            # indexes lack (the upsert's unique index then lets duplicates in). The cost: about
+            # 6 ms a MB (0.37 s for 60 MB), against quick_check's 1.5.
+            problems = [r[0] for r in conn.execute("PRAGMA integrity_check(3)")]
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
@@ -162,6 +168,12 @@ def check_sqlite_file(path: Path) -> None:
             "Restore it from a copy or an `epilab db export`"
         )
     classify(str(path), tables, revision)
+    if foreign and VERSION_TABLE in tables:  # epilab creates neither: they run on our writes
+        raise DatabaseOpenError(
+            f"{path} has {', '.join(foreign[:4])}, which epilab never creates (a trigger runs on "
+            "every write, and could forge records); it was left untouched. Drop them, or "
+            "`epilab db export` from a copy and import into a new database"
+        )
 
 
 def prepare(conn: Connection, where: str, *, readonly: bool = False) -> str:

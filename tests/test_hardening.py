@@ -100,6 +100,45 @@ def corrupted_db(path: Path) -> Path:
     return path
 
 
+def stale_wal_db(path: Path) -> Path:
+    """A restored file with another database's ``-wal`` and ``-shm`` beside it: the WAL's
+    pages leave table rows that the upsert's unique index lacks (quick_check sees nothing)."""
+    other = path.with_name("other.db")
+    epilab_db(other, problems=3)
+    con = sqlite3.connect(other)
+    con.execute("PRAGMA wal_autocheckpoint = 0")
+    con.execute("UPDATE epilab_trials SET median_ms = 0.25")
+    con.commit()
+    for suffix in ("-wal", "-shm"):  # copied while the writer has it open
+        shutil.copy(other.with_name(other.name + suffix), path.with_name(path.name + suffix))
+    con.close()
+    for m in range(100, 102):
+        record(str(path.with_name("fresh.db")), Spec(m, 32, 32, dtype="float32").problem(), CONFIG, 0.5, 0.6)
+    path.with_name("fresh.db").rename(path)
+    return path
+
+
+def _with_sql(*statements: str) -> Callable[[Path], Path]:
+    """An epilab database with SQL of someone else's in it."""
+
+    def make(path: Path) -> Path:
+        epilab_db(path)
+        con = sqlite3.connect(path)
+        for statement in statements:
+            con.execute(statement)
+        con.commit()
+        con.close()
+        return path
+
+    return make
+
+
+FORGING_TRIGGER = (
+    "CREATE TRIGGER forge AFTER INSERT ON epilab_trials BEGIN "
+    "UPDATE epilab_trials SET status = 'ok', median_ms = 1e-6 WHERE id = NEW.id; END"
+)
+
+
 def hostile_names_db(path: Path) -> Path:
     """A database written before names were checked: a device name with escape sequences,
     one with HTML."""
@@ -335,6 +374,28 @@ ATTACKS = [
         (*TUNE, "--suite", "smoke", *DB),
         at("t.db", corrupted_db),
         says="damaged",
+        unchanged=("t.db",),
+    ),
+    # --- issue 38: files that look like epilab databases and are not what they seem
+    Attack(
+        "a restored db beside another db's -wal",
+        ("db", "stats", *DB),
+        at("t.db", stale_wal_db),
+        says="t.db is damaged .*missing from index",
+        unchanged=("t.db", "t.db-wal"),
+    ),
+    Attack(
+        "a db with a trigger that forges records: tune",
+        (*TUNE, "--suite", "smoke", *DB),
+        at("t.db", _with_sql(FORGING_TRIGGER)),
+        says="has trigger 'forge', which epilab never creates",
+        unchanged=("t.db",),
+    ),
+    Attack(
+        "a db with a view of our tables",
+        ("db", "stats", *DB),
+        at("t.db", _with_sql("CREATE VIEW best AS SELECT * FROM epilab_trials")),
+        says="has view 'best'",
         unchanged=("t.db",),
     ),
     # --- permissions
