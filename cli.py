@@ -869,7 +869,7 @@ def _open_db(target: str | None, *, write: bool = False):  # -> TuningDB
     read-only one now, before any work that would have nowhere to go."""
     from epilab.db import DatabaseReadOnlyError, TuningDB
 
-    store = TuningDB.open(target)
+    store = TuningDB.open(target, empty_file=write)
     if write and store.readonly:
         store.close()
         raise DatabaseReadOnlyError(

@@ -76,15 +76,45 @@ def _parse_bool(name: str, value: str) -> bool:
     raise SettingsError(f"{name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
 
 
+def _home(env: Mapping[str, str]) -> Path:
+    """The user's home: ``$HOME`` when it is an absolute path, else the password database's
+    (an empty or relative HOME would put the cache at ``/.cache`` or under the working dir)."""
+    home = env.get("HOME", "")
+    if os.path.isabs(home):
+        return Path(home)
+    try:
+        import pwd
+
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except (ImportError, KeyError, OSError) as e:
+        raise SettingsError(
+            f"HOME={home!r} is not an absolute path and the user has no home directory ({e}); "
+            "set EPILAB_CACHE_DIR (and EPILAB_DB) to directories epilab may use"
+        ) from None
+
+
+def _path(name: str, value: str) -> Path:
+    """``value`` of variable ``name`` as a path, ``~`` expanded, or a SettingsError saying why not."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as e:  # ~nosuchuser, or no home to expand ~ to
+        raise SettingsError(f"{name}={value!r}: cannot expand '~' ({e}); give an absolute path") from None
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Settings:
-    """Build settings from an environment mapping (``os.environ`` by default)."""
+    """Build settings from an environment mapping (``os.environ`` by default). A variable
+    holding only blanks counts as unset; XDG_CACHE_HOME counts only when absolute (as the
+    XDG base directory spec says)."""
     env = os.environ if env is None else env
-    xdg = env.get("XDG_CACHE_HOME")
-    default_cache = Path(xdg) / "epilab" if xdg else Path.home() / ".cache" / "epilab"
-    cache_dir = Path(env.get("EPILAB_CACHE_DIR") or default_cache).expanduser()
+    xdg = env.get("XDG_CACHE_HOME", "")
+    cache_text = env.get("EPILAB_CACHE_DIR", "").strip()
+    if cache_text:
+        cache_dir = _path("EPILAB_CACHE_DIR", cache_text)
+    else:
+        cache_dir = (Path(xdg) if os.path.isabs(xdg) else _home(env) / ".cache") / "epilab"
     if cache_dir.exists() and not cache_dir.is_dir():
         raise SettingsError(f"EPILAB_CACHE_DIR={str(cache_dir)!r} is a file; give a directory")
-    db = env.get("EPILAB_DB") or str(cache_dir / "tuning.db")
+    db = env.get("EPILAB_DB", "").strip() or str(cache_dir / "tuning.db")
     interpret = _parse_bool("EPILAB_INTERPRET", env.get("EPILAB_INTERPRET", "0")) or _parse_bool(
         "TRITON_INTERPRET", env.get("TRITON_INTERPRET", "0")
     )
@@ -95,14 +125,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     log_level = _LOG_SWITCH.get(log_level, log_level)
     if log_level not in _LOG_LEVELS:
         raise SettingsError(f"EPILAB_LOG={log_level!r} is not a log level; use 1, 0 or one of {_LOG_LEVELS}")
-    debug_dir = env.get("EPILAB_DEBUG_DIR")
+    debug_dir = env.get("EPILAB_DEBUG_DIR", "").strip()
     return Settings(
         cache_dir=cache_dir,
         db=db,
         interpret=interpret,
         policy=policy,
         log_level=log_level,
-        debug_dir=Path(debug_dir).expanduser() if debug_dir else None,
+        debug_dir=_path("EPILAB_DEBUG_DIR", debug_dir) if debug_dir else None,
         deterministic=_parse_bool("EPILAB_DETERMINISTIC", env.get("EPILAB_DETERMINISTIC", "0")),
         exact_math=_parse_bool("EPILAB_EXACT_MATH", env.get("EPILAB_EXACT_MATH", "0")),
     )

@@ -271,8 +271,10 @@ def resolve_url(target: str | Path | None) -> tuple[URL, Path | None]:
     """
     target = settings().db if target is None else target
     text = str(target)
+    if not text.strip():
+        raise DatabaseOpenError(f"the database {text!r} is blank; give a file path or a database URL")
     if "://" not in text:
-        path = Path(text).expanduser().resolve()
+        path = _file_path(text)
         return URL.create("sqlite", database=str(path)), path
     try:
         url = make_url(text)
@@ -289,8 +291,23 @@ def resolve_url(target: str | Path | None) -> tuple[URL, Path | None]:
         raise DatabaseOpenError(
             f"{text!r} names no file: an in-memory database would keep no records; give a path"
         )
-    path = Path(url.database).expanduser().resolve()
+    path = _file_path(url.database)
     return url.set(database=str(path)), path
+
+
+def _file_path(text: str) -> Path:
+    """The absolute path of an SQLite file named ``text``: ``~`` expanded; a dangling
+    symbolic link refused (SQLite would create a database wherever it points)."""
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError as e:  # ~nosuchuser
+        raise DatabaseOpenError(f"{text!r}: cannot expand '~' ({e}); give an absolute path") from None
+    if path.is_symlink() and not path.exists():
+        raise DatabaseOpenError(
+            f"{text} is a symbolic link to {os.readlink(path)}, which does not exist; "
+            "point it at a database, or give the file's own path"
+        )
+    return path.resolve()
 
 
 def _writable(path: Path) -> bool:
@@ -331,6 +348,13 @@ class TuningDB:
                     engine_kwargs={"connect_args": _connect_args(self.full_url)},
                     skip_table_creation=not create,
                 )
+            except RuntimeError as e:  # its tables were set up by another optuna version
+                if "compatible with the table schema" not in str(e):
+                    raise
+                raise DatabaseOpenError(
+                    f"the optuna studies in {self.url} need another optuna: {' '.join(str(e).split())} "
+                    f"(this epilab runs optuna {optuna.__version__}); the database was left untouched"
+                ) from None
             except DBAPIError as e:
                 # Processes started together race to create optuna's tables and its version
                 # row ("UNIQUE constraint failed: alembic_version.version_num", "table already
@@ -342,13 +366,19 @@ class TuningDB:
 
     # ------------------------------------------------------------------ open
     @classmethod
-    def open(cls, target: str | Path | None = None) -> TuningDB:
+    def open(cls, target: str | Path | None = None, *, empty_file: bool = True) -> TuningDB:
         """Open (creating or migrating) the database at a path or URL; see the module doc.
         An SQLite file that cannot be written is opened read-only: reads work, writes raise
-        DatabaseReadOnlyError."""
+        DatabaseReadOnlyError. ``empty_file=False`` (commands that only read) refuses an
+        existing empty file rather than make it a database."""
         url, path = resolve_url(target)
         readonly = False
         if path is not None:
+            if not empty_file and path.is_file() and path.stat().st_size == 0:
+                raise DatabaseOpenError(
+                    f"{path} is an empty file, not an epilab database; this command only reads, "
+                    "so it was left as it is (`epilab tune` or `epilab db import` make it one)"
+                )
             check_sqlite_file(path)
             _make_parent(path)
             if path.exists() and not _writable(path):

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import math
 import re
 import statistics
 import sys
@@ -91,6 +92,12 @@ def torch_mode(mode: str) -> str | None:
     return "reduce-overhead" if cuda_graphs(mode) else None
 
 
+# integer dtypes an example input may have (token ids, masks); quantized dtypes are not inputs
+INTEGER_INPUTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+MAX_INPUT_ELEMENTS = 1 << 40
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 class ModelSpecError(ValueError):
     """A ``--model`` or ``--input`` the command line cannot use: what was wrong, what is accepted."""
 
@@ -116,10 +123,18 @@ def parse_input(text: str) -> InputSpec:
     shape = tuple(int(d) for d in parts[0].split("x"))
     if not all(shape):
         raise ModelSpecError(f"--input {text!r}: every dimension must be positive")
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise ModelSpecError(
+            f"--input {text!r}: {math.prod(shape):.3g} elements, more than any device holds "
+            f"(at most {MAX_INPUT_ELEMENTS:.3g})"
+        )
     name = parts[1].strip().lower()
     dtype = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
-    if not isinstance(dtype, torch.dtype) or dtype.is_complex or dtype == torch.bool:
-        raise ModelSpecError(f"--input {text!r}: {parts[1]!r} is not a torch dtype such as bfloat16 or int64")
+    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype in INTEGER_INPUTS):
+        raise ModelSpecError(
+            f"--input {text!r}: {parts[1]!r} is not a dtype an example input can have: a float dtype "
+            "such as bfloat16, or one of " + ", ".join(str(d).removeprefix("torch.") for d in INTEGER_INPUTS)
+        )
     if len(parts) == 3:
         if dtype.is_floating_point or not parts[2].isdigit() or int(parts[2]) < 1:
             raise ModelSpecError(
@@ -129,17 +144,25 @@ def parse_input(text: str) -> InputSpec:
     return InputSpec(shape, dtype)
 
 
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
 def load_factory(target: str) -> Callable[[], Any]:
     """``pkg.module:factory`` (the current directory is importable, as for ``python -m``)."""
     module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr.isidentifier():
-        raise ModelSpecError(f"--model {target!r}: give MODULE:FACTORY, e.g. mymodels.gpt:build")
+    if not sep or not _MODULE_NAME.fullmatch(module_name) or not attr.isidentifier():
+        raise ModelSpecError(
+            f"--model {target!r}: give MODULE:FACTORY, a dotted module name (mymodels/gpt.py under "
+            "the current directory is mymodels.gpt) and a function of it, e.g. mymodels.gpt:build"
+        )
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ModelSpecError(f"--model {target!r}: cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # not found, or the module itself failed as it was imported
+        raise ModelSpecError(f"--model {target!r}: cannot import {module_name!r}: {_one_line(e)}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ModelSpecError(f"--model {target!r}: {module_name} has no callable {attr!r}")
@@ -154,10 +177,19 @@ def build_model(
     input's dtype. Returns (model, inputs, label)."""
     specs = [parse_input(t) for t in inputs]
     torch.manual_seed(seed)
-    made = load_factory(target)()
+    factory = load_factory(target)
+    try:
+        made = factory()
+    except Exception as e:  # a factory that takes arguments (os:system), or one that fails
+        raise ModelSpecError(f"--model {target!r}: calling it failed: {_one_line(e)}") from None
     given: tuple[torch.Tensor, ...] = ()
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         made, given = made[0], tuple(made[1]) if isinstance(made[1], (list, tuple)) else (made[1],)
+        odd = [type(t).__name__ for t in given if not isinstance(t, torch.Tensor)]
+        if odd:
+            raise ModelSpecError(
+                f"--model {target!r}: the factory's example inputs must be tensors, got {', '.join(odd[:3])}"
+            )
     if not isinstance(made, torch.nn.Module):
         raise ModelSpecError(
             f"--model {target!r}: the factory returned {type(made).__name__}; return an nn.Module "
@@ -166,7 +198,10 @@ def build_model(
     if not specs and not given:
         raise ModelSpecError(f"--model {target!r}: give the example inputs with --input SHAPE:DTYPE")
     generator = torch.Generator().manual_seed(seed)
-    example = tuple(s.make(device, generator) for s in specs) if specs else tuple(t.to(device) for t in given)
+    try:
+        example = tuple(s.make(device, generator) for s in specs) if specs else tuple(t.to(device) for t in given)
+    except (RuntimeError, MemoryError) as e:  # out of memory, mostly
+        raise ModelSpecError(f"--model {target!r}: cannot make the example inputs: {_one_line(e)}") from None
     floating = next((t.dtype for t in example if t.dtype.is_floating_point), None)
     model = made.to(device=device, dtype=floating) if floating is not None else made.to(device)
     shapes = ",".join(

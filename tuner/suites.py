@@ -74,6 +74,14 @@ from epilab.templates.epilogue import LEAVES, Epilogue, Expr, acc, operand
 from epilab.templates.epilogue_text import EpilogueSyntaxError, parse_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
+from epilab.templates.runtime import layout_of
+
+
+def _layout(sizes: tuple[int, int], letter: str) -> str:
+    """The layout a tensor of ``sizes`` stored as ``letter`` says it has (``layout_of``): a
+    matrix with a dimension of 1 is both, and the problem must be the one its inputs make."""
+    rows, cols = sizes
+    return layout_of(sizes, (1, rows) if letter == "T" else (cols, 1))
 
 
 def problem_label(problem: Problem) -> str:
@@ -265,8 +273,8 @@ class Spec:
             template=default_template(op),
             template_hash=template_hash(default_template(op)),
             dtype=self.dtype,
-            layout_a="col" if self.layout[0] == "T" else "row",
-            layout_b="col" if self.layout[1] == "T" else "row",
+            layout_a=_layout((self.m, self.k), self.layout[0]),
+            layout_b=_layout((self.k, self.n), self.layout[1]),
             operands=operands,
             epilogue=ep,
             shape=Shape(self.batch or 1, self.m, self.n, self.k),

@@ -14,6 +14,7 @@ a process pool first, so the GPU worker mostly launches cached kernels.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.machinery
 import multiprocessing as mp
 import os
@@ -106,9 +107,29 @@ def _serve(conn: Connection, env: dict[str, str], hook: tuple[str, str] | None, 
             if hook_fn is not None:
                 hook_fn(task)
             result = run_task(task)
-        except BaseException:  # a bug: the parent raises TuningBug with this text
-            result = {"status": "bug", "detail": traceback.format_exc()[-4000:]}
+        except BaseException as e:
+            why = environment_error(e)
+            if why is not None:  # the machine's fault (a cache it cannot write): the parent says so
+                result = {"status": "environment", "detail": why}
+            else:  # a bug: the parent raises TuningBug with this text
+                result = {"status": "bug", "detail": traceback.format_exc()[-4000:]}
         conn.send(result)
+
+
+_ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def environment_error(e: BaseException) -> str | None:
+    """One line on what in the environment stopped a task (a bad setting, a full or
+    unwritable disk under the caches), or None when the task itself failed."""
+    from epilab.config import SettingsError
+
+    if isinstance(e, SettingsError):
+        return str(e)
+    if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
+        where = f": {e.filename}" if e.filename else ""
+        return f"{e.strerror or e}{where}"
+    return None
 
 
 def _env() -> dict[str, str]:
@@ -173,6 +194,10 @@ class Worker:
             code = self._proc.exitcode
             self._restart()
             return {"status": "crashed", "detail": f"the worker process died (exit code {code})"}
+        if result.get("status") == "environment":
+            from epilab.config import SettingsError
+
+            raise SettingsError(f"evaluating a {task.get('kind')} failed: {result['detail']}")
         if result.get("status") == "bug":
             raise TuningBug(f"evaluating {task.get('kind')} failed unexpectedly:\n{result['detail']}")
         if result.pop("restart", False):
