@@ -29,6 +29,7 @@ METHOD_LEN = 64
 STUDY_LEN = 128
 DETAIL_LEN = 2000
 KEY_LEN = 64
+EPILOGUE_LEN = 20_000  # canonical epilogue text (templates.epilogue.MAX_TEXT_CHARS, checked where made)
 # characters no stored name may hold, and none may reach a terminal raw: C0 and C1 controls
 # (escape sequences), DEL, and the Unicode line separators and bidirectional overrides
 CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

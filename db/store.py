@@ -36,6 +36,7 @@ from epilab.db.keys import canonical, family_key, problem_key
 from epilab.db.models import (
     CONTROL_CHARS,
     DETAIL_LEN,
+    EPILOGUE_LEN,
     LIBRARIES,
     METHOD_LEN,
     NAME_LEN,
@@ -910,7 +911,7 @@ def problem_values(problem_json: str, epilogue_text: str, key: str | None = None
         "layout_a": check_str("layout_a", d["layout_a"], 16),
         "layout_b": check_str("layout_b", d["layout_b"], 16),
         "precision": check_str("precision", d.get("precision", "ieee"), 16),
-        "epilogue": check_str("epilogue", epilogue_text, 20_000),
+        "epilogue": check_str("epilogue", epilogue_text, EPILOGUE_LEN),
         **{dim: shape[dim] if isinstance(shape[dim], int) else None for dim in ("batch", "m", "n", "k")},
     }
 

@@ -53,7 +53,13 @@ REDUCTIONS = {
     "col_sum": ("sum", "m"),
     "col_max": ("max", "m"),
 }
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")  # fullmatch: no trailing newline
+# what a template appends to an operand's kernel name (op_<name>) for its parameters and
+# locals: operand names that are another's plus one of these would collide
+GENERATED_SUFFIXES = ("ptr", "ptrs", "stride_b", "stride_m", "stride_n", "desc", "part", "smem")
+# the canonical text a database stores of an epilogue, at most: db.models.EPILOGUE_LEN (the
+# templates import nothing of the database; tests/test_hardening.py checks the two agree)
+MAX_TEXT_CHARS = 20_000
 
 # What reading JSON of the wrong shape raises (a list where an object belongs, an index out
 # of range, an int too large, nesting too deep): at a parser's boundary, all mean "malformed"
@@ -62,7 +68,7 @@ MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Overfl
 
 def check_operand_name(name: object) -> str:
     """Operand names become kernel parameter names: plain identifiers only."""
-    if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
         raise ValueError(
             f"operand name {name!r} is not allowed; use a Python identifier of at most "
             "32 characters (letters, digits, underscore)"
@@ -507,6 +513,13 @@ def _validate(ep: Epilogue) -> None:
                 if want != "any" and want != got:
                     raise ValueError(f"node %{i}: argument {pos} of {n.op!r} must be {want}, got {got}")
         depends_on_acc.append(n.op in ACCUMULATORS or any(depends_on_acc[a] for a in n.args))
+    for name in operand_kinds:
+        clash = [f"{name}_{x}" for x in GENERATED_SUFFIXES if f"{name}_{x}" in operand_kinds]
+        if clash:
+            raise ValueError(
+                f"operand names {name!r} and {clash[0]!r} collide in the kernel (op_{clash[0]} "
+                "would name both a parameter of the first and the values of the second); rename one"
+            )
     for o in ep.outputs:
         if not 0 <= o.node < len(ep.nodes):
             raise ValueError(f"output names node %{o.node}, which does not exist")
@@ -519,6 +532,12 @@ def _validate(ep: Epilogue) -> None:
                 f"reduction output {o.reduce!r} of %{o.node} ({o.dtype}): a reduction is one of "
                 f"{sorted(REDUCTIONS)} of a float node, stored as float32"
             )
+    size = len(ep.text())
+    if size > MAX_TEXT_CHARS:
+        raise ValueError(
+            f"an epilogue of {len(ep.nodes)} nodes has a canonical text of {size} characters, "
+            f"over the {MAX_TEXT_CHARS} a tuning database stores"
+        )
 
 
 class _Canonicalizer:

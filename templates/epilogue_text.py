@@ -157,7 +157,10 @@ class _Parser:
         tok = self.tok
         if tok.kind == "number":
             self.i += 1
-            return const(float(tok.text))
+            value = float(tok.text)
+            if math.isinf(value):  # 1e400: a typo, not a way to write infinity
+                raise self.error(f"{tok.text} is beyond the range of a float; write inf for infinity", tok)
+            return const(value)
         if tok.kind == "op" and tok.text == "(":
             self.i += 1
             with self.nested(tok):
@@ -227,6 +230,8 @@ class _Parser:
                     if key.text not in rule.attrs:
                         known = list(rule.attrs)
                         raise self.error(f"{op} has no attribute {key.text!r}; it takes {known}", key)
+                    if key.text in attrs:
+                        raise self.error(f"{op} is given {key.text!r} twice", key)
                     attrs[key.text] = self.attribute(op, key.text)
                 elif len(args) < rule.arity:
                     args.append(self.compare())

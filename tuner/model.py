@@ -199,7 +199,8 @@ def build_model(
         raise ModelSpecError(f"--model {target!r}: give the example inputs with --input SHAPE:DTYPE")
     generator = torch.Generator().manual_seed(seed)
     try:
-        example = tuple(s.make(device, generator) for s in specs) if specs else tuple(t.to(device) for t in given)
+        made_inputs = (s.make(device, generator) for s in specs) if specs else (t.to(device) for t in given)
+        example = tuple(made_inputs)
     except (RuntimeError, MemoryError) as e:  # out of memory, mostly
         raise ModelSpecError(f"--model {target!r}: cannot make the example inputs: {_one_line(e)}") from None
     floating = next((t.dtype for t in example if t.dtype.is_floating_point), None)

@@ -361,8 +361,8 @@ class Tuner:
         ``exclusive``: this process holds the problem's lease, so the study is its alone
         and is first made whole after a killed runner (``search.adopt``). ``stop`` ends the
         search early with its reason (a lost lease); ``holds``, checked before each trial is
-        recorded, raises TakenOver when the problem is no longer this runner's. ``restart`` (default: the options')
-        deletes the problem's study first."""
+        recorded, raises TakenOver when the problem is no longer this runner's. ``restart``
+        (default: the options') deletes the problem's study first."""
         if not problem.shape.is_static():
             raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
         started = time.monotonic()
