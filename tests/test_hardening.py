@@ -43,6 +43,7 @@ from epilab.db.models import CONTROL_CHARS, Device
 from epilab.db.transfer import export_json
 from epilab.templates.check import rel_error
 from epilab.templates.problem import Config
+from epilab.tuner.search import Budget
 from epilab.tuner.suites import Spec, load_shapes
 
 PROBLEM = Spec(32, 32, 32, dtype="float32").problem()
@@ -137,6 +138,20 @@ FORGING_TRIGGER = (
     "CREATE TRIGGER forge AFTER INSERT ON epilab_trials BEGIN "
     "UPDATE epilab_trials SET status = 'ok', median_ms = 1e-6 WHERE id = NEW.id; END"
 )
+
+
+def _newer_optuna(path: Path) -> Path:
+    """Optuna's tables in the file, stamped as made by an optuna from the future."""
+    import optuna
+
+    with TuningDB.open(path) as db:
+        optuna.create_study(study_name="s", storage=db.optuna_storage())
+    con = sqlite3.connect(path)
+    con.execute("UPDATE version_info SET schema_version = 99, library_version = '9.9.9'")
+    con.execute("UPDATE alembic_version SET version_num = 'v9.9.9.a'")
+    con.commit()
+    con.close()
+    return path
 
 
 def hostile_names_db(path: Path) -> Path:
@@ -323,7 +338,9 @@ ATTACKS = [
         says="takes no options",
         absent=("x.db",),
     ),
-    Attack("unknown database URL", ("db", "stats"), env={"EPILAB_DB": "mongodb://h/x"}, says="no database driver"),
+    Attack(
+        "unknown database URL", ("db", "stats"), env={"EPILAB_DB": "mongodb://h/x"}, says="no database driver"
+    ),
     # --- files that are not (usable) epilab databases: refused, left byte-identical
     Attack(
         "a text file as the db",
@@ -636,6 +653,119 @@ ATTACKS = [
         code=0,
         says=r"16x16x16 bfloat16 NT acc > 0 \|",  # a row of the summary: tuned, not crashed
     ),
+    # --- issue 38: errors that are one line, not a traceback
+    Attack(
+        "EPILAB_CACHE_DIR with ~ of no user",
+        ("db", "stats", *DB),
+        env={"EPILAB_CACHE_DIR": "~nosuchuser/c"},
+        says="EPILAB_CACHE_DIR='~nosuchuser/c': cannot expand '~'",
+        subprocess=True,  # `import epilab` itself read the settings
+    ),
+    Attack(
+        "EPILAB_DEBUG_DIR with ~ of no user",
+        ("db", "stats", *DB),
+        env={"EPILAB_DEBUG_DIR": "~nosuchuser/d"},
+        says="EPILAB_DEBUG_DIR='~nosuchuser/d': cannot expand '~'",
+        subprocess=True,
+    ),
+    Attack(
+        "tune: a cache the worker cannot write",
+        (*TUNE, "--suite", "smoke", "--only", "1", *DB),
+        env={"EPILAB_CACHE_DIR": "/proc"},
+        says="cannot write rendered kernels under /proc",
+    ),
+    Attack(
+        "tune: a db whose optuna tables a newer optuna made",
+        (*TUNE, "--suite", "smoke", *DB),
+        at("t.db", lambda path: _newer_optuna(epilab_db(path))),
+        says="need another optuna.*set up by optuna 9.9.9",
+        unchanged=("t.db",),
+    ),
+    Attack(
+        "tune: a 1x1x1 problem",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write("s.json", '[{"m": 1, "n": 1, "k": 1, "dtype": "float32"}]'),
+        code=0,
+        says=r"1x1x1 float32 NT none \|",
+    ),
+    Attack("tune: --model ..:x", (*TUNE, "--model", "..:x", *DB), says="give MODULE:FACTORY"),
+    Attack(
+        "tune: --model os:system", (*TUNE, "--model", "os:system", *DB), says="calling it failed: TypeError"
+    ),
+    Attack(
+        "tune: a factory returning (module, str)",
+        (*TUNE, "--model", "strfactory:make", *DB),
+        write("strfactory.py", "import torch\n\ndef make():\n    return torch.nn.Linear(4, 4), 'str'\n"),
+        env={"PYTHONPATH": "{d}"},
+        says="example inputs must be tensors, got str",
+        subprocess=True,
+    ),
+    Attack(
+        "tune: --input of 1e22 elements",
+        (*TUNE, "--model", "os:getcwd", "--input", "99999999999x99999999999:bfloat16", *DB),
+        says="more than any device holds",
+    ),
+    Attack(
+        "tune: --input of a quantized dtype",
+        (*TUNE, "--model", "os:getcwd", "--input", "4x16:qint8", *DB),
+        says="'qint8' is not a dtype an example input can have",
+    ),
+    # --- issue 38: limits that agree, parsing that is strict
+    Attack(
+        "shapes: an epilogue of 400 operands",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write(
+            "s.json",
+            json.dumps(
+                [{"m": 16, "n": 16, "k": 16, "epilogue": "acc + " + " + ".join(f"o{i}" for i in range(400))}]
+            ),
+        ),
+        says="canonical text of .* characters, over the 20000 a tuning database stores",
+        absent=("t.db",),
+    ),
+    Attack(
+        "shapes: operand names that collide in the kernel",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write("s.json", '[{"m": 16, "n": 16, "k": 16, "epilogue": "acc + x_row + x_row_stride_b"}]'),
+        says="operand names 'x_row' and 'x_row_stride_b' collide",
+        absent=("t.db",),
+    ),
+    Attack(
+        "shapes: a literal beyond a float",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write("s.json", '[{"m": 16, "n": 16, "k": 16, "epilogue": "acc * 1e400"}]'),
+        says="1e400 is beyond the range of a float",
+        absent=("t.db",),
+    ),
+    Attack(
+        "shapes: an attribute given twice",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write(
+            "s.json", '[{"m": 16, "n": 16, "k": 16, "epilogue": "leaky_relu(acc, 0.1, negative_slope=0.2)"}]'
+        ),
+        says="leaky_relu is given 'negative_slope' twice",
+        absent=("t.db",),
+    ),
+    Attack(
+        "stats of an empty file",
+        ("db", "stats", "--db", "{d}/empty.db"),
+        write("empty.db", ""),
+        says="is an empty file, not an epilab database",
+        unchanged=("empty.db",),
+    ),
+    Attack(
+        "stats through a dangling symbolic link",
+        ("db", "stats", "--db", "{d}/link.db"),
+        lambda d: (d / "link.db").symlink_to(d / "nowhere.db"),
+        says="is a symbolic link to .*nowhere.db, which does not exist",
+        absent=("nowhere.db",),
+    ),
+    Attack(
+        "a blank --db",
+        ("db", "stats", "--db", " "),
+        says="the database ' ' is blank",
+        check=lambda d, out: None if not Path(" ").exists() else pytest.fail("a file named ' ' was made"),
+    ),
     Attack(
         "tune: a problem larger than the device",
         (*TUNE, "--shapes", "{d}/s.json", "--time-budget", "60", *DB),
@@ -691,7 +821,11 @@ def _drop_dac_capabilities() -> bool:
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
 
     libc = ctypes.CDLL(None, use_errno=True)
     header, data = Header(0x20080522, 0), (Data * 2)()
@@ -751,7 +885,9 @@ def test_attack(attack: Attack, row_dir: Path):
     assert "Traceback" not in output, output
     assert code == attack.code, f"exit status {code}, not {attack.code}:\n{output}"
     flowed = re.sub(r"\s+", " ", output)  # a table's cells may wrap
-    assert re.search(attack.says, output) or re.search(attack.says, flowed), f"/{attack.says}/ not in:\n{output}"
+    assert re.search(attack.says, output) or re.search(attack.says, flowed), (
+        f"/{attack.says}/ not in:\n{output}"
+    )
     shown = [c for c in CONTROL_CHARS.findall(output) if c not in "\n\t"]
     assert not shown, f"control characters reached the terminal: {shown!r}"
     for name, sha in before.items():
@@ -928,3 +1064,61 @@ def test_compiled_epilogues_match_eager_at_the_edges(tmp_path, name, fn):
     finite = ~want.isnan()
     if finite.any():  # to the matmul's own rounding (eager sums in another order)
         assert rel_error(got[finite], want[finite]) < 1e-5, name
+
+
+def test_the_text_limit_is_the_databases():
+    from epilab.db.models import EPILOGUE_LEN
+    from epilab.templates.epilogue import MAX_TEXT_CHARS
+
+    assert MAX_TEXT_CHARS == EPILOGUE_LEN
+
+
+def test_operand_names_are_matched_whole():
+    from epilab.templates.epilogue import check_operand_name
+
+    assert check_operand_name("bias") == "bias"
+    for bad in ("bias\n", "bias\n\n", "b ias", "1x", "for"):
+        with pytest.raises(ValueError, match="is not allowed"):
+            check_operand_name(bad)
+
+
+@pytest.mark.parametrize(
+    "env,want",
+    [
+        ({"HOME": ""}, "pwd"),  # not /.cache/epilab
+        ({"HOME": "relative/home"}, "pwd"),
+        ({"HOME": "/h", "XDG_CACHE_HOME": "relative/cache"}, "/h/.cache/epilab"),  # the XDG spec
+        ({"HOME": "/h", "XDG_CACHE_HOME": "/x"}, "/x/epilab"),
+        ({"HOME": "/h", "EPILAB_CACHE_DIR": "  "}, "/h/.cache/epilab"),
+    ],
+)
+def test_the_cache_dir_is_absolute_whatever_home_and_xdg_say(env, want):
+    import pwd
+
+    got = config.from_env(env)
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    assert str(got.cache_dir) == (f"{home}/.cache/epilab" if want == "pwd" else want)
+    assert got.db == str(got.cache_dir / "tuning.db")
+    assert config.from_env({**env, "EPILAB_DB": " "}).db == got.db  # blank: the default, no file " "
+
+
+def test_one_problem_the_database_cannot_store_does_not_stop_the_others(tmp_path, monkeypatch):
+    """A problem the database refuses to store (its own checks: a limit of another version)
+    is reported as refused and the run goes on (before, 0 of 4 problems were tuned)."""
+    from epilab.tuner.tune import TuneOptions, Tuner
+
+    bad, good = Spec(24, 16, 16, dtype="float32"), Spec(16, 16, 16, dtype="float32")
+    with TuningDB.open(tmp_path / "t.db") as db, config.patch(interpret=True):
+        store = db.put_problem
+
+        def put_problem(problem):
+            if problem.key == bad.problem().key:
+                raise ValueError("epilogue is longer than 20000 characters")
+            store(problem)
+
+        monkeypatch.setattr(db, "put_problem", put_problem)
+        with Tuner(db, TuneOptions(interpret=True, jobs=1, budget=Budget(trials=1, patience=1))) as tuner:
+            refused = tuner.tune(bad)
+            done = tuner.tune(good)
+    assert refused.refused == "not stored: epilogue is longer than 20000 characters"
+    assert done.refused is None and done.best is not None

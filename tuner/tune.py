@@ -367,6 +367,11 @@ class Tuner:
             raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
         started = time.monotonic()
         refused = too_large(problem, self.limits.memory_bytes)
+        if refused is None:
+            try:
+                self.db.put_problem(problem)
+            except ValueError as e:  # a problem the database cannot store (its checks say why)
+                refused = f"not stored: {e}"
         if refused is not None:  # refused up front: nothing allocated, nothing recorded, the run goes on
             return ProblemResult(
                 label,
@@ -383,7 +388,6 @@ class Tuner:
                 refused,
                 kind_of(problem).library,
             )
-        self.db.put_problem(problem)
         name = study_name(problem, self.device)
         restart = self.options.restart if restart is None else restart
         study = make_study(name, self.storage, restart=restart, seed=self.options.seed)
