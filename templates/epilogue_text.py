@@ -160,6 +160,8 @@ class _Parser:
             value = float(tok.text)
             if math.isinf(value):  # 1e400: a typo, not a way to write infinity
                 raise self.error(f"{tok.text} is beyond the range of a float; write inf for infinity", tok)
+            if value == 0.0 and re.search(r"[1-9]", re.split(r"[eE]", tok.text)[0]):
+                raise self.error(f"{tok.text} is below the smallest float (about 5e-324); write 0", tok)
             return const(value)
         if tok.kind == "op" and tok.text == "(":
             self.i += 1

@@ -364,8 +364,13 @@ def test_decisions_follow_the_records(db_path, trial_ms, baseline_ms, want):
 
 @pytest.mark.parametrize(
     "bad",
-    [{"variant": "atomic", "SPLIT_K": 2}, {"EPILOGUE_SUBTILE": 4, "BLOCK_N": 16}],
-    ids=["gemv-variant-on-matmul", "subtile-wider-than-the-tile"],
+    [
+        {"variant": "atomic", "SPLIT_K": 2},
+        {"EPILOGUE_SUBTILE": 4, "BLOCK_N": 16},
+        {"variant": "sm90_pingpong"},  # a Gluon kernel: not on this device
+        {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128, "num_stages": 6},  # 1.5 MB of shared memory
+    ],
+    ids=["gemv-variant-on-matmul", "subtile-wider-than-the-tile", "gluon-off-sm90", "over-shared-memory"],
 )
 def test_records_the_template_cannot_run_are_passed_over(db_path, bad):
     """An "ok" record (an import, another version's) whose config the kind's own rules refuse

@@ -141,13 +141,31 @@ def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
     return None
 
 
+def smem_bytes(problem: Problem, config: Config) -> int:
+    """Shared memory one program of ``config`` takes: its pipeline's A and B stages (a dual
+    GEMM stages two B tiles), and the staging of TMA-stored outputs."""
+    accs = kind_of(problem).accumulators
+    esize = itemsize(problem.dtype)
+    stage = config.BLOCK_M * config.BLOCK_K + accs * config.BLOCK_K * config.BLOCK_N
+    smem = config.num_stages * stage * esize
+    if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
+        out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
+        copies = matmul_sm90.staging_copies(config)  # the ping-pong's consumers have one each
+        smem += copies * config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
+    return smem
+
+
 def run_error(problem: Problem, config: Config, limits: DeviceLimits | None = None) -> str | None:
     """Why the template cannot run ``problem`` with ``config`` at all (its kind's own rules;
-    given ``limits``, the device's dtypes and variants): what a stored record's config must
-    pass before a compiled model uses it. ``infeasible`` adds the search's own limits."""
+    given ``limits``, the device's dtypes, variants and shared memory): what a stored
+    record's config must pass before a compiled model uses it. ``infeasible`` adds the
+    search's own limits."""
     why = kind_of(problem).config_error(problem, config)
     if why is None and limits is not None:
         why = _dtype_error(problem, limits) or _variant_error(config.variant, limits)
+        smem = smem_bytes(problem, config)
+        if why is None and smem > limits.smem_bytes:
+            why = f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
     return why
 
 
@@ -168,17 +186,8 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
     ):
         if block > _padded(dim):
             return f"{name}={block} is larger than the padded dimension {_padded(dim)}"
-    esize = itemsize(problem.dtype)
-    accs = kind.accumulators  # a dual GEMM stages two B tiles and holds two accumulators
-    smem = (
-        config.num_stages * (config.BLOCK_M * config.BLOCK_K + accs * config.BLOCK_K * config.BLOCK_N) * esize
-    )
-    if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
-        out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
-        copies = matmul_sm90.staging_copies(config)  # the ping-pong's consumers have one each
-        smem += copies * config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
-    if smem > limits.smem_bytes:
-        return f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
+    accs = kind.accumulators
+    smem = smem_bytes(problem, config)
     per_thread = accs * config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
     if per_thread > MAX_ACC_REGS:
         what = "the accumulator needs" if accs == 1 else f"the {accs} accumulators need"
