@@ -54,7 +54,9 @@ def test_parse_input_takes_shape_and_dtype_and_says_what_is_wrong():
         ("8x1024", "SHAPE:DTYPE"),
         ("8xx4:float32", "SHAPE:DTYPE"),
         ("0x4:float32", "positive"),
-        ("8x4:flaot32", "not a torch dtype"),
+        ("8x4:flaot32", "not a dtype an example input can have"),
+        ("8x4:qint8", "not a dtype an example input can have"),
+        ("99999999999x99999999999:bfloat16", "more than any device holds"),
         ("8x4:float32:10", "only integer inputs"),
     ]:
         with pytest.raises(ModelSpecError, match=words):
