@@ -305,6 +305,15 @@ SMALL_AND_HUGE = json.dumps(
 TUNE = ("tune", "--interpret", "--trials", "1", "--patience", "1")
 DB = ("--db", "{d}/t.db")
 
+
+def epilogue_attack(id: str, epilogue: str, *, says: str) -> Attack:
+    """`tune` of a shapes file with one 16x16x16 problem of ``epilogue``: refused when the
+    file is read, before a database is made."""
+    shapes = json.dumps([{"m": 16, "n": 16, "k": 16, "epilogue": epilogue}])
+    argv = (*TUNE, "--shapes", "{d}/s.json", *DB)
+    return Attack(id, argv, write("s.json", shapes), says=says, absent=("t.db",))
+
+
 ATTACKS = [
     # --- database paths: the name is a file name, whatever it holds
     Attack(
@@ -711,40 +720,23 @@ ATTACKS = [
         says="'qint8' is not a dtype an example input can have",
     ),
     # --- issue 38: limits that agree, parsing that is strict
-    Attack(
+    epilogue_attack(
         "shapes: an epilogue of 400 operands",
-        (*TUNE, "--shapes", "{d}/s.json", *DB),
-        write(
-            "s.json",
-            json.dumps(
-                [{"m": 16, "n": 16, "k": 16, "epilogue": "acc + " + " + ".join(f"o{i}" for i in range(400))}]
-            ),
-        ),
+        "acc + " + " + ".join(f"o{i}" for i in range(400)),
         says="canonical text of .* characters, over the 20000 a tuning database stores",
-        absent=("t.db",),
     ),
-    Attack(
+    epilogue_attack(
         "shapes: operand names that collide in the kernel",
-        (*TUNE, "--shapes", "{d}/s.json", *DB),
-        write("s.json", '[{"m": 16, "n": 16, "k": 16, "epilogue": "acc + x_row + x_row_stride_b"}]'),
+        "acc + x_row + x_row_stride_b",
         says="operand names 'x_row' and 'x_row_stride_b' collide",
-        absent=("t.db",),
     ),
-    Attack(
-        "shapes: a literal beyond a float",
-        (*TUNE, "--shapes", "{d}/s.json", *DB),
-        write("s.json", '[{"m": 16, "n": 16, "k": 16, "epilogue": "acc * 1e400"}]'),
-        says="1e400 is beyond the range of a float",
-        absent=("t.db",),
+    epilogue_attack(
+        "shapes: a literal beyond a float", "acc * 1e400", says="1e400 is beyond the range of a float"
     ),
-    Attack(
+    epilogue_attack(
         "shapes: an attribute given twice",
-        (*TUNE, "--shapes", "{d}/s.json", *DB),
-        write(
-            "s.json", '[{"m": 16, "n": 16, "k": 16, "epilogue": "leaky_relu(acc, 0.1, negative_slope=0.2)"}]'
-        ),
+        "leaky_relu(acc, 0.1, negative_slope=0.2)",
         says="leaky_relu is given 'negative_slope' twice",
-        absent=("t.db",),
     ),
     Attack(
         "stats of an empty file",
