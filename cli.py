@@ -323,8 +323,46 @@ def tune(
         ),
     ] = True,
     rounds: Annotated[
-        int, typer.Option(min=1, max=100, help="with --model: interleaved timing rounds per variant")
-    ] = 7,
+        int,
+        typer.Option(
+            min=1,
+            max=100,
+            help="with --model: interleaved timing rounds before the first look at the intervals, and "
+            "between looks",
+        ),
+    ] = 8,
+    max_rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=400,
+            help="with --model: the most rounds a comparison gets; one still undecided then keeps "
+            "Inductor (reported 'undecided')",
+        ),
+    ] = 32,
+    confidence: Annotated[
+        float,
+        typer.Option(
+            min=0.5, max=0.999, help="with --model: confidence of every verdict and speedup (over all looks)"
+        ),
+    ] = 0.95,
+    margin: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.5,
+            help="with --model: keep a template only where the model is faster with it by this fraction",
+        ),
+    ] = 0.01,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="with --model: cast the model's floating parameters and buffers to this dtype "
+            "(float8 and integer ones are never cast); default: cast them to the first floating "
+            "input's dtype only where a parameter differs from it",
+        ),
+    ] = None,
     max_autotune: Annotated[
         bool,
         typer.Option(
@@ -378,6 +416,17 @@ def tune(
         raise ValueError("give exactly one of --suite NAME, --shapes FILE, --seen or --model MODULE:FACTORY")
     if inputs and model is None:
         raise typer.BadParameter("--input goes with --model", param_hint="--input")
+    if dtype is not None:
+        if model is None:
+            raise typer.BadParameter("--dtype goes with --model", param_hint="--dtype")
+        from epilab.tuner.model import parse_dtype
+
+        parse_dtype(dtype)  # before the database is opened (or created)
+    if max_rounds < rounds:
+        raise typer.BadParameter(
+            f"--max-rounds {max_rounds} is below --rounds {rounds}: give at least as many",
+            param_hint="--max-rounds",
+        )
     if interpret:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
@@ -428,9 +477,19 @@ def tune(
         from epilab.tuner.model import MODES, ModelOptions
 
         modes = tuple(m for m in MODES if max_autotune or not m.endswith("max-autotune"))
-        how = ModelOptions(rounds=rounds, check_context=context, modes=modes, freezing=freezing)
+        how = ModelOptions(
+            rounds=rounds,
+            max_rounds=max_rounds,
+            confidence=confidence,
+            margin=margin,
+            check_context=context,
+            modes=modes,
+            freezing=freezing,
+        )
         with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
-            _tune_model(tuner, store, model, inputs or [], device, how, fleet, trials, out_file, json_out)
+            _tune_model(
+                tuner, store, model, inputs or [], dtype, device, how, fleet, trials, out_file, json_out
+            )
         return
     with store, config.patch(interpret=interpret):
         if seen:
@@ -559,6 +618,7 @@ def _tune_model(
     store: Any,
     target: str,
     inputs: list[str],
+    dtype: str | None,
     device: str,
     how: Any,
     fleet: Any,
@@ -571,7 +631,7 @@ def _tune_model(
     from epilab.tuner.model import build_model, save, tune_model
 
     where = torch.device("cpu") if tuner.options.interpret else torch.device(device)
-    net, example, label = build_model(target, inputs, where, seed=tuner.options.seed)
+    net, example, label = build_model(target, inputs, where, seed=tuner.options.seed, dtype=dtype)
     out = err_console if json_out else console
     report = tune_model(
         net,

@@ -205,7 +205,7 @@ def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool
     if verdict is None:
         return ok, why
     if not verdict.keep:
-        return False, f"{why}, but {verdict.describe()}: the model is faster without it"
+        return False, f"{why}, but {verdict.describe()}: {verdict.why_not()}"
     return True, f"{why}; {verdict.describe()}"
 
 

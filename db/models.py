@@ -139,11 +139,12 @@ class BaselineRecord(_Timed, Base):
 
 
 class VerdictRecord(Base):
-    """Whether a template kept its promise inside a compiled model (revision 0004): the
-    model timed with the template on its problem and with that problem left to Inductor
-    (``tuner/model.py``). The compiler reads the newest verdict of its problem for its
-    device, versions, CUDA-graph mode and Inductor mode (what the aten op becomes: cuBLAS, or
-    Inductor's max-autotune choice); ``keep`` False sends the problem to the aten op."""
+    """Whether a template kept its promise inside a compiled model (revision 0004; its
+    interval, rounds and outcome: 0006): the model timed with the template on its problem
+    and with that problem left to Inductor (``tuner/model.py``). The compiler reads the
+    newest verdict of its problem for its device, versions, CUDA-graph mode and Inductor
+    mode (what the aten op becomes: cuBLAS, or Inductor's max-autotune choice); ``keep``
+    False sends the problem to the aten op."""
 
     __tablename__ = "epilab_verdicts"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -154,6 +155,11 @@ class VerdictRecord(Base):
     keep: Mapped[bool] = mapped_column(Boolean)
     with_ms: Mapped[float] = mapped_column(Float)  # the model's time with the template
     without_ms: Mapped[float] = mapped_column(Float)  # ... and with the problem on the aten op
+    # revision 0006: the paired ratio without/with (its interval), its rounds and the outcome
+    ratio_low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ratio_high: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rounds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
     context: Mapped[str] = mapped_column(String(NAME_LEN))  # the model it was measured in
     timing_method: Mapped[str] = mapped_column(String(METHOD_LEN))
     torch_version: Mapped[str] = mapped_column(String(VERSION_LEN))

@@ -59,6 +59,8 @@ from epilab.db.schema import (
 )
 
 T = TypeVar("T")
+# how a check in context ended (tuner/model.py; only "faster" keeps the template)
+VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor")
 INDUCTOR_MODES = ("default", "max-autotune")  # what a verdict's aten alternative was compiled with
 # what identifies a measurement (the unique constraints of models.py)
 IDENTITY: dict[type, tuple[str, ...]] = {
@@ -192,7 +194,7 @@ class Verdict:
     """A template's problem checked inside a compiled model (``tuner/model.py``)."""
 
     problem_key: str
-    keep: bool  # the model was faster with the template (or within noise of it)
+    keep: bool  # the model was faster with the template (by the confidence rule, since 0006)
     with_ms: float
     without_ms: float
     context: str  # the model it was measured in
@@ -201,15 +203,33 @@ class Verdict:
     timing_method: str
     versions: Versions
     created_at: datetime
+    # the paired ratio without/with: its interval, rounds, and the outcome (VERDICT_OUTCOMES);
+    # None for verdicts recorded before revision 0006
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    rounds: int | None = None
+    outcome: str | None = None
 
     def describe(self) -> str:
         mode = "under CUDA graphs" if self.cuda_graphs else "per call"
         if self.inductor_mode != "default":
             mode += f", Inductor {self.inductor_mode}"
-        return (
+        text = (
             f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms with the template, "
             f"{self.without_ms:.4g} ms without"
         )
+        if self.ratio_low is not None and self.ratio_high is not None:
+            text += f" (speedup [{self.ratio_low:.3f}, {self.ratio_high:.3f}] over {self.rounds} rounds)"
+        return text
+
+    def why_not(self) -> str:
+        """Why the problem goes to the aten op, where ``keep`` is False."""
+        if self.outcome == "not faster" and self.ratio_high is not None and self.ratio_high >= 1.0:
+            return "the model is not faster with it by the margin"
+        return {
+            "undecided": "no significant difference within the rounds' budget: the aten op is kept",
+            "slower than inductor": "the model with its kept templates was not faster than Inductor",
+        }.get(self.outcome or "", "the model is faster without it")
 
 
 @dataclass(frozen=True)
@@ -513,12 +533,24 @@ class TuningDB:
         timing_method: str,
         versions: Versions,
         inductor_mode: str = "default",
+        ratio_low: float | None = None,
+        ratio_high: float | None = None,
+        rounds: int | None = None,
+        outcome: str | None = None,
     ) -> None:
         """Store (or replace) the verdict of ``problem`` in a model, for one CUDA-graph mode
-        and Inductor mode."""
+        and Inductor mode; with the paired ratio's interval, rounds and outcome where known."""
         if inductor_mode not in INDUCTOR_MODES:
             raise ValueError(f"inductor_mode {inductor_mode!r} is not one of {INDUCTOR_MODES}")
+        if outcome is not None and outcome not in VERDICT_OUTCOMES:
+            raise ValueError(f"outcome {outcome!r} is not one of {VERDICT_OUTCOMES}")
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+            raise ValueError(f"rounds {rounds!r}: give a positive int")
         row = {
+            "ratio_low": _check_num("ratio_low", ratio_low),
+            "ratio_high": _check_num("ratio_high", ratio_high),
+            "rounds": rounds,
+            "outcome": outcome,
             "cuda_graphs": bool(cuda_graphs),
             "inductor_mode": inductor_mode,
             "keep": bool(keep),
@@ -579,6 +611,10 @@ class TuningDB:
             timing_method=v.timing_method,
             versions=Versions(v.torch_version, v.triton_version),
             created_at=_aware(v.created_at),
+            ratio_low=v.ratio_low,
+            ratio_high=v.ratio_high,
+            rounds=v.rounds,
+            outcome=v.outcome,
         )
 
     def prune_stale(self, current_hashes: Mapping[str, str]) -> int:

@@ -240,7 +240,7 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
             )
     engine.dispose()
     with TuningDB.open(path) as db:
-        assert db.revision == db_schema.head_revision() == "0005"
+        assert db.revision == db_schema.head_revision() == "0006"
         assert all(r.graph_ms is None for r in db.records(p.key))  # 0003 added it empty
         assert db.verdict(p.key, H200, Versions("2.10", "3.5"), cuda_graphs=False) is None  # 0004: none yet
         assert len(db.records(p.key)) == 2

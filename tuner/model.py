@@ -19,21 +19,28 @@ epilab is compiled in the same mode as the Inductor it is compared with.
 4. **Check in context** (``compiler/decide.py`` reads the verdicts). In each mode, the
    model with every template the records choose is timed against the same model with
    one template's problem left to the aten op (Inductor's cuBLAS call, or its autotuned
-   kernel, and its fusions), problem by problem, in interleaved rounds. A problem keeps
-   its template only where the model's median is lower with it (``keep``); then the model
-   with the kept templates is timed against plain Inductor of that mode, and if Inductor
+   kernel, and its fusions), problem by problem, in paired interleaved rounds
+   (``tuner/interleave.py``). A problem keeps its template only where the model is faster
+   with it by ``margin`` at ``confidence`` (``tuner/significance.py``: the sign-test
+   interval of the rounds' ratios without/with; rounds are added until it decides, up to
+   ``max_rounds``, else "undecided" and the aten op is kept); then the model with the kept
+   templates is timed against plain Inductor of that mode by the same rule, and unless it
    is faster every template of the model is rejected. Each verdict is stored (problem,
-   device, versions, CUDA-graph and Inductor mode, both times, the model's label); later
+   device, versions, CUDA-graph and Inductor mode, both times, the interval, the rounds,
+   the outcome, the model's label); later
    compiles in that mode follow it without measuring. An isolated kernel timing cannot
    see what Inductor fuses around the op it replaces (a residual add folded into the next
    norm, cuBLASLt's bias+GELU epilogue), the compiled model can.
 5. **Measure.** In each mode, Inductor and epilab (and eager, per call) in interleaved
-   rounds: medians and the rounds' spread.
+   rounds until epilab's paired ratios against each decide: every time with its interval,
+   every speedup with its interval, called significant only where that excludes 1 (and
+   never where epilab kept no template: then it compiles Inductor's graph).
 
 Timing (``time_calls``): CUDA events around groups of back-to-back calls after a warm-up
 (host overhead included, as a serving loop sees it; L2 is not flushed between calls of a
 model), the median of the groups' per-call times; each variant is timed once per round,
-rounds interleave the variants, and a variant's time is the median over rounds. In
+rounds interleave the variants, a variant's time is the median over rounds and a ratio the
+median of the rounds' paired ratios. In
 Triton's interpreter (CPU tests) the times are wall-clock and say nothing of a GPU.
 """
 
@@ -56,13 +63,16 @@ import torch
 
 from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.templates.problem import Problem, identity_key_of
+from epilab.tuner import significance as sig
+from epilab.tuner.interleave import Comparison, Timer, Variant, compare
 from epilab.tuner.timing import Measured, time_wall
 from epilab.tuner.tune import ProblemResult, Tuner
 
 # how the model runs: per call or replayed as CUDA graphs, Inductor default or max-autotune
 MODES = ("per call", "CUDA graphs", "per call, max-autotune", "CUDA graphs, max-autotune")
 MAX_PASSES = 4
-ROUNDS = 7
+ROUNDS = 8  # rounds before the first look at the intervals (tuner/interleave.py)
+MAX_ROUNDS = 32  # ... and the most rounds a comparison gets before it is left undecided
 _DTYPE_ALIASES = {
     "bf16": "bfloat16",
     "fp16": "float16",
@@ -70,8 +80,6 @@ _DTYPE_ALIASES = {
     "fp32": "float32",
     "fp64": "float64",
 }
-# times one variant: (its name, its call) -> per-call time
-Timer = Callable[[str, Callable[[], object]], Measured]
 # runs the tuning of (label, problem) jobs: returns the results and whether it was interrupted
 TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult], bool]]
 
@@ -169,13 +177,45 @@ def load_factory(target: str) -> Callable[[], Any]:
     return factory
 
 
+# the dtypes a model's tensors are cast between; float8 (scaled weights) and integers never are
+CASTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def parse_dtype(text: str) -> torch.dtype:
+    """``--dtype``: one of ``CASTABLE`` (or an alias: bf16, fp16, half, fp32, fp64)."""
+    name = text.strip().lower()
+    dtype = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+    if dtype not in CASTABLE:
+        raise ModelSpecError(
+            f"--dtype {text!r}: cast the model to one of "
+            + ", ".join(str(d).removeprefix("torch.") for d in CASTABLE)
+            + " (float8 and integer tensors are never cast)"
+        )
+    return dtype
+
+
+def cast_model(model: torch.nn.Module, dtype: torch.dtype | None, floating: torch.dtype | None) -> None:
+    """Cast ``model``'s parameters and buffers of a ``CASTABLE`` dtype, in place: to ``dtype``
+    where given (``--dtype``); else to ``floating`` (the first floating input's dtype) only
+    where some floating parameter differs from it (a float32 factory run on bfloat16
+    inputs), never where they already match (a float32 scale beside float8 weights stays)."""
+    target = dtype
+    if target is None and floating in CASTABLE:
+        params = [p for p in model.parameters() if p.dtype in CASTABLE]
+        if any(p.dtype != floating for p in params):
+            target = floating
+    if target is not None:
+        model._apply(lambda t: t.to(target) if t.dtype in CASTABLE else t)
+
+
 def build_model(
-    target: str, inputs: Sequence[str], device: torch.device, seed: int = 0
+    target: str, inputs: Sequence[str], device: torch.device, seed: int = 0, dtype: str | None = None
 ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     """The model of ``--model`` and its example inputs (``--input``, or what the factory
-    returns beside the model), on ``device``; floating parameters take the first floating
-    input's dtype. Returns (model, inputs, label)."""
+    returns beside the model), on ``device``, cast by ``cast_model`` (``dtype``: ``--dtype``).
+    Returns (model, inputs, label)."""
     specs = [parse_input(t) for t in inputs]
+    cast_to = parse_dtype(dtype) if dtype is not None else None
     torch.manual_seed(seed)
     factory = load_factory(target)
     try:
@@ -204,7 +244,8 @@ def build_model(
     except (RuntimeError, MemoryError) as e:  # out of memory, mostly
         raise ModelSpecError(f"--model {target!r}: cannot make the example inputs: {_one_line(e)}") from None
     floating = next((t.dtype for t in example if t.dtype.is_floating_point), None)
-    model = made.to(device=device, dtype=floating) if floating is not None else made.to(device)
+    model = made.to(device)
+    cast_model(model, cast_to, floating)
     shapes = ",".join(
         "x".join(map(str, t.shape)) + f":{str(t.dtype).removeprefix('torch.')}" for t in example
     )
@@ -249,30 +290,6 @@ def time_calls(
 
 
 @dataclass
-class Variant:
-    """One way of running the model, compiled once and timed once per round."""
-
-    name: str
-    mode: str
-    fn: Callable[[], object]
-    compile_s: float
-    decisions: list[Any] = field(default_factory=list)
-    times: list[Measured] = field(default_factory=list)
-
-    @property
-    def ms(self) -> float:
-        return statistics.median(t.median_ms for t in self.times)
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        return min(t.median_ms for t in self.times), max(t.median_ms for t in self.times)
-
-    @property
-    def templates(self) -> int:
-        return sum(1 for d in self.decisions if d.template)
-
-
-@dataclass
 class ModelReport:
     label: str
     device: str
@@ -284,6 +301,7 @@ class ModelReport:
     seconds: dict[str, float] = field(default_factory=dict)
     interrupted: bool = False
     method: str = ""
+    rule: str = ""  # the confidence rule the verdicts and speedups were decided by
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -298,55 +316,92 @@ class ModelReport:
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "interrupted": self.interrupted,
             "method": self.method,
+            "rule": self.rule,
         }
 
     def speedups(self, mode: str) -> dict[str, float]:
-        """epilab against each other variant of ``mode``: their time over epilab's."""
-        by = {r["variant"]: r["ms"] for r in self.rows if r["mode"] == mode}
-        ours = by.get("epilab")
-        return {} if not ours else {name: ms / ours for name, ms in by.items() if name != "epilab"}
+        """epilab against each other variant of ``mode``: the median of the rounds' paired
+        ratios (their time over epilab's); see each row's ``speedup`` for its interval."""
+        return {
+            r["variant"]: r["speedup"]["ratio"]["estimate"]
+            for r in self.rows
+            if r["mode"] == mode and r.get("speedup") and r["speedup"]["ratio"]
+        }
 
     def table(self) -> str:
         """A Markdown table of the measured variants, then the verdicts."""
+        held = next((r["confidence"] for r in self.rows), None)
+        level = "" if held is None else f" [{held:.2%} interval]"
         out = [
             f"{self.label} on {self.device} (torch {self.versions.torch}, triton {self.versions.triton})",
             "",
-            "| mode | variant | ms (median of rounds) | rounds min-max | epilab speedup | compile s "
+            f"| mode | variant | ms (median of rounds){level} | rounds | epilab speedup{level} | compile s "
             "| templates |",
             "|---|---|---:|---:|---:|---:|---:|",
         ]
         for r in self.rows:
-            speedup = self.speedups(r["mode"]).get(r["variant"])
             out.append(
-                f"| {r['mode']} | {r['variant']} | {r['ms']:.4f} | {r['min_ms']:.4f}-{r['max_ms']:.4f} | "
-                f"{'' if speedup is None else f'{speedup:.3f}x'} | {r['compile_s']:.1f} | "
+                f"| {r['mode']} | {r['variant']} | {_ms_text(r)} | {len(r['rounds_ms'])} | "
+                f"{_speedup_text(r.get('speedup'))} | {r['compile_s']:.1f} | "
                 f"{r['templates']}/{r['anchors']} |"
             )
         if any(r["variant"] == "epilab" and not r["templates"] for r in self.rows):
             out.append(
-                "\nepilab with 0 templates compiles the same graph as Inductor: its speedup there is 1 "
-                "by construction, and what the table shows is the timing noise"
+                "\nepilab with 0 templates compiles the same graph as Inductor: no speedup is claimed "
+                "there (the rounds' ratio is timing noise; the JSON keeps it, marked same_graph)"
             )
         if self.verdicts:
             out += [
                 "",
-                "| mode | problem | verdict | with ms | without ms | |",
-                "|---|---|---|---:|---:|---|",
+                f"| mode | problem | verdict | with ms | without ms | speedup with it{level} | rounds | |",
+                "|---|---|---|---:|---:|---:|---:|---|",
             ]
             for v in self.verdicts:
-                verdict = "keep" if v["keep"] else "reject"
+                verdict = (
+                    "keep" if v["keep"] else ("undecided" if v["outcome"] == sig.UNDECIDED else "reject")
+                )
+                ratio = v.get("ratio")
                 out.append(
                     f"| {v['mode']} | {v['problem'][:12]} {v['label']} | {verdict} | "
-                    f"{v['with_ms']:.4f} | {v['without_ms']:.4f} | {v['why']} |"
+                    f"{v['with_ms']:.4f} | {v['without_ms']:.4f} | "
+                    f"{'' if ratio is None else _ratio_text(ratio)} | {v['rounds']} | {v['why']} |"
                 )
+        if self.rule:
+            out += ["", self.rule]
         out += ["", "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())]
         return "\n".join(out)
+
+
+def _ratio_text(ratio: dict[str, Any]) -> str:
+    if ratio["low"] is None:
+        return f"{ratio['estimate']:.3f}x [too few rounds]"
+    return f"{ratio['estimate']:.3f}x [{ratio['low']:.3f}, {ratio['high']:.3f}]"
+
+
+def _ms_text(row: dict[str, Any]) -> str:
+    if row["low_ms"] is None:
+        return f"{row['ms']:.4f}"
+    return f"{row['ms']:.4f} [{row['low_ms']:.4f}, {row['high_ms']:.4f}]"
+
+
+def _speedup_text(speedup: dict[str, Any] | None) -> str:
+    """A speedup where its interval excludes 1, "no significant difference" where it does
+    not, "same graph" where epilab kept no template."""
+    if not speedup:
+        return ""
+    if speedup["same_graph"]:
+        return "same graph as Inductor"
+    text = _ratio_text(speedup["ratio"])
+    return text if speedup["significant"] else f"no significant difference ({text})"
 
 
 @dataclass(frozen=True)
 class ModelOptions:
     modes: tuple[str, ...] = MODES  # of MODES; CUDA graphs and max-autotune on a GPU only
-    rounds: int = ROUNDS
+    rounds: int = ROUNDS  # rounds before the first look at the intervals, and between looks
+    max_rounds: int = MAX_ROUNDS  # a comparison still undecided after these is left undecided
+    confidence: float = sig.CONFIDENCE  # of every decision, over all looks (tuner/significance.py)
+    margin: float = sig.MARGIN  # a template is kept where the model is faster with it by this much
     max_passes: int = MAX_PASSES
     check_context: bool = True
     measure: bool = True
@@ -387,6 +442,12 @@ def tune_model(
     unknown = set(options.modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
+    sig.looks(options.rounds, options.max_rounds)  # refuses rounds outside 1 <= rounds <= max_rounds
+    if not 0.5 <= options.confidence < 1.0 or not 0.0 <= options.margin < 1.0:
+        raise ValueError(
+            f"confidence {options.confidence!r}, margin {options.margin!r}: give a confidence in "
+            "[0.5, 1) and a margin in [0, 1)"
+        )
     store = db if isinstance(db, TuningDB) else TuningDB.open(str(db) if db is not None else settings().db)
     owned = tuner is None
     if tuner is None:
@@ -403,10 +464,11 @@ def tune_model(
         label or type(model).__name__,
         tuner.device.name,
         tuner.versions,
-        method="" if not on_gpu else "see tuner/model.py: interleaved rounds of time_calls; median of rounds",
+        method="interleaved rounds of time_calls; medians of rounds and of paired ratios (tuner/model.py)",
     )
     if not on_gpu:
         report.method = "interpreter wall-clock (not GPU time)"
+    report.rule = rule_text(options)
     if options.freezing:
         report.method += "; every variant compiled with Inductor freezing (weights as constants)"
     try:
@@ -556,10 +618,31 @@ def unserved(store: TuningDB, device: DeviceInfo, problems: Sequence[Problem]) -
     return out
 
 
-def _rounds(variants: list[Variant], rounds: int, timer: Timer) -> None:
-    for _ in range(rounds):
-        for v in variants:
-            v.times.append(timer(v.name, v.fn))
+def _compare(comparisons: Sequence[Comparison], options: ModelOptions, timer: Timer) -> float:
+    """``interleave.compare`` with the options' rounds and confidence rule."""
+    return compare(
+        comparisons,
+        rounds=options.rounds,
+        max_rounds=options.max_rounds,
+        confidence=options.confidence,
+        margin=options.margin,
+        timer=timer,
+    )
+
+
+def rule_text(options: ModelOptions) -> str:
+    """The confidence rule, as the report states it."""
+    schedule = sig.looks(options.rounds, options.max_rounds)
+    held = sig.per_look(options.confidence, len(schedule))
+    return (
+        f"rule: a template is kept where the model is faster with it by at least {options.margin:.0%} "
+        f"at {options.confidence:.0%} confidence (the paired rounds' sign-test interval of the ratio "
+        f"without/with lies at or above {1 + options.margin:g}), and only while the model with its "
+        f"kept templates beats Inductor by the same rule; rounds are looked at after "
+        f"{', '.join(map(str, schedule))} (each look at {held:.2%}, Bonferroni), and a comparison "
+        "still straddling the margin after the last is undecided: Inductor is kept. A speedup is "
+        "called significant where its interval excludes 1."
+    )
 
 
 def _check_in_context(
@@ -618,30 +701,37 @@ def _check_round(
         )
         for key in chosen
     }
-    inductor = _compile(model, inputs, "inductor", mode, _inductor(mode))
     say(f"{mode}: timing the model with each of {len(chosen)} template problem(s) and without it")
-    _rounds([with_all, *without.values(), inductor], options.rounds, timer)
-    keep = {key: with_all.ms <= v.ms for key, v in without.items()}
-    kept = [k for k, ok in keep.items() if ok]
-    final = with_all
-    if len(kept) < len(chosen):
-        final = _compile(
-            model,
-            inputs,
-            "epilab kept",
-            mode,
-            _epilab(store, mode, verdicts=False, exclude=[*rejected, *(k for k in chosen if k not in kept)]),
-        )
-        _rounds([final, inductor], options.rounds, timer)
-    model_slower = bool(kept) and final.ms > inductor.ms
+    own = {key: Comparison(ours=with_all, theirs=v, key=key) for key, v in without.items()}
+    _compare(list(own.values()), options, timer)
+    kept = [k for k, c in own.items() if c.outcome == sig.FASTER]
+    against: Comparison | None = None
+    if kept:
+        final = with_all
+        if len(kept) < len(chosen):
+            final = _compile(
+                model,
+                inputs,
+                "epilab kept",
+                mode,
+                _epilab(
+                    store, mode, verdicts=False, exclude=[*rejected, *(k for k in chosen if k not in kept)]
+                ),
+            )
+        inductor = _compile(model, inputs, "inductor", mode, _inductor(mode))
+        say(f"{mode}: timing the model with its {len(kept)} kept template(s) against Inductor")
+        against = Comparison(ours=final, theirs=inductor, key="inductor")
+        _compare([against], options, timer)
     for key, d in chosen.items():
         problem = Problem.from_json(store.problem_json(key)[1])  # type: ignore[index]
-        if model_slower and keep[key]:
-            ok, with_ms, without_ms = False, final.ms, inductor.ms
-            why = "the model with its kept templates was slower than Inductor"
-        else:
-            ok, with_ms, without_ms = keep[key], with_all.ms, without[key].ms
-            why = "faster with it" if ok else "faster without it"
+        c, ok = own[key], key in kept
+        outcome, why = c.outcome, _why(c)
+        if ok and against is not None and against.outcome != sig.FASTER:
+            ok, c, outcome = False, against, "slower than inductor"
+            why = "the model with its kept templates was not faster than Inductor"
+            if against.outcome == sig.UNDECIDED:
+                why += " (undecided within the rounds' budget)"
+        assert c.interval is not None
         checked[key] = ok
         store.record_verdict(
             problem,
@@ -649,10 +739,14 @@ def _check_round(
             cuda_graphs=cuda_graphs(mode),
             inductor_mode=inductor_mode(mode),
             keep=ok,
-            with_ms=with_ms,
-            without_ms=without_ms,
+            with_ms=statistics.median(c.ours_ms),
+            without_ms=statistics.median(c.theirs_ms),
+            ratio_low=c.interval.low,
+            ratio_high=c.interval.high,
+            rounds=c.rounds,
+            outcome=outcome,
             context=report.label[:128],
-            timing_method="model, interleaved rounds, median (tuner/model.py)",
+            timing_method="model, paired interleaved rounds, median (tuner/model.py)",
             versions=tuner.versions,
         )
         report.verdicts.append(
@@ -661,12 +755,24 @@ def _check_round(
                 "problem": key,
                 "label": f"{d.anchor} {d.shape}",
                 "keep": ok,
-                "with_ms": with_ms,
-                "without_ms": without_ms,
+                "outcome": outcome,
+                "with_ms": statistics.median(c.ours_ms),
+                "without_ms": statistics.median(c.theirs_ms),
+                "ratio": c.interval.to_dict(),
+                "rounds": c.rounds,
                 "why": why,
             }
         )
     return True
+
+
+def _why(c: Comparison) -> str:
+    if c.outcome == sig.FASTER:
+        return "faster with it"
+    if c.outcome == sig.UNDECIDED:
+        return "undecided within the rounds' budget: the aten op kept"
+    assert c.interval is not None and c.interval.high is not None
+    return "faster without it" if c.interval.high < 1.0 else "no gain as large as the margin"
 
 
 def _measure(
@@ -687,18 +793,34 @@ def _measure(
     variants.append(_compile(model, inputs, "inductor", mode, _inductor(mode)))
     say(f"{mode}: compiling epilab")
     variants.append(_compile(model, inputs, "epilab", mode, _epilab(store, mode)))
-    say(f"{mode}: timing {len(variants)} variants, {options.rounds} interleaved rounds")
-    _rounds(variants, options.rounds, timer)
+    ours = variants[-1]
+    comparisons = [Comparison(ours=ours, theirs=v, key=v.name) for v in variants[:-1]]
+    say(f"{mode}: timing {len(variants)} variants in interleaved rounds until the intervals decide")
+    held = _compare(comparisons, options, timer)
+    speedups = {c.key: c for c in comparisons}
     for v in variants:
-        lo, hi = v.spread
+        interval = v.interval(held)
+        c = speedups.get(v.name)
+        speedup = None
+        if c is not None and c.interval is not None:
+            same_graph = ours.templates == 0 and v.name == "inductor"
+            speedup = {
+                **c.to_dict(),
+                "same_graph": same_graph,
+                "significant": not same_graph and not c.interval.contains(1.0),
+            }
         report.rows.append(
             {
                 "mode": mode,
                 "variant": v.name,
                 "ms": v.ms,
-                "min_ms": lo,
-                "max_ms": hi,
-                "rounds_ms": [t.median_ms for t in v.times],
+                "low_ms": interval.low,
+                "high_ms": interval.high,
+                "confidence": held,
+                "min_ms": min(v.rounds_ms),
+                "max_ms": max(v.rounds_ms),
+                "rounds_ms": v.rounds_ms,
+                "speedup": speedup,
                 "compile_s": v.compile_s,
                 "templates": v.templates,
                 "anchors": sum(1 for d in v.decisions if not d.tried),
@@ -722,7 +844,9 @@ __all__ = [
     "ModelReport",
     "ModelSpecError",
     "build_model",
+    "cast_model",
     "load_factory",
+    "parse_dtype",
     "parse_input",
     "save",
     "time_calls",
