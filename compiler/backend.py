@@ -7,7 +7,8 @@
 
 ``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``,
 ``progress``, ``mode``; and, for ``tuner/model.py``'s measurements, ``exclude``: problem keys to leave
-to the aten op, ``verdicts``: False to ignore the verdicts recorded from models) and any
+to the aten op, ``verdicts``: False to ignore the verdicts recorded from models, ``cuda_graphs``:
+decide as under CUDA graphs where the caller replays the compiled step in one itself) and any
 Inductor option; ``mode`` is Inductor's (``reduce-overhead``
 gives CUDA graphs). torch 2.11 refuses ``mode=`` and ``options=`` together, so
 the mode may also go in ``options``. Everything else is Inductor's ``compile_fx``, with the pass as
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from epilab.compiler import replay
 
 log = logging.getLogger("epilab.compiler")
-EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode", "exclude", "verdicts", "progress")
+EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode", "exclude", "verdicts", "progress", "cuda_graphs")
 TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
 
 _dbs: dict[str, TuningDB] = {}
@@ -65,6 +66,7 @@ def epilab_backend(
     from epilab.compiler.graph_pass import ChainedPass, EpilabPass
 
     cuda_graphs = bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
+    cuda_graphs = bool(ours.get("cuda_graphs", cuda_graphs))  # the caller replays the step itself
     tune_missing = bool(ours.get("tune_missing", False))
     progress = bool(ours.get("progress", True))
     context, facts = _context(policy, ours.get("db"), tune_missing, cuda_graphs, example_inputs, progress)

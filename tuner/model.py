@@ -8,7 +8,7 @@ default or max-autotune (where Inductor autotunes the kernels of the matmuls it 
 epilab is compiled in the same mode as the Inductor it is compared with.
 
 1. **Record.** The model is compiled with the epilab backend (policy ``auto``, this
-   database) per call and under CUDA graphs (``reduce-overhead``, where the launch-bound
+   database) per call and as under CUDA graphs (option ``cuda_graphs``: the launch-bound
    rules of ``compiler/decide.py`` do not apply); one call each. Every matched anchor's
    decision names its problem and its twins.
 2. **Tune.** Each of those problems that no record serves (its own, or one of the same
@@ -36,12 +36,20 @@ epilab is compiled in the same mode as the Inductor it is compared with.
    every speedup with its interval, called significant only where that excludes 1 (and
    never where epilab kept no template: then it compiles Inductor's graph).
 
-Timing (``time_calls``): CUDA events around groups of back-to-back calls after a warm-up
-(host overhead included, as a serving loop sees it; L2 is not flushed between calls of a
-model), the median of the groups' per-call times; each variant is timed once per round,
-rounds interleave the variants, a variant's time is the median over rounds and a ratio the
-median of the rounds' paired ratios. In
-Triton's interpreter (CPU tests) the times are wall-clock and say nothing of a GPU.
+Timing, per call (``time_calls``): CUDA events around groups of back-to-back calls after a
+warm-up (host overhead included, as a serving loop sees it; L2 is not flushed between calls
+of a model), the median of the groups' per-call times. Under CUDA graphs (``replayed``): the
+compiled step (Inductor without its CUDA-graph trees) captured ``REPLAY_CALLS`` times in one
+CUDA graph and replayed, the GPU time of a step. Not ``reduce-overhead`` timed per call: at
+decode a small model's step there is bound by the trees' host work (Dynamo's guards, the
+trees' bookkeeping, the input copy: ~90 us a step against ~40 us of GPU work for a Qwen2
+MLP on an H100, ``benchmarks/decode_context.py``), the same with or without a template, so
+a kernel's gain drowned in host noise and verdicts were coin flips; a real model's step
+(dozens of layers, one graph) is GPU-bound, what ``replayed`` measures. A step that cannot
+be captured (a host sync) skips the CUDA-graph modes, and the report says so. Each variant
+is timed once per round, rounds interleave the variants, a variant's time is the median over
+rounds and a ratio the median of the rounds' paired ratios. In Triton's interpreter (CPU
+tests) the times are wall-clock and say nothing of a GPU.
 """
 
 from __future__ import annotations
@@ -94,10 +102,30 @@ def inductor_mode(mode: str) -> str:
 
 
 def torch_mode(mode: str) -> str | None:
-    """``torch.compile``'s ``mode`` for one of ``MODES``."""
-    if inductor_mode(mode) == "max-autotune":
-        return "max-autotune" if cuda_graphs(mode) else "max-autotune-no-cudagraphs"
-    return "reduce-overhead" if cuda_graphs(mode) else None
+    """``torch.compile``'s ``mode`` for one of ``MODES``: never Inductor's CUDA-graph trees,
+    the CUDA-graph modes replay the compiled step in a CUDA graph of their own (``replayed``)."""
+    return "max-autotune-no-cudagraphs" if inductor_mode(mode) == "max-autotune" else None
+
+
+REPLAY_CALLS = 10  # steps per CUDA graph in the CUDA-graph modes
+
+
+class NotReplayable(RuntimeError):
+    """The compiled step cannot be captured in a CUDA graph (a host sync, a CPU op)."""
+
+
+def replayed(fn: Callable[[], object]) -> Measured:
+    """Per-step ms of ``fn`` captured ``REPLAY_CALLS`` times in one CUDA graph, replayed: the
+    GPU time of the step, without host work between steps (L2 warm)."""
+    from epilab.tuner.timing import time_graph
+
+    return time_graph(fn, calls=REPLAY_CALLS, replays=20)
+
+
+def default_timer(mode: str, on_gpu: bool) -> Timer:
+    if not on_gpu:
+        return lambda _, fn: time_wall(fn, reps=3)
+    return (lambda _, fn: replayed(fn)) if cuda_graphs(mode) else (lambda _, fn: time_calls(fn))
 
 
 # integer dtypes an example input may have (token ids, masks); quantized dtypes are not inputs
@@ -302,6 +330,7 @@ class ModelReport:
     interrupted: bool = False
     method: str = ""
     rule: str = ""  # the confidence rule the verdicts and speedups were decided by
+    skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it was not checked or timed
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -317,6 +346,7 @@ class ModelReport:
             "interrupted": self.interrupted,
             "method": self.method,
             "rule": self.rule,
+            "skipped": self.skipped,
         }
 
     def speedups(self, mode: str) -> dict[str, float]:
@@ -366,6 +396,7 @@ class ModelReport:
                     f"{v['with_ms']:.4f} | {v['without_ms']:.4f} | "
                     f"{'' if ratio is None else _ratio_text(ratio)} | {v['rounds']} | {v['why']} |"
                 )
+        out += [f"\n{mode}: not timed: {why}" for mode, why in self.skipped.items()]
         if self.rule:
             out += ["", self.rule]
         out += ["", "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())]
@@ -459,12 +490,13 @@ def tune_model(
         )
     on_gpu = not tuner.options.interpret
     modes = tuple(m for m in options.modes if on_gpu or m == "per call")
-    timer = timer or (lambda _, fn: time_calls(fn) if on_gpu else time_wall(fn, reps=3))
+    timers = {mode: timer or default_timer(mode, on_gpu) for mode in modes}
     report = ModelReport(
         label or type(model).__name__,
         tuner.device.name,
         tuner.versions,
-        method="interleaved rounds of time_calls; medians of rounds and of paired ratios (tuner/model.py)",
+        method="interleaved rounds: per call time_calls, under CUDA graphs the step replayed in one "
+        "(GPU time); medians of rounds and of paired ratios (tuner/model.py)",
     )
     if not on_gpu:
         report.method = "interpreter wall-clock (not GPU time)"
@@ -478,13 +510,15 @@ def tune_model(
                 return report
             if options.check_context:
                 started = time.monotonic()
-                for mode in modes:
-                    _check_in_context(model, example_inputs, store, tuner, mode, options, report, timer, say)
+                for mode in _replayable(model, example_inputs, store, modes, on_gpu, report, say):
+                    _check_in_context(
+                        model, example_inputs, store, tuner, mode, options, report, timers[mode], say
+                    )
                 report.seconds["context check"] = time.monotonic() - started
             if options.measure:
                 started = time.monotonic()
-                for mode in modes:
-                    _measure(model, example_inputs, store, mode, options, report, timer, say)
+                for mode in _replayable(model, example_inputs, store, modes, on_gpu, report, say):
+                    _measure(model, example_inputs, store, mode, options, report, timers[mode], say)
                 report.seconds["measure"] = time.monotonic() - started
     finally:
         if owned:
@@ -520,8 +554,39 @@ def _compiling(freezing: bool = False) -> Iterator[None]:
             torch._dynamo.reset()
 
 
+def _replayable(
+    model: torch.nn.Module,
+    inputs: Sequence[Any],
+    store: TuningDB,
+    modes: tuple[str, ...],
+    on_gpu: bool,
+    report: ModelReport,
+    say: Callable[[str], None],
+) -> list[str]:
+    """``modes`` less the CUDA-graph ones where the compiled step cannot be captured (told,
+    and noted in ``report.skipped``)."""
+    out = []
+    for mode in modes:
+        if on_gpu and cuda_graphs(mode) and mode not in report.skipped:
+            torch._dynamo.reset()
+            try:
+                for how in (_inductor(mode), _epilab(store, mode)):
+                    fn = torch.compile(model, **how)
+                    fn(*inputs)
+                    replayed(lambda fn=fn: fn(*inputs))
+            except Exception as e:  # a host sync or CPU op in the step: capture fails
+                report.skipped[mode] = f"the compiled step cannot be captured in a CUDA graph: {_one_line(e)}"
+                say(f"{mode}: skipped, {report.skipped[mode]}")
+            torch._dynamo.reset()
+        if mode not in report.skipped:
+            out.append(mode)
+    return out
+
+
 def _epilab(store: TuningDB, mode: str, **extra: Any) -> dict[str, Any]:
     options: dict[str, Any] = {"db": store.url, "policy": "auto", **extra}
+    if cuda_graphs(mode):
+        options["cuda_graphs"] = True  # decided as under CUDA graphs: the step is replayed in one
     if torch_mode(mode) is not None:
         options["mode"] = torch_mode(mode)
     return {"backend": "epilab", "options": options}
