@@ -62,6 +62,7 @@ class ProblemReport:
     ms: float | None = None  # comparable time of the best trial
     baselines: dict[str, float] = field(default_factory=dict)  # library -> ms, like with like
     speedups: dict[str, float] = field(default_factory=dict)  # library -> baseline ms / tuned ms
+    timed_as: dict[str, str] = field(default_factory=dict)  # library -> "graph" or "events": both sides alike
     trials_ok: int = 0
     trials_failed: int = 0
     studies: tuple[str, ...] = ()
@@ -271,6 +272,8 @@ def collect(
             p.baselines[lib] = comparable_ms(b, p.best)
             if p.best is not None:
                 p.speedups[lib] = p.baselines[lib] / comparable_ms(p.best, b)
+                both_graphs = p.best.graph_ms is not None and b.graph_ms is not None
+                p.timed_as[lib] = "graph" if both_graphs else "events"
         problems.append(p)
     failures.sort(key=lambda f: f.created_at, reverse=True)
     records = [r for r in snapshot.trials + snapshot.baselines if r.device == chosen]

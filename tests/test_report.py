@@ -154,7 +154,10 @@ def test_report_has_the_rows_speedups_and_plot_containers(db):
     assert addmm.ms == pytest.approx(0.1) and addmm.speedups["cublas"] == pytest.approx(1.5)
     assert addmm.nbytes == NBYTES and addmm.flops == 2 * 1024**3
     assert addmm.speedups["inductor"] == pytest.approx(0.8)
+    # every speedup says how both sides were timed (graph replay only where both have one)
+    assert set(addmm.timed_as) == set(addmm.speedups) and set(addmm.timed_as.values()) <= {"graph", "events"}
     assert data.geomean("cublas")[0] == pytest.approx(1.5)
+    assert 'data-how="' in report_html.render(data)
     page = _Page(report_html.render(data))
     problems = {cls: rows for cls, rows in page.tables if "problems" in cls}
     assert len([c for c, _ in page.tables if "problems" in c]) == 3  # one table per op
