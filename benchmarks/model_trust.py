@@ -163,6 +163,13 @@ def main() -> None:
     budget = Budget(trials=args.trials, seconds=args.seconds, patience=max(4, args.trials // 2))
     options = ModelOptions(modes=("per call", "CUDA graphs"))
     results = []
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "budget": {"trials": args.trials, "seconds": args.seconds},
+    }
     with TuningDB.open(args.db) as db, Tuner(db, TuneOptions(budget=budget, baselines=("cublas",))) as tuner:
         for name in args.models.split(","):
             if time.monotonic() - began > args.stop_after:
@@ -189,19 +196,12 @@ def main() -> None:
             if len(reports) == 2:
                 entry["agreement"] = agreement(*reports)
             results.append(entry)
+            if args.json:  # after every model: a call cut by its time limit keeps what it measured
+                Path(args.json).write_text(json.dumps({**meta, "results": results}, indent=1))
             if args.profile and name == "qwen_decode":
                 profile(model, inputs[0], db.url, Path(args.json).parent if args.json else Path("."))
             del model
             torch.cuda.empty_cache()
-    meta = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "budget": {"trials": args.trials, "seconds": args.seconds},
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps({**meta, "results": results}, indent=1))
     print(f"\n{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}")
     print("| model | decided verdicts | repeated | significant speedups | repeated | same-graph claims |")
     print("|---|---:|---:|---:|---:|---:|")
