@@ -478,3 +478,38 @@ def test_cli_tunes_a_float8_model_as_it_is(tmp_path, monkeypatch):
     }
     bad = CliRunner().invoke(app, [*args[:4], "--dtype", "float8_e4m3fn", "--db", str(tmp_path / "u.db")])
     assert bad.exit_code == 1 and "never cast" in bad.output and not (tmp_path / "u.db").exists()
+
+
+@pytest.mark.parametrize(
+    "outcome, low, high, words",
+    [
+        ("not faster", 0.80, 0.90, "the model is faster without it"),
+        ("not faster", 0.99, 1.005, "not faster with it by the margin"),
+        ("undecided", 0.97, 1.04, "no significant difference"),
+        ("slower than inductor", 1.00, 1.01, "not faster than Inductor"),
+        (None, None, None, "the model is faster without it"),  # recorded before revision 0006
+    ],
+)
+def test_a_rejected_verdict_says_why(outcome, low, high, words):
+    from datetime import datetime, timezone
+
+    from epilab.db.store import Verdict
+
+    v = Verdict(
+        "k",
+        False,
+        1.0,
+        0.9,
+        "block",
+        False,
+        "default",
+        "m",
+        Versions("t", "t"),
+        datetime.now(timezone.utc),
+        ratio_low=low,
+        ratio_high=high,
+        rounds=None if low is None else 8,
+        outcome=outcome,
+    )
+    assert words in v.why_not()
+    assert ("over 8 rounds" in v.describe()) == (low is not None)
