@@ -305,9 +305,15 @@ def test_problems_a_rejection_brings_in_are_checked_in_a_next_round(tmp_path):
     assert ["row_sum" in t for t in texts].count(True) == 2
 
 
-def test_unknown_modes_are_refused(tmp_path):
-    with TuningDB.open(str(tmp_path / "t.db")) as db, pytest.raises(ValueError, match="unknown mode"):
-        tune_model(Block(), torch.randn(2, 16), db=db, options=ModelOptions(modes=("per kall",)))
+def test_unknown_modes_and_rounds_that_decide_nothing_are_refused(tmp_path):
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        with pytest.raises(ValueError, match="unknown mode"):
+            tune_model(Block(), torch.randn(2, 16), db=db, options=ModelOptions(modes=("per kall",)))
+        # 2 rounds a look, 3 looks: each held to 98.3%, which needs 7 rounds; 5 rounds, 1 look: 6
+        for rounds, max_rounds in [(2, 6), (5, 5)]:
+            with pytest.raises(ValueError, match="can decide nothing"):
+                options = ModelOptions(rounds=rounds, max_rounds=max_rounds)
+                tune_model(Block(), torch.randn(2, 16), db=db, options=options)
 
 
 def test_cli_tune_model_refuses_bad_input_clearly(tmp_path):

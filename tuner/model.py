@@ -473,11 +473,18 @@ def tune_model(
     unknown = set(options.modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
-    sig.looks(options.rounds, options.max_rounds)  # refuses rounds outside 1 <= rounds <= max_rounds
     if not 0.5 <= options.confidence < 1.0 or not 0.0 <= options.margin < 1.0:
         raise ValueError(
             f"confidence {options.confidence!r}, margin {options.margin!r}: give a confidence in "
             "[0.5, 1) and a margin in [0, 1)"
+        )
+    schedule = sig.looks(options.rounds, options.max_rounds)  # refuses rounds outside 1..max_rounds
+    needed = sig.min_rounds(sig.per_look(options.confidence, len(schedule)))
+    if (options.check_context or options.measure) and options.max_rounds < needed:
+        raise ValueError(
+            f"max_rounds {options.max_rounds} (rounds {options.rounds}) can decide nothing at "
+            f"{options.confidence:.0%}: with {len(schedule)} look(s) the interval needs at least "
+            f"{needed} rounds; give more (the default is {ROUNDS} rounds, up to {MAX_ROUNDS})"
         )
     store = db if isinstance(db, TuningDB) else TuningDB.open(str(db) if db is not None else settings().db)
     owned = tuner is None
