@@ -515,16 +515,19 @@ def tune_model(
             _record_and_tune(model, example_inputs, store, tuner, modes, options, report, tune_jobs, say)
             if report.interrupted:
                 return report
+            timed = modes
+            if options.check_context or options.measure:  # probed once for both steps
+                timed = _replayable(model, example_inputs, store, modes, on_gpu, report, say)
             if options.check_context:
                 started = time.monotonic()
-                for mode in _replayable(model, example_inputs, store, modes, on_gpu, report, say):
+                for mode in timed:
                     _check_in_context(
                         model, example_inputs, store, tuner, mode, options, report, timers[mode], say
                     )
                 report.seconds["context check"] = time.monotonic() - started
             if options.measure:
                 started = time.monotonic()
-                for mode in _replayable(model, example_inputs, store, modes, on_gpu, report, say):
+                for mode in timed:
                     _measure(model, example_inputs, store, mode, options, report, timers[mode], say)
                 report.seconds["measure"] = time.monotonic() - started
     finally:
@@ -574,7 +577,7 @@ def _replayable(
     and noted in ``report.skipped``)."""
     out = []
     for mode in modes:
-        if on_gpu and cuda_graphs(mode) and mode not in report.skipped:
+        if on_gpu and cuda_graphs(mode):
             torch._dynamo.reset()
             try:
                 for how in (_inductor(mode), _epilab(store, mode)):
