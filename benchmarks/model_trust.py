@@ -30,6 +30,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from zoo.quantized import Fp8Linear
+
 from epilab.db import TuningDB
 from epilab.tuner.model import ModelOptions, ModelReport, tune_model
 from epilab.tuner.search import Budget
@@ -47,20 +49,6 @@ class QwenMlp(nn.Module):
     def forward(self, x):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
-
-
-class Fp8Linear(nn.Module):
-    def __init__(self, d: int, f: int) -> None:
-        super().__init__()
-        w = torch.randn(f, d) / d**0.5
-        scale = w.abs().amax(dim=1, keepdim=True) / 448
-        self.register_buffer("weight", (w / scale).to(torch.float8_e4m3fn))
-        self.register_buffer("scale", scale.t().contiguous())
-
-    def forward(self, x):
-        xs = x.abs().amax(dim=-1, keepdim=True).float() / 448
-        xq = (x / xs).to(torch.float8_e4m3fn)
-        return torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale, out_dtype=torch.bfloat16)
 
 
 class Fp8Mlp(nn.Module):

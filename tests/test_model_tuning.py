@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from records import record
 from typer.testing import CliRunner
+from zoo.quantized import Fp8Linear
 
 import epilab
 from epilab.cli import app
@@ -406,23 +407,6 @@ def test_no_speedup_is_claimed_where_epilab_keeps_no_template(tmp_path):
     table = report.table()
     assert "same graph as Inductor" in table and "1.200x" not in table
     assert all(r["low_ms"] == r["high_ms"] == r["ms"] for r in report.rows)
-
-
-class Fp8Linear(nn.Module):
-    """A rowwise-scaled float8 projection: float8 weight and float32 scale buffers, the
-    input quantized per row on the fly (``torch._scaled_mm``)."""
-
-    def __init__(self, d: int, f: int) -> None:
-        super().__init__()
-        w = torch.randn(f, d) / d**0.5
-        scale = w.abs().amax(dim=1, keepdim=True) / 448
-        self.register_buffer("weight", (w / scale).to(torch.float8_e4m3fn))
-        self.register_buffer("scale", scale.t().contiguous())
-
-    def forward(self, x):
-        xs = x.abs().amax(dim=-1, keepdim=True).float() / 448
-        xq = (x / xs).to(torch.float8_e4m3fn)
-        return torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale, out_dtype=torch.bfloat16)
 
 
 class Fp8Mlp(nn.Module):
