@@ -76,7 +76,11 @@ def epilab_backend(
         "max_autotune_gemm", inductor_config.max_autotune_gemm
     )
     context.inductor_mode = "max-autotune" if autotune else "default"
-    facts += f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}|{context.inductor_mode}"
+    context.training = _training(gm, example_inputs)
+    facts += (
+        f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}|{context.inductor_mode}"
+        f"|training={context.training}"
+    )
     key = replay.graph_key(gm, example_inputs, facts)
     entry = replay.load(key)
     if entry is None or not entry.reusable:
@@ -93,6 +97,16 @@ def epilab_backend(
     if not ours_pass.ran:  # served by Inductor's caches: report what was decided on that graph
         explain.record([dataclasses.replace(d, replayed=True) for d in entry.decisions])
     return compiled
+
+
+def _training(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> bool:
+    """Whether this graph is compiled for a training step: AOTAutograd's own rule (grad mode
+    on and some input, parameters included, requiring grad), so that its forward and backward
+    graphs follow the verdicts measured in training steps."""
+    if not torch.is_grad_enabled():
+        return False
+    inputs = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    return any(t.requires_grad for t in (*inputs, *gm.parameters()))
 
 
 def _counted(tune: Callable[[Problem], None], entry: replay.Entry) -> Callable[[Problem], None]:

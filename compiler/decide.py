@@ -20,7 +20,9 @@ Policy ``auto`` (the default):
    A verdict recorded by ``tuner/model.py`` (the model timed with and without the
    template) overrules the records: a problem whose model was faster without the
    template keeps the aten op, in the CUDA-graph mode and Inductor mode (default or
-   max-autotune, which autotunes the aten op's own kernel) the verdict was measured in.
+   max-autotune, which autotunes the aten op's own kernel) the verdict was measured in, and
+   for the kind of graph it was measured in (inference, or a training step's forward and
+   backward graphs: ``Context.training``).
 2. No record: with ``tune_missing`` the problem is tuned now with a small budget
    and stored, then rule 1 applies. Otherwise the aten op. The documented rule
    for using the untuned heuristic config is "nowhere": over the cases of
@@ -153,6 +155,7 @@ class Context:
     exclude: frozenset[str] = frozenset()  # problem keys left to the aten op (tune_model's ablations)
     verdicts: bool = True  # follow the verdicts of models measured with and without a template
     inductor_mode: str = "default"  # or "max-autotune": what the aten op becomes (verdicts are per mode)
+    training: bool = False  # a training step's graph (forward or backward): verdicts of training steps
 
 
 _time = comparable_ms  # compare like with like: CUDA-graph times when both have them
@@ -200,7 +203,12 @@ def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool
     if not ok or not ctx.verdicts or ctx.db is None or ctx.device is None:
         return ok, why
     verdict = ctx.db.verdict(
-        chosen.key, ctx.device, ctx.versions, cuda_graphs=ctx.cuda_graphs, inductor_mode=ctx.inductor_mode
+        chosen.key,
+        ctx.device,
+        ctx.versions,
+        cuda_graphs=ctx.cuda_graphs,
+        inductor_mode=ctx.inductor_mode,
+        training=ctx.training,
     )
     if verdict is None:
         return ok, why

@@ -13,7 +13,18 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 STATUSES = ("ok", "compile_error", "out_of_resources", "incorrect", "timeout", "crashed")
@@ -140,11 +151,12 @@ class BaselineRecord(_Timed, Base):
 
 class VerdictRecord(Base):
     """Whether a template kept its promise inside a compiled model (revision 0004; its
-    interval, rounds and outcome: 0006): the model timed with the template on its problem
-    and with that problem left to Inductor (``tuner/model.py``). The compiler reads the
-    newest verdict of its problem for its device, versions, CUDA-graph mode and Inductor
-    mode (what the aten op becomes: cuBLAS, or Inductor's max-autotune choice); ``keep``
-    False sends the problem to the aten op."""
+    interval, rounds and outcome: 0006; whether it was a training step: 0007): the model timed
+    with the template on its problem and with that problem left to Inductor
+    (``tuner/model.py``). The compiler reads the newest verdict of its problem for its
+    device, versions, CUDA-graph mode, Inductor mode (what the aten op becomes: cuBLAS, or
+    Inductor's max-autotune choice) and kind of graph (inference, or a training step's
+    forward and backward); ``keep`` False sends the problem to the aten op."""
 
     __tablename__ = "epilab_verdicts"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -152,6 +164,8 @@ class VerdictRecord(Base):
     device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
     cuda_graphs: Mapped[bool] = mapped_column(Boolean)  # the mode it was measured in: CUDA graphs or not
     inductor_mode: Mapped[str] = mapped_column(String(32))  # ... and Inductor's: "default", "max-autotune"
+    # revision 0007: measured in a training step (forward and backward), not at inference
+    training: Mapped[bool] = mapped_column(Boolean, server_default=false())
     keep: Mapped[bool] = mapped_column(Boolean)
     with_ms: Mapped[float] = mapped_column(Float)  # the model's time with the template
     without_ms: Mapped[float] = mapped_column(Float)  # ... and with the problem on the aten op
@@ -173,6 +187,7 @@ class VerdictRecord(Base):
             "problem_id",
             "device_id",
             "cuda_graphs",
+            "training",
             "inductor_mode",
             "torch_version",
             "triton_version",

@@ -202,3 +202,8 @@ def prepare(conn: Connection, where: str, *, readonly: bool = False) -> str:
 def stamp_and_upgrade_to(conn: Connection, revision: str) -> None:
     """Migrate ``conn`` to a given revision (tests build old databases with this)."""
     command.upgrade(_alembic_config(conn), revision)
+
+
+def downgrade_to(conn: Connection, revision: str) -> None:
+    """Migrate ``conn`` back to an older revision (tests check the way down with this)."""
+    command.downgrade(_alembic_config(conn), revision)

@@ -70,6 +70,7 @@ IDENTITY: dict[type, tuple[str, ...]] = {
         "problem_id",
         "device_id",
         "cuda_graphs",
+        "training",
         "inductor_mode",
         "torch_version",
         "triton_version",
@@ -203,6 +204,7 @@ class Verdict:
     timing_method: str
     versions: Versions
     created_at: datetime
+    training: bool = False  # measured in a training step (forward and backward; revision 0007)
     # the paired ratio without/with: its interval, rounds, and the outcome (VERDICT_OUTCOMES);
     # None for verdicts recorded before revision 0006
     ratio_low: float | None = None
@@ -214,6 +216,8 @@ class Verdict:
         mode = "under CUDA graphs" if self.cuda_graphs else "per call"
         if self.inductor_mode != "default":
             mode += f", Inductor {self.inductor_mode}"
+        if self.training:
+            mode = f"a training step, {mode}"
         text = (
             f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms with the template, "
             f"{self.without_ms:.4g} ms without"
@@ -537,9 +541,11 @@ class TuningDB:
         ratio_high: float | None = None,
         rounds: int | None = None,
         outcome: str | None = None,
+        training: bool = False,
     ) -> None:
-        """Store (or replace) the verdict of ``problem`` in a model, for one CUDA-graph mode
-        and Inductor mode; with the paired ratio's interval, rounds and outcome where known."""
+        """Store (or replace) the verdict of ``problem`` in a model, for one CUDA-graph mode,
+        Inductor mode and kind of step (``training``: forward and backward, else inference);
+        with the paired ratio's interval, rounds and outcome where known."""
         if inductor_mode not in INDUCTOR_MODES:
             raise ValueError(f"inductor_mode {inductor_mode!r} is not one of {INDUCTOR_MODES}")
         if outcome is not None and outcome not in VERDICT_OUTCOMES:
@@ -552,6 +558,7 @@ class TuningDB:
             "rounds": rounds,
             "outcome": outcome,
             "cuda_graphs": bool(cuda_graphs),
+            "training": bool(training),
             "inductor_mode": inductor_mode,
             "keep": bool(keep),
             "with_ms": _check_num("with_ms", with_ms, optional=False),
@@ -579,8 +586,10 @@ class TuningDB:
         *,
         cuda_graphs: bool,
         inductor_mode: str = "default",
+        training: bool = False,
     ) -> Verdict | None:
-        """The verdict of problem ``key`` measured on ``device`` with these versions, in these modes."""
+        """The verdict of problem ``key`` measured on ``device`` with these versions, in these
+        modes, in a training step (``training``) or at inference."""
         with self.session() as s:
             row = s.execute(
                 select(VerdictRecord, ProblemRow.key)
@@ -592,6 +601,7 @@ class TuningDB:
                     Device.capability == device.capability,
                     Device.sm_count == device.sm_count,
                     VerdictRecord.cuda_graphs == bool(cuda_graphs),
+                    VerdictRecord.training == bool(training),
                     VerdictRecord.inductor_mode == inductor_mode,
                     VerdictRecord.torch_version == versions.torch,
                     VerdictRecord.triton_version == versions.triton,
@@ -615,6 +625,7 @@ class TuningDB:
             ratio_high=v.ratio_high,
             rounds=v.rounds,
             outcome=v.outcome,
+            training=v.training,
         )
 
     def prune_stale(self, current_hashes: Mapping[str, str]) -> int:

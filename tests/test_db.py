@@ -240,7 +240,7 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
             )
     engine.dispose()
     with TuningDB.open(path) as db:
-        assert db.revision == db_schema.head_revision() == "0006"
+        assert db.revision == db_schema.head_revision() == "0007"
         assert all(r.graph_ms is None for r in db.records(p.key))  # 0003 added it empty
         assert db.verdict(p.key, H200, Versions("2.10", "3.5"), cuda_graphs=False) is None  # 0004: none yet
         assert len(db.records(p.key)) == 2
@@ -249,6 +249,42 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
         assert near is not None and near.m == 512
     with TuningDB.open(path) as db:  # opening a current database again changes nothing
         assert len(db.records(p.key)) == 2
+
+
+def test_verdicts_of_revision_0006_become_inference_verdicts_beside_training_ones(db_target):
+    """0007 adds ``training`` to a verdict's identity: a database of 0006 keeps its verdicts as
+    inference ones, a training step's verdict of the same problem is stored beside them, and
+    going back to 0006 keeps the inference ones."""
+    p = problem()
+
+    def verdict(db: TuningDB, keep: bool, **training: bool) -> None:
+        db.record_verdict(
+            p, H200, cuda_graphs=False, keep=keep, with_ms=1.0, without_ms=1.2, context="gpt2",
+            timing_method="model", versions=NOW, **training,
+        )  # fmt: skip
+
+    with TuningDB.open(db_target) as db:
+        verdict(db, True)
+    engine = sa.create_engine(_url(db_target))
+    with engine.begin() as conn:
+        db_schema.downgrade_to(conn, "0006")
+        assert "training" not in {c["name"] for c in sa.inspect(conn).get_columns("epilab_verdicts")}
+    engine.dispose()
+    with TuningDB.open(db_target) as db:
+        assert db.revision == "0007"
+        got = db.verdict(p.key, H200, NOW, cuda_graphs=False)
+        assert got is not None and got.keep and not got.training
+        assert db.verdict(p.key, H200, NOW, cuda_graphs=False, training=True) is None
+        verdict(db, False, training=True)  # beside it, not in its place
+        assert db.verdict(p.key, H200, NOW, cuda_graphs=False).keep
+        got = db.verdict(p.key, H200, NOW, cuda_graphs=False, training=True)
+        assert not got.keep and "a training step, per call" in got.describe()
+    engine = sa.create_engine(_url(db_target))
+    with engine.begin() as conn:
+        db_schema.downgrade_to(conn, "0006")
+        rows = conn.execute(sa.text("SELECT keep FROM epilab_verdicts")).all()
+    engine.dispose()
+    assert [bool(r[0]) for r in rows] == [True]
 
 
 def test_database_from_a_newer_epilab_is_refused_untouched(db_target):
