@@ -378,6 +378,15 @@ def tune(
             "inference only): what folding a norm into the next GEMM needs",
         ),
     ] = False,
+    train: Annotated[
+        bool,
+        typer.Option(
+            "--train",
+            help="with --model: a call is a training step (the model in train mode, grads reset, "
+            "forward, backward; no optimizer step): tune the forward's and the backward's GEMMs, "
+            "check and time the step",
+        ),
+    ] = False,
     out_file: Annotated[
         str | None, typer.Option("--out", help="with --model: also write the report as JSON to this file")
     ] = None,
@@ -396,7 +405,9 @@ def tune(
     With --model, the problems are the model's own (see tuner/model.py): it is compiled with
     the epilab backend, what it needs is tuned, each template the records choose is kept only
     where the compiled model is faster with it (the verdict is stored for later compiles),
-    and the model is timed per call and under CUDA graphs against Inductor.
+    and the model is timed per call and under CUDA graphs against Inductor. With --train a
+    call is a training step: the backward's GEMMs are tuned too, and the verdicts are those of
+    training steps (inference compiles do not follow them, nor training compiles inference's).
 
     Examples:
 
@@ -407,7 +418,9 @@ def tune(
       epilab tune --shapes shapes.jsonl --db tuned.db      # one problem per line, e.g.
       {"m": 8192, "n": 14336, "k": 4096, "epilogue": "bias_gelu_tanh"}
 
-      epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --db tuned.db"""
+      epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --db tuned.db
+
+      epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --train  # a training step"""
     import torch
 
     if ctx.invoked_subcommand is not None:
@@ -416,6 +429,14 @@ def tune(
         raise ValueError("give exactly one of --suite NAME, --shapes FILE, --seen or --model MODULE:FACTORY")
     if inputs and model is None:
         raise typer.BadParameter("--input goes with --model", param_hint="--input")
+    for flag, given in (("--train", train), ("--freezing", freezing)):
+        if given and model is None:
+            raise typer.BadParameter(f"{flag} goes with --model", param_hint=flag)
+    if train and freezing:
+        raise typer.BadParameter(
+            "--freezing makes the weights constants, for inference only: give --train or --freezing",
+            param_hint="--train",
+        )
     if dtype is not None:
         if model is None:
             raise typer.BadParameter("--dtype goes with --model", param_hint="--dtype")
@@ -485,6 +506,7 @@ def tune(
             check_context=context,
             modes=modes,
             freezing=freezing,
+            train=train,
         )
         with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
             _tune_model(
@@ -631,7 +653,9 @@ def _tune_model(
     from epilab.tuner.model import build_model, save, tune_model
 
     where = torch.device("cpu") if tuner.options.interpret else torch.device(device)
-    net, example, label = build_model(target, inputs, where, seed=tuner.options.seed, dtype=dtype)
+    net, example, label = build_model(
+        target, inputs, where, seed=tuner.options.seed, dtype=dtype, train=how.train
+    )
     out = err_console if json_out else console
     report = tune_model(
         net,

@@ -18,6 +18,7 @@ from zoo.quantized import Fp8Linear
 import epilab
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
+from epilab.templates.problem import Problem
 from epilab.tuner.model import (
     ModelOptions,
     ModelSpecError,
@@ -104,8 +105,6 @@ def _problems(db_path, model, x):
         torch.compile(model, backend="epilab", options={"db": db_path})(x)
     torch._dynamo.reset()
     decisions = epilab.explain(clear=True)
-    from epilab.templates.problem import Problem
-
     with TuningDB.open(db_path) as db:
         return decisions, [Problem.from_json(db.problem_json(d.problem_key)[1]) for d in decisions]
 
@@ -258,8 +257,6 @@ class NormBlock(nn.Module):
 
 @pytest.mark.parametrize("freezing", [False, True], ids=["plain", "freezing"])
 def test_tune_model_with_freezing_tunes_the_folded_norms_problems(freezing, tmp_path):
-    from epilab.templates.problem import Problem
-
     torch.manual_seed(0)
     model, x = NormBlock().eval(), torch.randn(2, 5, 16)
     options = ModelOptions(check_context=False, measure=False, freezing=freezing)
@@ -280,8 +277,6 @@ def test_tune_model_with_freezing_tunes_the_folded_norms_problems(freezing, tmp_
 def test_problems_a_rejection_brings_in_are_checked_in_a_next_round(tmp_path):
     # every template loses in context; rejecting the folded projection leaves its norm
     # unfolded, and the plain projection's problem (chosen then) gets a verdict of its own
-    from epilab.templates.problem import Problem
-
     torch.manual_seed(0)
     model, x = NormBlock().eval(), torch.randn(2, 5, 16)
 
@@ -356,6 +351,41 @@ def test_gpu_tune_model_checks_templates_in_context_and_measures(tmp_path):
         verdicts = [v for v in report.verdicts if v["mode"] == mode]
         epilab_row = next(r for r in report.rows if r["mode"] == mode and r["variant"] == "epilab")
         assert epilab_row["templates"] <= sum(v["keep"] for v in verdicts)
+
+
+@pytest.mark.gpu
+def test_gpu_tune_model_tunes_checks_and_times_a_training_step(tmp_path):
+    torch.manual_seed(0)
+    model = Block(d=512, f=2048).to("cuda", torch.bfloat16).train()
+    x = torch.randn(8, 128, 512, device="cuda", dtype=torch.bfloat16)
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        options = TuneOptions(budget=Budget(trials=3, seconds=20, patience=3), baselines=("cublas",))
+        with Tuner(db, options) as tuner:
+            report = tune_model(
+                model,
+                x,
+                db=db,
+                tuner=tuner,
+                options=ModelOptions(rounds=6, max_rounds=12, modes=("per call", "CUDA graphs"), train=True),
+            )
+    assert report.training and not report.skipped  # the step is captured in a CUDA graph
+    # the forward's two projections and the backward's GEMMs
+    assert len(report.tuned) >= 5, [r.label for r in report.tuned]
+    assert {r["mode"] for r in report.rows} == {"per call", "CUDA graphs"}
+    assert all(r["ms"] > 0 and r["min_ms"] <= r["ms"] <= r["max_ms"] for r in report.rows)
+    for mode in ("per call", "CUDA graphs"):
+        verdicts = [v for v in report.verdicts if v["mode"] == mode]
+        epilab_row = next(r for r in report.rows if r["mode"] == mode and r["variant"] == "epilab")
+        assert epilab_row["templates"] <= sum(v["keep"] for v in verdicts)
+    # each parameter's gradient through epilab's step matches eager's
+    from epilab.tuner.step import Workload
+
+    grads = []
+    for fn in (model, torch.compile(model, backend="epilab", options={"db": str(tmp_path / "t.db")})):
+        Workload(model, (x,), train=True).bind(fn)()
+        grads.append([p.grad.float() for p in model.parameters()])
+    for got, want in zip(grads[1], grads[0], strict=True):
+        assert (got - want).norm() <= 2e-2 * want.norm()
 
 
 def test_an_undecided_verdict_keeps_the_aten_op_and_says_so(tmp_path):
@@ -470,6 +500,42 @@ def test_cli_tunes_a_float8_model_as_it_is(tmp_path, monkeypatch):
     assert bad.exit_code == 1 and "never cast" in bad.output and not (tmp_path / "u.db").exists()
 
 
+def test_cli_tune_model_train_tunes_the_backward_of_a_model_in_train_mode(tmp_path, monkeypatch):
+    (tmp_path / "train_zoo_for_test.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import torch.nn.functional as F
+
+            class Up(torch.nn.Linear):
+                def forward(self, x):
+                    assert self.training  # --train runs the model in train mode
+                    return F.gelu(super().forward(x), approximate="tanh")
+
+            def build():
+                return Up(16, 24).eval(), (torch.randn(2, 5, 16),)
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out_file = tmp_path / "report.json"
+    args = ["tune", "--model", "train_zoo_for_test:build", "--interpret", "--db", str(tmp_path / "t.db")]
+    args += ["--trials", "1", "--no-context", "--rounds", "6", "--max-rounds", "6", "--out", str(out_file)]
+    out = CliRunner().invoke(app, [*args, "--train"])
+    sys.modules.pop("train_zoo_for_test", None)
+    assert out.exit_code == 0, out.output
+    import json
+
+    report = json.loads(out_file.read_text())
+    assert report["training"] and "a training step (forward and backward)" in out.output
+    # the forward's GEMM (its pre-activation kept for the backward) and the weight's gradient
+    # grad.T @ x (24 x 16 over the 10 rows), each with its gemv twin
+    shapes = {r["label"].split()[1] for r in report["tuned"]}
+    assert shapes == {"10x24x16", "24x16x10"}, [r["label"] for r in report["tuned"]]
+    assert {r["variant"] for r in report["rows"]} == {"eager", "inductor", "epilab"}
+
+
 @pytest.mark.parametrize(
     "outcome, low, high, words",
     [
@@ -503,3 +569,89 @@ def test_a_rejected_verdict_says_why(outcome, low, high, words):
     )
     assert words in v.why_not()
     assert ("over 8 rounds" in v.describe()) == (low is not None)
+
+
+def _training_problems(db_path, model, x):
+    """The problems of one compiled training step (forward and backward graphs)."""
+    from epilab.tuner.step import Workload
+
+    Workload(model, (x,), train=True).bind(torch.compile(model, backend="epilab", options={"db": db_path}))()
+    torch._dynamo.reset()
+    decisions = epilab.explain(clear=True)
+    with TuningDB.open(db_path) as db:
+        return decisions, [Problem.from_json(db.problem_json(d.problem_key)[1]) for d in decisions]
+
+
+def test_a_training_step_tunes_the_backward_and_keeps_its_verdicts_apart(tmp_path):
+    torch.manual_seed(0)
+    db_path = str(tmp_path / "t.db")
+    model, x = Block().train(), torch.randn(2, 5, 16)
+    _, inference = _problems(db_path, model, x)
+    decisions, training = _training_problems(db_path, model, x)
+    # the forward's two projections and the backward's GEMMs (grad @ W for the inputs' grads,
+    # x.T @ grad for the weights'); the GELU's backward joins the first one's epilogue
+    assert len(decisions) >= 5, [(d.anchor, d.shape, d.epilogue) for d in decisions]
+    assert {p.key for p in training} - {p.key for p in inference}
+    with TuningDB.open(db_path) as db:
+        tuner = Tuner(
+            db, TuneOptions(budget=Budget(trials=1, patience=1), interpret=True, jobs=0, baselines=())
+        )
+        with tuner:
+            report = tune_model(
+                model,
+                x,
+                db=db,
+                tuner=tuner,
+                options=ModelOptions(rounds=6, max_rounds=6, train=True),
+                label="block",
+                timer=lambda name, fn: Measured(
+                    *(3 * [0.9 if name.startswith("epilab") else 1.0]), 1, "fake"
+                ),
+                progress=False,
+            )
+            assert report.training and "a training step" in report.table()
+            assert not unserved(db, tuner.device, training)  # every training problem tuned
+            tuned = {r.key for r in report.tuned}
+            assert tuned & ({p.key for p in training} - {p.key for p in inference})
+            kept = [v for v in report.verdicts if v["keep"]]
+            assert kept, report.table()
+            for v in kept:
+                got = db.verdict(
+                    v["problem"], INTERPRETER_DEVICE, tuner.versions, cuda_graphs=False, training=True
+                )
+                assert got is not None and got.keep and got.training and "a training step" in got.describe()
+                # ... and none at inference: an inference compile does not follow it
+                assert db.verdict(v["problem"], INTERPRETER_DEVICE, tuner.versions, cuda_graphs=False) is None
+    # the training step was timed: eager, Inductor and epilab, each a forward and a backward
+    assert {r["variant"] for r in report.rows} == {"eager", "inductor", "epilab"}
+    with TuningDB.open(db_path) as db:  # a verdict that rejects each kept training template...
+        for v in kept:
+            db.record_verdict(
+                Problem.from_json(db.problem_json(v["problem"])[1]),
+                INTERPRETER_DEVICE,
+                cuda_graphs=False,
+                training=True,
+                keep=False,
+                with_ms=1.0,
+                without_ms=0.5,
+                context="train",
+                timing_method="fake",
+                versions=tuner.versions,
+                outcome="not faster",
+            )
+    decisions, _ = _training_problems(db_path, model, x)
+    assert all(d.template is None for d in decisions), [(d.shape, d.reason) for d in decisions]
+    assert any("a training step" in d.reason for d in decisions)
+    decisions, _ = _problems(db_path, model.eval(), x)  # ... leaves inference to its own records
+    assert all("a training step" not in d.reason for d in decisions)
+
+
+def test_train_refuses_a_model_with_nothing_to_train_and_freezing(tmp_path):
+    model, x = Block().requires_grad_(False), torch.randn(2, 5, 16)
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        with pytest.raises(ValueError, match="requires grad, and none does"):
+            tune_model(model, x, db=db, options=ModelOptions(train=True), progress=False)
+        with pytest.raises(ValueError, match="give train or freezing"):
+            tune_model(Block(), x, db=db, options=ModelOptions(train=True, freezing=True), progress=False)
+    result = CliRunner().invoke(app, ["tune", "--suite", "smoke", "--train", "--interpret"])
+    assert result.exit_code != 0 and "--train goes with --model" in result.output

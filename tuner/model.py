@@ -5,7 +5,12 @@
 
 Modes (``MODES``): the model runs per call or replayed as CUDA graphs, compiled by Inductor
 default or max-autotune (where Inductor autotunes the kernels of the matmuls it keeps);
-epilab is compiled in the same mode as the Inductor it is compared with.
+epilab is compiled in the same mode as the Inductor it is compared with. A call is an
+inference call (autograd off), or with ``ModelOptions.train`` a training step
+(``tuner/step.py``: grads reset, forward, backward; no optimizer step), whose forward and
+backward graphs both bring problems, and whose verdicts are stored as a training step's: the
+compiler follows them only in training graphs (``compiler/backend.py:_training``), and
+inference's only at inference.
 
 1. **Record.** The model is compiled with the epilab backend (policy ``auto``, this
    database) per call and as under CUDA graphs (option ``cuda_graphs``: the launch-bound
@@ -73,6 +78,7 @@ from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.templates.problem import Problem, identity_key_of
 from epilab.tuner import significance as sig
 from epilab.tuner.interleave import Comparison, Timer, Variant, compare
+from epilab.tuner.step import NothingToTrain, Workload
 from epilab.tuner.timing import Measured, time_wall
 from epilab.tuner.tune import ProblemResult, Tuner
 
@@ -237,11 +243,17 @@ def cast_model(model: torch.nn.Module, dtype: torch.dtype | None, floating: torc
 
 
 def build_model(
-    target: str, inputs: Sequence[str], device: torch.device, seed: int = 0, dtype: str | None = None
+    target: str,
+    inputs: Sequence[str],
+    device: torch.device,
+    seed: int = 0,
+    dtype: str | None = None,
+    train: bool = False,
 ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     """The model of ``--model`` and its example inputs (``--input``, or what the factory
-    returns beside the model), on ``device``, cast by ``cast_model`` (``dtype``: ``--dtype``).
-    Returns (model, inputs, label)."""
+    returns beside the model), on ``device``, cast by ``cast_model`` (``dtype``: ``--dtype``),
+    in train mode for a training step (``--train``: dropout and batch statistics as training
+    runs them), else in eval mode. Returns (model, inputs, label)."""
     specs = [parse_input(t) for t in inputs]
     cast_to = parse_dtype(dtype) if dtype is not None else None
     torch.manual_seed(seed)
@@ -277,7 +289,7 @@ def build_model(
     shapes = ",".join(
         "x".join(map(str, t.shape)) + f":{str(t.dtype).removeprefix('torch.')}" for t in example
     )
-    return model.eval(), example, f"{target} {shapes}"
+    return model.train(train), example, f"{target} {shapes}"
 
 
 def time_calls(
@@ -331,10 +343,12 @@ class ModelReport:
     method: str = ""
     rule: str = ""  # the confidence rule the verdicts and speedups were decided by
     skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it was not checked or timed
+    training: bool = False  # a call was a training step (forward and backward)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "label": self.label,
+            "training": self.training,
             "device": self.device,
             "torch": self.versions.torch,
             "triton": self.versions.triton,
@@ -362,8 +376,10 @@ class ModelReport:
         """A Markdown table of the measured variants, then the verdicts."""
         held = next((r["confidence"] for r in self.rows), None)
         level = "" if held is None else f" [{held:.2%} interval]"
+        step = ", a training step (forward and backward)" if self.training else ""
+        versions = f"torch {self.versions.torch}, triton {self.versions.triton}"
         out = [
-            f"{self.label} on {self.device} (torch {self.versions.torch}, triton {self.versions.triton})",
+            f"{self.label}{step} on {self.device} ({versions})",
             "",
             f"| mode | variant | ms (median of rounds){level} | rounds | epilab speedup{level} | compile s "
             "| templates |",
@@ -440,6 +456,10 @@ class ModelOptions:
     # every variant compiled with Inductor's freezing (weights as constants: inference only),
     # what the norm fold (``compiler/norms.py``) needs; Inductor is compared under it too
     freezing: bool = False
+    # a call is a training step (``tuner/step.py``: grads reset, forward, backward of every
+    # output that requires grad): the forward's and the backward's problems are tuned, checked
+    # and stored as verdicts of training steps. The module's train()/eval() mode is the caller's
+    train: bool = False
 
 
 def tune_model(
@@ -486,6 +506,9 @@ def tune_model(
             f"{options.confidence:.0%}: with {len(schedule)} look(s) the interval needs at least "
             f"{needed} rounds; give more (the default is {ROUNDS} rounds, up to {MAX_ROUNDS})"
         )
+    work = Workload(model, example_inputs, options.train)
+    if options.train:
+        _check_trainable(work, options)
     store = db if isinstance(db, TuningDB) else TuningDB.open(str(db) if db is not None else settings().db)
     owned = tuner is None
     if tuner is None:
@@ -510,25 +533,29 @@ def tune_model(
     report.rule = rule_text(options)
     if options.freezing:
         report.method += "; every variant compiled with Inductor freezing (weights as constants)"
+    if options.train:
+        report.training = True
+        report.method += (
+            "; a call is a training step: grads reset, forward, backward of a fixed random "
+            "cotangent (no optimizer step; tuner/step.py)"
+        )
     try:
-        with _compiling(options.freezing):
-            _record_and_tune(model, example_inputs, store, tuner, modes, options, report, tune_jobs, say)
+        with _compiling(work, options.freezing):
+            _record_and_tune(work, store, tuner, modes, options, report, tune_jobs, say)
             if report.interrupted:
                 return report
             timed = modes
             if options.check_context or options.measure:  # probed once for both steps
-                timed = _replayable(model, example_inputs, store, modes, on_gpu, report, say)
+                timed = _replayable(work, store, modes, on_gpu, report, say)
             if options.check_context:
                 started = time.monotonic()
                 for mode in timed:
-                    _check_in_context(
-                        model, example_inputs, store, tuner, mode, options, report, timers[mode], say
-                    )
+                    _check_in_context(work, store, tuner, mode, options, report, timers[mode], say)
                 report.seconds["context check"] = time.monotonic() - started
             if options.measure:
                 started = time.monotonic()
                 for mode in timed:
-                    _measure(model, example_inputs, store, mode, options, report, timers[mode], say)
+                    _measure(work, store, mode, options, report, timers[mode], say)
                 report.seconds["measure"] = time.monotonic() - started
     finally:
         if owned:
@@ -538,12 +565,28 @@ def tune_model(
     return report
 
 
+def _check_trainable(work: Workload, options: ModelOptions) -> None:
+    """A training step needs something to differentiate, and no freezing (which makes the
+    weights constants)."""
+    if options.freezing:
+        raise ValueError(
+            "freezing makes the weights constants, for inference only: give train or freezing, not both"
+        )
+    tensors = [t for t in (*work.model.parameters(), *work.inputs) if isinstance(t, torch.Tensor)]
+    if not any(t.requires_grad for t in tensors):
+        raise NothingToTrain(
+            "a training step needs a parameter (or input) that requires grad, and none does; "
+            "leave --train out to tune the model for inference"
+        )
+
+
 @contextlib.contextmanager
-def _compiling(freezing: bool = False) -> Iterator[None]:
+def _compiling(work: Workload, freezing: bool = False) -> Iterator[None]:
     """Every compile runs the pass (no graph cache hit hides a decision; Triton's kernel
     cache stays on) and many variants of one model live side by side (each its own
     backend: Dynamo keeps one cache entry each). ``freezing`` is Inductor's, set globally:
-    it is read when Dynamo traces, not from a compile's options."""
+    it is read when Dynamo traces, not from a compile's options. Autograd is on for a
+    training step, off for inference."""
     import torch._dynamo
     import torch._functorch.config
     import torch._inductor.config
@@ -556,7 +599,7 @@ def _compiling(freezing: bool = False) -> Iterator[None]:
             {"fx_graph_cache": False, "freezing": freezing, "cpp.weight_prepack": False}
         ),
         torch._functorch.config.patch(enable_autograd_cache=False),
-        torch.no_grad(),
+        work.grad_mode(),
     ):
         try:
             yield
@@ -565,8 +608,7 @@ def _compiling(freezing: bool = False) -> Iterator[None]:
 
 
 def _replayable(
-    model: torch.nn.Module,
-    inputs: Sequence[Any],
+    work: Workload,
     store: TuningDB,
     modes: tuple[str, ...],
     on_gpu: bool,
@@ -581,9 +623,9 @@ def _replayable(
             torch._dynamo.reset()
             try:
                 for how in (_inductor(mode), _epilab(store, mode)):
-                    fn = torch.compile(model, **how)
-                    fn(*inputs)
-                    replayed(lambda fn=fn: fn(*inputs))
+                    step = work.bind(torch.compile(work.model, **how))
+                    step()
+                    replayed(step)
             except Exception as e:  # a host sync or CPU op in the step: capture fails
                 report.skipped[mode] = f"the compiled step cannot be captured in a CUDA graph: {_one_line(e)}"
                 say(f"{mode}: skipped, {report.skipped[mode]}")
@@ -606,23 +648,22 @@ def _inductor(mode: str) -> dict[str, Any]:
     return {"backend": "inductor", **({"mode": torch_mode(mode)} if torch_mode(mode) else {})}
 
 
-def _compile(
-    model: torch.nn.Module, inputs: Sequence[Any], name: str, mode: str, how: dict[str, Any]
-) -> Variant:
+def _compile(work: Workload, name: str, mode: str, how: dict[str, Any]) -> Variant:
+    """The workload compiled as ``how`` says (eager: not compiled), called once (its forward
+    and, for a training step, its backward compiled then): its step and decisions."""
     from epilab.compiler.explain import explain
 
     explain(clear=True)
-    fn = model if name == "eager" else torch.compile(model, **how)
+    step = work.bind(work.model if name == "eager" else torch.compile(work.model, **how))
     started = time.perf_counter()
-    fn(*inputs)
+    step()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return Variant(name, mode, lambda: fn(*inputs), time.perf_counter() - started, explain(clear=True))
+    return Variant(name, mode, step, time.perf_counter() - started, explain(clear=True))
 
 
 def _record_and_tune(
-    model: torch.nn.Module,
-    inputs: Sequence[Any],
+    work: Workload,
     store: TuningDB,
     tuner: Tuner,
     modes: tuple[str, ...],
@@ -641,7 +682,7 @@ def _record_and_tune(
             if inductor_mode(mode) != "default":
                 continue  # the same problems; max-autotune compiles take minutes
             torch._dynamo.reset()
-            variant = _compile(model, inputs, "epilab", mode, _epilab(store, mode))
+            variant = _compile(work, "epilab", mode, _epilab(store, mode))
             keys += [k for d in variant.decisions for k in d.candidates]
         torch._dynamo.reset()
         record_s += time.monotonic() - started
@@ -721,8 +762,7 @@ def rule_text(options: ModelOptions) -> str:
 
 
 def _check_in_context(
-    model: torch.nn.Module,
-    inputs: Sequence[Any],
+    work: Workload,
     store: TuningDB,
     tuner: Tuner,
     mode: str,
@@ -738,14 +778,13 @@ def _check_in_context(
     the rejected ones left out."""
     checked: dict[str, bool] = {}
     for _ in range(options.max_passes):
-        if not _check_round(model, inputs, store, tuner, mode, options, report, timer, say, checked):
+        if not _check_round(work, store, tuner, mode, options, report, timer, say, checked):
             break
     torch._dynamo.reset()
 
 
 def _check_round(
-    model: torch.nn.Module,
-    inputs: Sequence[Any],
+    work: Workload,
     store: TuningDB,
     tuner: Tuner,
     mode: str,
@@ -759,7 +798,7 @@ def _check_round(
     ``checked`` (problem key -> kept), with the rejected ones left out; False when none."""
     torch._dynamo.reset()
     rejected = [k for k, ok in checked.items() if not ok]
-    with_all = _compile(model, inputs, "epilab", mode, _epilab(store, mode, verdicts=False, exclude=rejected))
+    with_all = _compile(work, "epilab", mode, _epilab(store, mode, verdicts=False, exclude=rejected))
     chosen = {d.problem_key: d for d in with_all.decisions if d.template and d.problem_key}
     chosen = {key: d for key, d in chosen.items() if key not in checked}
     if not chosen:
@@ -768,8 +807,7 @@ def _check_round(
         return False
     without = {
         key: _compile(
-            model,
-            inputs,
+            work,
             f"without {key[:12]}",
             mode,
             _epilab(store, mode, verdicts=False, exclude=[*rejected, key]),
@@ -785,15 +823,14 @@ def _check_round(
         final = with_all
         if len(kept) < len(chosen):
             final = _compile(
-                model,
-                inputs,
+                work,
                 "epilab kept",
                 mode,
                 _epilab(
                     store, mode, verdicts=False, exclude=[*rejected, *(k for k in chosen if k not in kept)]
                 ),
             )
-        inductor = _compile(model, inputs, "inductor", mode, _inductor(mode))
+        inductor = _compile(work, "inductor", mode, _inductor(mode))
         say(f"{mode}: timing the model with its {len(kept)} kept template(s) against Inductor")
         against = Comparison(ours=final, theirs=inductor, key="inductor")
         _compare([against], options, timer)
@@ -813,6 +850,7 @@ def _check_round(
             tuner.device,
             cuda_graphs=cuda_graphs(mode),
             inductor_mode=inductor_mode(mode),
+            training=work.train,
             keep=ok,
             with_ms=statistics.median(c.ours_ms),
             without_ms=statistics.median(c.theirs_ms),
@@ -851,8 +889,7 @@ def _why(c: Comparison) -> str:
 
 
 def _measure(
-    model: torch.nn.Module,
-    inputs: Sequence[Any],
+    work: Workload,
     store: TuningDB,
     mode: str,
     options: ModelOptions,
@@ -863,11 +900,11 @@ def _measure(
     torch._dynamo.reset()
     variants = []
     if options.eager and mode == "per call":
-        variants.append(_compile(model, inputs, "eager", mode, {}))
+        variants.append(_compile(work, "eager", mode, {}))
     say(f"{mode}: compiling inductor")
-    variants.append(_compile(model, inputs, "inductor", mode, _inductor(mode)))
+    variants.append(_compile(work, "inductor", mode, _inductor(mode)))
     say(f"{mode}: compiling epilab")
-    variants.append(_compile(model, inputs, "epilab", mode, _epilab(store, mode)))
+    variants.append(_compile(work, "epilab", mode, _epilab(store, mode)))
     ours = variants[-1]
     comparisons = [Comparison(ours=ours, theirs=v, key=v.name) for v in variants[:-1]]
     say(f"{mode}: timing {len(variants)} variants in interleaved rounds until the intervals decide")
