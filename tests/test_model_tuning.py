@@ -327,59 +327,42 @@ def test_cli_tune_model_refuses_bad_input_clearly(tmp_path):
     assert out.exit_code == 1 and "exactly one of" in out.output
 
 
-@pytest.mark.gpu
-def test_gpu_tune_model_checks_templates_in_context_and_measures(tmp_path):
+def _tune_block_on_gpu(tmp_path, trials: int, train: bool = False):
+    """A Block at real size, tuned (cuBLAS baselines), checked and timed in both modes."""
     torch.manual_seed(0)
-    model = Block(d=512, f=2048).to("cuda", torch.bfloat16).eval()
+    model = Block(d=512, f=2048).to("cuda", torch.bfloat16).train(train)
     x = torch.randn(8, 128, 512, device="cuda", dtype=torch.bfloat16)
+    modes = ("per call", "CUDA graphs")
     with TuningDB.open(str(tmp_path / "t.db")) as db:
-        options = TuneOptions(budget=Budget(trials=4, seconds=20, patience=4), baselines=("cublas",))
-        with Tuner(db, options) as tuner:
-            report = tune_model(
-                model,
-                x,
-                db=db,
-                tuner=tuner,
-                options=ModelOptions(rounds=6, max_rounds=12, modes=("per call", "CUDA graphs")),
-            )
-    assert len(report.tuned) == 2 and report.passes == 2
-    modes = {r["mode"] for r in report.rows}
-    assert modes == {"per call", "CUDA graphs"}
+        budget = Budget(trials=trials, seconds=20, patience=trials)
+        with Tuner(db, TuneOptions(budget=budget, baselines=("cublas",))) as tuner:
+            options = ModelOptions(rounds=6, max_rounds=12, modes=modes, train=train)
+            report = tune_model(model, x, db=db, tuner=tuner, options=options)
+    assert {r["mode"] for r in report.rows} == set(modes)
     assert all(r["ms"] > 0 and r["min_ms"] <= r["ms"] <= r["max_ms"] for r in report.rows)
     # every template the records chose was checked in each mode, and the verdict applied
     for mode in modes:
         verdicts = [v for v in report.verdicts if v["mode"] == mode]
         epilab_row = next(r for r in report.rows if r["mode"] == mode and r["variant"] == "epilab")
         assert epilab_row["templates"] <= sum(v["keep"] for v in verdicts)
+    return model, x, report
+
+
+@pytest.mark.gpu
+def test_gpu_tune_model_checks_templates_in_context_and_measures(tmp_path):
+    _, _, report = _tune_block_on_gpu(tmp_path, trials=4)
+    assert len(report.tuned) == 2 and report.passes == 2
 
 
 @pytest.mark.gpu
 def test_gpu_tune_model_tunes_checks_and_times_a_training_step(tmp_path):
-    torch.manual_seed(0)
-    model = Block(d=512, f=2048).to("cuda", torch.bfloat16).train()
-    x = torch.randn(8, 128, 512, device="cuda", dtype=torch.bfloat16)
-    with TuningDB.open(str(tmp_path / "t.db")) as db:
-        options = TuneOptions(budget=Budget(trials=3, seconds=20, patience=3), baselines=("cublas",))
-        with Tuner(db, options) as tuner:
-            report = tune_model(
-                model,
-                x,
-                db=db,
-                tuner=tuner,
-                options=ModelOptions(rounds=6, max_rounds=12, modes=("per call", "CUDA graphs"), train=True),
-            )
+    from epilab.tuner.step import Workload
+
+    model, x, report = _tune_block_on_gpu(tmp_path, trials=3, train=True)
     assert report.training and not report.skipped  # the step is captured in a CUDA graph
     # the forward's two projections and the backward's GEMMs
     assert len(report.tuned) >= 5, [r.label for r in report.tuned]
-    assert {r["mode"] for r in report.rows} == {"per call", "CUDA graphs"}
-    assert all(r["ms"] > 0 and r["min_ms"] <= r["ms"] <= r["max_ms"] for r in report.rows)
-    for mode in ("per call", "CUDA graphs"):
-        verdicts = [v for v in report.verdicts if v["mode"] == mode]
-        epilab_row = next(r for r in report.rows if r["mode"] == mode and r["variant"] == "epilab")
-        assert epilab_row["templates"] <= sum(v["keep"] for v in verdicts)
     # each parameter's gradient through epilab's step matches eager's
-    from epilab.tuner.step import Workload
-
     grads = []
     for fn in (model, torch.compile(model, backend="epilab", options={"db": str(tmp_path / "t.db")})):
         Workload(model, (x,), train=True).bind(fn)()
