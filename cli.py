@@ -190,7 +190,7 @@ def demo(
         if v <= 0:
             raise typer.BadParameter(f"must be positive, got {v}", param_hint=name)
 
-    from epilab.templates.check import rel_error, tolerance
+    from epilab.ir.check import rel_error, tolerance
     from epilab.templates.kinds import default_config
     from epilab.templates.matmul import make_problem, reference
     from epilab.templates.matmul_api import simple_epilogue
@@ -518,7 +518,7 @@ def tune(
             from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 
             where = INTERPRETER_DEVICE if interpret else DeviceInfo.of_cuda(fleet.devices[0])
-            recorded = store.untuned(where, _current_hashes())
+            recorded = store.untuned(where, _is_current)
             work = [(problem_label(p), p) for p in _not_served(store, where, recorded)]
             if only is not None:
                 work = [work[i] for i in _indices(only, len(work))]
@@ -629,7 +629,7 @@ def tune_status(
 
 def _not_served(store: Any, device: Any, recorded: list[str]) -> list[Any]:
     """The recorded problems that no record serves yet (``tuner.model.unserved``)."""
-    from epilab.templates.problem import Problem
+    from epilab.ir.problem import Problem
     from epilab.tuner.model import unserved
 
     return unserved(store, device, [Problem.from_json(text) for text in recorded])
@@ -918,7 +918,7 @@ def report(
         data = report_data.collect(
             store.snapshot(),
             db_url=store.url,
-            current_hashes=_current_hashes(),
+            is_current=_is_current,
             device=device,
             keys=keys,
             op=op,
@@ -962,10 +962,11 @@ def _open_db(target: str | None, *, write: bool = False):  # -> TuningDB
     return store
 
 
-def _current_hashes() -> dict[str, str]:
-    from epilab.templates.kinds import current_hashes
+def _is_current(problem_json: str) -> bool:
+    """Whether a stored problem's kernels would be rendered now as when it was recorded."""
+    from epilab.templates.kinds import is_current
 
-    return current_hashes()
+    return is_current(problem_json)
 
 
 def _print_json(obj: object) -> None:
@@ -984,7 +985,7 @@ def _print_json(obj: object) -> None:
 
 
 def _config_text(config: dict | None) -> str:
-    from epilab.templates.problem import config_text
+    from epilab.ir.problem import config_text
 
     return config_text(config)
 
@@ -1012,7 +1013,7 @@ def _ms(v: float | None) -> str:
 def db_stats(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Counts of devices, problems, records by status, baselines, and stale records."""
     with _open_db(db) as store:
-        stats = store.stats(_current_hashes())
+        stats = store.stats(_is_current)
     if as_json:
         _print_json(stats)
         return
@@ -1179,7 +1180,7 @@ def db_import(
 
 def parse_problem(text: str) -> tuple[str, str]:
     """What `db import` checks of a problem's JSON: (key, canonical epilogue text)."""
-    from epilab.templates.problem import Problem
+    from epilab.ir.problem import Problem
 
     problem = Problem.from_json(text)
     if problem.to_json() != text:
@@ -1191,7 +1192,7 @@ def validate_config(d: Any, problem_json: str | None = None) -> dict[str, Any]:
     """What `db import` checks of a config: ``Config.from_dict``, the one validation; and,
     given the JSON of the problem it must run, that its template runs it (the kind's own
     rules and the device-independent ones: ``tuner.space.run_error``)."""
-    from epilab.templates.problem import Config, Problem
+    from epilab.ir.problem import Config, Problem
     from epilab.tuner.space import run_error
 
     config = Config.from_dict(d)
@@ -1214,7 +1215,7 @@ def db_prune(
     if not stale:
         raise ValueError("say what to prune: --stale (records made for other template versions)")
     with _open_db(db, write=True) as store:
-        removed = store.prune_stale(_current_hashes())
+        removed = store.prune_stale(_is_current)
     console.print(f"removed {removed} stale problem(s) with their records")
 
 

@@ -35,10 +35,10 @@ import torch.nn as nn
 import triton
 from rounds import comparable_ms, geomean, interleaved, only, timed
 
-from epilab.templates import dtypes
+from epilab.ir import dtypes
+from epilab.ir.problem import Config, Problem
 from epilab.templates.dual_matmul import B2
 from epilab.templates.kinds import bind, default_config, kind_of, twins
-from epilab.templates.problem import Config, Problem
 from epilab.templates.verify import failure, output_errors
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible

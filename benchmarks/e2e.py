@@ -43,7 +43,7 @@ import triton
 
 import epilab
 from epilab.compiler.explain import table
-from epilab.templates.check import rel_error
+from epilab.ir.check import rel_error
 from epilab.tuner.timing import time_cuda, time_graph
 
 SHAPES = [(1, 1), (8, 128), (4, 2048)]

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from epilab.templates.problem import config_text
+from epilab.ir.problem import config_text
 
 
 def run(

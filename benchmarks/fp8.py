@@ -39,10 +39,10 @@ from rounds import (
 )
 from split_k import sweep
 
-from epilab.templates import dtypes
+from epilab.ir import dtypes
+from epilab.ir.problem import Config, Problem
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
-from epilab.templates.problem import Config, Problem
 from epilab.templates.verify import random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible

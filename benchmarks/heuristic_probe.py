@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 
 import epilab
-from epilab.templates.check import rel_error
+from epilab.ir.check import rel_error
 from epilab.tuner.timing import time_graph
 
 CASES = [  # (M, N, K, residual)

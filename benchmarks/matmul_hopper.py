@@ -26,8 +26,8 @@ from functools import partial
 import torch
 import triton
 
+from epilab.ir.problem import Config
 from epilab.templates.matmul import TRITON_VARIANTS as VARIANTS
-from epilab.templates.problem import Config
 from epilab.tuner.evaluate import evaluate_baseline, evaluate_candidate
 from epilab.tuner.suites import SUITES
 

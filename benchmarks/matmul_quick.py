@@ -34,11 +34,11 @@ import torch.nn.functional as F
 import triton
 
 import epilab
-from epilab.templates.check import rel_error
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Config
 from epilab.templates.kinds import default_config, launch
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
-from epilab.templates.problem import Config
 from epilab.tuner.timing import time_cuda, time_graph
 
 SHAPES = [(4096, 4096, 4096), (8192, 14336, 4096), (2048, 4096, 4096), (128, 4096, 4096)]

@@ -17,10 +17,10 @@ import json
 
 import torch
 
-from epilab.templates.catalog import epilogue
+from epilab.ir.catalog import epilogue
+from epilab.ir.problem import Config
 from epilab.templates.kinds import bind
 from epilab.templates.matmul import make_problem
-from epilab.templates.problem import Config
 from epilab.templates.verify import checked_launch
 
 

@@ -22,11 +22,11 @@ import torch
 from rounds import comparable_ms, device_header, interleaved, save
 
 from epilab import config
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Problem
 from epilab.templates import kinds
 from epilab.templates.conv2d import make_conv_problem
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
 from epilab.templates.matmul import make_problem
-from epilab.templates.problem import Problem
 from epilab.templates.verify import checked_launch
 
 GEMMS = [(8192, 2048, 2048), (8192, 768, 3072), (4096, 4096, 4096), (1024, 2048, 2048)]

@@ -43,9 +43,9 @@ from rounds import (
     timed,
 )
 
+from epilab.ir.problem import Config, Problem
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul import STREAM_K_VARIANTS
-from epilab.templates.problem import Config, Problem
 from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible

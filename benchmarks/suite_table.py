@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from epilab.cli import _current_hashes
+from epilab.cli import _is_current
 from epilab.db import TuningDB
 from epilab.reports.data import collect
 from epilab.reports.html import config_text
@@ -34,9 +34,7 @@ def main() -> None:
     specs = SUITES[args.suite]
     keys = [p.key for spec in specs for p in twins(spec.problem())]
     with TuningDB.open(args.db) as db:
-        data = collect(
-            db.snapshot(), db_url=db.url, current_hashes=_current_hashes(), device=args.device, keys=keys
-        )
+        data = collect(db.snapshot(), db_url=db.url, is_current=_is_current, device=args.device, keys=keys)
     by_key = {p.key: p for p in data.problems}
     libs = data.libraries()
     print(f"GPU: {data.device.name if data.device else '-'}; {'; '.join(data.versions)}")

@@ -27,7 +27,7 @@ import torch
 import triton
 
 from epilab.db import TuningDB
-from epilab.templates.problem import Config, Problem
+from epilab.ir.problem import Config, Problem
 from epilab.tuner.nearest import distance, why_not
 from epilab.tuner.search import Budget
 from epilab.tuner.suites import problem_label, suite

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from epilab.templates import dtypes
-from epilab.templates.epilogue import Expr, ops
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Expr, ops
 
 aten = torch.ops.aten
 prims = torch.ops.prims

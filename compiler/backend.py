@@ -29,8 +29,8 @@ import triton
 
 from epilab.config import POLICIES, settings
 from epilab.db import DeviceInfo, TuningDB, Versions
+from epilab.ir.problem import Problem
 from epilab.templates.build import interpreter_active
-from epilab.templates.problem import Problem
 
 if TYPE_CHECKING:
     from epilab.compiler import replay

@@ -64,8 +64,8 @@ from typing import Any
 
 from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
+from epilab.ir.problem import Config, Problem, identity_key_of
 from epilab.templates.kinds import default_config, twins, untuned_choice
-from epilab.templates.problem import Config, Problem, identity_key_of
 from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
 from epilab.tuner.space import run_error
 from epilab.tuner.suites import problem_label

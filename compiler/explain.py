@@ -13,7 +13,7 @@ import logging
 import threading
 
 from epilab.compiler.decide import Decision
-from epilab.templates.problem import config_text
+from epilab.ir.problem import config_text
 
 log = logging.getLogger("epilab.compiler")
 _lock = threading.Lock()

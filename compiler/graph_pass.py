@@ -28,20 +28,19 @@ from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.norms import fold_norms
 from epilab.compiler.op import TEMPLATE_CALL
-from epilab.templates.kinds import current_hashes
-from epilab.templates.problem import Problem
+from epilab.ir.problem import Problem
+from epilab.templates.kinds import code_hash
 
 log = logging.getLogger("epilab.compiler")
 _SOURCES = sorted(Path(__file__).parent.glob("*.py"))
 
 
 def code_version() -> str:
-    """sha256 over the compiler's sources and the templates' hashes."""
+    """sha256 over the compiler's sources and the templates' (``kinds.code_hash``)."""
     h = hashlib.sha256()
     for path in _SOURCES:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    for _, template_hash in sorted(current_hashes().items()):
-        h.update(template_hash.encode())
+    h.update(code_hash().encode())
     return h.hexdigest()
 
 

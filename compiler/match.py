@@ -50,12 +50,9 @@ from epilab.compiler.aten_ops import (
     VIEWS,
     Unsupported,
 )
-from epilab.templates import dtypes
-from epilab.templates.conv2d import conv_problem
-from epilab.templates.dual_matmul import OP, canonical_order
-from epilab.templates.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand
-from epilab.templates.kinds import default_template, template_hash
-from epilab.templates.problem import (
+from epilab.ir import dtypes
+from epilab.ir.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand
+from epilab.ir.problem import (
     BATCHED_OPS,
     ConvGeometry,
     Dim,
@@ -64,6 +61,9 @@ from epilab.templates.problem import (
     Shape,
     applied_precision,
 )
+from epilab.templates.conv2d import conv_problem
+from epilab.templates.dual_matmul import OP, canonical_order
+from epilab.templates.kinds import default_template, template_hash
 from epilab.templates.runtime import layout_of, operand_layout
 
 # meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the
@@ -500,7 +500,7 @@ class _MatmulGrower(_Grower):
         problem = Problem(
             op=op,
             template=default_template(op),
-            template_hash=template_hash(default_template(op)),
+            template_hash=template_hash(default_template(op), epilogue),
             dtype=dtypes.name_of(av.dtype),
             layout_a=layout_of(sa[-2:], stride_a[-2:]),
             layout_b=layout_of(sb[-2:], stride_b[-2:]),

@@ -23,10 +23,11 @@ from functools import lru_cache
 import torch
 
 from epilab.compiler.decide import Plan
-from epilab.templates import dtypes, kinds
+from epilab.ir import dtypes
+from epilab.ir.problem import Problem
+from epilab.templates import kinds
 from epilab.templates.kinds import bind
 from epilab.templates.launcher import Replay, replay_key
-from epilab.templates.problem import Problem
 
 _replays: dict[tuple, tuple[Replay, kinds.TwinCall | None]] = {}
 MAX_REPLAYS = 4096

@@ -79,10 +79,12 @@ IDENTITY: dict[type, tuple[str, ...]] = {
 BUSY_TIMEOUT_MS = 60_000
 # (a record's config) -> whether this epilab can run it (templates.problem.Config.is_valid)
 ConfigCheck = Callable[[Mapping[str, Any]], bool]
+# whether a stored problem (its canonical JSON) is current: its kernels rendered as when recorded
+IsCurrent = Callable[[str], bool]
 
 
 class ProblemLike(Protocol):
-    """What the db needs of a problem (epilab.templates.problem.Problem fits)."""
+    """What the db needs of a problem (epilab.ir.problem.Problem fits)."""
 
     @property
     def key(self) -> str: ...
@@ -628,11 +630,12 @@ class TuningDB:
             training=v.training,
         )
 
-    def prune_stale(self, current_hashes: Mapping[str, str]) -> int:
-        """Delete problems made for other template versions (with their records); returns how many."""
+    def prune_stale(self, is_current: IsCurrent) -> int:
+        """Delete problems whose kernels would now be rendered otherwise (with their records;
+        ``is_current`` judges a stored problem's JSON); returns how many."""
 
         def run(s: Session) -> int:
-            ids = [p.id for p in s.scalars(select(ProblemRow)) if _is_stale(p, current_hashes)]
+            ids = [p.id for p in s.scalars(select(ProblemRow)) if _is_stale(p, is_current)]
             for chunk in range(0, len(ids), 500):
                 part = ids[chunk : chunk + 500]
                 s.execute(delete(TrialRecord).where(TrialRecord.problem_id.in_(part)))
@@ -851,7 +854,7 @@ class TuningDB:
             ]
         return ";".join(f"{n}:{i}:{t}" for n, i, t in parts)
 
-    def untuned(self, device: DeviceInfo, current_hashes: Mapping[str, str]) -> list[str]:
+    def untuned(self, device: DeviceInfo, is_current: IsCurrent) -> list[str]:
         """Canonical JSON of every current problem with a static shape and no ok trial
         on ``device`` (problems the compiler recorded, waiting for ``epilab tune --seen``)."""
         with self.session() as s:
@@ -870,7 +873,7 @@ class TuningDB:
                 .where(ProblemRow.id.not_in(tuned), ProblemRow.m.is_not(None))
                 .order_by(ProblemRow.id)
             ).scalars()
-            return [p.json for p in rows if not _is_stale(p, current_hashes) and _static_shape(p.json)]
+            return [p.json for p in rows if not _is_stale(p, is_current) and _static_shape(p.json)]
 
     def problem_json(self, key_or_prefix: str) -> tuple[str, str] | None:
         """(key, JSON) of the one problem whose key starts with ``key_or_prefix``."""
@@ -905,13 +908,13 @@ class TuningDB:
             ).all()
         return [(_problem_summary(r.ProblemRow), _record(r)) for r in rows]
 
-    def stats(self, current_hashes: Mapping[str, str]) -> Stats:
+    def stats(self, is_current: IsCurrent) -> Stats:
         with self.session() as s:
             by_status = dict(
                 s.execute(select(TrialRecord.status, func.count()).group_by(TrialRecord.status)).all()
             )
-            problems = s.execute(select(ProblemRow.id, ProblemRow.template, ProblemRow.template_hash)).all()
-            stale_ids = {p.id for p in problems if _is_stale(p, current_hashes)}
+            problems = s.execute(select(ProblemRow.id, ProblemRow.template, ProblemRow.json)).all()
+            stale_ids = {p.id for p in problems if _is_stale(p, is_current)}
             stale_trials = 0
             if stale_ids:
                 per_problem = s.execute(
@@ -1091,8 +1094,8 @@ def _is_readonly(e: OperationalError) -> bool:
     return "readonly database" in text or "read-only" in text
 
 
-def _is_stale(p: Any, current_hashes: Mapping[str, str]) -> bool:
-    return current_hashes.get(p.template) != p.template_hash
+def _is_stale(p: Any, is_current: IsCurrent) -> bool:
+    return not is_current(p.json)
 
 
 def _static_m(problem_json: str) -> int | None:

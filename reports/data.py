@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -169,7 +169,7 @@ def _bytes_moved(records: list[Record]) -> int:
 def shape_text(summary: dict[str, Any]) -> str:
     """As ``suites.shape_label`` shows it (a convolution in its own terms)."""
     if summary["op"] == "conv2d":
-        from epilab.templates.problem import Problem
+        from epilab.ir.problem import Problem
         from epilab.tuner.suites import shape_label
 
         try:
@@ -216,7 +216,7 @@ def collect(
     snapshot: Snapshot,
     *,
     db_url: str,
-    current_hashes: dict[str, str],
+    is_current: Callable[[str], bool],
     device: str | None = None,
     keys: Iterable[str] | None = None,
     op: str | None = None,
@@ -253,7 +253,7 @@ def collect(
             epilogue=summary["epilogue"],
             flops=2 * math.prod(dims) if all(isinstance(d, int) for d in dims) else 0,
             nbytes=_bytes_moved(trials[key] + bases[key]),
-            stale=current_hashes.get(summary["template"]) != summary["template_hash"],
+            stale=not is_current(summary["json"]),
         )
         ok = [r for r in trials[key] if r.status == "ok" and r.median_ms]
         p.trials_ok, p.trials_failed = len(ok), len(trials[key]) - len(ok)

@@ -16,9 +16,9 @@ from typing import Any
 import jinja2
 
 from epilab.files import write_text_atomic
+from epilab.ir.problem import config_text
 from epilab.reports import plots
 from epilab.reports.data import ReportData, epilogue_summary
-from epilab.templates.problem import config_text
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent),

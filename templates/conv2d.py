@@ -25,16 +25,16 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from epilab.templates import dtypes
-from epilab.templates.epilogue import REDUCTIONS, Epilogue, Output
+from epilab.ir import dtypes
+from epilab.ir.epilogue import REDUCTIONS, Epilogue, Output
+from epilab.ir.problem import Config, ConvGeometry, OperandSpec, Problem, Shape
+from epilab.templates.bound import Bound
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.matmul import FILES as MATMUL_FILES
 from epilab.templates.matmul import hopper_knobs_error, idle_threads_error
-from epilab.templates.problem import Config, ConvGeometry, OperandSpec, Problem, Shape
-from epilab.templates.render import EPILOGUE_FILES, files_hash
+from epilab.templates.render import EPILOGUE_FILES, kernel_hash
 from epilab.templates.runtime import (
     INT32_MAX,
-    Bound,
     epilogue_args,
     extent,
     single_launch,
@@ -214,7 +214,7 @@ def conv_problem(
     return Problem(
         op="conv2d",
         template="conv2d",
-        template_hash=files_hash(FILES),
+        template_hash=kernel_hash(FILES, epilogue),
         dtype=dtypes.name_of(x.dtype),
         layout_a=conv_layout(x),
         layout_b=conv_layout(weight),
@@ -443,7 +443,7 @@ def matmul_twin(problem: Problem) -> Problem | None:
     return Problem(
         op="mm",
         template="matmul",
-        template_hash=files_hash(MATMUL_FILES),
+        template_hash=kernel_hash(MATMUL_FILES, problem.epilogue),
         dtype=problem.dtype,
         layout_a="row",
         layout_b="col",  # B[c, k] = weight[k, c]: C-contiguous in both weight layouts

@@ -146,7 +146,7 @@ def compile_in_subprocess(
 
 
 def main() -> None:
-    from epilab.templates.problem import Config, Problem
+    from epilab.ir.problem import Config, Problem
 
     request = json.loads(sys.stdin.read())
     answers = []

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from epilab.ir.problem import Config, Problem
 from epilab.templates import dual_matmul, gemv
 from epilab.templates.gemv import bind_gemv, split_k_error
-from epilab.templates.problem import Config, Problem
 
 
 def config_error(problem: Problem, config: Config) -> str | None:

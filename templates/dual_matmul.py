@@ -22,23 +22,24 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from epilab.templates import dtypes, gemv, matmul, matmul_sm90
-from epilab.templates.epilogue import Epilogue
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue
+from epilab.ir.patterns import identity_with_names
+from epilab.ir.problem import Config, Problem
+from epilab.templates import gemv, matmul, matmul_sm90
+from epilab.templates.kind import MAX_ACC_REGS
 from epilab.templates.matmul import (
     FILES,
-    MAX_ACC_REGS,
     bind_matmul,
     idle_threads_error,
     make_problem,
     matmul_inputs,
     random_tensor,
 )
-from epilab.templates.patterns import identity_with_names
-from epilab.templates.problem import Config, Problem
-from epilab.templates.render import Target, files_hash
+from epilab.templates.render import Target, kernel_hash
 
 B2 = "b2"  # the name of the second weight in a call's operands
-OP = "dual_mm"  # ep(A @ B, A @ B2): a problem op of its own (templates/problem.py OPS)
+OP = "dual_mm"  # ep(A @ B, A @ B2): a problem op of its own (ir/problem.py OPS)
 
 
 def check_b2(a: torch.Tensor, b: torch.Tensor, b2: object) -> torch.Tensor:
@@ -207,7 +208,11 @@ def dual_twins(problem: Problem) -> tuple[Problem, ...]:
     m = problem.shape.m
     if problem.template != "dual_matmul" or not (isinstance(m, int) and m <= gemv.BLOCK_M):
         return ()
-    return (dataclasses.replace(problem, template=DUAL_GEMV, template_hash=files_hash(gemv.FILES)),)
+    return (
+        dataclasses.replace(
+            problem, template=DUAL_GEMV, template_hash=kernel_hash(gemv.FILES, problem.epilogue)
+        ),
+    )
 
 
 SEEDS = [  # two accumulators: 128x128 tiles with 8 warps at most (128 registers each thread)

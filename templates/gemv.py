@@ -23,8 +23,11 @@ from collections.abc import Mapping
 import torch
 import triton
 
-from epilab.templates import dtypes, matmul
-from epilab.templates.epilogue import Epilogue, Node, Output
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue, Node, Output
+from epilab.ir.problem import Config, Problem, Shape
+from epilab.templates import matmul
+from epilab.templates.bound import Bound
 from epilab.templates.kind import TemplateKind
 from epilab.templates.matmul import (
     check_inputs,
@@ -32,11 +35,9 @@ from epilab.templates.matmul import (
     matmul_problem_of,
     trivial_bound,
 )
-from epilab.templates.problem import Config, Problem, Shape
-from epilab.templates.render import EPILOGUE_FILES, files_hash
+from epilab.templates.render import EPILOGUE_FILES, kernel_hash
 from epilab.templates.runtime import (
     INT32_MAX,
-    Bound,
     Statistics,
     epilogue_args,
     extent,
@@ -269,7 +270,7 @@ def gemv_twin(problem: Problem) -> Problem | None:
         or not (small(s.m) or small(s.n))
     ):
         return None
-    return dataclasses.replace(problem, template="gemv", template_hash=files_hash(FILES))
+    return dataclasses.replace(problem, template="gemv", template_hash=kernel_hash(FILES, problem.epilogue))
 
 
 # ------------------------------------------------------------------ the kind
@@ -299,7 +300,7 @@ def gemv_problem_of(
 ) -> Problem:
     """The gemv problem these tensors make (the matmul's, on this template)."""
     found = matmul_problem_of(problem, a, b, operands)
-    return dataclasses.replace(found, template="gemv", template_hash=files_hash(FILES))
+    return dataclasses.replace(found, template="gemv", template_hash=kernel_hash(FILES, found.epilogue))
 
 
 def gemv_twins(problem: Problem) -> tuple[Problem, ...]:

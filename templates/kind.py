@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from epilab.templates.dtypes import WIDE_INPUT_DTYPES
-from epilab.templates.problem import Config, Problem, Shape
-from epilab.templates.runtime import Bound
+from epilab.ir.dtypes import WIDE_INPUT_DTYPES
+from epilab.ir.problem import Config, Problem, Shape
+from epilab.templates.bound import Bound
+
+MAX_ACC_REGS = 128  # accumulator registers per thread at most (half of the 255 a thread may have)
 
 InputSet = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 # sizes and strides of an output (ints, or SymInts of a traced call)
@@ -57,6 +59,18 @@ def _always(name: str, chosen: Mapping[str, object]) -> bool:
 
 def _no_source(config: Config) -> str | None:
     return None
+
+
+def _any_device(variant: str, capability: str, interpreter: bool) -> str | None:
+    return None
+
+
+def _one_copy(config: Config) -> int:
+    return 1
+
+
+def _not_stream_k(config: Config) -> bool:
+    return False
 
 
 def _no_twins(problem: Problem) -> tuple[Problem, ...]:
@@ -137,6 +151,13 @@ class TemplateKind:
     reductions: bool = False
     # seeds tried before ``seeds`` for problems of these input dtypes (fp8's K blocks of 128)
     dtype_seeds: tuple[tuple[str, tuple[Config, ...]], ...] = ()  # (dtype, seeds) pairs
+    # (variant, capability "9.0", interpreter) -> why a device cannot run the kernel of that
+    # config variant (matmul: its Gluon variants need sm_90 and no interpreter), or None
+    device_error: Callable[[str, str, bool], str | None] = _any_device
+    # copies of each TMA-stored output tile a program stages in shared memory (one per consumer)
+    output_staging: Callable[[Config], int] = _one_copy
+    # whether ``config`` shares K blocks between programs (stream-K: the tuner's own limits)
+    stream_k: Callable[[Config], bool] = _not_stream_k
 
     def runs_op(self, op: str) -> bool:
         """Whether a problem of ``op`` may be made for this template."""

@@ -7,15 +7,21 @@ Adding a kind is one module beside its Jinja file, exposing ``KIND``, and one li
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 
+from epilab.ir import rules
+from epilab.ir.epilogue import Epilogue
+from epilab.ir.problem import Config, Problem, register_templates
 from epilab.templates import conv2d, dual_gemv, dual_matmul, gemv, matmul
+from epilab.templates.bound import Bound
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
-from epilab.templates.problem import Config, Problem
-from epilab.templates.render import Target, files_hash, render
-from epilab.templates.runtime import Bound, check_apart
+from epilab.templates.render import Target, files_hash, kernel_hash, render
+from epilab.templates.runtime import check_apart
 
 KINDS: dict[str, TemplateKind] = {
     kind.name: kind
@@ -27,6 +33,7 @@ KINDS: dict[str, TemplateKind] = {
         dual_gemv.KIND,
     )
 }
+register_templates(KINDS)
 
 
 def kind_of(problem_or_name: Problem | str) -> TemplateKind:
@@ -46,20 +53,36 @@ def default_template(op: str) -> str:
     raise ValueError(f"no template is made for op {op!r}")
 
 
-def template_hash(name: str) -> str:
-    """The hash of a template's files: a record made under another is stale."""
-    return files_hash(kind_of(name).files)
+def template_hash(name: str, epilogue: Epilogue) -> str:
+    """The hash a problem of template ``name`` with ``epilogue`` carries: of what its kernels
+    are made of (``render.kernel_hash``); a record made under another is stale."""
+    return kernel_hash(kind_of(name).files, epilogue)
 
 
-def current_hashes() -> dict[str, str]:
-    """Every template's current hash, by name."""
-    return {name: files_hash(kind.files) for name, kind in KINDS.items()}
+@lru_cache(maxsize=4096)
+def is_current(problem_json: str) -> bool:
+    """Whether a stored problem's kernels would be rendered now as they were when it was
+    recorded (its hash is the one it would get now); False for one this version cannot read."""
+    try:
+        problem = Problem.from_json(problem_json)
+    except ValueError:
+        return False
+    return problem.template_hash == template_hash(problem.template, problem.epilogue)
+
+
+def code_hash() -> str:
+    """One hash over every template's files and the rule table: it changes whenever any
+    kernel epilab renders could (the compiler's cache key)."""
+    h = hashlib.sha256(Path(rules.__file__).read_bytes())
+    for name, kind in sorted(KINDS.items()):
+        h.update(name.encode() + b"\0" + files_hash(kind.files).encode())
+    return h.hexdigest()
 
 
 def for_template(problem: Problem, name: str) -> Problem:
     """``problem`` for the template ``name`` (its current hash): the same computation on
     another template, which that template's ``check`` may still refuse."""
-    return dataclasses.replace(problem, template=name, template_hash=template_hash(name))
+    return dataclasses.replace(problem, template=name, template_hash=template_hash(name, problem.epilogue))
 
 
 def source(problem: Problem, config: Config, *, target: Target = "cuda", index_64: bool = False) -> str:

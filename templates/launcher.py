@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from triton import knobs
 
-from epilab.templates.runtime import Bound
+from epilab.templates.bound import Bound
 
 
 def replay_key(tensors: Sequence[torch.Tensor]) -> tuple:

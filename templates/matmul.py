@@ -18,10 +18,9 @@ from typing import NamedTuple
 import torch
 import triton
 
-from epilab.templates import dtypes, matmul_sm90
-from epilab.templates.epilogue import Epilogue
-from epilab.templates.kind import OutputSpec, TemplateKind
-from epilab.templates.problem import (
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue
+from epilab.ir.problem import (
     BATCHED_OPS,
     Config,
     OperandSpec,
@@ -29,13 +28,13 @@ from epilab.templates.problem import (
     Shape,
     applied_precision,
 )
-from epilab.templates.render import EPILOGUE_FILES, Target, files_hash
-from epilab.templates.rules import RULES
+from epilab.ir.rules import RULES
+from epilab.templates import matmul_sm90
+from epilab.templates.bound import Bound, Described, Workspace
+from epilab.templates.kind import OutputSpec, TemplateKind
+from epilab.templates.render import EPILOGUE_FILES, Target, kernel_hash
 from epilab.templates.runtime import (
     INT32_MAX,
-    Bound,
-    Described,
-    Workspace,
     epilogue_args,
     extent,
     layout_of,
@@ -69,7 +68,6 @@ SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.
 HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
-FP8_CAPABILITY = (8, 9)  # fp8 tensor-core dots: Ada (sm_89) and Hopper (sm_90) on
 FP8_MIN_BLOCK_K = 32  # an fp8 MMA instruction takes 32 K elements
 
 
@@ -78,7 +76,6 @@ def hopper_knobs_error(config: Config) -> str | None:
     if any(getattr(config, k) != getattr(Config(16, 16, 16), k) for k in HOPPER_KNOBS):
         return f"only the matmul template has the knobs {sorted(HOPPER_KNOBS)}; leave them at their defaults"
     return None
-
 
 
 def config_error(problem: Problem, config: Config) -> str | None:
@@ -189,9 +186,10 @@ def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     if dtypes.name_of(a.dtype) in dtypes.FP8_DTYPES and a.is_cuda:
         cc = torch.cuda.get_device_capability(a.device)
-        if cc < FP8_CAPABILITY:
+        if cc < dtypes.FP8_CAPABILITY:
             raise TypeError(
-                f"fp8 matmuls need a GPU of compute capability {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or "
+                f"fp8 matmuls need a GPU of compute capability {'.'.join(map(str, dtypes.FP8_CAPABILITY))} "
+                "or "
                 f"newer (Ada, Hopper); {a.device} is {cc[0]}.{cc[1]}"
             )
     if a.device != b.device:
@@ -249,7 +247,7 @@ def make_problem(
     return Problem(
         op=op,
         template=template,
-        template_hash=files_hash(files),
+        template_hash=kernel_hash(files, epilogue),
         dtype=dtypes.name_of(a.dtype),
         layout_a=layout_of((m, k), a_strides[1:]),
         layout_b=layout_of(bt.b[0][1:], bt.b[1][1:]),
@@ -612,7 +610,6 @@ FP8_SEEDS = (
 )
 
 MIN_ACC_PER_THREAD = 4  # fewer accumulator elements per thread wastes warps
-MAX_ACC_REGS = 128  # accumulator registers per thread at most (half of the 255 a thread may have)
 
 
 def idle_threads_error(config: Config) -> str | None:
@@ -799,4 +796,7 @@ KIND = TemplateKind(
     input_dtypes=dtypes.INPUT_DTYPES,
     reductions=True,
     dtype_seeds=tuple((dt, FP8_SEEDS) for dt in dtypes.FP8_DTYPES),
+    device_error=matmul_sm90.device_error,
+    output_staging=matmul_sm90.staging_copies,
+    stream_k=lambda config: config.variant in STREAM_K_VARIANTS,
 )

@@ -15,12 +15,12 @@ from functools import lru_cache
 
 import torch
 
-from epilab.templates import dtypes
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
+from epilab.ir.problem import Config, Problem
 from epilab.templates.dual_matmul import B2, make_dual_problem
-from epilab.templates.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
 from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
 from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
-from epilab.templates.problem import Config, Problem
 from epilab.templates.runtime import target_for
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")

@@ -19,9 +19,10 @@ from collections.abc import Mapping
 import torch
 import triton
 
-from epilab.templates import dtypes
-from epilab.templates.problem import BATCHED_OPS, Config, Problem
-from epilab.templates.runtime import Bound, Described, single_launch, sm_count, tma_readable
+from epilab.ir import dtypes
+from epilab.ir.problem import BATCHED_OPS, Config, Problem
+from epilab.templates.bound import Bound, Described
+from epilab.templates.runtime import single_launch, sm_count, tma_readable
 
 SOURCE = "matmul_sm90.py.jinja"
 VARIANTS = ("sm90_persistent", "sm90_pingpong")
@@ -41,6 +42,17 @@ def staged_outputs(problem: Problem, config: Config) -> tuple[int, ...]:
     if not config.TMA_STORE:
         return ()
     return tuple(i for i, o in enumerate(problem.epilogue.outputs) if not o.reduce and o.dtype != "bool")
+
+
+def device_error(variant: str, capability: str, interpreter: bool) -> str | None:
+    """The sm90 variants are Gluon kernels for sm_90 GPUs (wgmma): not in the interpreter."""
+    if variant not in VARIANTS:
+        return None
+    if interpreter:
+        return f"the {variant} variant is a Gluon kernel: Triton's interpreter cannot run it"
+    if not capability.startswith(f"{CAPABILITY}."):
+        return f"{variant} needs an sm_90 GPU (wgmma); the device's compute capability is {capability}"
+    return None
 
 
 def staging_copies(config: Config) -> int:

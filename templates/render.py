@@ -14,25 +14,31 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import jinja2
 import sympy
 
 from epilab.config import settings
-from epilab.templates.epilogue import LEAVES, REDUCTIONS
-from epilab.templates.problem import Config, Problem
-from epilab.templates.rules import rounded
-
-if TYPE_CHECKING:
-    from epilab.templates.kind import TemplateKind
+from epilab.ir.epilogue import LEAVES, REDUCTIONS, Epilogue
+from epilab.ir.patterns import identity
+from epilab.ir.problem import Config, Problem
+from epilab.ir.rules import rounded
+from epilab.templates.kind import TemplateKind
 
 Target = Literal["cuda", "interpreter"]
 TARGETS = ("cuda", "interpreter")
 TEMPLATE_DIR = Path(__file__).parent
 
-# The files every template's epilogue depends on (a kind's ``files`` end with them)
-EPILOGUE_FILES = ("rounding.py.jinja", "fast_math.py.jinja", "store_output.py.jinja", "rules.py")
+# The files every template's epilogue depends on (a kind's ``files`` end with them). They
+# are not hashed as files: what they put into a problem's kernels is (``kernel_hash``).
+EPILOGUE_FILES = ("rounding.py.jinja", "fast_math.py.jinja", "store_output.py.jinja")
+# ``store_output``'s arguments when its text is hashed: the names a template passes vary, what
+# the shared files make of the epilogue does not
+_PROBE_ARGS = {
+    name: name
+    for name in ("acc", "acc2", "rm", "rn", "pid_b", "mask_m", "mask_n", "m0", "n0", "m_slot", "n_slot")
+}
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
@@ -54,6 +60,32 @@ def files_hash(files: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
+@cache
+def kernel_hash(files: tuple[str, ...], epilogue: Epilogue) -> str:
+    """What a problem's kernels are made of, hashed: the template's own files (``files`` less
+    the shared ``EPILOGUE_FILES``) and the text the shared files and the rule table put into
+    its kernels for ``epilogue``'s identity (``patterns.identity``: the form problems share
+    records under, so problems of one identity have one hash), under every variant a config
+    or setting picks (pointer, TMA and shared-memory stores; exact and fast math; both
+    targets). A stored record goes stale exactly when one of these changes: a new op,
+    operand kind or template leaves every other epilogue's text, and its records, as they were."""
+    h = hashlib.sha256(files_hash(tuple(f for f in files if f not in EPILOGUE_FILES)).encode())
+    epilogue = identity(epilogue)
+    text = epilogue.text()
+    for interpret in (False, True):
+        helpers = {"interpret": interpret, "epilogue_text": text}
+        h.update(_ENV.get_template("rounding.py.jinja").render(**helpers).encode())
+        if epilogue.fast_nodes:
+            h.update(_ENV.get_template("fast_math.py.jinja").render(**helpers).encode())
+    every_output = tuple(range(len(epilogue.outputs)))
+    for fast in (True, False):
+        for tma_store, smem in ((False, ()), (True, ()), (False, every_output)):
+            hooks = _epilogue_hooks(epilogue, tma_store=tma_store, smem_outputs=smem, fast=fast)
+            h.update(hooks["epilogue_params"]().encode() + b"\0")  # type: ignore[operator]
+            h.update(hooks["store_output"](**_PROBE_ARGS).encode() + b"\0")  # type: ignore[operator]
+    return h.hexdigest()
+
+
 def divides(block: int, dim: int | sympy.Expr) -> bool:
     """True when ``block`` provably divides ``dim`` (works for symbolic dims)."""
     return bool(sympy.Mod(dim, block) == 0)
@@ -68,13 +100,13 @@ class _StoredOutput:
 
 
 def _epilogue_hooks(
-    problem: Problem, tma_store: bool = False, smem_outputs: tuple[int, ...] = ()
+    ep: Epilogue, *, tma_store: bool = False, smem_outputs: tuple[int, ...] = (), fast: bool = True
 ) -> dict[str, object]:
     """``epilogue_params()``, ``epilogue_args()`` (the same names, to pass them on) and
     ``store_output(...)``; with ``tma_store`` every output is stored through its tensor
     descriptor ``out{i}_desc`` at (m0, n0) instead of by pointers; outputs ``smem_outputs`` are
-    written to their shared-memory buffer ``out{i}_smem`` and stored from it by TMA (Gluon)."""
-    ep = problem.epilogue
+    written to their shared-memory buffer ``out{i}_smem`` and stored from it by TMA (Gluon);
+    ``fast`` lets the fast nodes take their fast forms."""
     operands = [{"name": name, "kind": kind} for name, kind in ep.operands]
 
     def epilogue_params() -> str:
@@ -113,7 +145,7 @@ def _epilogue_hooks(
             **({"acc2": acc2} if acc2 else {}),
             **{o["name"]: f"op_{o['name']}" for o in operands},
         }
-        lines, out_vars = ep.triton_lines(leaf_vars, fast=not settings().exact_math)
+        lines, out_vars = ep.triton_lines(leaf_vars, fast=fast)
         outputs = []
         for out, var in zip(ep.outputs, out_vars, strict=True):
             node_kind = ep.kinds[out.node]
@@ -171,7 +203,7 @@ def render(
         raise ValueError(f"target {target!r} is not one of {TARGETS}")
     if problem.template != kind.name:
         raise ValueError(f"a {problem.template} problem cannot be rendered by the {kind.name} template")
-    current = files_hash(kind.files)
+    current = kernel_hash(kind.files, problem.epilogue)
     if problem.template_hash != current:
         raise ValueError(
             f"problem was made for another version of template {problem.template!r} "
@@ -202,8 +234,9 @@ def render(
         fast_math=bool(problem.epilogue.fast_nodes) and not settings().exact_math,
         **(variables := kind.render_vars(problem, config)),
         **_epilogue_hooks(
-            problem,
+            problem.epilogue,
             tma_store=bool(config.TMA_STORE) and "tma_outputs" not in variables,
             smem_outputs=tuple(variables.get("tma_outputs", ())),  # type: ignore[arg-type]
+            fast=not settings().exact_math,
         ),
     )

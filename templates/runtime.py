@@ -10,20 +10,17 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from epilab.config import settings
+from epilab.ir import dtypes
+from epilab.ir.epilogue import REDUCTIONS, Epilogue
+from epilab.ir.problem import Config, Dim, Problem
+from epilab.templates.bound import Bound, Workspace
 from epilab.templates.build import build, interpreter_active
-from epilab.templates.epilogue import REDUCTIONS, Epilogue
-from epilab.templates.problem import Config, Dim, Problem
+from epilab.templates.kind import TemplateKind
 from epilab.templates.render import Target, kernel_name, render
-
-if TYPE_CHECKING:
-    from epilab.templates.kind import TemplateKind
-from epilab.templates import dtypes
 
 INT32_MAX = 2**31 - 1
 
@@ -228,44 +225,6 @@ def extent(t: torch.Tensor) -> int:
     return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
-@dataclass(frozen=True)
-class Bound:
-    """A launch with every argument fixed: ``run()`` launches it again (for timing and
-    CUDA graphs, with no per-call Python beyond Triton's launcher); ``compile()``
-    compiles it without launching."""
-
-    outs: tuple[torch.Tensor, ...]
-    run: Callable[[], object]  # returns Triton's compiled kernel when it launched one
-    compile: Callable[[], None]
-    kernel: object = None  # the jitted kernel, and its arguments and grid (None: no launch)
-    args: Mapping[str, object] | None = None
-    grid: tuple[int, ...] | None = None
-    descriptors: tuple[Described, ...] = ()  # TMA descriptor arguments: remade for new tensors
-    workspace: Workspace | None = None  # scratch arguments kept between calls (stream-K)
-    fills: tuple[tuple[int, float], ...] = ()  # outputs filled before each launch (atomic statistics)
-
-
-@dataclass(frozen=True)
-class Described:
-    """A tensor-descriptor argument of a launch: made from tensor argument ``tensor`` (over
-    its transpose when ``transposed``) with ``block`` tiles; a Gluon kernel's descriptors also
-    carry the shared-memory ``layout`` of their tiles."""
-
-    arg: str
-    tensor: str
-    transposed: bool
-    block: tuple[int, int]
-    layout: object = None  # a Gluon NVMMASharedLayout, or None for Triton's descriptors
-
-    def make(self, t: torch.Tensor) -> object:
-        t = t.t() if self.transposed else t
-        if self.layout is None:
-            return TensorDescriptor.from_tensor(t, list(self.block))
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-
-        return GluonDescriptor.from_tensor(t, list(self.block), self.layout)
-
-
 def tma_readable(t: torch.Tensor) -> bool:
     """A 2-D tensor TMA can address: unit inner stride, 16-byte aligned row stride and address."""
     return (
@@ -274,56 +233,6 @@ def tma_readable(t: torch.Tensor) -> bool:
         and (t.stride(0) * t.element_size()) % 16 == 0
         and t.data_ptr() % 16 == 0
     )
-
-
-@dataclass(frozen=True)
-class Workspace:
-    """Scratch memory a kernel keeps between calls: ``programs`` x ``elements`` fp32 partial
-    sums (``ws_ptr``) and one int32 flag a program (``flags_ptr``) that every launch leaves
-    at zero, so it is zeroed once, not per call. One buffer per device and stream (kernels on
-    one stream run one after the other; on two streams they could run at once), grown when
-    a kernel needs more and never freed: a captured CUDA graph may hold its address. It is
-    allocated on a side stream, outside any CUDA-graph memory pool that the calling stream
-    allocates to; while the stream is being captured a missing buffer is made for that call
-    alone (its zeroing is captured with it)."""
-
-    programs: int
-    elements: int
-
-    def tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
-        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        key = (device, None if stream is None else stream.cuda_stream)
-        have = _scratch.get(key)
-        size = self.programs * self.elements
-        if have is not None and have[0].numel() >= size and have[1].numel() >= self.programs:
-            return {"ws_ptr": have[0], "flags_ptr": have[1]}
-        size = max(size, 0 if have is None else have[0].numel())
-        programs = max(self.programs, 0 if have is None else have[1].numel())
-        if stream is None:
-            made = _allocate(size, programs, device)
-        elif torch.cuda.is_current_stream_capturing():
-            return dict(zip(("ws_ptr", "flags_ptr"), _allocate(size, programs, device), strict=True))
-        else:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                made = _allocate(size, programs, device)
-            stream.wait_stream(side)
-        if have is not None:
-            _retired.append(have)  # a CUDA graph may still launch kernels on it
-        _scratch[key] = made
-        return {"ws_ptr": made[0], "flags_ptr": made[1]}
-
-
-def _allocate(size: int, programs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        torch.empty(size, dtype=torch.float32, device=device),
-        torch.zeros(programs, dtype=torch.int32, device=device),
-    )
-
-
-_scratch: dict[tuple[torch.device, int | None], tuple[torch.Tensor, torch.Tensor]] = {}
-_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 _kernels: dict[tuple[Problem, Config, Target, bool, str, bool], object] = {}

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from epilab.templates.check import poisoned_like, rel_error, tolerance
+from epilab.ir.check import poisoned_like, rel_error, tolerance
+from epilab.ir.problem import Config, Problem
+from epilab.templates.bound import Bound
 from epilab.templates.kind import InputSet
 from epilab.templates.kinds import bind, check_call, kind_of, problem_of
-from epilab.templates.problem import Config, Problem
-from epilab.templates.runtime import Bound
 
 
 def random_inputs(problem: Problem, device: torch.device | str, seed: int) -> InputSet:

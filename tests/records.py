@@ -9,7 +9,7 @@ import torch
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, Timing, TuningDB, Versions
-from epilab.templates.problem import Problem
+from epilab.ir.problem import Problem
 
 
 def record(

@@ -38,8 +38,8 @@ def test_one_config_shorthand_everywhere():
     """ "st" is stages and "split" split-K in tune, db list, explain and the report alike."""
     from epilab import cli
     from epilab.compiler import explain
+    from epilab.ir.problem import Config, config_text
     from epilab.reports import html
-    from epilab.templates.problem import Config, config_text
 
     c = Config(128, 64, 32, 8, SPLIT_K=4, num_warps=4, num_stages=3, EPILOGUE_SUBTILE=2)
     text = "128x64x32 g8 w4 st3 split4 sub2"
@@ -88,7 +88,7 @@ def test_help_and_version_import_no_torch_and_name_what_exists():
     import sys
 
     from epilab import cli
-    from epilab.templates.dtypes import WIDE_INPUT_DTYPES
+    from epilab.ir.dtypes import WIDE_INPUT_DTYPES
     from epilab.tuner.suites import SUITES
 
     assert cli.DEMO_DTYPES == WIDE_INPUT_DTYPES and sorted(cli.SUITE_NAMES) == sorted(SUITES)

@@ -25,8 +25,8 @@ import epilab
 from epilab import config
 from epilab.compiler import backend
 from epilab.db import INTERPRETER_DEVICE, TuningDB
-from epilab.templates.check import rel_error
-from epilab.templates.problem import Problem
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Problem
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 ACTIVATIONS = {

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epilab.templates import catalog
-from epilab.templates.check import rel_error, tolerance
+from epilab.ir import catalog
+from epilab.ir.check import rel_error, tolerance
+from epilab.ir.epilogue import Epilogue, acc, operand
+from epilab.ir.problem import Config, ConvGeometry, Problem
 from epilab.templates.conv2d import conv_reference, default_conv_config, make_conv_problem
-from epilab.templates.epilogue import Epilogue, acc, operand
-from epilab.templates.problem import Config, ConvGeometry, Problem
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

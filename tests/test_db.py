@@ -23,9 +23,9 @@ from epilab.cli import app
 from epilab.db import DatabaseOpenError, DeviceInfo, Timing, TuningDB, Versions
 from epilab.db import schema as db_schema
 from epilab.db.transfer import export_json, import_json
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
-from epilab.templates.kinds import template_hash
-from epilab.templates.problem import Config, OperandSpec, Problem, Shape
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config, OperandSpec, Problem, Shape
+from epilab.templates.kinds import is_current, template_hash
 
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132)
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", 132)
@@ -38,7 +38,7 @@ def problem(m: int = 4096, n: int = 4096, k: int = 4096, *, template_hash_: str 
     return Problem(
         op="addmm",
         template="matmul",
-        template_hash=template_hash_ or template_hash("matmul"),
+        template_hash=template_hash_ or template_hash("matmul", EPILOGUE),
         dtype="bfloat16",
         layout_a="row",
         layout_b="col",
@@ -150,7 +150,7 @@ def test_nearest_m_on_a_log2_scale_is_a_marked_fallback(db):
     exact = db.lookup(problem(m=8192), H200)
     assert exact.exact and exact.m == 8192
     assert db.lookup(problem(m=2000, n=2048), H200) is None  # other N: another family
-    from epilab.templates.problem import symbol
+    from epilab.ir.problem import symbol
 
     dynamic = problem(m=symbol("s0"))
     assert db.lookup(dynamic, H200, m=6000).m == 8192
@@ -164,12 +164,12 @@ def test_stale_records_are_listed_never_used_and_pruned(db):
     assert old.key != current.key
     assert db.lookup(current, H200) is None  # the old-template record is never an answer
     ok(db, current, 0.3, cfg())
-    stats = db.stats({"matmul": template_hash("matmul")})
+    stats = db.stats(is_current)
     assert (stats.problems, stats.stale_problems, stats.stale_trials) == (2, 1, 1)
     assert stats.stale_by_template == {"matmul": 1} and stats.trials_by_status == {"ok": 2}
-    assert db.prune_stale({"matmul": template_hash("matmul")}) == 1
+    assert db.prune_stale(is_current) == 1
     assert db.records(old.key) == [] and len(db.records(current.key)) == 1
-    assert db.stats({"matmul": template_hash("matmul")}).stale_problems == 0
+    assert db.stats(is_current).stale_problems == 0
 
 
 @pytest.mark.parametrize(
@@ -240,7 +240,7 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
             )
     engine.dispose()
     with TuningDB.open(path) as db:
-        assert db.revision == db_schema.head_revision() == "0007"
+        assert db.revision == db_schema.head_revision() == "0008"
         assert all(r.graph_ms is None for r in db.records(p.key))  # 0003 added it empty
         assert db.verdict(p.key, H200, Versions("2.10", "3.5"), cuda_graphs=False) is None  # 0004: none yet
         assert len(db.records(p.key)) == 2
@@ -271,7 +271,7 @@ def test_verdicts_of_revision_0006_become_inference_verdicts_beside_training_one
         assert "training" not in {c["name"] for c in sa.inspect(conn).get_columns("epilab_verdicts")}
     engine.dispose()
     with TuningDB.open(db_target) as db:
-        assert db.revision == "0007"
+        assert db.revision == "0008"
         got = db.verdict(p.key, H200, NOW, cuda_graphs=False)
         assert got is not None and got.keep and not got.training
         assert db.verdict(p.key, H200, NOW, cuda_graphs=False, training=True) is None
@@ -285,6 +285,30 @@ def test_verdicts_of_revision_0006_become_inference_verdicts_beside_training_one
         rows = conn.execute(sa.text("SELECT keep FROM epilab_verdicts")).all()
     engine.dispose()
     assert [bool(r[0]) for r in rows] == [True]
+
+
+def test_revision_0008_rekeys_current_problems_by_their_kernels_and_keeps_their_records(db_target):
+    """0008 keys problems by what their kernels are made of: a problem current under 0007
+    (its template's 0007 hash) gets its kernel hash, key and family with its trials kept; a
+    stale one stays stale; going back to 0007 restores the 0007 hashes."""
+    from importlib import import_module
+
+    at_0007 = import_module("epilab.db.migrations.versions.0008_kernel_hashes").HASHES_AT_0007
+    p, stale = problem(), problem(m=512, template_hash_="0" * 64)
+    with TuningDB.open(db_target) as db:
+        ok(db, p, 0.2, cfg())
+        ok(db, stale, 0.3, cfg())
+    engine = sa.create_engine(_url(db_target))
+    with engine.begin() as conn:
+        db_schema.downgrade_to(conn, "0007")
+        rows = dict(conn.execute(sa.text("SELECT m, template_hash FROM epilab_problems")).all())
+    engine.dispose()
+    assert rows == {4096: at_0007["matmul"], 512: "0" * 64}
+    with TuningDB.open(db_target) as db:
+        assert db.revision == "0008"
+        assert [r.median_ms for r in db.records(p.key)] == [0.2]  # the same key as before, its trial kept
+        assert db.lookup(p, H200).record.median_ms == 0.2
+        assert db.stats(is_current).stale_problems == 1 and len(db.records(stale.key)) == 1
 
 
 def test_database_from_a_newer_epilab_is_refused_untouched(db_target):
@@ -397,7 +421,7 @@ def test_eight_processes_write_1600_records_without_lock_errors(db_target):
         assert rc == 0, err
         assert "locked" not in err
     with TuningDB.open(db_target) as db:
-        stats = db.stats({})
+        stats = db.stats(is_current)
     assert stats.trials_by_status == {"ok": 1600} and stats.devices == 8
 
 
@@ -536,7 +560,7 @@ def test_malicious_import_is_rejected_whole(db, tmp_path, mutate, match):
     with TuningDB.open(tmp_path / "target.db") as target:
         with pytest.raises(ValueError, match=match):
             import_json(target, bad, parse_problem=_parse_problem, validate_config=_validate_config)
-        stats = target.stats({})
+        stats = target.stats(is_current)
         assert (stats.problems, sum(stats.trials_by_status.values()), stats.baselines) == (0, 0, 0)
 
 
@@ -651,7 +675,7 @@ def test_verdicts_are_kept_per_mode_and_versions_replaced_and_pruned(db):
             p, H200, cuda_graphs=False, keep=True, with_ms=float("nan"), without_ms=1.0,
             context="m", timing_method="model", versions=NOW,
         )  # fmt: skip
-    assert db.prune_stale({"matmul": "another version"}) >= 1
+    assert db.prune_stale(lambda problem_json: False) >= 1
     assert db.verdict(p.key, H200, NOW, cuda_graphs=False) is None
 
 

@@ -14,14 +14,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import epilab
+from epilab.ir.check import rel_error
+from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
+from epilab.ir.epilogue_text import parse_epilogue
+from epilab.ir.problem import Config
 from epilab.templates import dual_gemv, dual_matmul, kinds
-from epilab.templates.check import rel_error
 from epilab.templates.dual_matmul import B2, halves, make_dual_problem
-from epilab.templates.epilogue import Epilogue, acc, acc2, operand, ops
-from epilab.templates.epilogue_text import parse_epilogue
 from epilab.templates.kinds import default_config, for_template, launch, twins
 from epilab.templates.matmul import random_tensor
-from epilab.templates.problem import Config
 from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner import suites
 from epilab.tuner.space import HOPPER, infeasible
@@ -241,7 +241,7 @@ def test_the_compiler_fuses_gate_and_up_into_one_dual_call(tmp_path, up_first):
 def _recorded(tmp_path, d):
     """The problem the compiler recorded for decision ``d``."""
     from epilab.db import TuningDB
-    from epilab.templates.problem import Problem
+    from epilab.ir.problem import Problem
 
     with TuningDB.open(str(tmp_path / "t.db")) as db:
         text = db.problem_json(d.problem_key)

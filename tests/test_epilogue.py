@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from epilab.templates.check import rel_error
-from epilab.templates.epilogue import Epilogue, Node, Output, acc, apply, const, operand, ops
+from epilab.ir.check import rel_error
+from epilab.ir.epilogue import Epilogue, Node, Output, acc, apply, const, operand, ops
+from epilab.ir.rules import DTYPES, RULES
 from epilab.templates.kinds import default_config, launch
 from epilab.templates.matmul import make_problem
-from epilab.templates.rules import DTYPES, RULES
 
 
 def _gelu_block() -> Epilogue:
@@ -59,7 +59,7 @@ def test_shared_subexpressions_become_one_node():
 
 def test_text_is_stable_across_processes():
     code = (
-        "from epilab.templates.epilogue import *\n"
+        "from epilab.ir.epilogue import *\n"
         "x = acc() + operand('bias', 'row')\n"
         "y = ops.gelu_tanh(x) + operand('res', 'tile')\n"
         "print(Epilogue.build([(y, 'bfloat16'), (x, 'float32')]).text())"

@@ -1,4 +1,4 @@
-"""Epilogues written as text (``templates/epilogue_text.py``) and shapes files that use them:
+"""Epilogues written as text (``ir/epilogue_text.py``) and shapes files that use them:
 the same IR as the builders, operand kinds from the index, errors that name the column,
 batched and conv2d specs."""
 
@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from epilab.templates.catalog import epilogue
-from epilab.templates.epilogue import Epilogue, acc, const, operand, ops
-from epilab.templates.epilogue_text import MAX_DEPTH, EpilogueSyntaxError, parse_epilogue
+from epilab.ir.catalog import epilogue
+from epilab.ir.epilogue import Epilogue, acc, const, operand, ops
+from epilab.ir.epilogue_text import MAX_DEPTH, EpilogueSyntaxError, parse_epilogue
 from epilab.tuner.suites import ConvSpec, Spec, load_shapes
 
 # text -> the catalog entry it writes out

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import epilab
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
-from epilab.templates.problem import Config
-from epilab.templates.rules import FAST_ABS_FLOOR, FAST_ULPS, RULES
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config
+from epilab.ir.rules import FAST_ABS_FLOOR, FAST_ULPS, RULES
 
 FAST_OPS = sorted(name for name, rule in RULES.items() if rule.fast)
 OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -145,9 +145,9 @@ def test_fast_nodes_only_where_low_precision_outputs_read_them() -> None:
 
 
 def test_fast_forms_render_only_for_fast_nodes() -> None:
+    from epilab.ir.problem import OperandSpec, Problem, Shape
     from epilab.templates.kinds import template_hash
     from epilab.templates.matmul import KIND
-    from epilab.templates.problem import OperandSpec, Problem, Shape
     from epilab.templates.render import render
 
     def source(out_dtype: str) -> str:
@@ -155,7 +155,7 @@ def test_fast_forms_render_only_for_fast_nodes() -> None:
         problem = Problem(
             "addmm",
             "matmul",
-            template_hash("matmul"),
+            template_hash("matmul", ep),
             "bfloat16",
             "row",
             "col",

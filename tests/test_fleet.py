@@ -30,8 +30,8 @@ from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.db.leases import LeaseBoard, fleet_status
 from epilab.db.models import LeaseRecord, WorkerRecord
+from epilab.ir.problem import Config
 from epilab.templates.kinds import twins
-from epilab.templates.problem import Config
 from epilab.tuner.fleet import parse_devices
 from epilab.tuner.search import STATUS_ATTR, Budget, Outcome, adopt, make_study, search
 from epilab.tuner.suites import load_shapes

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 
 import epilab
-from epilab.templates import dtypes
-from epilab.templates.check import rel_error, tolerance
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.ir import dtypes
+from epilab.ir.check import rel_error, tolerance
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config, Problem
 from epilab.templates.kinds import default_config, kind_of, twins, untuned_choice
 from epilab.templates.matmul import TRITON_VARIANTS, make_problem, scaled_mm_prefix
-from epilab.templates.problem import Config, Problem
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import HOPPER, infeasible

@@ -24,7 +24,7 @@ from epilab.cli import parse_problem, validate_config
 from epilab.db import TuningDB
 from epilab.db.keys import canonical, problem_key
 from epilab.db.transfer import export_json, import_json
-from epilab.templates.problem import Config
+from epilab.ir.problem import Config
 from epilab.tuner.suites import Spec, load_shapes
 
 SEEDS = range(8)

@@ -11,11 +11,11 @@ import pytest
 import torch
 from test_matmul import DTYPES, run_case
 
-from epilab.templates.check import rel_error
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Config
 from epilab.templates.kinds import for_template, launch
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
-from epilab.templates.problem import Config
 
 CONFIGS = {  # BLOCK_K=16 with K up to 300: several K blocks per split, and empty splits
     "nosplit": Config(16, 32, 16, 1, 1, num_warps=4, num_stages=1, variant="default"),

@@ -41,8 +41,8 @@ from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.db.models import CONTROL_CHARS, Device
 from epilab.db.transfer import export_json
-from epilab.templates.check import rel_error
-from epilab.templates.problem import Config
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Config
 from epilab.tuner.search import Budget
 from epilab.tuner.suites import Spec, load_shapes
 
@@ -1060,13 +1060,13 @@ def test_compiled_epilogues_match_eager_at_the_edges(tmp_path, name, fn):
 
 def test_the_text_limit_is_the_databases():
     from epilab.db.models import EPILOGUE_LEN
-    from epilab.templates.epilogue import MAX_TEXT_CHARS
+    from epilab.ir.epilogue import MAX_TEXT_CHARS
 
     assert MAX_TEXT_CHARS == EPILOGUE_LEN
 
 
 def test_operand_names_are_matched_whole():
-    from epilab.templates.epilogue import check_operand_name
+    from epilab.ir.epilogue import check_operand_name
 
     assert check_operand_name("bias") == "bias"
     for bad in ("bias\n", "bias\n\n", "b ias", "1x", "for"):

@@ -9,11 +9,12 @@ import dataclasses
 import pytest
 import torch
 
-from epilab.templates import dtypes, kinds, matmul
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config, Problem
+from epilab.templates import kinds, matmul
 from epilab.templates.kind import TemplateKind
-from epilab.templates.problem import Config, Problem
-from epilab.templates.render import TEMPLATE_DIR, files_hash
+from epilab.templates.render import TEMPLATE_DIR, kernel_hash
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner import evaluate, space, suites
 from epilab.tuner.space import HOPPER, configs, infeasible
@@ -25,7 +26,6 @@ def test_every_kind_is_complete_and_consistent(name):
     assert isinstance(kind, TemplateKind) and kind.name == name
     # its own Jinja file, or one it shares with a template family (the dual GEMM's, matmul's)
     assert kind.files[0].endswith(".py.jinja") and (TEMPLATE_DIR / kind.files[0]).is_file()
-    assert kinds.template_hash(name) == files_hash(kind.files)
     assert kind.library in ("cublas", "cudnn")
     assert all(kinds.default_template(op) == name for op in kind.ops)
     for c in kind.seeds:  # seeds lie in the kind's own space
@@ -57,7 +57,9 @@ def _small_tile_check(problem, config):
 
 
 def _on_small_tile(problem):
-    return dataclasses.replace(problem, template="small_tile", template_hash=files_hash(matmul.FILES))
+    return dataclasses.replace(
+        problem, template="small_tile", template_hash=kernel_hash(matmul.FILES, problem.epilogue)
+    )
 
 
 # A toy kind: the matmul Jinja file under its own name, with a search space of small tiles
@@ -104,8 +106,10 @@ def test_a_new_kind_is_one_object_and_one_registry_line(toy):
     base = _problem()
     twin = kinds.twins(base)[-1]
     assert [p.template for p in kinds.twins(base)] == ["matmul", "small_tile"]
-    assert kinds.kind_of(twin) is toy and kinds.template_hash("small_tile") == twin.template_hash
-    assert kinds.current_hashes()["small_tile"] == twin.template_hash
+    assert (
+        kinds.kind_of(twin) is toy and kinds.template_hash("small_tile", twin.epilogue) == twin.template_hash
+    )
+    assert kinds.is_current(twin.to_json())
     # the tuner's space and rules come from the kind
     found = configs(twin, HOPPER)
     assert found and all(c.BLOCK_M <= 32 and c.BLOCK_N <= 32 for c in found)

@@ -18,11 +18,11 @@ import pytest
 import torch
 from test_matmul import run_case
 
-from epilab.templates import catalog
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.ir import catalog
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config
 from epilab.templates.kinds import bind, kind_of
 from epilab.templates.matmul import make_problem
-from epilab.templates.problem import Config
 from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
 from epilab.tuner.suites import Spec
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 from test_matmul import DTYPES, run_case
 
-from epilab.templates.check import rel_error, tolerance
-from epilab.templates.epilogue import Epilogue, acc
-from epilab.templates.epilogue import ops as ops_
+from epilab.ir.check import rel_error, tolerance
+from epilab.ir.epilogue import Epilogue, acc
+from epilab.ir.epilogue import ops as ops_
+from epilab.ir.problem import Config
 from epilab.templates.kinds import bind, for_template, kind_of
 from epilab.templates.matmul import make_problem, tma_descriptors
 from epilab.templates.matmul_api import simple_epilogue
-from epilab.templates.problem import Config
 from epilab.tuner.space import HOPPER, infeasible
 
 TMA = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma")

@@ -18,7 +18,7 @@ from zoo.quantized import Fp8Linear
 import epilab
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
-from epilab.templates.problem import Problem
+from epilab.ir.problem import Problem
 from epilab.tuner.model import (
     ModelOptions,
     ModelSpecError,

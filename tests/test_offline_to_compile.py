@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import epilab
 from epilab.cli import app
 from epilab.db import TuningDB
-from epilab.templates.kinds import current_hashes
+from epilab.templates.kinds import is_current
 
 M, N, K = 32, 48, 64
 
@@ -55,6 +55,6 @@ def test_a_shapes_file_tuned_offline_serves_the_compiled_functions(tmp_path):
         torch.testing.assert_close(out, f(x), rtol=2e-2, atol=2e-2)
     # the compiler recorded its own forms of the five problems: --seen finds them served
     with TuningDB.open(db) as store:
-        assert store.stats(current_hashes()).problems == 2 * len(functions)
+        assert store.stats(is_current).problems == 2 * len(functions)
     seen = CliRunner().invoke(app, ["tune", "--seen", "--interpret", "--trials", "2", "--db", db])
     assert seen.exit_code == 0 and "nothing to tune" in seen.output, seen.output

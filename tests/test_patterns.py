@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from epilab.templates.epilogue import Epilogue, Expr, acc, operand, ops
-from epilab.templates.epilogue_text import parse_epilogue
-from epilab.templates.patterns import identity, recognise
+from epilab.ir.epilogue import Epilogue, Expr, acc, operand, ops
+from epilab.ir.epilogue_text import parse_epilogue
+from epilab.ir.patterns import identity, recognise
 
 
 def _rounded(x: Expr, dtype: str = "bfloat16") -> Expr:
@@ -94,7 +94,7 @@ def test_identity_drops_rounding_and_names_operands_by_kind():
 def test_a_compiled_gelu_has_the_identity_of_its_text(tmp_path):
     import epilab
     from epilab.db import TuningDB
-    from epilab.templates.problem import Problem
+    from epilab.ir.problem import Problem
 
     w, b = torch.randn(24, 16, dtype=torch.bfloat16), torch.randn(24, dtype=torch.bfloat16)
     db = str(tmp_path / "t.db")
@@ -125,7 +125,7 @@ def test_a_compiled_gelu_has_the_identity_of_its_text(tmp_path):
 def test_activations_without_an_op_have_the_identity_of_their_text(tmp_path, text, act):
     import epilab
     from epilab.db import TuningDB
-    from epilab.templates.problem import Problem
+    from epilab.ir.problem import Problem
 
     w, b = torch.randn(24, 16, dtype=torch.bfloat16), torch.randn(24, dtype=torch.bfloat16)
     db = str(tmp_path / "t.db")

@@ -11,12 +11,12 @@ import sympy
 import torch
 
 from epilab import config as epilab_config
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import CHOICES, Config, OperandSpec, Problem, Shape, symbol
 from epilab.templates import build as build_mod
 from epilab.templates import render as render_mod
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
 from epilab.templates.kinds import kind_of, source, template_hash
 from epilab.templates.matmul import make_problem
-from epilab.templates.problem import CHOICES, Config, OperandSpec, Problem, Shape, symbol
 
 
 def _problem(shape: Shape | None = None, **changes) -> Problem:
@@ -24,7 +24,7 @@ def _problem(shape: Shape | None = None, **changes) -> Problem:
     fields = dict(
         op="addmm",
         template="matmul",
-        template_hash=template_hash("matmul"),
+        template_hash=template_hash("matmul", ep),
         dtype="bfloat16",
         layout_a="row",
         layout_b="col",
@@ -167,12 +167,15 @@ def test_template_hash_changes_when_a_template_file_changes(tmp_path, monkeypatc
     monkeypatch.setattr(render_mod, "TEMPLATE_DIR", tmp_path)
     render_mod.files_hash.cache_clear()
     try:
-        before = template_hash("matmul")
+        ep = _problem().epilogue
+        before = template_hash("matmul", ep)
         (tmp_path / "matmul.py.jinja").write_text((tmp_path / "matmul.py.jinja").read_text() + "\n# edited\n")
         render_mod.files_hash.cache_clear()
-        assert template_hash("matmul") != before
+        render_mod.kernel_hash.cache_clear()
+        assert template_hash("matmul", ep) != before
     finally:
         render_mod.files_hash.cache_clear()
+        render_mod.kernel_hash.cache_clear()
 
 
 # ------------------------------------------------------------------- build

@@ -18,7 +18,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from epilab.cli import _current_hashes, app
+from epilab.cli import _is_current, app
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
 from epilab.reports import data as report_data
 from epilab.reports import html as report_html
@@ -96,7 +96,7 @@ def _fill(
 
 
 def _collect(db: TuningDB, **kw) -> report_data.ReportData:
-    return report_data.collect(db.snapshot(), db_url=db.url, current_hashes=_current_hashes(), **kw)
+    return report_data.collect(db.snapshot(), db_url=db.url, is_current=_is_current, **kw)
 
 
 class _Page(HTMLParser):

@@ -18,12 +18,12 @@ from zoo.transformers import GPT2, Bert, LlamaBlock
 import epilab
 from epilab import config as epilab_config
 from epilab.db import INTERPRETER_DEVICE, TuningDB
+from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
+from epilab.ir.problem import Config, Problem
 from epilab.templates import kinds
 from epilab.templates.conv2d import make_conv_problem
 from epilab.templates.dual_matmul import make_dual_problem
-from epilab.templates.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.templates.matmul import make_problem
-from epilab.templates.problem import Config, Problem
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -180,10 +180,22 @@ def test_dual_gemv_statistics(loop):
 
 CONV_CASES = {  # (n, c, h, w, k, r, s, stride, padding, groups), layout, config
     "3x3-nhwc": ((2, 16, 7, 9, 24, 3, 3, 1, 1, 1), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
-    "3x3-nchw-s2": ((1, 16, 9, 8, 20, 3, 3, 2, 1, 1), "nchw", Config(32, 16, 16, 1, num_warps=4, num_stages=1)),
+    "3x3-nchw-s2": (
+        (1, 16, 9, 8, 20, 3, 3, 2, 1, 1),
+        "nchw",
+        Config(32, 16, 16, 1, num_warps=4, num_stages=1),
+    ),
     "groups2": ((1, 32, 6, 6, 32, 3, 3, 1, 1, 2), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
-    "depthwise": ((2, 24, 7, 6, 24, 3, 3, 1, 1, 24), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
-    "split_k": ((1, 32, 5, 5, 16, 3, 3, 1, 1, 1), "nhwc", Config(16, 16, 16, 1, 2, num_warps=4, num_stages=1)),
+    "depthwise": (
+        (2, 24, 7, 6, 24, 3, 3, 1, 1, 24),
+        "nhwc",
+        Config(16, 16, 16, 1, num_warps=4, num_stages=1),
+    ),
+    "split_k": (
+        (1, 32, 5, 5, 16, 3, 3, 1, 1, 1),
+        "nhwc",
+        Config(16, 16, 16, 1, 2, num_warps=4, num_stages=1),
+    ),
     "1x1": ((2, 32, 5, 5, 48, 1, 1, 1, 0, 1), "nhwc", Config(16, 16, 16, 1, num_warps=4, num_stages=1)),
 }
 
@@ -220,7 +232,10 @@ def test_conv_statistics_match_float64(case, ordered):
 def test_conv_statistics_mean_pixels_per_channel_and_channels_per_pixel():
     # independent of the reference's GEMM view: torch's conv2d, then sums over named dims
     outs, (x, weight, res, stride, padding, groups) = _conv_statistics("groups2", False, torch.float32)
-    h = torch.nn.functional.conv2d(x.double(), weight.double(), None, stride, padding, 1, groups) + res.double()
+    h = (
+        torch.nn.functional.conv2d(x.double(), weight.double(), None, stride, padding, 1, groups)
+        + res.double()
+    )
     torch.testing.assert_close(outs[1].double(), (h * h).sum(1), rtol=1e-4, atol=1e-3)  # per pixel
     torch.testing.assert_close(outs[3].double(), h.sum((2, 3)), rtol=1e-4, atol=1e-3)  # per channel
     torch.testing.assert_close(outs[4].double(), (h * 0.5).amax((2, 3)), rtol=1e-4, atol=1e-3)
@@ -229,7 +244,9 @@ def test_conv_statistics_mean_pixels_per_channel_and_channels_per_pixel():
 def test_conv_statistics_into_given_outputs():
     # a one-column output (Q = 1): the per-pixel statistic's Q stride is meaningless (here 7)
     x, w = torch.randn(2, 16, 7, 1), torch.randn(8, 16, 3, 1)
-    ep = Epilogue.build([(acc(), "float32"), (acc() * acc(), "float32", "row_sum"), (acc(), "float32", "col_max")])
+    ep = Epilogue.build(
+        [(acc(), "float32"), (acc() * acc(), "float32", "row_sum"), (acc(), "float32", "col_max")]
+    )
     problem = make_conv_problem(x, w, ep, {}, padding=(1, 0))
     outs = (torch.empty(2, 8, 7, 1), torch.empty(2, 1, 7).transpose(1, 2), torch.empty(2, 8))
     checked_launch(problem, Config(16, 16, 16, 1, num_warps=4, num_stages=1), x, w, {}, out=outs)
@@ -305,7 +322,7 @@ def test_a_norm_is_folded_only_where_its_projections_get_templates(fresh_compile
     assert len(tried) == 6  # q, k, v; gate and up as a dual GEMM, then each alone
     assert all("kind=col" in d.epilogue and d.candidates for d in tried)
     with TuningDB.open(db) as store:
-        seen = {Problem.from_json(t).key for t in store.untuned(INTERPRETER_DEVICE, kinds.current_hashes())}
+        seen = {Problem.from_json(t).key for t in store.untuned(INTERPRETER_DEVICE, kinds.is_current)}
     assert all(d.problem_key in seen for d in tried)
 
 
@@ -445,11 +462,31 @@ def test_gemv_statistics_on_gpu(shape, config, ordered):
 
 
 GPU_CONV_CASES = {  # ResNet-50's stages at batch 8, its stem, a depthwise and a split-K case
-    "3x3-56x56-c64": ((8, 64, 56, 56, 64, 3, 3, 1, 1, 1), "nhwc", Config(128, 64, 64, 8, num_warps=4, num_stages=3)),
-    "1x1-28x28-c512": ((8, 128, 28, 28, 512, 1, 1, 1, 0, 1), "nhwc", Config(128, 128, 64, 8, num_warps=8, num_stages=3)),
-    "stem-7x7-s2": ((8, 3, 224, 224, 64, 7, 7, 2, 3, 1), "nchw", Config(128, 64, 16, 8, num_warps=4, num_stages=3)),
-    "depthwise": ((8, 96, 28, 28, 96, 3, 3, 1, 1, 96), "nhwc", Config(64, 64, 16, 8, num_warps=4, num_stages=2)),
-    "3x3-7x7-split4": ((8, 512, 7, 7, 512, 3, 3, 1, 1, 1), "nhwc", Config(64, 64, 64, 8, 4, num_warps=4, num_stages=3)),
+    "3x3-56x56-c64": (
+        (8, 64, 56, 56, 64, 3, 3, 1, 1, 1),
+        "nhwc",
+        Config(128, 64, 64, 8, num_warps=4, num_stages=3),
+    ),
+    "1x1-28x28-c512": (
+        (8, 128, 28, 28, 512, 1, 1, 1, 0, 1),
+        "nhwc",
+        Config(128, 128, 64, 8, num_warps=8, num_stages=3),
+    ),
+    "stem-7x7-s2": (
+        (8, 3, 224, 224, 64, 7, 7, 2, 3, 1),
+        "nchw",
+        Config(128, 64, 16, 8, num_warps=4, num_stages=3),
+    ),
+    "depthwise": (
+        (8, 96, 28, 28, 96, 3, 3, 1, 1, 96),
+        "nhwc",
+        Config(64, 64, 16, 8, num_warps=4, num_stages=2),
+    ),
+    "3x3-7x7-split4": (
+        (8, 512, 7, 7, 512, 3, 3, 1, 1, 1),
+        "nhwc",
+        Config(64, 64, 64, 8, 4, num_warps=4, num_stages=3),
+    ),
 }
 
 

@@ -20,10 +20,10 @@ import math
 import pytest
 import torch
 
-from epilab.templates.epilogue import Epilogue, acc, apply, operand, ops
+from epilab.ir.epilogue import Epilogue, acc, apply, operand, ops
+from epilab.ir.rules import DTYPES, RULES
 from epilab.templates.kinds import default_config, launch
 from epilab.templates.matmul import make_problem
-from epilab.templates.rules import DTYPES, RULES
 
 SPECIALS = [
     0.0, -0.0, math.inf, -math.inf, math.nan,
@@ -52,7 +52,24 @@ ATTRS: dict[str, list[dict[str, float]]] = {
     "leaky_relu": [{"negative_slope": 0.01}, {"negative_slope": math.nan}, {"negative_slope": math.inf}],
     "pow": [
         {"exponent": e}
-        for e in (0.0, 1.0, 2.0, 3.0, 4.0, -3.0, 0.5, -0.5, -1.0, -2.0, 1.5, -1.5, 1.7, math.inf, -math.inf, math.nan)
+        for e in (
+            0.0,
+            1.0,
+            2.0,
+            3.0,
+            4.0,
+            -3.0,
+            0.5,
+            -0.5,
+            -1.0,
+            -2.0,
+            1.5,
+            -1.5,
+            1.7,
+            math.inf,
+            -math.inf,
+            math.nan,
+        )
     ],
     "cast": [{"dtype": d} for d in DTYPES],  # type: ignore[dict-item]
 }

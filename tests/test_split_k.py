@@ -18,11 +18,11 @@ from test_conv2d import GEOMETRIES, run_geometry
 from test_matmul import DTYPES, EPILOGUES, run_case
 
 import epilab
-from epilab.templates.check import rel_error
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Config, Shape
 from epilab.templates.kinds import bind, for_template
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
-from epilab.templates.problem import Config, Shape
 from epilab.tuner.space import HOPPER, infeasible
 
 # (batch, M, N, K) with 16-deep K blocks: 41 -> 3 blocks, 100 -> 7, 70 -> 5, 129 -> 9

@@ -20,12 +20,12 @@ from test_matmul import DTYPES, EPILOGUES, run_case
 from test_split_k import bf16_problem
 
 import epilab
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Config, Shape
 from epilab.templates import runtime
-from epilab.templates.check import rel_error
 from epilab.templates.kinds import bind, for_template
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
-from epilab.templates.problem import Config, Shape
 from epilab.tuner.space import HOPPER, infeasible
 
 # (batch, M, N, K) for 16x32 tiles and 16-deep K blocks on the interpreter's 4 programs:

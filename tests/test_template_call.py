@@ -26,13 +26,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from epilab.compiler.decide import Plan
 from epilab.compiler.op import TEMPLATE_CALL
-from epilab.templates.check import rel_error
+from epilab.ir.check import rel_error
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Problem
 from epilab.templates.conv2d import conv_epilogue, make_conv_problem, matmul_twin
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
 from epilab.templates.gemv import gemv_twin
 from epilab.templates.kinds import default_config
 from epilab.templates.matmul import make_problem, reference
-from epilab.templates.problem import Problem
 
 GEN = torch.Generator().manual_seed(0)
 

@@ -15,9 +15,9 @@ from records import record
 
 import epilab
 from epilab.db import INTERPRETER_DEVICE, TuningDB
-from epilab.templates.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config, OperandSpec, Problem, Shape
 from epilab.templates.kinds import template_hash
-from epilab.templates.problem import Config, OperandSpec, Problem, Shape
 from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance, epilogue_bytes, why_not
 
 CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 2, "num_stages": 1}
@@ -29,15 +29,16 @@ def problem(m=64, n=64, k=64, *, residual=False, dtype="bfloat16", layout_b="col
     if residual:
         value = value + operand("residual", "tile")
         operands.append(OperandSpec("residual", dtype, "row"))
+    epilogue = Epilogue.build([(ops.gelu_tanh(value), dtype)])
     return Problem(
         op="addmm" if batch == 1 else "baddbmm",
         template="matmul",
-        template_hash=template_hash("matmul"),
+        template_hash=template_hash("matmul", epilogue),
         dtype=dtype,
         layout_a="row",
         layout_b=layout_b,
         operands=tuple(operands),
-        epilogue=Epilogue.build([(ops.gelu_tanh(value), dtype)]),
+        epilogue=epilogue,
         shape=Shape(batch, m, n, k),
     )
 

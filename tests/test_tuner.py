@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from epilab.cli import app
 from epilab.db import TuningDB
-from epilab.templates.kinds import kind_of
-from epilab.templates.problem import Config, Problem
+from epilab.ir.problem import Config, Problem
+from epilab.templates.kinds import is_current, kind_of
 from epilab.tuner.evaluate import make_inputs
 from epilab.tuner.search import Budget, Outcome, make_study, search
 from epilab.tuner.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
@@ -425,7 +425,7 @@ def test_tune_smoke_suite_in_the_interpreter_end_to_end(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "interpreter ms (not GPU time)" in result.output and "64x64x64 float32 NT none" in result.output
     with TuningDB.open(db_path) as db:
-        stats = db.stats({})
+        stats = db.stats(is_current)
         assert stats.trials_by_status == {"ok": 9} and stats.problems == 3
         records = db.records(SUITES["smoke"][0].problem().key)
         assert all(
@@ -438,7 +438,7 @@ def test_tune_smoke_suite_in_the_interpreter_end_to_end(tmp_path, monkeypatch):
     again = runner.invoke(app, ["tune", "--suite", "smoke", "--interpret", "--trials", "4", "--db", db_path])
     assert again.exit_code == 0, again.output
     with TuningDB.open(db_path) as db:
-        assert db.stats({}).trials_by_status == {"ok": 12}  # resumed: one more trial per problem
+        assert db.stats(is_current).trials_by_status == {"ok": 12}  # resumed: one more trial per problem
 
 
 def test_tune_a_conv_problem_in_the_interpreter(tmp_path):

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from epilab.templates import dtypes
-from epilab.templates.check import rel_error
+from epilab.ir import dtypes
+from epilab.ir.check import rel_error
+from epilab.ir.problem import BATCHED_OPS, Config, Problem
 from epilab.templates.kind import InputSet
 from epilab.templates.kinds import bind, kind_of
-from epilab.templates.problem import BATCHED_OPS, Config, Problem
 from epilab.templates.runtime import target_for
 from epilab.templates.verify import failure, output_errors, poisoned_outputs, random_inputs
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
@@ -218,7 +218,7 @@ def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Ten
 
 def _bias_activation(problem: Problem) -> bool | None:
     """True (gelu tanh) / False (relu) when the epilogue is act(acc + row bias), else None."""
-    from epilab.templates.epilogue import Epilogue, acc, operand, ops
+    from epilab.ir.epilogue import Epilogue, acc, operand, ops
 
     if [n for n, _ in problem.epilogue.operands] != ["bias"] or len(problem.epilogue.outputs) != 1:
         return None

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 
 from epilab.db import TuningDB
 from epilab.db.leases import Lease, LeaseBoard, worker_name
-from epilab.templates.problem import Config, Problem
+from epilab.ir.problem import Config, Problem
 from epilab.tuner.search import Outcome, TakenOver
 from epilab.tuner.tune import DeviceLost, ProblemResult, TuneOptions, Tuner
 from epilab.tuner.worker import Cancelled

@@ -75,7 +75,7 @@ from typing import Any
 import torch
 
 from epilab.db import DeviceInfo, TuningDB, Versions
-from epilab.templates.problem import Problem, identity_key_of
+from epilab.ir.problem import Problem, identity_key_of
 from epilab.tuner import significance as sig
 from epilab.tuner.interleave import Comparison, Timer, Variant, compare
 from epilab.tuner.step import NothingToTrain, Workload

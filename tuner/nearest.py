@@ -30,8 +30,9 @@ import math
 from typing import Any
 
 from epilab.db import DeviceInfo
-from epilab.templates.dtypes import itemsize
-from epilab.templates.problem import Config, Problem
+from epilab.ir.dtypes import itemsize
+from epilab.ir.problem import Config, Problem
+from epilab.templates.kinds import is_current
 from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
 
 LAYOUT_STEP = 1.0
@@ -50,12 +51,11 @@ def epilogue_bytes(problem: Problem) -> int:
 
 
 def _same_kind(p: Problem, q: Problem) -> bool:
-    if (p.template, p.template_hash, p.dtype, p.precision) != (
-        q.template,
-        q.template_hash,
-        q.dtype,
-        q.precision,
-    ):
+    """Whether configs carry between ``p`` and ``q``: one template, both current (their hashes
+    are of the kernels rendered now; they differ where the epilogues do), one dtype."""
+    if (p.template, p.dtype, p.precision) != (q.template, q.dtype, q.precision):
+        return False
+    if not (is_current(p.to_json()) and is_current(q.to_json())):
         return False
     if (p.op in ("bmm", "baddbmm")) != (q.op in ("bmm", "baddbmm")):
         return False

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from epilab.templates.problem import Config, Problem
+    from epilab.ir.problem import Config, Problem
     from epilab.tuner.search import Outcome
     from epilab.tuner.tune import ProblemResult, Tuner
 

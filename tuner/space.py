@@ -58,11 +58,10 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-from epilab.templates import matmul_sm90
-from epilab.templates.dtypes import FP8_DTYPES, itemsize
+from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES, itemsize
+from epilab.ir.problem import Config, Problem, Shape
+from epilab.templates.kind import MAX_ACC_REGS, TemplateKind
 from epilab.templates.kinds import kind_of
-from epilab.templates.matmul import FP8_CAPABILITY, MAX_ACC_REGS, STREAM_K_VARIANTS
-from epilab.templates.problem import Config, Problem, Shape
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 
@@ -116,15 +115,9 @@ def _padded(dim: object) -> int:
     return 1 << 30 if not isinstance(dim, int) else max(16, triton.next_power_of_2(max(dim, 1)))
 
 
-def _variant_error(variant: str, limits: DeviceLimits) -> str | None:
-    """The sm90 variants are Gluon kernels for sm_90 GPUs (wgmma): not in the interpreter."""
-    if variant not in matmul_sm90.VARIANTS:
-        return None
-    if limits.interpreter:
-        return f"the {variant} variant is a Gluon kernel: Triton's interpreter cannot run it"
-    if not limits.capability.startswith(f"{matmul_sm90.CAPABILITY}."):
-        return f"{variant} needs an sm_90 GPU (wgmma); {limits.name} is {limits.capability}"
-    return None
+def _device_error(kind: TemplateKind, variant: str, limits: DeviceLimits) -> str | None:
+    """Why the device cannot run ``kind``'s kernel of ``variant`` (its kind says)."""
+    return kind.device_error(variant, limits.capability, limits.interpreter)
 
 
 def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
@@ -144,13 +137,14 @@ def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
 def smem_bytes(problem: Problem, config: Config) -> int:
     """Shared memory one program of ``config`` takes: its pipeline's A and B stages (a dual
     GEMM stages two B tiles), and the staging of TMA-stored outputs."""
-    accs = kind_of(problem).accumulators
+    kind = kind_of(problem)
+    accs = kind.accumulators
     esize = itemsize(problem.dtype)
     stage = config.BLOCK_M * config.BLOCK_K + accs * config.BLOCK_K * config.BLOCK_N
     smem = config.num_stages * stage * esize
     if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
         out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
-        copies = matmul_sm90.staging_copies(config)  # the ping-pong's consumers have one each
+        copies = kind.output_staging(config)  # the ping-pong's consumers have one each
         smem += copies * config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
     return smem
 
@@ -160,9 +154,10 @@ def run_error(problem: Problem, config: Config, limits: DeviceLimits | None = No
     given ``limits``, the device's dtypes, variants and shared memory): what a stored
     record's config must pass before a compiled model uses it. ``infeasible`` adds the
     search's own limits."""
-    why = kind_of(problem).config_error(problem, config)
+    kind = kind_of(problem)
+    why = kind.config_error(problem, config)
     if why is None and limits is not None:
-        why = _dtype_error(problem, limits) or _variant_error(config.variant, limits)
+        why = _dtype_error(problem, limits) or _device_error(kind, config.variant, limits)
         smem = smem_bytes(problem, config)
         if why is None and smem > limits.smem_bytes:
             why = f"needs {smem} bytes of shared memory, the device has {limits.smem_bytes}"
@@ -202,7 +197,7 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
         why = _split_k_error(s, config, limits.sm_count)
         if why is not None:
             return why
-    if config.variant in STREAM_K_VARIANTS:
+    if kind.stream_k(config):
         why = _stream_k_error(s, config, limits.sm_count)
         if why is not None:
             return why
@@ -261,7 +256,8 @@ def space_for(problem: Problem, limits: DeviceLimits | None = None) -> dict[str,
         for name, values in kind_of(problem).space.items()
     }
     if limits is not None and "variant" in space:
-        runs = tuple(v for v in space["variant"] if _variant_error(str(v), limits) is None)
+        kind = kind_of(problem)
+        runs = tuple(v for v in space["variant"] if _device_error(kind, str(v), limits) is None)
         space["variant"] = runs or space["variant"][:1]
     return space  # type: ignore[return-value]
 

@@ -7,9 +7,9 @@ scales per row of A and per column of B, ``tensor`` one each, ``none``: the epil
 with ``acc * scale_a * scale_b``, float32 operands, as ``torch._scaled_mm`` applies them; an
 fp8 spec's other operands and its outputs default to bfloat16), ``layout`` (NN, NT, TN, TT:
 whether A and B are stored transposed; default NT, the layout of ``x @ W.T`` in a linear layer) and
-``epilogue``: a name of the catalog (``templates/catalog.py``: none, bias, bias_relu,
+``epilogue``: a name of the catalog (``ir/catalog.py``: none, bias, bias_relu,
 ...), an expression (``"gelu_tanh(acc + bias[n]) + residual"``, ``"silu(acc) * up"``,
-``"acc * scale[m] + s[]"``: ``templates/epilogue_text.py``), or a list of outputs, each
+``"acc * scale[m] + s[]"``: ``ir/epilogue_text.py``), or a list of outputs, each
 an expression or ``{"expr": ..., "dtype": "float32"}``; default none. A convolution is
 ``{"n", "c", "h", "w", "k", "r", "s"}`` (input [n, c, h, w], weight [k, c / groups, r, s])
 plus optional ``stride``, ``padding``, ``dilation``, ``groups``, ``dtype``, ``layout``
@@ -66,14 +66,14 @@ from pathlib import Path
 from typing import Any
 
 from epilab.files import read_text_bounded
-from epilab.templates.catalog import EPILOGUES, epilogue
+from epilab.ir.catalog import EPILOGUES, epilogue
+from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES
+from epilab.ir.epilogue import LEAVES, Epilogue, Expr, acc, operand
+from epilab.ir.epilogue_text import EpilogueSyntaxError, parse_epilogue
+from epilab.ir.problem import ConvGeometry, OperandSpec, Problem, Shape
 from epilab.templates.conv2d import layout_for
-from epilab.templates.dtypes import FP8_DTYPES, INPUT_DTYPES
 from epilab.templates.dual_matmul import OP, canonical_order, swap_accumulators
-from epilab.templates.epilogue import LEAVES, Epilogue, Expr, acc, operand
-from epilab.templates.epilogue_text import EpilogueSyntaxError, parse_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
-from epilab.templates.problem import ConvGeometry, OperandSpec, Problem, Shape
 from epilab.templates.runtime import layout_of
 
 
@@ -271,7 +271,7 @@ class Spec:
         return Problem(
             op=op,
             template=default_template(op),
-            template_hash=template_hash(default_template(op)),
+            template_hash=template_hash(default_template(op), ep),
             dtype=self.dtype,
             layout_a=_layout((self.m, self.k), self.layout[0]),
             layout_b=_layout((self.k, self.n), self.layout[1]),
@@ -443,7 +443,7 @@ class ConvSpec:
         return Problem(
             op="conv2d",
             template=default_template("conv2d"),
-            template_hash=template_hash(default_template("conv2d")),
+            template_hash=template_hash(default_template("conv2d"), ep),
             dtype=self.dtype,
             layout_a=layout_for((self.n, self.c, self.h, self.w), self.layout),
             layout_b=layout_for((self.k, g.c_per_group, self.r, self.s), self.layout),

@@ -24,9 +24,9 @@ import triton
 
 from epilab.db import DeviceInfo, Record, Timing, TuningDB, Versions, comparable_ms
 from epilab.db.models import TIMED_LIBRARIES
-from epilab.templates.dtypes import itemsize
+from epilab.ir.dtypes import itemsize
+from epilab.ir.problem import Config, Problem
 from epilab.templates.kinds import kind_of
-from epilab.templates.problem import Config, Problem
 from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.tuner.suites import Spec, problem_label

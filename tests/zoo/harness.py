@@ -32,9 +32,9 @@ from records import record
 
 import epilab
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB
-from epilab.templates.check import rel_error
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Problem
 from epilab.templates.kinds import default_config
-from epilab.templates.problem import Problem
 from zoo import ZOO, Spec
 from zoo.convnets import randomize_norms
 
@@ -116,7 +116,9 @@ def _laid_out(model: nn.Module, case: Case) -> nn.Module:
     return model.to(memory_format=torch.channels_last) if case.channels_last else model
 
 
-def _results(model: Callable, x: torch.Tensor, training: bool, params: list[nn.Parameter]) -> list[torch.Tensor]:
+def _results(
+    model: Callable, x: torch.Tensor, training: bool, params: list[nn.Parameter]
+) -> list[torch.Tensor]:
     """The output, and for a training step the gradient of a fixed random projection of
     the output with respect to each parameter (cloned: CUDA graphs reuse their outputs)."""
     for p in params:
@@ -192,7 +194,10 @@ def run(case: Case, size: str, device: str) -> Outcome:
     torch._dynamo.reset()
     epilab.explain(clear=True)
     error, seconds = _compiled_error(
-        spec, case, device, lambda m: torch.compile(m, backend="epilab", options=_options(policy, db, case.mode))
+        spec,
+        case,
+        device,
+        lambda m: torch.compile(m, backend="epilab", options=_options(policy, db, case.mode)),
     )
     decisions = epilab.explain(clear=True)
     torch._dynamo.reset()

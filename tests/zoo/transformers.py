@@ -196,4 +196,3 @@ class ViT(nn.Module):
             x = x + layer["proj"](_merge(att))
             x = x + layer["out"](F.gelu(layer["fc"](layer["ln2"](x))))
         return self.head(self.ln(x[:, 0]))
-

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from epilab.templates import rules
+from epilab.ir import rules
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ TABLE: dict[str, DType] = {
     for name, dt in rules.DTYPES.items()
 }
 FP8_DTYPES = tuple(rules.FP8_MAX)  # inputs of scaled matmuls (sm_89 and newer); outputs saturate
+FP8_CAPABILITY = (8, 9)  # fp8 tensor-core dots: Ada (sm_89) and Hopper (sm_90) on
 INPUT_DTYPES = tuple(name for name, d in TABLE.items() if d.input)
 WIDE_INPUT_DTYPES = tuple(name for name in INPUT_DTYPES if name not in FP8_DTYPES)
 OPERAND_DTYPES = tuple(name for name, d in TABLE.items() if d.operand)

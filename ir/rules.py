@@ -109,7 +109,7 @@ def _pow_triton(x: str, exponent: float) -> str:
     if math.isnan(exponent):
         return f"tl.where({x} == 1.0, 1.0, float('nan'))"
     if math.isinf(exponent):  # |x| < 1 goes to 0 (or inf for -inf), |x| > 1 the other way
-        small, large = ('0.0', 'float("inf")') if exponent > 0 else ('float("inf")', "0.0")
+        small, large = ("0.0", 'float("inf")') if exponent > 0 else ('float("inf")', "0.0")
         return (
             f"tl.where({x} != {x}, {x}, tl.where(tl.abs({x}) == 1.0, 1.0, "
             f"tl.where(tl.abs({x}) < 1.0, {small}, {large})))"

@@ -6,7 +6,7 @@ An ``Epilogue`` is a small DAG in a flat, canonical node list:
   A @ B2: templates with two accumulators only), ``operand`` (a tensor loaded per output
   element: a row vector indexed by n, a column vector indexed by m, a full tile
   with any strides, or a scalar), ``const`` (a float or bool literal);
-- inner nodes: ops from the one rule table (``templates/rules.py``);
+- inner nodes: ops from the one rule table (``ir/rules.py``);
 - outputs: one or more ``(node, dtype)`` pairs; an output may instead be a *reduction*
   of its node over the tile's columns or rows (``REDUCTIONS``: ``row_sum``, ``row_max``
   give one fp32 value per output row m, ``col_sum``, ``col_max`` one per column n), summed
@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from epilab.templates.dtypes import OUTPUT_DTYPES
-from epilab.templates.rules import FAST_OUTPUT_DTYPES, RULES, STRING_ATTRS, Kind, literal, result_kind
+from epilab.ir.dtypes import OUTPUT_DTYPES
+from epilab.ir.rules import FAST_OUTPUT_DTYPES, RULES, STRING_ATTRS, Kind, literal, result_kind
 
 AttrValue = float | bool | str
 LEAVES = ("acc", "acc2", "operand", "const")

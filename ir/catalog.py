@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from epilab.templates.epilogue import Epilogue, Expr, acc, const, operand, ops
+from epilab.ir.epilogue import Epilogue, Expr, acc, const, operand, ops
 
 
 def _bias() -> Expr:

@@ -24,8 +24,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from epilab.templates.epilogue import Epilogue, Expr, ops
-from epilab.templates.rules import RULES
+from epilab.ir.epilogue import Epilogue, Expr, ops
+from epilab.ir.rules import RULES
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 

@@ -26,9 +26,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epilab.templates.epilogue import Epilogue, Expr, acc, acc2, apply, check_operand_name, const, operand
-from epilab.templates.patterns import COMPOSITES
-from epilab.templates.rules import RULES, STRING_ATTRS
+from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, apply, check_operand_name, const, operand
+from epilab.ir.patterns import COMPOSITES
+from epilab.ir.rules import RULES, STRING_ATTRS
 
 MAX_TEXT = 4000  # characters of one epilogue expression
 MAX_DEPTH = 64  # nesting of parentheses and calls

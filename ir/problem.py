@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import sympy
 
-from epilab.templates.dtypes import FP8_DTYPES, INPUT_DTYPES, OPERAND_DTYPES
-from epilab.templates.epilogue import MALFORMED, Epilogue
-from epilab.templates.patterns import identity_with_names
+from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES, OPERAND_DTYPES
+from epilab.ir.epilogue import MALFORMED, Epilogue
+from epilab.ir.patterns import identity_with_names
 
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
 CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
@@ -298,6 +299,31 @@ class ConvGeometry:
             raise ValueError(f"not a valid conv geometry: missing or malformed {e}") from e
 
 
+class Template(Protocol):
+    """What a problem asks of its template (a ``templates.kind.TemplateKind``)."""
+
+    def runs_op(self, op: str) -> bool: ...
+
+
+# The template registry by name (``templates/kinds.KINDS``, handed over when that module is
+# imported). ir/ imports nothing above it, so a problem checked before the registry was
+# imported loads that module by name, as a plugin is loaded.
+_REGISTRY: list[Mapping[str, Template]] = []
+REGISTRY_MODULE = "epilab.templates.kinds"
+
+
+def register_templates(templates: Mapping[str, Template]) -> None:
+    """Make ``templates`` (kept, not copied) the registry problems are checked against."""
+    _REGISTRY[:] = [templates]
+
+
+def templates() -> Mapping[str, Template]:
+    """The registered templates by name (importing the registry the first time)."""
+    if not _REGISTRY:
+        importlib.import_module(REGISTRY_MODULE)
+    return _REGISTRY[0]
+
+
 @dataclass(frozen=True)
 class Problem:
     op: str
@@ -317,9 +343,10 @@ class Problem:
         object.__setattr__(self, "operands", tuple(sorted(self.operands, key=lambda o: o.name)))
         if self.op not in OPS:
             raise ValueError(f"op {self.op!r} is not one of {OPS}")
-        from epilab.templates.kinds import kind_of  # the registry imports this module
-
-        if not kind_of(self.template).runs_op(self.op):
+        template = templates().get(self.template)
+        if template is None:
+            raise ValueError(f"unknown template {self.template!r}; known: {sorted(templates())}")
+        if not template.runs_op(self.op):
             raise ValueError(f"the {self.template} template does not run {self.op} problems")
         if self.dtype not in INPUT_DTYPES:
             raise ValueError(f"input dtype {self.dtype!r} is not supported; use one of {INPUT_DTYPES}")

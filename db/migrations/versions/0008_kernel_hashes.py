@@ -1,0 +1,104 @@
+"""Problems keyed by what their kernels are made of, not by every file a template shares.
+
+Until 0007 a problem's ``template_hash`` was the hash of all its template's files, the
+shared epilogue files and the rule table included: one new epilogue op made every stored
+record of every template stale. From 0008 it is ``render.kernel_hash``: the template's own
+files and the text the shared files put into this problem's kernels, so a record goes stale
+only when its kernels would be rendered differently.
+
+The epilab that wrote 0008 renders every kernel byte for byte as the one that wrote 0007 did
+(``benchmarks/render_digest.py`` over every suite problem, a spread of configs each, both
+targets: RESULTS.md, "The shape of the house"). So a problem current under 0007 (its hash
+is one of ``HASHES_AT_0007``) is current now: it gets its new hash, and with it its key,
+family and JSON; its trials, baselines, verdicts and leases (tied by row id) stay with it.
+A problem already stale stays stale, and one whose new key a row already has is left as it
+was. Downgrading gives the rows of current problems their 0007 hash back.
+
+This is the one migration that imports templates/ (to render): the rows' JSON is the input.
+
+Revision ID: 0008
+Revises: 0007
+"""
+
+import json
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from alembic import op
+
+from epilab.db.keys import canonical, family_key, problem_key
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+# every template's hash at revision 0007 (``kinds.current_hashes()`` of that epilab)
+HASHES_AT_0007 = {
+    "matmul": "213ab17190b080b50f1b2986ba97adf7954e40ecac102be39b233476d46f241d",
+    "gemv": "c4038b3fd1073b1397e7b55078a2544d0d6bc38213933df9b9c8855131f92ced",
+    "conv2d": "93a44c303bd2cb99cc071ece45745e6647e435962c315b95c2e76782f4ee0fe6",
+    "dual_matmul": "213ab17190b080b50f1b2986ba97adf7954e40ecac102be39b233476d46f241d",
+    "dual_gemv": "c4038b3fd1073b1397e7b55078a2544d0d6bc38213933df9b9c8855131f92ced",
+}
+
+_problems = sa.table(
+    "epilab_problems",
+    sa.column("id", sa.Integer),
+    sa.column("key", sa.String),
+    sa.column("family", sa.String),
+    sa.column("json", sa.Text),
+    sa.column("template", sa.String),
+    sa.column("template_hash", sa.String),
+)
+
+
+def _rehash(new_hash: Callable[[str, str], str | None]) -> None:
+    """Give each row the hash ``new_hash(template, json)`` names (None: leave it), and the
+    key, family and JSON that go with it."""
+    conn = op.get_bind()
+    rows = conn.execute(
+        sa.select(_problems.c.id, _problems.c.key, _problems.c.json, _problems.c.template)
+    ).all()
+    taken = {r.key for r in rows}
+    for row in rows:
+        hashed = new_hash(row.template, row.json)
+        if hashed is None:
+            continue
+        d = json.loads(row.json)
+        d["template_hash"] = hashed
+        text = canonical(d)
+        key = problem_key(text)
+        if key in taken:
+            continue
+        taken.add(key)
+        conn.execute(
+            _problems.update()
+            .where(_problems.c.id == row.id)
+            .values(key=key, family=family_key(text), json=text, template_hash=hashed)
+        )
+
+
+def upgrade() -> None:
+    from epilab.ir.problem import Problem
+    from epilab.templates.kinds import template_hash
+
+    def now(template: str, text: str) -> str | None:
+        try:
+            problem = Problem.from_json(text)
+        except ValueError:
+            return None  # a problem this epilab cannot read stays as it was
+        if problem.template_hash != HASHES_AT_0007.get(template):
+            return None
+        return template_hash(template, problem.epilogue)
+
+    _rehash(now)
+
+
+def downgrade() -> None:
+    from epilab.templates.kinds import is_current
+
+    def then(template: str, text: str) -> str | None:
+        return HASHES_AT_0007.get(template) if is_current(text) else None
+
+    _rehash(then)
