@@ -191,9 +191,8 @@ def demo(
             raise typer.BadParameter(f"must be positive, got {v}", param_hint=name)
 
     from epilab.ir.check import rel_error, tolerance
-    from epilab.templates.kinds import default_config
-    from epilab.templates.matmul import make_problem, reference
-    from epilab.templates.matmul_api import simple_epilogue
+    from epilab.templates.kinds import default_config, kind_of
+    from epilab.templates.matmul_api import matmul_problem, simple_epilogue
 
     if not cuda:  # numpy warns about padded lanes, which the store masks out
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
@@ -206,14 +205,14 @@ def demo(
     residual = torch.randn(m, n, generator=gen).to(device, tdt)
     ep, operands = simple_epilogue(a, b, bias=bias, activation="gelu_tanh", residual=residual)
     with config.patch(interpret=not cuda):
-        problem = make_problem(a, b, ep, operands)
+        problem = matmul_problem(a, b, ep, operands)
         cfg = default_config(problem, "cuda" if cuda else "interpreter")
         start = time.perf_counter()
         out = epilab.matmul(a, b, epilogue=ep, operands=operands, config=cfg)
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    (ref64,) = reference(ep, a, b, operands)
+    (ref64,) = kind_of(problem).reference(problem, a, b, operands)
     eager = torch.nn.functional.gelu(torch.addmm(bias, a, b), approximate="tanh") + residual
     err, eager_err = rel_error(out, ref64), rel_error(eager, ref64)
     bound = tolerance(dtype, "ieee", dtype)
@@ -421,10 +420,75 @@ def tune(
       epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --db tuned.db
 
       epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --train  # a training step"""
-    import torch
-
     if ctx.invoked_subcommand is not None:
         return
+    _check_tune_flags(suite, shapes, seen, model, inputs, train, freezing, dtype, rounds, max_rounds)
+    device_index, fleet = _tune_devices(device, devices, lease_ttl, interpret)
+    from epilab.tuner.search import Budget
+    from epilab.tuner.tune import TuneOptions, Tuner
+
+    options = TuneOptions(
+        budget=Budget(trials=trials, seconds=time_budget, patience=patience),
+        baselines=tuple(b for b in baselines.split(",") if b),
+        restart=not resume,
+        jobs=0 if interpret else jobs,
+        device_index=device_index,
+        interpret=interpret,
+        seed=seed,
+    )
+    if model is not None:
+        from epilab.tuner.model import MODES, ModelOptions
+
+        how = ModelOptions(
+            rounds=rounds,
+            max_rounds=max_rounds,
+            confidence=confidence,
+            margin=margin,
+            check_context=context,
+            modes=tuple(m for m in MODES if max_autotune or not m.endswith("max-autotune")),
+            freezing=freezing,
+            train=train,
+        )
+        store = _open_db(db, write=True)
+        with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
+            _tune_model(
+                tuner, store, model, inputs or [], dtype, device, how, fleet, trials, out_file, json_out
+            )
+        return
+    work = [] if seen else _listed_work(suite, shapes, only)  # before the database is opened (or created)
+    store = _open_db(db, write=True)
+    with store, config.patch(interpret=interpret):
+        if seen:
+            work = _seen_work(store, fleet, only, interpret)
+        results, interrupted = _run_fleet(
+            store, work, options, fleet, trials, err_console if json_out else console
+        )
+    if json_out:
+        _print_json([r.to_dict() for r in results])
+    else:
+        _tune_summary(results, interpret)
+    if interrupted:
+        (err_console if json_out else console).print(
+            "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
+            "run the same command again to resume"
+        )
+        raise typer.Exit(130)
+
+
+def _check_tune_flags(
+    suite: str | None,
+    shapes: str | None,
+    seen: bool,
+    model: str | None,
+    inputs: list[str] | None,
+    train: bool,
+    freezing: bool,
+    dtype: str | None,
+    rounds: int,
+    max_rounds: int,
+) -> None:
+    """Refuse flags that do not go together: exactly one source of problems, and the
+    --model flags only with --model."""
     if (suite is not None) + (shapes is not None) + seen + (model is not None) != 1:
         raise ValueError("give exactly one of --suite NAME, --shapes FILE, --seen or --model MODULE:FACTORY")
     if inputs and model is None:
@@ -448,6 +512,13 @@ def tune(
             f"--max-rounds {max_rounds} is below --rounds {rounds}: give at least as many",
             param_hint="--max-rounds",
         )
+
+
+def _tune_devices(device: str, devices: str | None, lease_ttl: float, interpret: bool) -> tuple[int, Any]:
+    """The device index to tune on and the fleet's (workers on --devices), after checking
+    that a GPU is there (or switching to the interpreter for --interpret)."""
+    import torch
+
     if interpret:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
@@ -455,13 +526,6 @@ def tune(
             "no CUDA device: epilab tune times kernels on a GPU. Use --interpret for a "
             "correctness-only dry run in Triton's interpreter (timings are not GPU times)"
         )
-    from epilab.templates.kinds import twins
-    from epilab.tuner.search import Budget
-    from epilab.tuner.suites import load_shapes, problem_label
-    from epilab.tuner.suites import suite as builtin_suite
-    from epilab.tuner.tune import TuneOptions, Tuner
-
-    specs = builtin_suite(suite) if suite is not None else load_shapes(shapes) if shapes else []
     try:
         device_index = 0 if interpret else torch.device(device).index or 0
     except RuntimeError as e:  # torch's words for a device string it cannot parse
@@ -475,71 +539,42 @@ def tune(
         devices=parse_devices(devices, count) if devices is not None else (device_index,),
         lease_ttl_s=lease_ttl,
     )
-    options = TuneOptions(
-        budget=Budget(trials=trials, seconds=time_budget, patience=patience),
-        baselines=tuple(b for b in baselines.split(",") if b),
-        restart=not resume,
-        jobs=0 if interpret else jobs,
-        device_index=device_index,
-        interpret=interpret,
-        seed=seed,
-    )
+    return device_index, fleet
+
+
+def _listed_work(suite: str | None, shapes: str | None, only: str | None) -> list[tuple[str, Any]]:
+    """(label, problem) of every problem of a built-in suite or a shapes file, and of each
+    twin (the same computation on another template), cut to --only."""
+    from epilab.templates.kinds import twins
+    from epilab.tuner.suites import load_shapes
+    from epilab.tuner.suites import suite as builtin_suite
+
+    specs = builtin_suite(suite) if suite is not None else load_shapes(shapes) if shapes else []
     work = [
         (spec.label() if i == 0 else f"{spec.label()} [{p.template}]", p)
         for spec in specs
         for i, p in enumerate(twins(spec.problem()))
     ]
-    if only is not None and not seen:  # checked before the database is opened (or created)
+    return work if only is None else [work[i] for i in _indices(only, len(work))]
+
+
+def _seen_work(store: Any, fleet: Any, only: str | None, interpret: bool) -> list[tuple[str, Any]]:
+    """(label, problem) of every problem the compiler recorded that nothing serves on this
+    device yet (no record of its own or of the same math), cut to --only."""
+    from epilab.db import INTERPRETER_DEVICE, DeviceInfo
+    from epilab.tuner.suites import problem_label
+
+    where = INTERPRETER_DEVICE if interpret else DeviceInfo.of_cuda(fleet.devices[0])
+    recorded = store.untuned(where, _is_current)
+    work = [(problem_label(p), p) for p in _not_served(store, where, recorded)]
+    if only is not None:
         work = [work[i] for i in _indices(only, len(work))]
-    store = _open_db(db, write=True)
-    results = []
-    interrupted = False
-    if model is not None:
-        from epilab.tuner.model import MODES, ModelOptions
-
-        modes = tuple(m for m in MODES if max_autotune or not m.endswith("max-autotune"))
-        how = ModelOptions(
-            rounds=rounds,
-            max_rounds=max_rounds,
-            confidence=confidence,
-            margin=margin,
-            check_context=context,
-            modes=modes,
-            freezing=freezing,
-            train=train,
+    if not work:
+        console.print(
+            f"nothing to tune: every problem recorded in {printable(store.url)} has records "
+            f"on {printable(where.name)} (its own, or of the same math)"
         )
-        with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
-            _tune_model(
-                tuner, store, model, inputs or [], dtype, device, how, fleet, trials, out_file, json_out
-            )
-        return
-    with store, config.patch(interpret=interpret):
-        if seen:
-            from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-
-            where = INTERPRETER_DEVICE if interpret else DeviceInfo.of_cuda(fleet.devices[0])
-            recorded = store.untuned(where, _is_current)
-            work = [(problem_label(p), p) for p in _not_served(store, where, recorded)]
-            if only is not None:
-                work = [work[i] for i in _indices(only, len(work))]
-            if not work:
-                console.print(
-                    f"nothing to tune: every problem recorded in {printable(store.url)} has records "
-                    f"on {printable(where.name)} (its own, or of the same math)"
-                )
-        results, interrupted = _run_fleet(
-            store, work, options, fleet, trials, err_console if json_out else console
-        )
-    if json_out:
-        _print_json([r.to_dict() for r in results])
-    else:
-        _tune_summary(results, interpret)
-    if interrupted:
-        (err_console if json_out else console).print(
-            "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
-            "run the same command again to resume"
-        )
-        raise typer.Exit(130)
+    return work
 
 
 @tune_app.command("status")
@@ -826,40 +861,11 @@ def _tune_summary(results: list, interpret: bool) -> None:
 def _print_table(
     title: str, headers: list[str], rows: list[list[str]], left: int = 1, optional: tuple[str, ...] = ()
 ) -> None:
-    """The one table of the command line; its cells are data (neither markup nor terminal
-    control). In a terminal a rich table that fits its width: the ``optional`` columns (the
-    least needed first) are left out, and said so, while it does not. Elsewhere (a pipe, a
-    file, CI logs) a plain Markdown table that keeps every character and every column."""
+    """The command line's tables (``tables.print_table``), their cells made plain text."""
+    from epilab.tables import print_table
+
     cells = [[_plain(c) for c in row] for row in rows]
-    if console.is_terminal:
-        shown = list(range(len(headers)))
-
-        def width() -> int:  # a column's widest cell, its padding and border
-            return 1 + sum(3 + max(len(headers[i]), *(len(r[i]) for r in cells)) for i in shown)
-
-        left_out = []
-        for name in (n for n in optional if n in headers):
-            if width() <= console.width:
-                break
-            shown.remove(headers.index(name))
-            left_out.append(name)
-        table = Table(title=title)
-        for i in shown:
-            table.add_column(headers[i], justify="left" if i < left else "right", overflow="fold")
-        for row in cells:
-            table.add_row(*(escape(row[i]) for i in shown))
-        console.print(table)
-        if left_out:
-            console.print(
-                f"(left out to fit {console.width} columns: {', '.join(left_out)}; "
-                "a wider terminal or a pipe shows every column)"
-            )
-        return
-    typer.echo(title)
-    typer.echo("| " + " | ".join(headers) + " |")
-    typer.echo("|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|")
-    for row in cells:
-        typer.echo("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |")
+    print_table(console, title, headers, cells, left=left, optional=optional)
 
 
 # ------------------------------------------------------------------ epilab db
@@ -1021,7 +1027,7 @@ def db_stats(db: DbOption = None, as_json: JsonOption = False) -> None:
     rows += [[f"trial records: {status}", str(n)] for status, n in stats.trials_by_status.items()]
     rows += [
         ["baselines", str(stats.baselines)],
-        ["stale problems (template changed)", str(stats.stale_problems)],
+        ["stale problems (kernels changed)", str(stats.stale_problems)],
         ["stale trial records", str(stats.stale_trials)],
     ]
     rows += [[f"  stale problems of template {t}", str(n)] for t, n in stats.stale_by_template.items()]

@@ -39,7 +39,7 @@ def main() -> None:
             if spec.r != 3:
                 continue
             problem = spec.problem()
-            g = problem.conv
+            g = problem.geometry
             sets = [make_inputs(problem, device, seed) for seed in range(6)]
 
             runs = [

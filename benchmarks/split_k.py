@@ -128,8 +128,8 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
             variants[name] = bind(problem, best["obj"], a, b, ops).run
     eager = baseline_fn(problem, kind_of(problem).library)
     variants["vendor + eager"] = lambda: eager(a, b, ops)
-    if problem.conv is not None:  # cuDNN's convolution without the epilogue
-        g = problem.conv
+    if problem.geometry is not None:  # cuDNN's convolution without the epilogue
+        g = problem.geometry
         variants["cudnn alone"] = lambda: F.conv2d(a, b, None, g.stride, g.padding, g.dilation, g.groups)
     inductor = baseline_fn(problem, "inductor")
     inductor(a, b, ops)

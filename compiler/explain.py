@@ -14,6 +14,7 @@ import threading
 
 from epilab.compiler.decide import Decision
 from epilab.ir.problem import config_text
+from epilab.tables import markdown
 
 log = logging.getLogger("epilab.compiler")
 _lock = threading.Lock()
@@ -48,17 +49,20 @@ def explain(clear: bool = False) -> Decisions:
 
 
 def table(decisions: list[Decision]) -> str:
-    """A plain-text table: one line per anchor."""
-    rows = [("anchor", "shape", "template", "source", "config", "reason", "epilogue")]
-    for d in decisions:
-        config = "" if d.config is None else _short(d.config)
-        rows.append(
-            (d.anchor, d.shape, d.template or "aten", d.source or "", config, d.reason, _clip(d.epilogue, 60))
-        )
-    widths = [min(max(len(r[i]) for r in rows), 70) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(_clip(c, w).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+    """A Markdown table (``tables.markdown``): one row per anchor."""
+    rows = [
+        [
+            d.anchor,
+            d.shape,
+            d.template or "aten",
+            d.source or "",
+            "" if d.config is None else _short(d.config),
+            d.reason,
+            _clip(d.epilogue, 60),
+        ]
+        for d in decisions
+    ]
+    return markdown(["anchor", "shape", "template", "source", "config", "reason", "epilogue"], rows, left=7)
 
 
 def _short(config: dict) -> str:

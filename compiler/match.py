@@ -17,7 +17,7 @@ parameters), scalars and tensors of the output's shape; its group takes no views
 
 Two mm/addmm anchors that read the same A and whose products meet in a pointwise op
 (``silu(gate) * up``) make one dual group (``match_dual``): one product is the epilogue's
-``acc``, the other its ``acc2``, in the order ``dual_matmul.canonical_order`` picks.
+``acc``, the other its ``acc2``, in the order ``patterns.canonical_order`` picks.
 
 A sum, mean or amax of a group value over its last dim (N: a norm's or a dynamic
 quantization's row statistics) joins as a reduction output of the kernel (``row_sum``,
@@ -52,17 +52,19 @@ from epilab.compiler.aten_ops import (
 )
 from epilab.ir import dtypes
 from epilab.ir.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand
+from epilab.ir.patterns import canonical_order
 from epilab.ir.problem import (
     BATCHED_OPS,
-    ConvGeometry,
+    DUAL_OP,
+    MATRIX_OPS,
     Dim,
     OperandSpec,
     Problem,
     Shape,
     applied_precision,
 )
-from epilab.templates.conv2d import conv_problem
-from epilab.templates.dual_matmul import OP, canonical_order
+from epilab.templates.conv2d import conv_problem  # the conv anchor's problem (its grower below)
+from epilab.templates.conv_geometry import ConvGeometry
 from epilab.templates.kinds import default_template, template_hash
 from epilab.templates.runtime import layout_of, operand_layout
 
@@ -111,7 +113,7 @@ class Group:
     @property
     def shape_text(self) -> str:
         s = self.problem.shape
-        dims = [s.m, s.n, s.k] if self.op in ("mm", "addmm", OP) else [s.batch, s.m, s.n, s.k]
+        dims = [s.m, s.n, s.k] if self.op in MATRIX_OPS else [s.batch, s.m, s.n, s.k]
         return "x".join(str(d) for d in dims)
 
 
@@ -688,7 +690,7 @@ class _DualGrower(_MatmulGrower):
             self.values[node] = v
             self.shape_src[node] = None
             self.order.append(node)
-        self.op = OP
+        self.op = DUAL_OP
         # the kernel's B and B2: the B of the acc anchor, and of the acc2 anchor
         kernel_b, self.b2 = (b2, b) if self.swap else (b, b2)
         return a, kernel_b

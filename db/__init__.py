@@ -3,7 +3,8 @@ problems, trial records and baselines. ``TuningDB.open(path_or_url)`` is the
 entry point; ``epilab db`` is its command line."""
 
 from epilab.db.schema import DatabaseOpenError, DatabaseReadOnlyError
-from epilab.db.store import (
+from epilab.db.store import TuningDB
+from epilab.db.values import (
     INTERPRETER_DEVICE,
     DeviceInfo,
     Lookup,
@@ -11,7 +12,6 @@ from epilab.db.store import (
     Snapshot,
     Stats,
     Timing,
-    TuningDB,
     Verdict,
     Versions,
     comparable_ms,

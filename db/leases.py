@@ -32,8 +32,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from epilab.db.fields import aware, check_str, clean_detail
 from epilab.db.models import DETAIL_LEN, NAME_LEN, LeaseRecord, ProblemRow, WorkerRecord
-from epilab.db.store import DeviceInfo, ProblemLike, TuningDB, Versions, _aware, _clean_detail, check_str
+from epilab.db.store import TuningDB
+from epilab.db.values import DeviceInfo, ProblemLike, Versions
 
 FINISHED = ("done", "failed", "refused")
 
@@ -61,7 +63,7 @@ def worker_name(device_label: str) -> str:
 def db_now(s: Session) -> datetime:
     """The one clock of the leases (see the module doc)."""
     if s.get_bind().dialect.name == "postgresql":
-        return _aware(s.scalar(select(func.now())))
+        return aware(s.scalar(select(func.now())))
     return datetime.now(timezone.utc)
 
 
@@ -267,7 +269,7 @@ class LeaseBoard:
             return 0.0
         if soonest is None:
             return None
-        return max(0.0, (_aware(soonest) - now).total_seconds())
+        return max(0.0, (aware(soonest) - now).total_seconds())
 
     # ------------------------------------------------------------ workers
     def register(self, name: str, device_label: str) -> None:
@@ -315,7 +317,7 @@ class LeaseBoard:
 
 
 def _detail(text: str | None) -> str | None:
-    return None if text is None else _clean_detail(text[-DETAIL_LEN:])
+    return None if text is None else clean_detail(text[-DETAIL_LEN:])
 
 
 # ---------------------------------------------------------------- status
@@ -374,8 +376,8 @@ def fleet_status(db: TuningDB, *, silent_after_s: float = 180.0, recent_s: float
             select(WorkerRecord, Device.name).join(Device, WorkerRecord.device_id == Device.id)
         ).all()
         done = [lease for lease, _, _ in rows if lease.state == "done" and lease.finished_at is not None]
-        first = min((_aware(x.started_at) for x in done if x.started_at is not None), default=None)
-        last = max((_aware(x.finished_at) for x in done if x.finished_at is not None), default=None)
+        first = min((aware(x.started_at) for x in done if x.started_at is not None), default=None)
+        last = max((aware(x.finished_at) for x in done if x.finished_at is not None), default=None)
         trials = None
         if first is not None and last is not None and last > first:
             trials = s.scalar(
@@ -383,7 +385,7 @@ def fleet_status(db: TuningDB, *, silent_after_s: float = 180.0, recent_s: float
             )
 
     def age(t: datetime | None) -> float | None:
-        return None if t is None else (now - _aware(t)).total_seconds()
+        return None if t is None else (now - aware(t)).total_seconds()
 
     def view(lease: LeaseRecord, key: str, device: str) -> LeaseView:
         expires = None if lease.expires_at is None else -(age(lease.expires_at) or 0.0)
@@ -411,7 +413,7 @@ def fleet_status(db: TuningDB, *, silent_after_s: float = 180.0, recent_s: float
         if w.state != "running" and beat > recent_s:
             older += 1
             continue
-        lived = (_aware(w.heartbeat_at) - _aware(w.started_at)).total_seconds() / 3600
+        lived = (aware(w.heartbeat_at) - aware(w.started_at)).total_seconds() / 3600
         state = "silent" if w.state == "running" and beat > silent_after_s else w.state
         worker_views.append(
             WorkerView(

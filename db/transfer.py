@@ -33,18 +33,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from epilab.db.fields import check_str
 from epilab.db.keys import canonical
 from epilab.db.models import NAME_LEN, BaselineRecord, Device, ProblemRow, TrialRecord
-from epilab.db.store import (
-    DeviceInfo,
-    Timing,
-    TuningDB,
-    Versions,
-    baseline_values,
-    check_str,
-    problem_values,
-    trial_values,
-)
+from epilab.db.rows import baseline_values, problem_values, trial_values
+from epilab.db.store import TuningDB
+from epilab.db.values import DeviceInfo, Timing, Versions
 from epilab.files import read_text_bounded, write_text_atomic
 
 FORMAT = "epilab-tuning-db"

@@ -20,6 +20,7 @@ epilogue, and the other way round.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,3 +236,26 @@ def identity_with_names(ep: Epilogue) -> tuple[Epilogue, dict[str, str]]:
             attrs = tuple((k, names[str(v)] if k == "name" else v) for k, v in attrs)
         built.append(Expr(node.op, tuple(built[a] for a in node.args), attrs))
     return ep.rebuilt([built[o.node] for o in ep.outputs]), names
+
+
+# -- a dual GEMM's two accumulators (acc = A @ B, acc2 = A @ B2)
+
+
+def swap_accumulators(ep: Epilogue) -> Epilogue:
+    """``ep`` with ``acc`` and ``acc2`` exchanged (B and B2 passed the other way round)."""
+    swapped = {"acc": "acc2", "acc2": "acc"}
+    nodes = tuple(dataclasses.replace(n, op=swapped.get(n.op, n.op)) for n in ep.nodes)
+    exprs = Epilogue(nodes, ep.outputs).exprs()
+    return ep.rebuilt(exprs)
+
+
+def identity_text(ep: Epilogue) -> str:
+    return identity_with_names(ep)[0].text()
+
+
+def canonical_order(ep: Epilogue) -> bool:
+    """Whether ``ep`` names its accumulators in the canonical order: of it and its swap,
+    the one whose identity (``patterns``) has the smaller text. The compiler and the suites
+    both pick that order, so ``silu(gate) * up`` is one problem whichever projection comes
+    first in a graph (``silu(acc) * acc2``)."""
+    return identity_text(ep) <= identity_text(swap_accumulators(ep))

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import sympy
 
@@ -27,13 +27,14 @@ from epilab.ir.epilogue import MALFORMED, Epilogue
 from epilab.ir.patterns import identity_with_names
 
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
-CONV_LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 # how a dot accumulates: ieee (fp32; fp8 products of each K block summed by the tensor cores,
 # then added in fp32), tf32 (float32 inputs rounded to tf32), fast (fp8 only: the tensor cores'
 # accumulator carries the whole K loop, as torch._scaled_mm(use_fast_accum=True))
 PRECISIONS = ("ieee", "tf32", "fast")
 OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "conv2d", "dual_mm")  # dual_mm: ep(A @ B, A @ B2)
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
+DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): two GEMMs of one A (templates/dual_matmul.py)
+MATRIX_OPS = ("mm", "addmm", DUAL_OP)  # 2-D: no batch at all
 _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
 
 # The values a Config may hold (the tuner's search space draws from these).
@@ -232,77 +233,24 @@ class OperandSpec:
     layout: str  # row/col/strided for tiles; "vector" or "scalar" otherwise
 
 
-@dataclass(frozen=True)
-class ConvGeometry:
-    """A 2-D convolution's geometry: input H x W with C channels, an R x S kernel, K output
-    channels in ``groups`` groups, stride, padding and dilation per axis. Its GEMM view
-    (``Problem.shape``): batch = N images, m = P * Q output pixels, n = K, k = R * S * C / groups."""
+class Geometry(Protocol):
+    """A kind's own dimensions beyond ``Shape`` (conv2d: the convolution's), which the
+    problem's JSON keeps under the class's ``KEY``; the kind checks them against the shape."""
 
-    h: int
-    w: int
-    c: int
-    r: int
-    s: int
-    stride: tuple[int, int] = (1, 1)
-    padding: tuple[int, int] = (0, 0)
-    dilation: tuple[int, int] = (1, 1)
-    groups: int = 1
+    KEY: ClassVar[str]
 
-    def __post_init__(self) -> None:
-        for name in ("h", "w", "c", "r", "s", "groups"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"conv {name} must be a positive int, got {v!r}")
-        for name, low in (("stride", 1), ("padding", 0), ("dilation", 1)):
-            v = tuple(getattr(self, name))
-            if len(v) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < low for x in v):
-                raise ValueError(f"conv {name} must be two ints >= {low}, got {v!r}")
-            object.__setattr__(self, name, v)
-        if self.c % self.groups:
-            raise ValueError(f"{self.c} input channels do not split into {self.groups} groups")
-        if self.p < 1 or self.q < 1:
-            raise ValueError(f"the {self.r}x{self.s} kernel does not fit the padded {self.h}x{self.w} input")
-
-    @property
-    def p(self) -> int:
-        return (self.h + 2 * self.padding[0] - self.dilation[0] * (self.r - 1) - 1) // self.stride[0] + 1
-
-    @property
-    def q(self) -> int:
-        return (self.w + 2 * self.padding[1] - self.dilation[1] * (self.s - 1) - 1) // self.stride[1] + 1
-
-    @property
-    def c_per_group(self) -> int:
-        return self.c // self.groups
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "h": self.h,
-            "w": self.w,
-            "c": self.c,
-            "r": self.r,
-            "s": self.s,
-            "stride": list(self.stride),
-            "padding": list(self.padding),
-            "dilation": list(self.dilation),
-            "groups": self.groups,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ConvGeometry:
-        try:
-            return cls(
-                **{k: d[k] for k in ("h", "w", "c", "r", "s", "groups")},
-                **{k: tuple(d[k]) for k in ("stride", "padding", "dilation")},
-            )
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"not a valid conv geometry: missing or malformed {e}") from e
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class Template(Protocol):
     """What a problem asks of its template (a ``templates.kind.TemplateKind``)."""
 
+    layouts: tuple[str, ...]  # the layouts of A and B it takes
+    geometry: Any  # the ``Geometry`` class its problems carry (``from_dict``), or None
+
     def runs_op(self, op: str) -> bool: ...
+
+    def problem_error(self, problem: Problem) -> str | None: ...
 
 
 # The template registry by name (``templates/kinds.KINDS``, handed over when that module is
@@ -336,7 +284,7 @@ class Problem:
     epilogue: Epilogue
     shape: Shape
     precision: str = "ieee"
-    conv: ConvGeometry | None = None  # conv2d only
+    geometry: Geometry | None = None  # the template's own dimensions, where it has any (conv2d)
 
     def __post_init__(self) -> None:
         # operands are a set keyed by name: keep them sorted so equality ignores their order
@@ -350,17 +298,17 @@ class Problem:
             raise ValueError(f"the {self.template} template does not run {self.op} problems")
         if self.dtype not in INPUT_DTYPES:
             raise ValueError(f"input dtype {self.dtype!r} is not supported; use one of {INPUT_DTYPES}")
-        layouts = CONV_LAYOUTS if self.op == "conv2d" else LAYOUTS
         for name, layout in (("A", self.layout_a), ("B", self.layout_b)):
-            if layout not in layouts:
-                raise ValueError(f"layout of {name} {layout!r} is not one of {layouts}")
-        if (self.op == "conv2d") != (self.conv is not None):
-            raise ValueError("a conv2d problem needs its conv geometry, and only a conv2d problem has one")
-        if self.conv is not None:
-            g, s = self.conv, self.shape
-            want = (g.p * g.q, g.r * g.s * g.c_per_group)
-            if (s.m, s.k) != want or not isinstance(s.n, int) or s.n % g.groups:
-                raise ValueError(f"conv shape {s} does not match its geometry (m, k) = {want}")
+            if layout not in template.layouts:
+                raise ValueError(f"layout of {name} {layout!r} is not one of {template.layouts}")
+        wants = template.geometry
+        if wants is None and self.geometry is not None:
+            raise ValueError(f"a {self.template} problem has no geometry beyond its shape")
+        if wants is not None and not isinstance(self.geometry, wants):
+            raise ValueError(f"a {self.template} problem needs its {wants.KEY} geometry")
+        why = template.problem_error(self)
+        if why is not None:
+            raise ValueError(why)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is not one of {PRECISIONS}")
         if (self.precision == "tf32" and self.dtype != "float32") or (
@@ -387,7 +335,7 @@ class Problem:
             "epilogue": self.epilogue.to_dict(),
             "shape": self.shape.to_dict(),
             "precision": self.precision,
-            **({"conv": self.conv.to_dict()} if self.conv is not None else {}),
+            **({self.geometry.KEY: self.geometry.to_dict()} if self.geometry is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -431,7 +379,7 @@ class Problem:
                 epilogue=Epilogue.from_dict(d["epilogue"]),
                 shape=Shape.from_dict(d["shape"]),
                 precision=str(d.get("precision", "ieee")),
-                conv=ConvGeometry.from_dict(d["conv"]) if "conv" in d else None,
+                geometry=_geometry_of(str(d["template"]), d),
             )
         except ValueError:
             raise
@@ -444,6 +392,15 @@ class Problem:
             return cls.from_dict(json.loads(text))
         except RecursionError:
             raise ValueError("not a valid problem: nested too deeply") from None
+
+
+def _geometry_of(template: str, d: Mapping[str, Any]) -> Geometry | None:
+    """The geometry a stored problem of ``template`` keeps (its kind's ``Geometry``), if any."""
+    found = templates().get(template)
+    wants = None if found is None else found.geometry
+    if wants is None or wants.KEY not in d:
+        return None
+    return wants.from_dict(d[wants.KEY])
 
 
 def applied_precision(dtype: str, precision: str) -> str:

@@ -167,15 +167,14 @@ def _bytes_moved(records: list[Record]) -> int:
 
 
 def shape_text(summary: dict[str, Any]) -> str:
-    """As ``suites.shape_label`` shows it (a convolution in its own terms)."""
-    if summary["op"] == "conv2d":
-        from epilab.ir.problem import Problem
-        from epilab.tuner.suites import shape_label
+    """As ``suites.shape_label`` shows it (in its kind's terms: a convolution in its own)."""
+    from epilab.ir.problem import Problem
+    from epilab.tuner.suites import shape_label
 
-        try:
-            return shape_label(Problem.from_json(summary["json"]))
-        except (KeyError, ValueError, TypeError):  # an older or foreign record: its GEMM view
-            pass
+    try:
+        return shape_label(Problem.from_json(summary["json"]))
+    except (KeyError, ValueError, TypeError):  # an older or foreign record: its GEMM view
+        pass
     b, m, n, k = ("?" if d is None else d for d in summary["shape"])
     return f"{m}x{n}x{k}" if b == 1 else f"{b}x{m}x{n}x{k}"
 

@@ -27,8 +27,10 @@ import triton
 
 from epilab.ir import dtypes
 from epilab.ir.epilogue import REDUCTIONS, Epilogue, Output
-from epilab.ir.problem import Config, ConvGeometry, OperandSpec, Problem, Shape
+from epilab.ir.problem import Config, OperandSpec, Problem, Shape
+from epilab.templates import conv_geometry
 from epilab.templates.bound import Bound
+from epilab.templates.conv_geometry import ConvGeometry, conv_layout, conv_of
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.matmul import FILES as MATMUL_FILES
 from epilab.templates.matmul import hopper_knobs_error, idle_threads_error
@@ -51,18 +53,18 @@ def config_error(problem: Problem, config: Config) -> str | None:
     why = hopper_knobs_error(config)
     if why is not None:
         return why
-    if problem.conv is None:
+    if conv_of(problem) is None:
         return "the conv2d template needs a conv2d problem"
     if config.variant != "default":
         return "the conv2d template has no variants; use variant 'default'"
-    if config.SPLIT_K > 1 and problem.conv.c_per_group == 1:
+    if config.SPLIT_K > 1 and conv_of(problem).c_per_group == 1:
         return "a depthwise convolution has no channel reduction to split; use SPLIT_K=1"
     return None
 
 
 def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     """The geometry the conv2d template renders as constants."""
-    g = problem.conv
+    g = conv_of(problem)
     assert g is not None
     return {
         "g": g,
@@ -80,21 +82,6 @@ def _pair(v: _Pair, name: str) -> tuple[int, int]:
     if len(t) != 2:
         raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
     return t  # type: ignore[return-value]
-
-
-def conv_layout(t: torch.Tensor) -> str:
-    """nhwc for channels_last memory, else nchw for contiguous memory (a tensor that is both,
-    such as a 1x1 weight, is nhwc), else strided."""
-    if t.is_contiguous(memory_format=torch.channels_last):
-        return "nhwc"
-    return "nchw" if t.is_contiguous() else "strided"
-
-
-def layout_for(shape: tuple[int, ...], memory: str) -> str:
-    """The layout name ``conv_layout`` gives a fresh tensor of ``shape`` in ``memory``
-    (nhwc: channels_last, nchw: contiguous)."""
-    t = torch.empty(shape, device="meta")
-    return conv_layout(t.contiguous(memory_format=torch.channels_last) if memory == "nhwc" else t)
 
 
 def gemm_view(t: torch.Tensor, p: int, q: int) -> torch.Tensor:
@@ -222,12 +209,12 @@ def conv_problem(
         epilogue=epilogue,
         shape=Shape(int(n), geometry.p * geometry.q, int(k), geometry.r * geometry.s * geometry.c_per_group),
         precision=precision if x.dtype == torch.float32 else "ieee",
-        conv=geometry,
+        geometry=geometry,
     )
 
 
 def out_shape_of(problem: Problem) -> tuple[int, int, int, int]:
-    g = problem.conv
+    g = conv_of(problem)
     assert g is not None
     return (int(problem.shape.batch), int(problem.shape.n), g.p, g.q)
 
@@ -268,7 +255,7 @@ def bind_conv(
     out: tuple[torch.Tensor, ...] | None = None,
 ) -> Bound:
     """Everything a conv2d launch does up to the launch itself (see ``matmul.bind``)."""
-    g = problem.conv
+    g = conv_of(problem)
     if g is None:
         raise ValueError("bind_conv needs a conv2d problem")
     shape4 = out_shape_of(problem)
@@ -371,7 +358,7 @@ def conv_reference(
     problem: Problem, x: torch.Tensor, weight: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """The outputs computed in float64 (torch's conv2d, then the epilogue), before rounding."""
-    g = problem.conv
+    g = conv_of(problem)
     assert g is not None
     acc = F.conv2d(x.double(), weight.double(), None, g.stride, g.padding, g.dilation, g.groups)
     return conv_epilogue(problem, acc, {name: t.double() for name, t in operands.items()})
@@ -381,7 +368,7 @@ def conv_inputs(
     problem: Problem, device: torch.device, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Random input, weight and operands with the problem's shapes, dtypes and layouts."""
-    g = problem.conv
+    g = conv_of(problem)
     assert g is not None
     n, k, p, q = out_shape_of(problem)
     dtype = dtypes.torch_dtype(problem.dtype)
@@ -404,7 +391,7 @@ def conv_inputs(
 def default_conv_config(problem: Problem, target: str = "cuda") -> Config:
     """The untuned conv config: 128-pixel tiles, as many output channels of a group as fit
     in 128 (at least 16), channel steps that divide the group's channels where they can."""
-    g = problem.conv
+    g = conv_of(problem)
     assert g is not None
     if target == "interpreter":
         return Config(16, 16, 16, 1, num_warps=4, num_stages=1)
@@ -423,7 +410,7 @@ def matmul_twin(problem: Problem) -> Problem | None:
     """A 1x1, stride-1, unpadded, ungrouped NHWC convolution is the matmul
     [N*H*W, C] @ [C, K] on the same memory: that problem for the matmul template (the
     compiler runs whichever template's record is faster), else None."""
-    g = problem.conv
+    g = conv_of(problem)
     if g is None or problem.epilogue.reductions:  # the twin's statistics would span the images
         return None
     if (g.r, g.s, g.stride, g.padding, g.dilation, g.groups) != (
@@ -484,7 +471,7 @@ def as_conv_outputs(outs: list[torch.Tensor], x: torch.Tensor) -> list[torch.Ten
 def matmul_twin_call(problem: Problem, x: torch.Tensor, weight: torch.Tensor) -> TwinCall | None:
     """A matmul twin (``matmul_twin``) called with its 1x1 convolution's 4-D tensors: its
     outputs are channels_last [N, K, H, W], its tensors and outputs are matrix views."""
-    if problem.conv is not None or x.dim() != 4:
+    if conv_of(problem) is not None or x.dim() != 4:
         return None
     n, _, h, w = x.shape
     k = weight.shape[0]
@@ -517,15 +504,15 @@ SEEDS = [  # for the conv2d template: wide pixel tiles, channel blocks of 64 or 
 def conv_kernel_shape(problem: Problem) -> Shape:
     """What one program's tiles cover: one group's output channels."""
     s = problem.shape
-    assert problem.conv is not None
-    return Shape(s.batch, s.m, int(s.n) // problem.conv.groups, s.k)
+    assert conv_of(problem) is not None
+    return Shape(s.batch, s.m, int(s.n) // conv_of(problem).groups, s.k)
 
 
 def conv_problem_of(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> Problem:
     """The problem these tensors make under ``problem``'s geometry and precision."""
-    g = problem.conv
+    g = conv_of(problem)
     if g is None:
         raise ValueError("a conv2d template problem needs its convolution geometry")
     return make_conv_problem(
@@ -555,14 +542,14 @@ def eager_conv(
     problem: Problem, x: torch.Tensor, weight: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """cuDNN (torch's conv2d) then the epilogue in eager torch."""
-    g = problem.conv
+    g = conv_of(problem)
     assert g is not None
     acc = F.conv2d(x, weight, None, g.stride, g.padding, g.dilation, g.groups)
     return tuple(conv_epilogue(problem, acc, operands))
 
 
 def conv_input_elements(problem: Problem) -> tuple[int, int]:
-    g = problem.conv
+    g = conv_of(problem)
     assert g is not None
     s = problem.shape
     return int(s.batch) * g.c * g.h * g.w, int(s.n) * int(s.k)
@@ -598,4 +585,9 @@ KIND = TemplateKind(
     twin_call=matmul_twin_call,
     split_k_underfilled=True,
     reductions=True,
+    layouts=conv_geometry.LAYOUTS,
+    geometry=ConvGeometry,
+    problem_error=conv_geometry.problem_error,
+    label=conv_geometry.label,
+    transfer_key=conv_geometry.transfer_key,
 )

@@ -24,8 +24,7 @@ import torch
 
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.patterns import identity_with_names
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import DUAL_OP, Config, Problem
 from epilab.templates import gemv, matmul, matmul_sm90
 from epilab.templates.kind import MAX_ACC_REGS
 from epilab.templates.matmul import (
@@ -39,7 +38,7 @@ from epilab.templates.matmul import (
 from epilab.templates.render import Target, kernel_hash
 
 B2 = "b2"  # the name of the second weight in a call's operands
-OP = "dual_mm"  # ep(A @ B, A @ B2): a problem op of its own (ir/problem.py OPS)
+OP = DUAL_OP  # ep(A @ B, A @ B2): a problem op of its own (ir/problem.py OPS)
 
 
 def check_b2(a: torch.Tensor, b: torch.Tensor, b2: object) -> torch.Tensor:
@@ -65,26 +64,6 @@ def halves(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"a concatenated weight is [K, 2N] with an even 2N, got {tuple(b.shape)}")
     n = b.shape[1] // 2
     return b[:, :n], b[:, n:]
-
-
-def swap_accumulators(ep: Epilogue) -> Epilogue:
-    """``ep`` with ``acc`` and ``acc2`` exchanged (B and B2 passed the other way round)."""
-    swapped = {"acc": "acc2", "acc2": "acc"}
-    nodes = tuple(dataclasses.replace(n, op=swapped.get(n.op, n.op)) for n in ep.nodes)
-    exprs = Epilogue(nodes, ep.outputs).exprs()
-    return ep.rebuilt(exprs)
-
-
-def identity_text(ep: Epilogue) -> str:
-    return identity_with_names(ep)[0].text()
-
-
-def canonical_order(ep: Epilogue) -> bool:
-    """Whether ``ep`` names its accumulators in the canonical order: of it and its swap,
-    the one whose identity (``patterns``) has the smaller text. The compiler and the suites
-    both pick that order, so ``silu(gate) * up`` is one problem whichever projection comes
-    first in a graph (``silu(acc) * acc2``)."""
-    return identity_text(ep) <= identity_text(swap_accumulators(ep))
 
 
 def make_dual_problem(

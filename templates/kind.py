@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from epilab.ir.dtypes import WIDE_INPUT_DTYPES
-from epilab.ir.problem import Config, Problem, Shape
+from epilab.ir.problem import BATCHED_OPS, LAYOUTS, MATRIX_OPS, Config, Problem, Shape
 from epilab.templates.bound import Bound
 
 MAX_ACC_REGS = 128  # accumulator registers per thread at most (half of the 255 a thread may have)
@@ -71,6 +71,21 @@ def _one_copy(config: Config) -> int:
 
 def _not_stream_k(config: Config) -> bool:
     return False
+
+
+def _no_problem_error(problem: Problem) -> str | None:
+    return None
+
+
+def gemm_label(problem: Problem) -> str:
+    """MxNxK, or BxMxNxK where the op has a batch (bmm, baddbmm, matmul)."""
+    s = problem.shape
+    return f"{s.m}x{s.n}x{s.k}" if problem.op in MATRIX_OPS else f"{s.batch}x{s.m}x{s.n}x{s.k}"
+
+
+def batched(problem: Problem) -> bool:
+    """Whether B has a batch of its own: configs do not carry between batched and 2-D GEMMs."""
+    return problem.op in BATCHED_OPS
 
 
 def _no_twins(problem: Problem) -> tuple[Problem, ...]:
@@ -158,6 +173,14 @@ class TemplateKind:
     output_staging: Callable[[Config], int] = _one_copy
     # whether ``config`` shares K blocks between programs (stream-K: the tuner's own limits)
     stream_k: Callable[[Config], bool] = _not_stream_k
+    # -- geometry: what its problems are beyond (batch, m, n, k), and how they are told apart
+    layouts: tuple[str, ...] = LAYOUTS  # the layouts of A and B it takes
+    geometry: type | None = None  # its problems' ``Geometry`` class (conv2d: ``ConvGeometry``)
+    # why a problem's shape does not fit its geometry (what ``Problem`` refuses), or None
+    problem_error: Callable[[Problem], str | None] = _no_problem_error
+    label: Callable[[Problem], str] = gemm_label  # its shape as every table shows it
+    # what two problems must share for a config to carry between them (``tuner/nearest``)
+    transfer_key: Callable[[Problem], object] = batched
 
     def runs_op(self, op: str) -> bool:
         """Whether a problem of ``op`` may be made for this template."""

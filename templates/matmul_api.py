@@ -119,6 +119,13 @@ def matmul(
     return _run(problem, config, a, b, tensors)
 
 
+def matmul_problem(
+    a: torch.Tensor, b: torch.Tensor, epilogue: Epilogue, operands: Mapping[str, torch.Tensor] | None = None
+) -> Problem:
+    """The problem ``matmul(a, b, epilogue=epilogue, operands=operands)`` runs (checks them)."""
+    return make_problem(a, b, epilogue, dict(operands or {}))
+
+
 def _run(
     problem: Problem,
     config: Config | None,

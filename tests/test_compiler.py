@@ -658,7 +658,7 @@ def test_template_calls_get_the_strides_their_problem_was_made_for(db_path, monk
     strides; before the fix the call got NCHW for an NHWC problem and its output broke the
     graph's stride assertion."""
     from epilab.compiler import op
-    from epilab.templates.conv2d import conv_layout
+    from epilab.templates.conv_geometry import conv_layout
 
     torch.manual_seed(0)
     block1 = [nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2)]

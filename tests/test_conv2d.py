@@ -10,8 +10,9 @@ import torch
 from epilab.ir import catalog
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand
-from epilab.ir.problem import Config, ConvGeometry, Problem
+from epilab.ir.problem import Config, Problem
 from epilab.templates.conv2d import conv_reference, default_conv_config, make_conv_problem
+from epilab.templates.conv_geometry import ConvGeometry
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -130,7 +131,7 @@ def test_conv_writes_into_given_outputs(out_layout):
 
 def test_conv_problem_keys_round_trip_and_differ_by_geometry():
     p1, _ = run_conv(1, 16, 6, 6, 16, 3, 3, padding=1, config=SMALL)
-    assert Problem.from_json(p1.to_json()) == p1 and p1.conv.p == 6
+    assert Problem.from_json(p1.to_json()) == p1 and p1.geometry.p == 6
     x = torch.randn(1, 16, 6, 6).contiguous(memory_format=torch.channels_last)
     w = torch.randn(16, 16, 3, 3).contiguous(memory_format=torch.channels_last)
     other = make_conv_problem(x, w, p1.epilogue, {"bias": torch.randn(16)}, padding=1, dilation=1, stride=2)

@@ -135,7 +135,7 @@ def test_shapes_file_with_expressions_batches_outputs_and_convolutions(tmp_path)
     assert problems[0].op == "addmm" and problems[1].op == "bmm" and problems[1].shape.batch == 4
     assert [o.dtype for o in problems[2].epilogue.outputs] == ["bfloat16", "float32"]
     assert {(o.name, o.layout) for o in problems[3].operands} == {("scale", "vector"), ("s", "scalar")}
-    assert problems[4].conv is not None and problems[4].conv.padding == (1, 1)
+    assert problems[4].geometry is not None and problems[4].geometry.padding == (1, 1)
     assert dict((o.name, o.layout) for o in problems[5].operands) == {"bias": "vector", "residual": "nchw"}
     assert "silu(acc) * up" in specs[1].label()
 

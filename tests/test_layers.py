@@ -72,3 +72,26 @@ def test_no_module_imports_itself_through_others():
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+# Who may import a kind module (one defining ``KIND``) besides the registry and the kinds
+# themselves: the user functions (``epilab.matmul``, ``epilab.gated_matmul``) are the matmul
+# kinds' own API, and the compiler's conv anchor builds its problem with the conv kind's
+# function (the anchor table names its kinds, docs/design.md "Adding a kind").
+KIND_IMPORTERS = {
+    "epilab.templates.matmul_api": {"epilab.templates.matmul", "epilab.templates.dual_matmul"},
+    "epilab.compiler.match": {"epilab.templates.conv2d"},
+}
+
+
+def test_only_the_registry_imports_the_kind_modules():
+    modules = _modules()
+    kind_modules = {name for name, path in modules.items() if "\nKIND = " in path.read_text()}
+    assert {"epilab.templates.matmul", "epilab.templates.conv2d"} <= kind_modules
+    found = {}
+    for name, deps in _graph().items():
+        if name == "epilab.templates.kinds" or name in kind_modules:
+            continue
+        if deps & kind_modules:
+            found[name] = deps & kind_modules
+    assert found == KIND_IMPORTERS

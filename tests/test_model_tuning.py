@@ -532,7 +532,7 @@ def test_cli_tune_model_train_tunes_the_backward_of_a_model_in_train_mode(tmp_pa
 def test_a_rejected_verdict_says_why(outcome, low, high, words):
     from datetime import datetime, timezone
 
-    from epilab.db.store import Verdict
+    from epilab.db.values import Verdict
 
     v = Verdict(
         "k",

@@ -357,7 +357,7 @@ def test_builtin_suites_build_valid_problems():
                 name, "gemv" if name.startswith("gemv") else "matmul"
             )
             assert spec.problem().template == want
-    conv = [s.problem().conv for s in SUITES["conv"]]
+    conv = [s.problem().geometry for s in SUITES["conv"]]
     assert [(g.r, g.stride) for g in conv[:1]] == [(7, (2, 2))]  # the stem
     assert {(g.c, g.h) for g in conv[1:5]} == {(64, 56), (128, 28), (256, 14), (512, 7)}
     fused = SUITES["gemv-fused"]
@@ -452,7 +452,7 @@ def test_tune_a_conv_problem_in_the_interpreter(tmp_path):
         assert result.evaluated == 3 and result.best_ms is not None
         records = db.records(spec.problem().key)
         assert [r.status for r in records] == ["ok"] * 3 and all(r.max_rel_error < 1e-2 for r in records)
-        assert Problem.from_json(db.problem_json(spec.problem().key)[1]).conv == spec.geometry()
+        assert Problem.from_json(db.problem_json(spec.problem().key)[1]).geometry == spec.geometry()
 
 
 def test_tune_refuses_without_cuda_and_explains(tmp_path):

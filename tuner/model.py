@@ -76,6 +76,7 @@ import torch
 
 from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.ir.problem import Problem, identity_key_of
+from epilab.tables import markdown
 from epilab.tuner import significance as sig
 from epilab.tuner.interleave import Comparison, Timer, Variant, compare
 from epilab.tuner.step import NothingToTrain, Workload
@@ -378,40 +379,50 @@ class ModelReport:
         level = "" if held is None else f" [{held:.2%} interval]"
         step = ", a training step (forward and backward)" if self.training else ""
         versions = f"torch {self.versions.torch}, triton {self.versions.triton}"
+        rows = [
+            [
+                r["mode"],
+                r["variant"],
+                _ms_text(r),
+                str(len(r["rounds_ms"])),
+                _speedup_text(r.get("speedup")),
+                f"{r['compile_s']:.1f}",
+                f"{r['templates']}/{r['anchors']}",
+            ]
+            for r in self.rows
+        ]
+        headers = ["mode", "variant", f"ms (median of rounds){level}", "rounds", f"epilab speedup{level}"]
         out = [
             f"{self.label}{step} on {self.device} ({versions})",
             "",
-            f"| mode | variant | ms (median of rounds){level} | rounds | epilab speedup{level} | compile s "
-            "| templates |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            markdown([*headers, "compile s", "templates"], rows, left=2),
         ]
-        for r in self.rows:
-            out.append(
-                f"| {r['mode']} | {r['variant']} | {_ms_text(r)} | {len(r['rounds_ms'])} | "
-                f"{_speedup_text(r.get('speedup'))} | {r['compile_s']:.1f} | "
-                f"{r['templates']}/{r['anchors']} |"
-            )
         if any(r["variant"] == "epilab" and not r["templates"] for r in self.rows):
             out.append(
                 "\nepilab with 0 templates compiles the same graph as Inductor: no speedup is claimed "
                 "there (the rounds' ratio is timing noise; the JSON keeps it, marked same_graph)"
             )
         if self.verdicts:
-            out += [
-                "",
-                f"| mode | problem | verdict | with ms | without ms | speedup with it{level} | rounds | |",
-                "|---|---|---|---:|---:|---:|---:|---|",
-            ]
+            verdicts = []
             for v in self.verdicts:
                 verdict = (
                     "keep" if v["keep"] else ("undecided" if v["outcome"] == sig.UNDECIDED else "reject")
                 )
                 ratio = v.get("ratio")
-                out.append(
-                    f"| {v['mode']} | {v['problem'][:12]} {v['label']} | {verdict} | "
-                    f"{v['with_ms']:.4f} | {v['without_ms']:.4f} | "
-                    f"{'' if ratio is None else _ratio_text(ratio)} | {v['rounds']} | {v['why']} |"
+                verdicts.append(
+                    [
+                        v["mode"],
+                        f"{v['problem'][:12]} {v['label']}",
+                        verdict,
+                        f"{v['with_ms']:.4f}",
+                        f"{v['without_ms']:.4f}",
+                        "" if ratio is None else _ratio_text(ratio),
+                        str(v["rounds"]),
+                        v["why"],
+                    ]
                 )
+            headers = ["mode", "problem", "verdict", "with ms", "without ms", f"speedup with it{level}"]
+            out += ["", markdown([*headers, "rounds", ""], verdicts, left=3)]
         out += [f"\n{mode}: not timed: {why}" for mode, why in self.skipped.items()]
         if self.rule:
             out += ["", self.rule]

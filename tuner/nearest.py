@@ -32,7 +32,7 @@ from typing import Any
 from epilab.db import DeviceInfo
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
-from epilab.templates.kinds import is_current
+from epilab.templates.kinds import is_current, kind_of
 from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
 
 LAYOUT_STEP = 1.0
@@ -57,14 +57,8 @@ def _same_kind(p: Problem, q: Problem) -> bool:
         return False
     if not (is_current(p.to_json()) and is_current(q.to_json())):
         return False
-    if (p.op in ("bmm", "baddbmm")) != (q.op in ("bmm", "baddbmm")):
-        return False
-    if (p.conv is None) != (q.conv is None):
-        return False
-    if p.conv is not None and q.conv is not None:
-        a, b = p.conv.to_dict(), q.conv.to_dict()
-        return all(a[k] == b[k] for k in a if k not in ("h", "w"))
-    return True
+    kind = kind_of(p)
+    return kind.transfer_key(p) == kind.transfer_key(q)
 
 
 def distance(p: Problem, q: Problem) -> float | None:

@@ -70,10 +70,18 @@ from epilab.ir.catalog import EPILOGUES, epilogue
 from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES
 from epilab.ir.epilogue import LEAVES, Epilogue, Expr, acc, operand
 from epilab.ir.epilogue_text import EpilogueSyntaxError, parse_epilogue
-from epilab.ir.problem import ConvGeometry, OperandSpec, Problem, Shape
-from epilab.templates.conv2d import layout_for
-from epilab.templates.dual_matmul import OP, canonical_order, swap_accumulators
-from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
+from epilab.ir.patterns import canonical_order, swap_accumulators
+from epilab.ir.problem import DUAL_OP, OperandSpec, Problem, Shape
+from epilab.templates.conv_geometry import ConvGeometry, layout_for
+from epilab.templates.kinds import (
+    KINDS,
+    default_config,
+    default_template,
+    for_template,
+    kind_of,
+    template_hash,
+    twins,
+)
 from epilab.templates.runtime import layout_of
 
 
@@ -97,19 +105,9 @@ def problem_label(problem: Problem) -> str:
 
 
 def shape_label(problem: Problem) -> str:
-    """A problem's shape as every table shows it: MxNxK (BxMxNxK batched); a convolution in
-    its own terms, N x C x H x W -> K x P x Q, the kernel, and stride/dilation/groups where
-    not 1 (as ``ConvSpec.label``), not its GEMM view."""
-    s = problem.shape
-    if problem.conv is not None:
-        g = problem.conv
-        extra = "".join(
-            f" {name}{v[0] if v[0] == v[1] else v}"
-            for name, v in (("s", g.stride), ("d", g.dilation))
-            if v != (1, 1)
-        ) + (f" g{g.groups}" if g.groups != 1 else "")
-        return f"{s.batch}x{g.c}x{g.h}x{g.w} -> {s.n}x{g.p}x{g.q} {g.r}x{g.s}{extra}"
-    return f"{s.m}x{s.n}x{s.k}" if problem.op in ("mm", "addmm", OP) else f"{s.batch}x{s.m}x{s.n}x{s.k}"
+    """A problem's shape as every table shows it, in its kind's terms (``TemplateKind.label``:
+    MxNxK, BxMxNxK batched, a convolution as N x C x H x W -> K x P x Q)."""
+    return kind_of(problem).label(problem)
 
 
 SPEC_KEYS = {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales"}
@@ -234,7 +232,7 @@ class Spec:
             if self.batch is not None:
                 raise ValueError("a dual GEMM (an epilogue that reads acc2) is 2-D: leave out batch")
             if self.template == "matmul":
-                object.__setattr__(self, "template", default_template(OP))
+                object.__setattr__(self, "template", default_template(DUAL_OP))
         if self.template not in KINDS:
             raise ValueError(f"template {self.template!r} is not one of {sorted(KINDS)}")
         if self.template == default_template("mm"):
@@ -260,7 +258,7 @@ class Spec:
         has_bias = ("bias", "row") in ep.operands  # as the compiler sees x @ W.T + b: addmm
         op = ("baddbmm" if has_bias else "bmm") if self.batch else ("addmm" if has_bias else "mm")
         if ep.accumulators == 2:  # in the order the compiler names a graph's two projections
-            op, ep = OP, ep if canonical_order(ep) else swap_accumulators(ep)
+            op, ep = DUAL_OP, ep if canonical_order(ep) else swap_accumulators(ep)
         fp8 = self.dtype in FP8_DTYPES
         if fp8:  # the compiler's scaled mm: an mm whose scales (float32) start the epilogue
             op, ep = ("bmm" if self.batch else "mm"), scaled(ep, self.scales)
@@ -287,7 +285,7 @@ class Spec:
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
         dual = spec_epilogue(self.epilogue, self.dtype).accumulators == 2
-        suffix = "" if self.template == default_template(OP if dual else "mm") else f" [{self.template}]"
+        suffix = "" if self.template == default_template(DUAL_OP if dual else "mm") else f" [{self.template}]"
         scales = {"row": " row-scaled", "tensor": " tensor-scaled", "none": " unscaled"}[self.scales]
         scales = scales if self.dtype in FP8_DTYPES else ""
         return f"{shape} {self.dtype}{scales} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
@@ -450,7 +448,7 @@ class ConvSpec:
             operands=operands,
             epilogue=ep,
             shape=Shape(self.n, g.p * g.q, self.k, self.r * self.s * g.c_per_group),
-            conv=g,
+            geometry=g,
         )
 
     def label(self) -> str:

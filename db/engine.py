@@ -1,0 +1,142 @@
+"""Where a database is and how it is opened: URLs and paths, the engine (SQLite in WAL mode
+with a busy timeout, or any SQLAlchemy URL), and which errors mean busy, a race or read-only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+
+from epilab.config import settings
+from epilab.db.schema import (
+    DatabaseOpenError,
+    readonly_uri,
+)
+
+BUSY_TIMEOUT_MS = 60_000
+
+
+def resolve_url(target: str | Path | None) -> tuple[URL, Path | None]:
+    """The one place where a path or URL becomes a database URL: (SQLAlchemy URL, SQLite
+    file or None); None means the default (EPILAB_DB, else the cache dir).
+
+    A path is a file name, whatever characters it holds (``?``, ``%``, ``#`` stay in the
+    name; the URL is built, never formatted from text). An SQLite URL names a file and takes
+    no options: ``?mode=...`` or ``?uri=true`` would make SQLite open something other than
+    the file checked before opening.
+    """
+    target = settings().db if target is None else target
+    text = str(target)
+    if not text.strip():
+        raise DatabaseOpenError(f"the database {text!r} is blank; give a file path or a database URL")
+    if "://" not in text:
+        path = file_path(text)
+        return URL.create("sqlite", database=str(path)), path
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError) as e:
+        raise DatabaseOpenError(f"{text!r} is not a database URL ({e})") from e
+    if url.get_backend_name() != "sqlite":
+        return url, None
+    if url.query:
+        raise DatabaseOpenError(
+            f"{url.render_as_string()!r}: an SQLite URL takes no options ({sorted(url.query)}); "
+            "give the file's path (or sqlite:///path) alone"
+        )
+    if not url.database or url.database == ":memory:":
+        raise DatabaseOpenError(
+            f"{text!r} names no file: an in-memory database would keep no records; give a path"
+        )
+    path = file_path(url.database)
+    return url.set(database=str(path)), path
+
+
+def file_path(text: str) -> Path:
+    """The absolute path of an SQLite file named ``text``: ``~`` expanded; a dangling
+    symbolic link refused (SQLite would create a database wherever it points)."""
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError as e:  # ~nosuchuser
+        raise DatabaseOpenError(f"{text!r}: cannot expand '~' ({e}); give an absolute path") from None
+    if path.is_symlink() and not path.exists():
+        raise DatabaseOpenError(
+            f"{text} is a symbolic link to {os.readlink(path)}, which does not exist; "
+            "point it at a database, or give the file's own path"
+        )
+    return path.resolve()
+
+
+def writable(path: Path) -> bool:
+    """Whether SQLite can write ``path``: the file, and its directory (for the journal)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def readonly_url(url: URL, path: Path) -> URL:
+    with path.open("rb") as f:
+        uri, options = readonly_uri(path, f.read(100))
+    return url.set(database=uri, query={"uri": "true", **options})
+
+
+def connect_args(url: URL) -> dict[str, Any]:
+    """The driver's connection arguments: SQLite waits ``BUSY_TIMEOUT_MS`` for a lock."""
+    return {"timeout": BUSY_TIMEOUT_MS / 1000} if url.get_backend_name() == "sqlite" else {}
+
+
+def make_engine(url: URL, *, readonly: bool = False) -> Engine:
+    try:
+        engine = create_engine(url, connect_args=connect_args(url))
+    except NoSuchModuleError as e:
+        raise DatabaseOpenError(
+            f"{url.render_as_string()!r}: no database driver for {url.drivername!r}; epilab keeps its "
+            "records in SQLite (a path) or PostgreSQL (postgresql+psycopg://user@host/db)"
+        ) from e
+    except ImportError as e:
+        raise DatabaseOpenError(
+            f"{url.render_as_string()!r}: the driver {e.name!r} is not installed "
+            "(for PostgreSQL: pip install 'epilab[postgres]')"
+        ) from e
+    if url.get_backend_name() == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, record_of: Any) -> None:
+            dbapi_conn.isolation_level = None  # transactions are begun below, not by the driver
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            if not readonly:  # switching to WAL writes the header
+                cur.execute("PRAGMA journal_mode = WAL")
+                cur.execute("PRAGMA synchronous = NORMAL")
+            cur.execute("PRAGMA foreign_keys = ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            write = conn.get_execution_options().get("epilab_write", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write and not readonly else "BEGIN")
+
+    return engine
+
+
+def make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatabaseOpenError(f"cannot create the directory of {path}: {e.strerror}") from e
+
+
+def is_busy(e: OperationalError) -> bool:
+    text = str(e.orig).lower()
+    return "locked" in text or "busy" in text or "deadlock" in text or "could not serialize" in text
+
+
+def is_race(e: DBAPIError) -> bool:
+    """Whether ``e`` is another process creating the same tables, or holding the lock."""
+    return is_busy(e) or "already exists" in str(e.orig).lower()
+
+
+def is_readonly(e: OperationalError) -> bool:
+    text = str(e.orig).lower()
+    return "readonly database" in text or "read-only" in text
