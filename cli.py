@@ -747,17 +747,17 @@ def _run_fleet(
             return f"{prefix}[{order.get(e.key, '?')}/{len(jobs)}] {printable(e.label)}"
 
         def listen(e: Event) -> None:
-            if e.kind == "start":
+            if e.what == "start":
                 note = f"  ({printable(e.detail)})" if e.detail else ""
                 tasks[(e.worker, e.key)] = progress.add_task(name(e) + note, total=trials)
-            elif e.kind == "trial" and (e.worker, e.key) in tasks:
+            elif e.what == "trial" and (e.worker, e.key) in tasks:
                 best = "-" if e.best_ms is None else f"{e.best_ms:.4f} ms"
                 progress.update(
                     tasks[(e.worker, e.key)],
                     completed=min(e.done, trials),
                     description=f"{name(e)}  best {best}",
                 )
-            elif e.kind == "end" and (e.worker, e.key) in tasks:
+            elif e.what == "end" and (e.worker, e.key) in tasks:
                 r = e.result
                 base = None if r is None else r.library_ms
                 vs = f" vs library+eager {base:.4f} ms" if base else ""
@@ -770,7 +770,7 @@ def _run_fleet(
                     tasks[(e.worker, e.key)], completed=trials, description=f"{name(e)}  best {best}{vs}"
                 )
                 progress.advance(overall)
-            elif e.kind == "stopped" and e.detail:  # the last line of a traceback: its error
+            elif e.what == "stopped" and e.detail:  # the last line of a traceback: its error
                 why = printable(e.detail.strip().splitlines()[-1][:300])
                 out.print(f"[yellow]worker {printable(e.worker)} stopped[/yellow]: {why}")
 

@@ -238,7 +238,7 @@ HOOK = textwrap.dedent("""
         gone = MARK + ".gone"
         if MODE == "lose-device" and os.path.exists(gone):
             os._exit(3)  # every task, the probe too: the device is gone
-        if task["kind"] != "candidate":
+        if task["job"] != "candidate":
             return
         if MODE == "bug":
             raise KeyError("a bug in the worker")

@@ -1017,7 +1017,7 @@ def test_a_worker_out_of_memory_is_a_recorded_failure_not_the_end_of_the_run():
 
     huge = Spec(1 << 20, 1 << 20, 1 << 20, dtype="float32").problem()
     with config.patch(interpret=True):
-        result = run_task({"kind": "candidate", "problem": huge.to_json(), "config": CONFIG, "seed": 0})
+        result = run_task({"job": "candidate", "problem": huge.to_json(), "config": CONFIG, "seed": 0})
     assert result["status"] == "out_of_resources" and "out of memory" in result["detail"], result
 
 

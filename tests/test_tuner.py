@@ -261,7 +261,7 @@ HOOK = textwrap.dedent("""
     import os, time
 
     def hook(task):
-        if task.get("kind") != "candidate":
+        if task.get("job") != "candidate":
             return
         if task["config"]["BLOCK_M"] == 32:
             os._exit(11)  # as a kernel with an illegal address takes its process down
@@ -279,7 +279,7 @@ def test_crashing_and_hanging_candidates_cost_one_trial_each(tmp_path):
         def run(bm):
             return worker.run(
                 {
-                    "kind": "candidate",
+                    "job": "candidate",
                     "problem": problem,
                     "seed": 1,
                     "config": Config(bm, 32, 32, num_warps=2, num_stages=1).to_dict(),

@@ -258,15 +258,15 @@ def _short(e: BaseException) -> str:
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     """Entry point of a worker for one task (see worker.py)."""
-    kind = task["kind"]
+    job = task["job"]
     try:
-        if kind == "candidate":
+        if job == "candidate":
             return evaluate_candidate(task["problem"], task["config"], task["seed"])
-        if kind == "baseline":
+        if job == "baseline":
             return evaluate_baseline(task["problem"], task["library"], task["seed"])
-        if kind == "compile":
+        if job == "compile":
             return compile_candidate(task["problem"], task["config"])
-        if kind == "probe":
+        if job == "probe":
             return probe_device()
     except (torch.OutOfMemoryError, MemoryError) as e:  # the problem is too large, not the config wrong
         return _result("out_of_resources", detail=f"out of memory: {_short(e)}", restart=True)
@@ -274,7 +274,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         if "can't allocate memory" not in str(e):  # the CPU allocator's words
             raise
         return _result("out_of_resources", detail=f"out of memory: {_short(e)}", restart=True)
-    raise ValueError(f"unknown task kind {kind!r}")
+    raise ValueError(f"unknown job {job!r}: compile, candidate, baseline or probe")
 
 
 def probe_device() -> dict[str, Any]:

@@ -59,7 +59,7 @@ class FleetOptions:
 class Event:
     """What a worker tells the caller's progress display (from the worker's thread)."""
 
-    kind: str  # start, trial, end, stopped
+    what: str  # start, trial, end, stopped
     worker: str  # the device label: cuda:1
     label: str = ""
     key: str = ""

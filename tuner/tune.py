@@ -293,7 +293,7 @@ class Tuner:
             else:
                 result = self.worker.run(
                     {
-                        "kind": "candidate",
+                        "job": "candidate",
                         "problem": problem_json,
                         "config": config.to_dict(),
                         "seed": next(self._seeds),
@@ -325,7 +325,7 @@ class Tuner:
 
     def _probe(self, died: dict) -> None:
         """Raise DeviceLost unless the (restarted) worker's device still computes."""
-        probe = self.worker.run({"kind": "probe"}, timeout_s=120.0)
+        probe = self.worker.run({"job": "probe"}, timeout_s=120.0)
         if probe["status"] != "ok":
             raise DeviceLost(
                 f"{self.device_label} stopped answering: a candidate {died['status']} "
@@ -457,7 +457,7 @@ class Tuner:
             return out
         for library in self.options.baselines:
             result = self.worker.run(
-                {"kind": "baseline", "problem": problem_json, "library": library, "seed": next(self._seeds)},
+                {"job": "baseline", "problem": problem_json, "library": library, "seed": next(self._seeds)},
                 timeout_s=max(600.0, self.options.worker_timeout_s),
             )
             if result["status"] != "ok":

@@ -197,9 +197,9 @@ class Worker:
         if result.get("status") == "environment":
             from epilab.config import SettingsError
 
-            raise SettingsError(f"evaluating a {task.get('kind')} failed: {result['detail']}")
+            raise SettingsError(f"evaluating a {task.get('job')} failed: {result['detail']}")
         if result.get("status") == "bug":
-            raise TuningBug(f"evaluating {task.get('kind')} failed unexpectedly:\n{result['detail']}")
+            raise TuningBug(f"evaluating {task.get('job')} failed unexpectedly:\n{result['detail']}")
         if result.pop("restart", False):
             self._restart()
         result["seconds"] = time.monotonic() - start
@@ -265,7 +265,7 @@ class CompilePool:
         )
 
     def compile(self, problem_json: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        tasks = [{"kind": "compile", "problem": problem_json, "config": c} for c in configs]
+        tasks = [{"job": "compile", "problem": problem_json, "config": c} for c in configs]
         try:
             if self.cancelled:
                 raise Cancelled("the compile pool was cancelled")
