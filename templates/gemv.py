@@ -105,6 +105,17 @@ def _flip_kinds(ep: Epilogue) -> Epilogue:
     return Epilogue(tuple(flipped(n) for n in ep.nodes), tuple(flipped_output(o) for o in ep.outputs))
 
 
+def kernel_epilogues(epilogue: Epilogue) -> tuple[Epilogue, ...]:
+    """The epilogue as written and as its transpose's kernel renders it (row and column
+    vectors swapped), in an order of their own: a gemv problem's hash covers both."""
+    return tuple(sorted({epilogue, _flip_kinds(epilogue)}, key=lambda ep: ep.text()))
+
+
+def gemv_hash(epilogue: Epilogue) -> str:
+    """The hash of a problem with ``epilogue`` on the gemv files (gemv and dual_gemv)."""
+    return kernel_hash(FILES, *kernel_epilogues(epilogue))
+
+
 def kernel_problem(problem: Problem) -> Problem:
     """The problem the kernel is rendered for: ``problem`` itself, or for a small N its
     transpose (M and N swapped, A.T and B.T swapped, row and column vectors and statistics
@@ -270,7 +281,7 @@ def gemv_twin(problem: Problem) -> Problem | None:
         or not (small(s.m) or small(s.n))
     ):
         return None
-    return dataclasses.replace(problem, template="gemv", template_hash=kernel_hash(FILES, problem.epilogue))
+    return dataclasses.replace(problem, template="gemv", template_hash=gemv_hash(problem.epilogue))
 
 
 # ------------------------------------------------------------------ the kind
@@ -300,7 +311,7 @@ def gemv_problem_of(
 ) -> Problem:
     """The gemv problem these tensors make (the matmul's, on this template)."""
     found = matmul_problem_of(problem, a, b, operands)
-    return dataclasses.replace(found, template="gemv", template_hash=kernel_hash(FILES, found.epilogue))
+    return dataclasses.replace(found, template="gemv", template_hash=gemv_hash(found.epilogue))
 
 
 def gemv_twins(problem: Problem) -> tuple[Problem, ...]:
@@ -328,4 +339,5 @@ KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference 
     twins=gemv_twins,
     prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile
     split_k_underfilled=False,  # a GEMV splits K to stream its weight: its own rule (split_k_error)
+    kernel_epilogues=kernel_epilogues,  # the transpose's kernel renders row and column swapped
 )

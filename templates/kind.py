@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from epilab.ir.dtypes import WIDE_INPUT_DTYPES
+from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import BATCHED_OPS, LAYOUTS, MATRIX_OPS, Config, Problem, Shape
 from epilab.templates.bound import Bound
 
@@ -71,6 +72,10 @@ def _one_copy(config: Config) -> int:
 
 def _not_stream_k(config: Config) -> bool:
     return False
+
+
+def _as_written(epilogue: Epilogue) -> tuple[Epilogue, ...]:
+    return (epilogue,)
 
 
 def _no_problem_error(problem: Problem) -> str | None:
@@ -181,6 +186,9 @@ class TemplateKind:
     label: Callable[[Problem], str] = gemm_label  # its shape as every table shows it
     # what two problems must share for a config to carry between them (``tuner/nearest``)
     transfer_key: Callable[[Problem], object] = batched
+    # the forms of a problem's epilogue its kernels render, in an order of their own (the
+    # problem's hash covers each: ``render.kernel_hash``): gemv's, and its transpose's
+    kernel_epilogues: Callable[[Epilogue], tuple[Epilogue, ...]] = _as_written
 
     def runs_op(self, op: str) -> bool:
         """Whether a problem of ``op`` may be made for this template."""

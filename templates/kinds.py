@@ -56,7 +56,8 @@ def default_template(op: str) -> str:
 def template_hash(name: str, epilogue: Epilogue) -> str:
     """The hash a problem of template ``name`` with ``epilogue`` carries: of what its kernels
     are made of (``render.kernel_hash``); a record made under another is stale."""
-    return kernel_hash(kind_of(name).files, epilogue)
+    kind = kind_of(name)
+    return kernel_hash(kind.files, *kind.kernel_epilogues(epilogue))
 
 
 @lru_cache(maxsize=4096)

@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import jinja2
 import sympy
@@ -61,16 +61,24 @@ def files_hash(files: tuple[str, ...]) -> str:
 
 
 @cache
-def kernel_hash(files: tuple[str, ...], epilogue: Epilogue) -> str:
+def kernel_hash(files: tuple[str, ...], *epilogues: Epilogue) -> str:
     """What a problem's kernels are made of, hashed: the template's own files (``files`` less
     the shared ``EPILOGUE_FILES``) and the text the shared files and the rule table put into
     its kernels for ``epilogue``'s identity (``patterns.identity``: the form problems share
     records under, so problems of one identity have one hash), under every variant a config
     or setting picks (pointer, TMA and shared-memory stores; exact and fast math; both
     targets). A stored record goes stale exactly when one of these changes: a new op,
-    operand kind or template leaves every other epilogue's text, and its records, as they were."""
+    operand kind or template leaves every other epilogue's text, and its records, as they were.
+    A kind whose kernels render another form of the epilogue too (gemv's transpose: row and
+    column vectors swapped) passes each (``TemplateKind.kernel_epilogues``)."""
     h = hashlib.sha256(files_hash(tuple(f for f in files if f not in EPILOGUE_FILES)).encode())
-    epilogue = identity(epilogue)
+    for epilogue in epilogues:
+        _hash_epilogue(h, identity(epilogue))
+    return h.hexdigest()
+
+
+def _hash_epilogue(h: Any, epilogue: Epilogue) -> None:
+    """Add what the shared files put into a kernel for ``epilogue`` to ``h``."""
     text = epilogue.text()
     for interpret in (False, True):
         helpers = {"interpret": interpret, "epilogue_text": text}
@@ -83,7 +91,6 @@ def kernel_hash(files: tuple[str, ...], epilogue: Epilogue) -> str:
             hooks = _epilogue_hooks(epilogue, tma_store=tma_store, smem_outputs=smem, fast=fast)
             h.update(hooks["epilogue_params"]().encode() + b"\0")  # type: ignore[operator]
             h.update(hooks["store_output"](**_PROBE_ARGS).encode() + b"\0")  # type: ignore[operator]
-    return h.hexdigest()
 
 
 def divides(block: int, dim: int | sympy.Expr) -> bool:
@@ -203,7 +210,7 @@ def render(
         raise ValueError(f"target {target!r} is not one of {TARGETS}")
     if problem.template != kind.name:
         raise ValueError(f"a {problem.template} problem cannot be rendered by the {kind.name} template")
-    current = kernel_hash(kind.files, problem.epilogue)
+    current = kernel_hash(kind.files, *kind.kernel_epilogues(problem.epilogue))
     if problem.template_hash != current:
         raise ValueError(
             f"problem was made for another version of template {problem.template!r} "

@@ -150,3 +150,16 @@ def test_a_problem_made_for_the_new_op_gets_its_own_hash(monkeypatch):
         assert kinds.template_hash("matmul", plain) != kinds.template_hash("matmul", capped)
     finally:
         _fresh_caches()
+
+
+def test_a_transposed_gemv_renders_under_its_problems_hash():
+    """A gemv of small N runs C.T = B.T @ A.T: its kernel renders the epilogue with row and
+    column vectors swapped, which the problem's hash covers too (``kernel_epilogues``)."""
+    from epilab.templates.gemv import KIND, is_transposed, kernel_problem
+    from epilab.templates.render import render
+
+    problem = suites.Spec(96, 8, 64, epilogue="bias_gelu_tanh", template="gemv").problem()
+    assert is_transposed(problem) and kinds.is_current(problem.to_json())
+    flipped = kernel_problem(problem)
+    assert flipped.epilogue != problem.epilogue and flipped.template_hash == problem.template_hash
+    assert "def " in render(KIND, flipped, kinds.default_config(problem), target="interpreter")
