@@ -61,6 +61,14 @@ def _env_options():
     )
 
 
+def _add_softcap(monkeypatch):
+    """A new epilogue op, as one row of the rule table (for the test's duration)."""
+    tanh = "tl.extra.cuda.libdevice.tanh"
+    softcap = rules.Rule("softcap", 1, f"{{cap}} * {tanh}({{0}} / {{cap}})", torch.tanh, attrs=("cap",))
+    monkeypatch.setitem(rules.RULES, "softcap", softcap)
+    _fresh_caches()
+
+
 def _stored():
     return [p.to_json() for p in _problems()]
 
@@ -78,11 +86,7 @@ def test_every_stored_problem_is_current_and_hashes_differ_by_epilogue():
 
 def test_a_new_epilogue_op_leaves_every_record_current(monkeypatch):
     stored = _stored()
-    softcap = rules.Rule(
-        "softcap", 1, "{cap} * tl.extra.cuda.libdevice.tanh({0} / {cap})", torch.tanh, attrs=("cap",)
-    )
-    monkeypatch.setitem(rules.RULES, "softcap", softcap)
-    _fresh_caches()
+    _add_softcap(monkeypatch)
     try:
         assert all(kinds.is_current(text) for text in stored)
     finally:
@@ -139,11 +143,7 @@ def test_a_new_template_kind_leaves_every_record_current(monkeypatch):
 
 
 def test_a_problem_made_for_the_new_op_gets_its_own_hash(monkeypatch):
-    softcap = rules.Rule(
-        "softcap", 1, "{cap} * tl.extra.cuda.libdevice.tanh({0} / {cap})", torch.tanh, attrs=("cap",)
-    )
-    monkeypatch.setitem(rules.RULES, "softcap", softcap)
-    _fresh_caches()
+    _add_softcap(monkeypatch)
     try:
         plain = Epilogue.build([(acc() + operand("bias", "row"), "bfloat16")])
         capped = Epilogue.build([(ops.softcap(acc() + operand("bias", "row"), cap=30.0), "bfloat16")])
