@@ -306,7 +306,8 @@ def test_explain_prints_as_the_table_and_iterates_as_decisions(db_path):
     decisions = epilab.explain()
     (d,) = list(decisions)
     text = str(decisions)
-    assert text.splitlines()[0].split()[:3] == ["anchor", "shape", "template"]
+    header = [cell.strip() for cell in text.splitlines()[0].strip().strip("|").split("|")]
+    assert header[:3] == ["anchor", "shape", "template"]  # a Markdown table (tables.markdown)
     assert "aten.addmm" in text and "Decision(" not in text and d.epilogue not in text.splitlines()[0]
     assert str(epilab.explain(clear=True)) == text and "no decisions" in str(epilab.explain())
 
