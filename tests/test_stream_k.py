@@ -22,7 +22,7 @@ from test_split_k import bf16_problem
 import epilab
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Shape
-from epilab.templates import runtime
+from epilab.templates import bound
 from epilab.templates.kinds import bind, for_template
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
@@ -82,24 +82,24 @@ def test_the_workspace_is_kept_between_calls_with_every_flag_back_at_zero():
     gen = torch.Generator().manual_seed(2)
     x, y, w = (torch.randn(s, generator=gen) for s in ((19, 90), (19, 90), (90, 33)))
     first = epilab.matmul(x, w, activation="gelu", config=_stream_k())
-    (_, flags) = runtime._scratch[(torch.device("cpu"), None)]
+    (_, flags) = bound._scratch[(torch.device("cpu"), None)]
     assert int(flags.count_nonzero()) == 0
     other = epilab.matmul(y, w, activation="gelu", config=_stream_k())
     wide = epilab.matmul(
         torch.randn(50, 90, generator=gen), torch.randn(90, 70, generator=gen), config=_stream_k()
     )
     again = epilab.matmul(x, w, activation="gelu", config=_stream_k())
-    assert runtime._scratch[(torch.device("cpu"), None)][1] is flags and int(flags.count_nonzero()) == 0
+    assert bound._scratch[(torch.device("cpu"), None)][1] is flags and int(flags.count_nonzero()) == 0
     assert torch.equal(first, again) and not torch.equal(first, other) and wide.shape == (50, 70)
     assert rel_error(other, torch.nn.functional.gelu(y.double() @ w.double())) <= 1e-5
 
 
 def test_a_larger_workspace_replaces_the_kept_one_without_freeing_it():
-    small = runtime.Workspace(4, 16).tensors(torch.device("cpu"))
-    large = runtime.Workspace(8, 4096).tensors(torch.device("cpu"))
+    small = bound.Workspace(4, 16).tensors(torch.device("cpu"))
+    large = bound.Workspace(8, 4096).tensors(torch.device("cpu"))
     assert large["ws_ptr"].numel() >= 8 * 4096 and large["flags_ptr"].numel() >= 8
-    assert runtime.Workspace(4, 16).tensors(torch.device("cpu"))["ws_ptr"] is large["ws_ptr"]
-    assert any(kept[0] is small["ws_ptr"] for kept in runtime._retired) or small["ws_ptr"] is large["ws_ptr"]
+    assert bound.Workspace(4, 16).tensors(torch.device("cpu"))["ws_ptr"] is large["ws_ptr"]
+    assert any(kept[0] is small["ws_ptr"] for kept in bound._retired) or small["ws_ptr"] is large["ws_ptr"]
 
 
 @pytest.mark.parametrize(
