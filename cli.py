@@ -19,10 +19,11 @@ import epilab
 from epilab import config
 
 # Named here so that `--help` imports no torch; tests/test_cli.py checks them against
-# templates.dtypes.WIDE_INPUT_DTYPES and tuner.suites.SUITES.
+# ir.dtypes.WIDE_INPUT_DTYPES, tuner.suites.SUITES and kinds.problem_ops(). The suites and
+# ops are examples: the kinds own them, and a wrong name is answered with the whole list.
 DEMO_DTYPES = ("float16", "bfloat16", "float32")
-REPORT_OPS = ("mm", "addmm", "bmm", "baddbmm", "scaled_mm", "dual_mm", "conv2d")  # every Problem.op
-SUITE_NAMES = ("smoke", "quick", "llm", "square", "midm", "gemv", "mlp", "fp8", "gemv-fused", "conv")
+SUITE_EXAMPLES = ("smoke", "quick", "llm", "mlp", "conv")
+OP_EXAMPLES = ("mm", "addmm", "bmm", "dual_mm", "conv2d")
 
 
 def user_error(e: BaseException) -> str | None:
@@ -244,7 +245,9 @@ def tune(
     ctx: typer.Context,
     suite: Annotated[
         str | None,
-        typer.Option(help=f"built-in suite: {', '.join(SUITE_NAMES)}"),
+        typer.Option(
+            help=f"built-in suite, e.g. {', '.join(SUITE_EXAMPLES)} (a name that is not one lists them all)"
+        ),
     ] = None,
     shapes: Annotated[
         str | None,
@@ -879,7 +882,12 @@ def report(
         str | None, typer.Option(help="device name (or part of it); default: the one with most trials")
     ] = None,
     suite: Annotated[str | None, typer.Option(help="only the problems of this built-in suite")] = None,
-    op: Annotated[str | None, typer.Option(help=f"only this op: {', '.join(REPORT_OPS)}")] = None,
+    op: Annotated[
+        str | None,
+        typer.Option(
+            help=f"only this op, e.g. {', '.join(OP_EXAMPLES)} (one that is not an op lists them all)"
+        ),
+    ] = None,
     peak_tflops: Annotated[
         float | None, typer.Option(help="measured fp16/bf16 peak TFLOP/s (default: the data sheet)")
     ] = None,
@@ -901,8 +909,11 @@ def report(
     from epilab.reports import data as report_data
     from epilab.reports import html as report_html
 
-    if op is not None and op not in REPORT_OPS:
-        raise typer.BadParameter(f"{op!r} is not one of {', '.join(REPORT_OPS)}", param_hint="--op")
+    if op is not None:
+        from epilab.templates.kinds import problem_ops
+
+        if op not in problem_ops():
+            raise typer.BadParameter(f"{op!r} is not one of {', '.join(problem_ops())}", param_hint="--op")
     for hint, peak in (("--peak-tflops", peak_tflops), ("--peak-gbs", peak_gbs)):
         if peak is not None and not (math.isfinite(peak) and peak > 0):
             raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)

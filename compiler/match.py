@@ -63,8 +63,7 @@ from epilab.ir.problem import (
     Shape,
     applied_precision,
 )
-from epilab.templates.conv2d import conv_problem  # the conv anchor's problem (its grower below)
-from epilab.templates.conv_geometry import ConvGeometry
+from epilab.templates.conv_geometry import ConvGeometry, conv_problem
 from epilab.templates.kinds import default_template, template_hash
 from epilab.templates.runtime import layout_of, operand_layout
 
@@ -587,8 +586,14 @@ class _ConvGrower(_Grower):
         except ValueError as e:
             raise NoGroup(str(e)) from e
         return conv_problem(
-            xv, wv, geometry, epilogue, [(o.name, o.kind, val(o.node)) for o in operands], precision
-        )  # type: ignore[misc]
+            xv,  # type: ignore[arg-type]
+            wv,  # type: ignore[arg-type]
+            geometry,
+            epilogue,
+            [(o.name, o.kind, val(o.node)) for o in operands],  # type: ignore[misc]
+            precision,
+            template_hash(default_template("conv2d"), epilogue),
+        )
 
 
 GROWERS: dict[str, type[_Grower]] = {

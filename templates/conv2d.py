@@ -30,7 +30,7 @@ from epilab.ir.epilogue import REDUCTIONS, Epilogue, Output
 from epilab.ir.problem import Config, OperandSpec, Problem, Shape
 from epilab.templates import conv_geometry
 from epilab.templates.bound import Bound
-from epilab.templates.conv_geometry import ConvGeometry, conv_layout, conv_of
+from epilab.templates.conv_geometry import ConvGeometry, conv_layout, conv_of, conv_problem
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.matmul import FILES as MATMUL_FILES
 from epilab.templates.matmul import hopper_knobs_error, idle_threads_error
@@ -179,37 +179,7 @@ def make_conv_problem(
         epilogue,
         [(name, kind, operands[name]) for name, kind in declared.items()],
         precision,
-    )
-
-
-def conv_problem(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    geometry: ConvGeometry,
-    epilogue: Epilogue,
-    operands: list[tuple[str, str, torch.Tensor]],
-    precision: str,
-) -> Problem:
-    """The conv2d Problem of checked tensors (real or fake): (name, kind, tensor) per operand."""
-    specs = [
-        OperandSpec(
-            name, dtypes.name_of(t.dtype), {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
-        )
-        for name, kind, t in operands
-    ]
-    n, k = x.shape[0], weight.shape[0]
-    return Problem(
-        op="conv2d",
-        template="conv2d",
-        template_hash=kernel_hash(FILES, epilogue),
-        dtype=dtypes.name_of(x.dtype),
-        layout_a=conv_layout(x),
-        layout_b=conv_layout(weight),
-        operands=tuple(specs),
-        epilogue=epilogue,
-        shape=Shape(int(n), geometry.p * geometry.q, int(k), geometry.r * geometry.s * geometry.c_per_group),
-        precision=precision if x.dtype == torch.float32 else "ieee",
-        geometry=geometry,
+        kernel_hash(FILES, epilogue),
     )
 
 
@@ -590,4 +560,5 @@ KIND = TemplateKind(
     problem_error=conv_geometry.problem_error,
     label=conv_geometry.label,
     transfer_key=conv_geometry.transfer_key,
+    spec_module="epilab.templates.conv_spec",
 )

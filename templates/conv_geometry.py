@@ -13,7 +13,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from epilab.ir.problem import Problem
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue
+from epilab.ir.problem import OperandSpec, Problem, Shape
 
 LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 
@@ -125,6 +127,39 @@ def transfer_key(problem: Problem) -> tuple[object, ...]:
     stride, padding, dilation and groups."""
     d = _geometry(problem).to_dict()
     return tuple(sorted((k, str(v)) for k, v in d.items() if k not in ("h", "w")))
+
+
+def conv_problem(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    geometry: ConvGeometry,
+    epilogue: Epilogue,
+    operands: list[tuple[str, str, torch.Tensor]],
+    precision: str,
+    template_hash: str,
+) -> Problem:
+    """The conv2d Problem of checked tensors (real or fake): (name, kind, tensor) per operand;
+    ``template_hash`` is the registry's for the epilogue (``kinds.template_hash``)."""
+    specs = [
+        OperandSpec(
+            name, dtypes.name_of(t.dtype), {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
+        )
+        for name, kind, t in operands
+    ]
+    n, k = x.shape[0], weight.shape[0]
+    return Problem(
+        op="conv2d",
+        template="conv2d",
+        template_hash=template_hash,
+        dtype=dtypes.name_of(x.dtype),
+        layout_a=conv_layout(x),
+        layout_b=conv_layout(weight),
+        operands=tuple(specs),
+        epilogue=epilogue,
+        shape=Shape(int(n), geometry.p * geometry.q, int(k), geometry.r * geometry.s * geometry.c_per_group),
+        precision=precision if x.dtype == torch.float32 else "ieee",
+        geometry=geometry,
+    )
 
 
 def conv_layout(t: torch.Tensor) -> str:

@@ -38,7 +38,7 @@ from epilab.templates.matmul import (
 from epilab.templates.render import Target, kernel_hash
 
 B2 = "b2"  # the name of the second weight in a call's operands
-OP = DUAL_OP  # ep(A @ B, A @ B2): a problem op of its own (ir/problem.py OPS)
+OP = DUAL_OP  # ep(A @ B, A @ B2): a problem op of its own (its kinds run it: ``ops``)
 
 
 def check_b2(a: torch.Tensor, b: torch.Tensor, b2: object) -> torch.Tensor:

@@ -189,6 +189,10 @@ class TemplateKind:
     # the forms of a problem's epilogue its kernels render, in an order of their own (the
     # problem's hash covers each: ``render.kernel_hash``): gemv's, and its transpose's
     kernel_epilogues: Callable[[Epilogue], tuple[Epilogue, ...]] = _as_written
+    # the module of the spec format its problems are written in (shapes files, built-in
+    # suites: its ``FORMAT``, an ``ir.spec.SpecFormat``), by name: a format builds problems
+    # through the registry, so the registry loads it (``kinds.spec_formats``), not the kind
+    spec_module: str | None = None
 
     def runs_op(self, op: str) -> bool:
         """Whether a problem of ``op`` may be made for this template."""

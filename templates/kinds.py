@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from epilab.ir import rules
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem, register_templates
+from epilab.ir.spec import SpecFormat
 from epilab.templates import conv2d, dual_gemv, dual_matmul, gemv, matmul
 from epilab.templates.bound import Bound
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
@@ -43,6 +45,18 @@ def kind_of(problem_or_name: Problem | str) -> TemplateKind:
     if kind is None:
         raise ValueError(f"unknown template {name!r}; known: {sorted(KINDS)}")
     return kind
+
+
+def spec_formats() -> tuple[SpecFormat, ...]:
+    """The spec formats of the registered kinds (``TemplateKind.spec_module``), each once,
+    in the registry's order."""
+    names = dict.fromkeys(kind.spec_module for kind in KINDS.values() if kind.spec_module)
+    return tuple(importlib.import_module(name).FORMAT for name in names)
+
+
+def problem_ops() -> tuple[str, ...]:
+    """Every op a problem may have: what each kind is made for or takes, sorted."""
+    return tuple(sorted({op for kind in KINDS.values() for op in (*kind.ops, *kind.takes)}))
 
 
 def default_template(op: str) -> str:

@@ -799,4 +799,5 @@ KIND = TemplateKind(
     device_error=matmul_sm90.device_error,
     output_staging=matmul_sm90.staging_copies,
     stream_k=lambda config: config.variant in STREAM_K_VARIANTS,
+    spec_module="epilab.templates.gemm_spec",
 )

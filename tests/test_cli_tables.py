@@ -83,7 +83,7 @@ def test_interpreter_records_show_no_gpu_numbers(tmp_path):
 
     from epilab.cli import app
     from epilab.db import INTERPRETER_DEVICE, Timing
-    from epilab.tuner.suites import Spec
+    from epilab.templates.gemm_spec import Spec
 
     path = str(tmp_path / "i.db")
     with TuningDB.open(path) as db:
@@ -117,7 +117,7 @@ def test_db_list_labels_a_convolution_as_the_report_does(tmp_path):
     from typer.testing import CliRunner
 
     from epilab.cli import app
-    from epilab.tuner.suites import ConvSpec
+    from epilab.templates.conv_spec import ConvSpec
 
     path = str(tmp_path / "c.db")
     with TuningDB.open(path) as db:

@@ -18,7 +18,7 @@ from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.epilogue_text import parse_epilogue
 from epilab.ir.problem import Config
-from epilab.templates import dual_gemv, dual_matmul, kinds
+from epilab.templates import dual_gemv, dual_matmul, gemm_spec, kinds
 from epilab.templates.dual_matmul import B2, halves, make_dual_problem
 from epilab.templates.kinds import default_config, for_template, launch, twins
 from epilab.templates.matmul import random_tensor
@@ -150,8 +150,8 @@ def test_bad_calls_are_refused_with_clear_errors():
 
 
 def test_two_accumulators_halve_the_tiles_that_fit():
-    problem = suites.Spec(2048, 14336, 4096, epilogue="silu(acc) * acc2").problem()
-    single = suites.Spec(2048, 14336, 4096).problem()
+    problem = gemm_spec.Spec(2048, 14336, 4096, epilogue="silu(acc) * acc2").problem()
+    single = gemm_spec.Spec(2048, 14336, 4096).problem()
     big = Config(128, 256, 64, 8, num_warps=8, num_stages=2)
     assert infeasible(single, big, HOPPER) is None
     assert "2 accumulators need 256 registers" in infeasible(problem, big, HOPPER)
@@ -162,7 +162,7 @@ def test_two_accumulators_halve_the_tiles_that_fit():
     # every seed fits two accumulators; the stream-K seed waits for a last wave that idles SMs
     whys = [infeasible(problem, c, HOPPER) for c in dual_matmul.KIND.seeds]
     assert all(why is None or why.startswith("stream-K:") for why in whys), whys
-    short_wave = suites.Spec(512, 11008, 4096, epilogue="silu(acc) * acc2").problem()  # 172 tiles
+    short_wave = gemm_spec.Spec(512, 11008, 4096, epilogue="silu(acc) * acc2").problem()  # 172 tiles
     assert all(infeasible(short_wave, c, HOPPER) is None for c in dual_matmul.KIND.seeds)
 
 
@@ -181,13 +181,13 @@ def test_the_mlp_suite_and_shapes_files_name_the_dual_kinds(tmp_path):
     assert first.problem().identity_key == for_template(second.problem(), "dual_matmul").identity_key
     assert second.problem().template == "dual_gemv"
     with pytest.raises(ValueError, match="is 2-D"):
-        suites.Spec(8, 64, 32, batch=2, epilogue="silu(acc) * acc2")
+        gemm_spec.Spec(8, 64, 32, batch=2, epilogue="silu(acc) * acc2")
 
 
 def test_random_inputs_make_the_problem():
     for spec in (
-        suites.Spec(3, 40, 24, epilogue="silu(acc) * acc2"),
-        suites.Spec(3, 40, 24, dtype="float32", layout="TT", epilogue="acc * acc2"),
+        gemm_spec.Spec(3, 40, 24, epilogue="silu(acc) * acc2"),
+        gemm_spec.Spec(3, 40, 24, dtype="float32", layout="TT", epilogue="acc * acc2"),
     ):
         for problem in twins(spec.problem()):
             a, b, operands = random_inputs(problem, "cpu", 0)
@@ -234,7 +234,7 @@ def test_the_compiler_fuses_gate_and_up_into_one_dual_call(tmp_path, up_first):
     (d,) = _dual_decisions()
     assert d.anchor == "aten.mm+aten.mm" and d.template == "dual_matmul" and d.shape == "21x40x24"
     # one problem whichever projection comes first: the suite's form, silu(acc) * acc2
-    spec = suites.Spec(21, 40, 24, dtype="float32", epilogue="silu(acc) * acc2").problem()
+    spec = gemm_spec.Spec(21, 40, 24, dtype="float32", epilogue="silu(acc) * acc2").problem()
     assert _recorded(tmp_path, d).identity_key == spec.identity_key
 
 
@@ -383,7 +383,7 @@ def test_a_concatenated_gate_up_projection_runs_as_its_two_halves(tmp_path, bias
     assert rel_error(out, ref) < 1e-5
     (d,) = [d for d in epilab.explain() if "concatenated" in d.anchor]
     assert d.template == "dual_matmul" and d.shape == "21x40x24"
-    spec = suites.Spec(
+    spec = gemm_spec.Spec(
         21,
         40,
         24,

@@ -22,12 +22,13 @@ from epilab.ir import dtypes
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import default_config, kind_of, twins, untuned_choice
 from epilab.templates.matmul import TRITON_VARIANTS, make_problem, scaled_mm_prefix
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import HOPPER, infeasible
-from epilab.tuner.suites import Spec, suite
+from epilab.tuner.suites import suite
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 SCALINGS = {  # (scale_a shape, scale_b shape) as torch._scaled_mm takes them; None: no scale

@@ -15,7 +15,7 @@ import torch
 
 from epilab.ir import rules
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.templates import kinds
+from epilab.templates import gemm_spec, kinds
 from epilab.templates import render as render_mod
 from epilab.tuner import suites
 
@@ -24,8 +24,8 @@ EPILOGUES = ("bias_gelu_tanh", "bias_relu", "bias_gelu_tanh_residual", "residual
 
 def _problems():
     """Stored problems of every template: matmul with a few epilogues, gemv, conv2d, dual."""
-    found = [suites.Spec(64, 96, 32, epilogue=e).problem() for e in EPILOGUES]
-    found.append(suites.Spec(1, 256, 128, template="gemv").problem())
+    found = [gemm_spec.Spec(64, 96, 32, epilogue=e).problem() for e in EPILOGUES]
+    found.append(gemm_spec.Spec(1, 256, 128, template="gemv").problem())
     found += [s.problem() for s in suites.SUITES["conv"][:1]]
     found += [s.problem() for s in suites.SUITES["mlp"][:1]]
     return found
@@ -78,7 +78,7 @@ def test_every_stored_problem_is_current_and_hashes_differ_by_epilogue():
     assert all(kinds.is_current(p.to_json()) for p in stored)
     matmuls = [p for p in stored if p.template == "matmul"]
     assert len({p.template_hash for p in matmuls}) == len(matmuls)  # four epilogues, four hashes
-    same_epilogue = suites.Spec(256, 512, 1024, epilogue="bias_relu").problem()
+    same_epilogue = gemm_spec.Spec(256, 512, 1024, epilogue="bias_relu").problem()
     assert same_epilogue.template_hash == matmuls[1].template_hash  # shape is not in it
     assert not kinds.is_current(dataclasses.replace(matmuls[0], template_hash="0" * 64).to_json())
     assert not kinds.is_current("{not json")
@@ -158,7 +158,7 @@ def test_a_transposed_gemv_renders_under_its_problems_hash():
     from epilab.templates.gemv import KIND, is_transposed, kernel_problem
     from epilab.templates.render import render
 
-    problem = suites.Spec(96, 8, 64, epilogue="bias_gelu_tanh", template="gemv").problem()
+    problem = gemm_spec.Spec(96, 8, 64, epilogue="bias_gelu_tanh", template="gemv").problem()
     assert is_transposed(problem) and kinds.is_current(problem.to_json())
     flipped = kernel_problem(problem)
     assert flipped.epilogue != problem.epilogue and flipped.template_hash == problem.template_hash

@@ -12,7 +12,7 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
-from epilab.templates import kinds, matmul
+from epilab.templates import gemm_spec, kinds, matmul
 from epilab.templates.kind import TemplateKind
 from epilab.templates.render import TEMPLATE_DIR, kernel_hash
 from epilab.templates.verify import checked_launch, random_inputs
@@ -99,7 +99,7 @@ def toy(monkeypatch):
 
 
 def _problem(m=20, n=41, k=20) -> Problem:
-    return suites.Spec(m, n, k, epilogue="bias_gelu_tanh").problem()
+    return gemm_spec.Spec(m, n, k, epilogue="bias_gelu_tanh").problem()
 
 
 def test_a_new_kind_is_one_object_and_one_registry_line(toy):
@@ -116,7 +116,7 @@ def test_a_new_kind_is_one_object_and_one_registry_line(toy):
     assert "outside the small_tile search space" in infeasible(twin, Config(64, 32, 32), HOPPER)
     assert space.applies(twin)("TMA_STORE", {"variant": "default"})
     # suites and labels ask the registry
-    assert suites.Spec(20, 41, 20, epilogue="bias_gelu_tanh", template="small_tile").problem() == twin
+    assert gemm_spec.Spec(20, 41, 20, epilogue="bias_gelu_tanh", template="small_tile").problem() == twin
     assert suites.problem_label(twin).endswith("[small_tile]")
     # launch, check and the tuner's candidate evaluation, in the interpreter
     a, b, operands = random_inputs(twin, "cpu", seed=1)
@@ -135,7 +135,7 @@ def test_a_kind_that_is_not_registered_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown template 'small_tile'"):
         kinds.kind_of("small_tile")
     with pytest.raises(ValueError, match="template 'small_tile' is not one of"):
-        suites.Spec(9, 41, 20, template="small_tile")
+        gemm_spec.Spec(9, 41, 20, template="small_tile")
 
 
 def test_checked_launch_fails_on_a_wrong_kernel(toy, monkeypatch):

@@ -76,11 +76,9 @@ def test_no_module_imports_itself_through_others():
 
 # Who may import a kind module (one defining ``KIND``) besides the registry and the kinds
 # themselves: the user functions (``epilab.matmul``, ``epilab.gated_matmul``) are the matmul
-# kinds' own API, and the compiler's conv anchor builds its problem with the conv kind's
-# function (the anchor table names its kinds, docs/design.md "Adding a kind").
+# kinds' own API. The compiler, the tuner, the suites and the CLI ask the registry.
 KIND_IMPORTERS = {
     "epilab.templates.matmul_api": {"epilab.templates.matmul", "epilab.templates.dual_matmul"},
-    "epilab.compiler.match": {"epilab.templates.conv2d"},
 }
 
 

@@ -22,8 +22,8 @@ from epilab.cli import _is_current, app
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
 from epilab.reports import data as report_data
 from epilab.reports import html as report_html
+from epilab.templates.gemm_spec import Spec
 from epilab.tuner.search import PENALTY
-from epilab.tuner.suites import Spec
 
 HOSTILE = "<script>alert('x')</script>"
 NBYTES = 8_000_000  # what the records say each problem moves (GB/s x ms)
@@ -253,7 +253,7 @@ def test_filters_and_a_clear_error_for_an_unknown_device(db, tmp_path):
     run = CliRunner().invoke(
         app, ["report", "--db", db.url, "--out", str(tmp_path / "r.html"), "--op", "conv"]
     )
-    assert run.exit_code != 0 and "is not one of mm" in run.output
+    assert run.exit_code != 0 and "is not one of addmm, baddbmm, bmm, conv2d" in run.output
     run = CliRunner().invoke(
         app, ["report", "--db", db.url, "--out", str(tmp_path / "r.html"), "--suite", "nope"]
     )
@@ -403,13 +403,14 @@ def test_conv_problems_are_first_class_in_the_report(db, tmp_path):
     """`--op conv2d` is accepted, and a convolution is labelled in its own terms (as `tune`
     labels it), not by its GEMM view; every op the compiler anchors and every suite's op is
     a valid `--op`."""
-    from epilab.cli import REPORT_OPS
-    from epilab.compiler.aten_ops import ANCHORS
-    from epilab.templates.kinds import twins
-    from epilab.tuner.suites import SUITES, ConvSpec
+    from epilab.compiler.match import GROWERS
+    from epilab.templates.conv_spec import ConvSpec
+    from epilab.templates.kinds import problem_ops, twins
+    from epilab.tuner.suites import SUITES
 
     ops = {q.op for specs in SUITES.values() for spec in specs for q in twins(spec.problem())}
-    assert ops | set(ANCHORS.values()) <= set(REPORT_OPS)
+    assert ops <= set(problem_ops())
+    assert set(GROWERS) - {"scaled_mm"} <= set(problem_ops())  # a scaled mm's problems are mm's
     spec = ConvSpec(2, 8, 6, 6, 8, 3, 3, padding=1, epilogue="none")
     db.record_trial(
         spec.problem(),

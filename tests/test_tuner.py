@@ -16,11 +16,13 @@ from typer.testing import CliRunner
 from epilab.cli import app
 from epilab.db import TuningDB
 from epilab.ir.problem import Config, Problem
+from epilab.templates.conv_spec import ConvSpec
+from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import is_current, kind_of
 from epilab.tuner.evaluate import make_inputs
 from epilab.tuner.search import Budget, Outcome, make_study, search
 from epilab.tuner.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
-from epilab.tuner.suites import SUITES, ConvSpec, Spec, load_shapes
+from epilab.tuner.suites import SUITES, load_shapes
 from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes
 from epilab.tuner.worker import Worker
 

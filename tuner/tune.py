@@ -26,10 +26,11 @@ from epilab.db import DeviceInfo, Record, Timing, TuningDB, Versions, comparable
 from epilab.db.models import TIMED_LIBRARIES
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
+from epilab.ir.spec import ProblemSpec
 from epilab.templates.kinds import kind_of
 from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
-from epilab.tuner.suites import Spec, problem_label
+from epilab.tuner.suites import problem_label
 from epilab.tuner.worker import CompilePool, Worker
 
 # what a candidate's worker reports when the process died or stalled: the config's fault,
@@ -341,7 +342,7 @@ class Tuner:
         return [kind.default_config(problem, target, sm_count=self.limits.sm_count), *kind.seeds_for(problem)]
 
     def tune(
-        self, spec: Spec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
+        self, spec: ProblemSpec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
     ) -> ProblemResult:
         """Search ``spec``'s problem, record every trial, time the baselines."""
         return self.tune_problem(spec.problem(), spec.label(), on_trial)
