@@ -1196,13 +1196,12 @@ def db_import(
 
 
 def parse_problem(text: str) -> tuple[str, str]:
-    """What `db import` checks of a problem's JSON: (key, canonical epilogue text)."""
+    """What `db import` checks of a problem's JSON: (its JSON as this epilab writes it,
+    canonical epilogue text); an older epilab's form is read as what it means."""
     from epilab.ir.problem import Problem
 
     problem = Problem.from_json(text)
-    if problem.to_json() != text:
-        raise ValueError("problem JSON is not in epilab's canonical form")
-    return problem.key, problem.epilogue.text()
+    return problem.to_json(), problem.epilogue.text()
 
 
 def validate_config(d: Any, problem_json: str | None = None) -> dict[str, Any]:

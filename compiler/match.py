@@ -81,7 +81,7 @@ class Operand:
 
     name: str
     node: fx.Node
-    kind: str  # row, col, tile, scalar
+    broadcast: str  # row, col, tile, scalar
     reshape: tuple[int, ...] | None  # passed through aten.reshape with this shape (may hold -1)
 
 
@@ -180,11 +180,11 @@ class _Grower(ABC):
         """Take the anchor in: its value, its operands; returns its A and B nodes."""
 
     @abstractmethod
-    def operand_kind(
+    def operand_broadcast(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
     ) -> tuple[str, tuple[int, ...] | None]:
         """How tensor ``node`` (its shape padded to ``S``'s rank: ``pad``) is read at
-        positions of shape ``S``: its operand kind, and the reshape it is passed through."""
+        positions of shape ``S``: its operand broadcast, and the reshape it is passed through."""
 
     @abstractmethod
     def problem(
@@ -210,15 +210,15 @@ class _Grower(ABC):
         pad = [1] * (len(S) - len(shape)) + shape
         if not all(same(p, 1) or same(p, s) for p, s in zip(pad, S, strict=True)):
             raise Unsupported(f"operand {node.name} of shape {tuple(shape)} does not broadcast to {tuple(S)}")
-        kind, reshape = self.operand_kind(node, pad, S)
+        broadcast, reshape = self.operand_broadcast(node, pad, S)
         key = (node, reshape)
         if key not in self.operands:
             count = sum(1 for o in self.operands.values() if o.name.startswith("op"))
-            self.operands[key] = Operand(name or f"op{count}", node, kind, reshape)
+            self.operands[key] = Operand(name or f"op{count}", node, broadcast, reshape)
         found = self.operands[key]
-        if found.kind != kind:
+        if found.broadcast != broadcast:
             raise Unsupported(f"operand {node.name} is read two ways")
-        return operand(found.name, kind)
+        return operand(found.name, broadcast)
 
     # -- growth
     def try_join(self, node: fx.Node) -> bool:
@@ -428,50 +428,50 @@ class _MatmulGrower(_Grower):
             "scale_b": ("scalar", "row"),
             "bias": ("row",),
         }
-        for name, kinds in accepted.items():
+        for name, broadcasts in accepted.items():
             if given.get(name) is None:
                 continue
             try:
                 x = self.operand(given[name], self.O, name)
             except Unsupported as e:
                 raise NoGroup(str(e)) from e
-            kind = dict(x.attrs)["kind"]
-            if kind not in kinds:
-                raise NoGroup(f"{name} read per {kind}: a scaled mm takes {' or '.join(kinds)}")
+            broadcast = dict(x.attrs)["broadcast"]
+            if broadcast not in broadcasts:
+                raise NoGroup(f"{name} read per {broadcast}: a scaled mm takes {' or '.join(broadcasts)}")
             value = value + x if name == "bias" else value * x
         self.precision = "fast" if given.get("use_fast_accum") else "ieee"
         if out.dtype != torch.float32:
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(out.dtype)),))
         return a, b, value  # type: ignore[return-value]
 
-    def operand_kind(
+    def operand_broadcast(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
     ) -> tuple[str, tuple[int, ...] | None]:
         one = [same(p, 1) for p in pad]
         reshape: tuple[int, ...] | None = None
         if same_shape(S, self.O):
             if all(one):
-                kind = "scalar"
+                broadcast = "scalar"
             elif one[-2]:
-                kind = "row"
+                broadcast = "row"
             elif one[-1]:
-                kind = "col"
+                broadcast = "col"
             else:
-                kind = "tile"
+                broadcast = "tile"
         else:  # S splits or merges the output's rows: pass the operand in the output's shape
             last = -1 if one[-1] else int(expr_of(self.O[-1])) if _static(self.O[-1:]) else None
             if last is None:
                 raise Unsupported("a symbolic N after a view")
             if all(one[:-1]):
-                kind, reshape = ("scalar" if one[-1] else "row"), (-1,)
+                broadcast, reshape = ("scalar" if one[-1] else "row"), (-1,)
             elif all(not o for o in one[:-1]):
                 if len(self.O) == 3 and not _static(self.O[:1]):
                     raise Unsupported("a symbolic batch after a view")
                 lead = [-1] if len(self.O) == 2 else [int(expr_of(self.O[0])), -1]
-                kind, reshape = ("col" if one[-1] else "tile"), (*lead, 1 if one[-1] else last)
+                broadcast, reshape = ("col" if one[-1] else "tile"), (*lead, 1 if one[-1] else last)
             else:
                 raise Unsupported(f"operand {node.name} broadcasts over part of the rows")
-        return kind, reshape
+        return broadcast, reshape
 
     def problem(
         self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
@@ -496,7 +496,7 @@ class _MatmulGrower(_Grower):
                 with fake_mode_of(ov):
                     moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
                 sizes, strides = list(moved.shape), list(moved.stride())
-            layout = operand_layout(o.kind, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
+            layout = operand_layout(o.broadcast, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
             specs.append(OperandSpec(o.name, str(dtypes.name_or_none(ov.dtype)), layout))
         problem = Problem(
             op=op,
@@ -558,7 +558,7 @@ class _ConvGrower(_Grower):
         self.order.append(node)
         return x, w  # type: ignore[return-value]
 
-    def operand_kind(
+    def operand_broadcast(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
     ) -> tuple[str, tuple[int, ...] | None]:
         """How an operand of a [N, K, P, Q] output is read: per channel (passed as [K]), whole, one."""
@@ -590,7 +590,7 @@ class _ConvGrower(_Grower):
             wv,  # type: ignore[arg-type]
             geometry,
             epilogue,
-            [(o.name, o.kind, val(o.node)) for o in operands],  # type: ignore[misc]
+            [(o.name, o.broadcast, val(o.node)) for o in operands],  # type: ignore[misc]
             precision,
             template_hash(default_template("conv2d"), epilogue),
         )

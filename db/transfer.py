@@ -10,8 +10,10 @@ Format (``format: "epilab-tuning-db"``, ``version: 1``)::
                    "trial_number", "detail", "created_at"}],
      "baselines": [{"problem", "device", "library", <the same timing fields>, "created_at"}]}
 
-Import validates every row before writing any (problem JSON through the caller's
-parser, which recomputes the key; configs through the caller's validator, which
+Import validates every row before writing any (each problem's key against the sha256 of
+its JSON; the JSON through the caller's parser, which gives it back as this epilab writes
+it: a problem exported by an older epilab, its operands' broadcast still called ``kind``,
+is stored under its key of today, and its records with it; configs through the caller's validator, which
 admits only values of the search space; known statuses and libraries; bounded
 strings; finite non-negative numbers; no unknown keys). Invalid input raises a
 ValueError naming each bad row and writes nothing. Valid rows are merged in one
@@ -34,7 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from epilab.db.fields import check_str
-from epilab.db.keys import canonical
+from epilab.db.keys import canonical, problem_key
 from epilab.db.models import NAME_LEN, BaselineRecord, Device, ProblemRow, TrialRecord
 from epilab.db.rows import baseline_values, problem_values, trial_values
 from epilab.db.store import TuningDB
@@ -65,7 +67,8 @@ BASELINE_FIELDS = frozenset(("problem", "device", "library", *_TIMED))
 PROBLEM_FIELDS = frozenset(("key", "json", "epilogue"))
 OPTIONAL_FIELDS = frozenset(("graph_ms",))  # absent from files written before schema 0003
 
-# (problem JSON) -> (key, canonical epilogue text); raises ValueError when invalid
+# (problem JSON) -> (its canonical JSON as this epilab writes it, canonical epilogue text);
+# raises ValueError when invalid
 ProblemParser = Callable[[str], tuple[str, str]]
 # (config dict, the JSON of the problem it must run, or None) -> canonical config dict;
 # raises ValueError when invalid, or when the problem's template cannot run it
@@ -149,7 +152,8 @@ def import_json(
 
     def run(s: Session) -> ImportReport:
         ids = {
-            key: db.problem_id(s, values["json"], values["epilogue"], key) for key, values in problems.items()
+            key: db.problem_id(s, values["json"], values["epilogue"], values["key"])
+            for key, values in problems.items()
         }
         for model, rows in ((TrialRecord, trials), (BaselineRecord, baselines)):
             for device, key, row in rows:
@@ -174,13 +178,13 @@ def _checked_problems(items: Any, parse: ProblemParser, errors: list[str]) -> di
             _check_keys(item, PROBLEM_FIELDS, where)
             if not isinstance(item["json"], str) or len(item["json"]) > 200_000:
                 raise ValueError("json must be a string of at most 200000 characters")
-            key, text = parse(item["json"])
+            key = problem_key(item["json"])
             if key != item["key"]:
                 raise ValueError(
                     f"key {str(item['key'])[:16]!r}... does not match its JSON (sha256 {key[:16]}...)"
                 )
-            values = problem_values(item["json"], text, key)
-            out[key] = values
+            now, text = parse(item["json"])
+            out[key] = problem_values(now, text)  # under the export's key: its rows name it
         except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as e:
             errors.append(f"{where}: {e}")
     return out

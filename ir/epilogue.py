@@ -44,7 +44,7 @@ from epilab.ir.rules import FAST_OUTPUT_DTYPES, RULES, STRING_ATTRS, Kind, liter
 AttrValue = float | bool | str
 LEAVES = ("acc", "acc2", "operand", "const")
 ACCUMULATORS = ("acc", "acc2")  # the leaves a template computes: A @ B, and A @ B2 (dual GEMMs)
-OPERAND_KINDS = ("row", "col", "tile", "scalar")
+BROADCASTS = ("row", "col", "tile", "scalar")
 # reduction outputs: (what, over which axis); row_* reduce over n (one value per row m),
 # col_* over m (one value per column n); always float32
 REDUCTIONS = {
@@ -159,12 +159,12 @@ def acc2() -> Expr:
     return Expr("acc2")
 
 
-def operand(name: str, kind: str) -> Expr:
-    """A tensor loaded per output element; ``kind`` is row, col, tile or scalar."""
+def operand(name: str, broadcast: str) -> Expr:
+    """A tensor loaded per output element; ``broadcast`` is row, col, tile or scalar."""
     check_operand_name(name)
-    if kind not in OPERAND_KINDS:
-        raise ValueError(f"operand kind {kind!r} is not one of {OPERAND_KINDS}")
-    return Expr("operand", attrs=(("kind", kind), ("name", name)))
+    if broadcast not in BROADCASTS:
+        raise ValueError(f"operand broadcast {broadcast!r} is not one of {BROADCASTS}")
+    return Expr("operand", attrs=(("broadcast", broadcast), ("name", name)))
 
 
 def const(value: float | int | bool) -> Expr:
@@ -212,7 +212,7 @@ ops = _Ops()
 
 def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValue], ...]:
     if op == "operand":
-        expected: tuple[str, ...] = ("kind", "name")
+        expected: tuple[str, ...] = ("broadcast", "name")
     elif op == "const":
         expected = ("value",)
     elif op in ACCUMULATORS:
@@ -274,8 +274,8 @@ class Epilogue:
     # -- facts the templates and launchers need
     @cached_property
     def operands(self) -> tuple[tuple[str, str], ...]:
-        """(name, kind) of each operand leaf, in node order."""
-        return tuple((str(n.attr["name"]), str(n.attr["kind"])) for n in self.nodes if n.op == "operand")
+        """(name, broadcast) of each operand leaf, in node order."""
+        return tuple((str(n.attr["name"]), str(n.attr["broadcast"])) for n in self.nodes if n.op == "operand")
 
     @cached_property
     def reductions(self) -> tuple[int, ...]:
@@ -339,7 +339,7 @@ class Epilogue:
         """Parse (and re-canonicalize) a dict from ``to_dict``; bad data raises ValueError."""
         try:
             raw_nodes = [
-                Node(str(op), tuple(int(a) for a in args), _check_attrs(str(op), _attrs_from_json(attrs)))
+                Node(str(op), tuple(int(a) for a in args), _check_attrs(str(op), _attrs_from_json(op, attrs)))
                 for op, args, attrs in d["nodes"]
             ]
             raw_outputs = [Output(int(o[0]), str(o[1]), *(str(r) for r in o[2:3])) for o in d["outputs"]]
@@ -473,7 +473,19 @@ def _attr_json(v: AttrValue) -> AttrValue | dict[str, str]:
     return v
 
 
-def _attrs_from_json(attrs: Mapping[str, Any]) -> dict[str, Any]:
+# an operand's broadcast was stored as its "kind" until revision 0009 (exports, caches and
+# databases of that age still say so): read as the broadcast it is
+LEGACY_BROADCAST_ATTR = "kind"
+
+
+def _attrs_from_json(op: object, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    if (
+        op == "operand"
+        and isinstance(attrs, Mapping)
+        and LEGACY_BROADCAST_ATTR in attrs
+        and "broadcast" not in attrs
+    ):
+        attrs = {("broadcast" if k == LEGACY_BROADCAST_ATTR else k): v for k, v in attrs.items()}
     out = {}
     for k, v in attrs.items():
         if isinstance(v, dict):
@@ -487,7 +499,7 @@ def _attrs_from_json(attrs: Mapping[str, Any]) -> dict[str, Any]:
 def _validate(ep: Epilogue) -> None:
     if not ep.outputs:
         raise ValueError("an epilogue needs at least one output")
-    operand_kinds: dict[str, str] = {}
+    operand_broadcasts: dict[str, str] = {}
     depends_on_acc: list[bool] = []
     for i, n in enumerate(ep.nodes):
         if n.op not in LEAVES and n.op not in RULES:
@@ -500,12 +512,14 @@ def _validate(ep: Epilogue) -> None:
         if _check_attrs(n.op, n.attr) != n.attrs:
             raise ValueError(f"node %{i}: attributes {n.attrs} are not in canonical form")
         if n.op == "operand":
-            name, kind = str(n.attr["name"]), str(n.attr["kind"])
+            name, broadcast = str(n.attr["name"]), str(n.attr["broadcast"])
             check_operand_name(name)
-            if kind not in OPERAND_KINDS:
-                raise ValueError(f"node %{i}: operand kind {kind!r} is not one of {OPERAND_KINDS}")
-            if operand_kinds.setdefault(name, kind) != kind:
-                raise ValueError(f"operand {name!r} is used both as {operand_kinds[name]} and {kind}")
+            if broadcast not in BROADCASTS:
+                raise ValueError(f"node %{i}: operand broadcast {broadcast!r} is not one of {BROADCASTS}")
+            if operand_broadcasts.setdefault(name, broadcast) != broadcast:
+                raise ValueError(
+                    f"operand {name!r} is used both as {operand_broadcasts[name]} and {broadcast}"
+                )
         if n.op not in LEAVES:
             rule = RULES[n.op]
             for pos, a in enumerate(n.args):
@@ -513,8 +527,8 @@ def _validate(ep: Epilogue) -> None:
                 if want != "any" and want != got:
                     raise ValueError(f"node %{i}: argument {pos} of {n.op!r} must be {want}, got {got}")
         depends_on_acc.append(n.op in ACCUMULATORS or any(depends_on_acc[a] for a in n.args))
-    for name in operand_kinds:
-        clash = [f"{name}_{x}" for x in GENERATED_SUFFIXES if f"{name}_{x}" in operand_kinds]
+    for name in operand_broadcasts:
+        clash = [f"{name}_{x}" for x in GENERATED_SUFFIXES if f"{name}_{x}" in operand_broadcasts]
         if clash:
             raise ValueError(
                 f"operand names {name!r} and {clash[0]!r} collide in the kernel (op_{clash[0]} "

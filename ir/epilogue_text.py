@@ -7,7 +7,7 @@ A small recursive-descent parser of our own (nothing is evaluated). The language
 - operands, by how they are read: ``bias[n]`` one value per output column (a row
   vector; a convolution's output channel), ``scale[m]`` one per output row (a column
   vector), ``residual`` or ``residual[m, n]`` a tensor of the output's shape, ``s[]`` a
-  scalar. A name is an operand of one kind only;
+  scalar. A name is an operand of one broadcast only;
 - numbers (``0.5``, ``1e-3``, ``inf``, ``nan``), ``+ - * /``, unary ``-``, ``x ** c`` with a
   constant ``c``, comparisons ``< <= > >= == !=`` (predicates) and parentheses;
 - every op of the rule table as a call, its attributes as trailing numbers or keywords:
@@ -38,7 +38,7 @@ _TOKEN = re.compile(
 )
 _ALIASES = {"max": "maximum", "min": "minimum"}
 _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
-_INDEX_KINDS = {("n",): "row", ("m",): "col", ("m", "n"): "tile", (): "scalar"}
+_INDEX_BROADCASTS = {("n",): "row", ("m",): "col", ("m", "n"): "tile", (): "scalar"}
 _CONSTANTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi}
 
 
@@ -87,7 +87,7 @@ class _Parser:
         self.toks = _tokens(text)
         self.i = 0
         self.depth = 0
-        self.kinds: dict[str, str] = {}
+        self.broadcasts: dict[str, str] = {}
 
     # -- tokens
     @property
@@ -194,8 +194,8 @@ class _Parser:
                     break
             self.expect("]", "to close the operand's index")
             index = () if names in ([], ["1"]) else tuple(names)
-        kind = _INDEX_KINDS.get(index)
-        if kind is None:
+        broadcast = _INDEX_BROADCASTS.get(index)
+        if broadcast is None:
             raise self.error(
                 f"operand {tok.text}[{', '.join(index)}]: index it by [n] (per column), [m] (per row), "
                 "[m, n] (the whole output) or [] (a scalar)",
@@ -207,10 +207,10 @@ class _Parser:
             raise self.error(str(e), tok) from None
         if tok.text in RULES or tok.text in _ALIASES or tok.text in COMPOSITES:
             raise self.error(f"{tok.text!r} is an op; call it: {tok.text}(...)", tok)
-        seen = self.kinds.setdefault(tok.text, kind)
-        if seen != kind:
-            raise self.error(f"operand {tok.text!r} is read as {seen} and as {kind}", tok)
-        return operand(tok.text, kind)
+        seen = self.broadcasts.setdefault(tok.text, broadcast)
+        if seen != broadcast:
+            raise self.error(f"operand {tok.text!r} is read as {seen} and as {broadcast}", tok)
+        return operand(tok.text, broadcast)
 
     def call(self, name: _Token) -> Expr:
         op = _ALIASES.get(name.text, name.text)
@@ -306,14 +306,14 @@ def parse_expr(text: str) -> Expr:
 
 def parse_epilogue(outputs: Sequence[tuple[str, str | None]], dtype: str) -> Epilogue:
     """An epilogue from its outputs' texts and dtypes (None: ``dtype``, the inputs'); an
-    operand keeps one kind across the outputs."""
+    operand keeps one broadcast across the outputs."""
     if not outputs:
         raise ValueError("an epilogue needs at least one output")
-    kinds: dict[str, str] = {}
+    broadcasts: dict[str, str] = {}
     exprs = []
     for text, out_dtype in outputs:
         parser = _Parser(text)
-        parser.kinds = kinds
+        parser.broadcasts = broadcasts
         exprs.append((parser.parse(), out_dtype or dtype))
     try:
         return Epilogue.build(exprs)

@@ -10,9 +10,9 @@ same values are rewritten, and a cast to the dtype an output is stored in is a n
 
 ``identity`` goes further, for finding records: it also drops the intermediate rounding
 casts (``cast(bfloat16)`` then back to fp32, as the unfused graph stores and reloads a
-value) and names the operands by kind and position. What it keeps is what changes how
+value) and names the operands by broadcast and position. What it keeps is what changes how
 fast a kernel runs: the problem's shape, dtypes and layouts, and the epilogue's operands
-(kind, dtype, layout: the bytes it reads), outputs (their dtypes: the bytes it writes) and
+(broadcast, dtype, layout: the bytes it reads), outputs (their dtypes: the bytes it writes) and
 its ops. Rounding is a few ALU instructions per element and changes only the kernel
 compiled, never the config that suits it: a record tuned without it serves the rounded
 epilogue, and the other way round.
@@ -215,7 +215,7 @@ def recognise(ep: Epilogue) -> Epilogue:
 
 def identity(ep: Epilogue) -> Epilogue:
     """The epilogue as far as performance goes (see the module doc): named ops, no
-    intermediate rounding, operands named by kind and position."""
+    intermediate rounding, operands named by broadcast and position."""
     return identity_with_names(ep)[0]
 
 
@@ -224,9 +224,9 @@ def identity_with_names(ep: Epilogue) -> tuple[Epilogue, dict[str, str]]:
     ep = _fixpoint(ep, drop_rounding=True)
     names: dict[str, str] = {}
     counts: dict[str, int] = {}
-    for name, kind in ep.operands:
-        names[name] = f"{kind}{counts.get(kind, 0)}"
-        counts[kind] = counts.get(kind, 0) + 1
+    for name, broadcast in ep.operands:
+        names[name] = f"{broadcast}{counts.get(broadcast, 0)}"
+        counts[broadcast] = counts.get(broadcast, 0) + 1
     if all(k == v for k, v in names.items()):
         return ep, names
     built: list[Expr] = []

@@ -101,15 +101,15 @@ def _operands_3d(
     """Operands in the kernel's [N, P*Q, K] terms (views); clear errors for shapes it cannot take."""
     _, k, p, q = out_shape
     out: dict[str, torch.Tensor] = {}
-    for name, kind in epilogue.operands:
+    for name, broadcast in epilogue.operands:
         t = operands[name]
-        if kind == "row":
+        if broadcast == "row":
             if t.numel() != k or (t.dim() > 1 and [d for d in t.shape if d != 1] != [k]):
                 raise ValueError(
                     f"operand {name!r} is per output channel: give {k} values ([K] or [1, K, 1, 1])"
                 )
             out[name] = t.reshape(k)
-        elif kind == "tile":
+        elif broadcast == "tile":
             if tuple(t.shape) != out_shape:
                 raise ValueError(
                     f"operand {name!r} must have the output's shape {out_shape}, got {tuple(t.shape)}"
@@ -117,7 +117,7 @@ def _operands_3d(
             if p > 1 and q > 1 and t.stride(2) != q * t.stride(3):
                 t = t.contiguous(memory_format=torch.channels_last)
             out[name] = gemm_view(t, p, q)
-        elif kind == "scalar":
+        elif broadcast == "scalar":
             if t.numel() != 1:
                 raise ValueError(
                     f"operand {name!r} is a scalar: give one element, got shape {tuple(t.shape)}"
@@ -125,7 +125,7 @@ def _operands_3d(
             out[name] = t.reshape(())
         else:
             raise ValueError(
-                f"operand {name!r}: the conv2d template takes row, tile and scalar operands, not {kind}"
+                f"operand {name!r}: the conv2d template takes row, tile and scalar operands, not {broadcast}"
             )
     return out
 
@@ -177,7 +177,7 @@ def make_conv_problem(
         weight,
         geometry,
         epilogue,
-        [(name, kind, operands[name]) for name, kind in declared.items()],
+        [(name, broadcast, operands[name]) for name, broadcast in declared.items()],
         precision,
         kernel_hash(FILES, epilogue),
     )
@@ -308,15 +308,17 @@ def conv_epilogue(
     broadcast as [K, 1, 1]): the float64 reference, and the cuDNN + eager baseline. With
     reduction outputs it runs on the [N, P*Q, K] GEMM view (a copy where acc is NCHW)."""
     n, k, p, q = acc.shape
-    kinds = dict(problem.epilogue.operands)
+    broadcasts = dict(problem.epilogue.operands)
     if not problem.epilogue.reductions:
-        shaped = {name: t.reshape(k, 1, 1) if kinds[name] == "row" else t for name, t in operands.items()}
+        shaped = {
+            name: t.reshape(k, 1, 1) if broadcasts[name] == "row" else t for name, t in operands.items()
+        }
         return problem.epilogue.evaluate(acc, shaped)
 
     def gemm(t: torch.Tensor) -> torch.Tensor:
         return t.permute(0, 2, 3, 1).reshape(n, p * q, k)
 
-    flat = {name: gemm(t) if kinds[name] == "tile" else t.reshape(-1) for name, t in operands.items()}
+    flat = {name: gemm(t) if broadcasts[name] == "tile" else t.reshape(-1) for name, t in operands.items()}
     outs = problem.epilogue.evaluate(gemm(acc), flat)
     return tuple(
         v.reshape(n, p, q, k).permute(0, 3, 1, 2) if not o.reduce else v.reshape(output_shape(problem, o))
@@ -349,11 +351,11 @@ def conv_inputs(
 
     x = make((n, g.c, g.h, g.w), problem.layout_a, dtype)
     weight = make((k, g.c_per_group, g.r, g.s), problem.layout_b, dtype, (g.r * g.s * g.c_per_group) ** -0.5)
-    kinds = dict(problem.epilogue.operands)
+    broadcasts = dict(problem.epilogue.operands)
     operands = {}
     for spec in problem.operands:
         odt = dtypes.torch_dtype(spec.dtype)
-        shape = {"row": (k,), "scalar": ()}.get(kinds[spec.name], (n, k, p, q))
+        shape = {"row": (k,), "scalar": ()}.get(broadcasts[spec.name], (n, k, p, q))
         operands[spec.name] = make(shape, spec.layout, odt)
     return x, weight, operands
 

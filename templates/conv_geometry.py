@@ -138,13 +138,15 @@ def conv_problem(
     precision: str,
     template_hash: str,
 ) -> Problem:
-    """The conv2d Problem of checked tensors (real or fake): (name, kind, tensor) per operand;
+    """The conv2d Problem of checked tensors (real or fake): (name, broadcast, tensor) per operand;
     ``template_hash`` is the registry's for the epilogue (``kinds.template_hash``)."""
     specs = [
         OperandSpec(
-            name, dtypes.name_of(t.dtype), {"row": "vector", "scalar": "scalar"}.get(kind) or conv_layout(t)
+            name,
+            dtypes.name_of(t.dtype),
+            {"row": "vector", "scalar": "scalar"}.get(broadcast) or conv_layout(t),
         )
-        for name, kind, t in operands
+        for name, broadcast, t in operands
     ]
     n, k = x.shape[0], weight.shape[0]
     return Problem(

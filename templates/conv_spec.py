@@ -90,12 +90,12 @@ class ConvSpec:
     def problem(self) -> Problem:
         g = self.geometry()
         ep = spec_epilogue(self.epilogue, self.dtype)
-        if any(kind == "col" for _, kind in ep.operands):
+        if any(broadcast == "col" for _, broadcast in ep.operands):
             raise ValueError("a convolution's operands are per channel ([n]), scalars ([]) or whole tensors")
         out = (self.n, self.k, g.p, g.q)
         operands = tuple(
-            OperandSpec(name, self.dtype, OPERAND_LAYOUTS.get(kind) or layout_for(out, self.layout))
-            for name, kind in ep.operands
+            OperandSpec(name, self.dtype, OPERAND_LAYOUTS.get(broadcast) or layout_for(out, self.layout))
+            for name, broadcast in ep.operands
         )
         return Problem(
             op="conv2d",

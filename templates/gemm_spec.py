@@ -65,7 +65,7 @@ def _layout(sizes: tuple[int, int], letter: str) -> str:
     return layout_of(sizes, (1, rows) if letter == "T" else (cols, 1))
 
 
-SCALINGS = {  # an fp8 spec's scales, as torch._scaled_mm takes them: (scale_a, scale_b) kinds
+SCALINGS = {  # an fp8 spec's scales, as torch._scaled_mm takes them: (scale_a, scale_b) broadcasts
     "row": ("col", "row"),  # per row of A and per column of B (rowwise)
     "tensor": ("scalar", "scalar"),  # one each (tensorwise)
     "none": None,  # the epilogue as written (it may read scales of its own)
@@ -74,13 +74,13 @@ SCALINGS = {  # an fp8 spec's scales, as torch._scaled_mm takes them: (scale_a, 
 
 def scaled(ep: Epilogue, scaling: str) -> Epilogue:
     """``ep`` with its accumulator scaled first: ``acc * scale_a * scale_b`` (``SCALINGS``)."""
-    kinds = SCALINGS[scaling]
-    if kinds is None:
+    broadcasts = SCALINGS[scaling]
+    if broadcasts is None:
         return ep
     built: list[Expr] = []
     for node in ep.nodes:
         if node.op == "acc":
-            built.append(acc() * operand("scale_a", kinds[0]) * operand("scale_b", kinds[1]))
+            built.append(acc() * operand("scale_a", broadcasts[0]) * operand("scale_b", broadcasts[1]))
         else:
             built.append(Expr(node.op, tuple(built[i] for i in node.args), node.attrs))
     return ep.rebuilt([built[o.node] for o in ep.outputs])
@@ -147,8 +147,8 @@ class Spec:
         if fp8:  # the compiler's scaled mm: an mm whose scales (float32) start the epilogue
             op, ep = ("bmm" if self.batch else "mm"), scaled(ep, self.scales)
         operands = tuple(
-            OperandSpec(name, _operand_dtype(name, self.dtype), OPERAND_LAYOUTS.get(kind, "row"))
-            for name, kind in ep.operands
+            OperandSpec(name, _operand_dtype(name, self.dtype), OPERAND_LAYOUTS.get(broadcast, "row"))
+            for name, broadcast in ep.operands
         )
         return Problem(
             op=op,

@@ -91,12 +91,12 @@ def is_transposed(problem: Problem) -> bool:
     return not (isinstance(m, int) and m <= BLOCK_M) and isinstance(n, int) and n <= BLOCK_M
 
 
-def _flip_kinds(ep: Epilogue) -> Epilogue:
+def _flip_broadcasts(ep: Epilogue) -> Epilogue:
     def flipped(node: Node) -> Node:
         if node.op != "operand":
             return node
         return dataclasses.replace(
-            node, attrs=tuple((k, _FLIP.get(str(v), v) if k == "kind" else v) for k, v in node.attrs)
+            node, attrs=tuple((k, _FLIP.get(str(v), v) if k == "broadcast" else v) for k, v in node.attrs)
         )
 
     def flipped_output(o: Output) -> Output:  # C's row statistics are C.T's column ones
@@ -108,7 +108,7 @@ def _flip_kinds(ep: Epilogue) -> Epilogue:
 def kernel_epilogues(epilogue: Epilogue) -> tuple[Epilogue, ...]:
     """The epilogue as written and as its transpose's kernel renders it (row and column
     vectors swapped), in an order of their own: a gemv problem's hash covers both."""
-    return tuple(sorted({epilogue, _flip_kinds(epilogue)}, key=lambda ep: ep.text()))
+    return tuple(sorted({epilogue, _flip_broadcasts(epilogue)}, key=lambda ep: ep.text()))
 
 
 def gemv_hash(epilogue: Epilogue) -> str:
@@ -128,7 +128,7 @@ def kernel_problem(problem: Problem) -> Problem:
         shape=Shape(s.batch, s.n, s.m, s.k),
         layout_a=_FLIP[problem.layout_b],
         layout_b=_FLIP[problem.layout_a],
-        epilogue=_flip_kinds(problem.epilogue),
+        epilogue=_flip_broadcasts(problem.epilogue),
     )
 
 

@@ -232,7 +232,7 @@ def make_problem(
             f"(the epilogue reads {sorted(declared)})"
         )
     specs = []
-    for name, kind in declared.items():
+    for name, broadcast in declared.items():
         t = operands[name]
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"operand {name!r} must be a tensor, got {type(t).__name__}")
@@ -240,8 +240,10 @@ def make_problem(
             raise ValueError(f"operand {name!r} is on {t.device}, the inputs on {a.device}")
         if dtypes.name_or_none(t.dtype) not in dtypes.OPERAND_DTYPES:
             raise TypeError(f"operand {name!r} has dtype {t.dtype}; supported: {dtypes.OPERAND_DTYPES}")
-        operand_strides(name, kind, t, bt.out_shape)
-        specs.append(OperandSpec(name, dtypes.name_of(t.dtype), operand_layout(kind, t.shape, t.stride())))
+        operand_strides(name, broadcast, t, bt.out_shape)
+        specs.append(
+            OperandSpec(name, dtypes.name_of(t.dtype), operand_layout(broadcast, t.shape, t.stride()))
+        )
     (batch, m, k), a_strides = bt.a
     n = bt.b[0][2]
     return Problem(
@@ -525,15 +527,15 @@ def matmul_inputs(
     m, n, k = int(s.m), int(s.n), int(s.k)
     a = random_tensor(m, k, batch, problem.layout_a, dtype, device, gen)
     b = random_tensor(k, n, batch, problem.layout_b, dtype, device, gen)
-    kinds = dict(problem.epilogue.operands)
+    broadcasts = dict(problem.epilogue.operands)
     operands = {}
     for spec in problem.operands:
-        odt, kind = dtypes.torch_dtype(spec.dtype), kinds[spec.name]
-        if kind == "row":
+        odt, broadcast = dtypes.torch_dtype(spec.dtype), broadcasts[spec.name]
+        if broadcast == "row":
             operands[spec.name] = random_tensor(1, n, None, "row", odt, device, gen)[0]
-        elif kind == "col":
+        elif broadcast == "col":
             operands[spec.name] = random_tensor(m, 1, None, "row", odt, device, gen)
-        elif kind == "scalar":
+        elif broadcast == "scalar":
             operands[spec.name] = random_tensor(1, 1, None, "row", odt, device, gen)[0]
         else:
             operands[spec.name] = random_tensor(m, n, batch, spec.layout, odt, device, gen)
@@ -683,7 +685,7 @@ def scaled_mm_prefix(epilogue: Epilogue) -> ScaledPrefix:
     found: dict[str, str] = {}
     node = next(i for i, n in enumerate(epilogue.nodes) if n.op == "acc")
     scaled = node
-    for side, op, kinds in (
+    for side, op, broadcasts in (
         ("a", "mul", ("scalar", "col")),
         ("b", "mul", ("scalar", "row")),
         ("bias", "add", ("row",)),
@@ -692,7 +694,7 @@ def scaled_mm_prefix(epilogue: Epilogue) -> ScaledPrefix:
         if len(after) != 1 or epilogue.nodes[after[0]].op != op:
             break
         other = [epilogue.nodes[x] for x in epilogue.nodes[after[0]].args if x != node]
-        if len(other) != 1 or other[0].op != "operand" or other[0].attr["kind"] not in kinds:
+        if len(other) != 1 or other[0].op != "operand" or other[0].attr["broadcast"] not in broadcasts:
             break
         found[side], node = str(other[0].attr["name"]), after[0]
         scaled = node if side != "bias" else scaled

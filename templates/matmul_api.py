@@ -225,7 +225,9 @@ def simple_epilogue(
     if isinstance(scale_result, (int, float)) and not isinstance(scale_result, bool):
         scale_result = torch.tensor(float(scale_result), device=a.device)
     scales = {"scale_a": scale_a, "scale_b": scale_b, "scale_result": scale_result}
-    scale_kinds = {name: _scale_kind(t, name, out_shape) for name, t in scales.items() if t is not None}
+    scale_broadcasts = {
+        name: _scale_broadcast(t, name, out_shape) for name, t in scales.items() if t is not None
+    }
     for name, v in (("alpha", alpha), ("beta", beta)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must be a number, got {v!r}")
@@ -235,76 +237,76 @@ def simple_epilogue(
     dtype = dtypes.name_of(out_dtype if out_dtype is not None else torch.bfloat16 if fp8_in else a.dtype)
     if dtype == "bool":
         raise TypeError("out_dtype must be a floating dtype")
-    bias_kind = None if bias is None else _kind_of(bias, out_shape, "bias")
-    residual_kind = None if residual is None else _kind_of(residual, out_shape, "residual")
+    bias_broadcast = None if bias is None else _broadcast_of(bias, out_shape, "bias")
+    residual_broadcast = None if residual is None else _broadcast_of(residual, out_shape, "residual")
     tensors = {name: t for name, t in (("bias", bias), ("residual", residual)) if t is not None}
     tensors.update({name: t for name, t in scales.items() if t is not None})
     ep = _build_simple(
-        bias_kind,
+        bias_broadcast,
         activation,
-        residual_kind,
+        residual_broadcast,
         float(alpha),
         float(beta),
         dtype,
-        tuple(scale_kinds.get(name) for name in scales),
+        tuple(scale_broadcasts.get(name) for name in scales),
     )
     return ep, tensors
 
 
-_SCALE_SHAPES = {  # the operand kinds each scale may take, and the shape it then has
+_SCALE_SHAPES = {  # the operand broadcasts each scale may take, and the shape it then has
     "scale_a": ("one element (per tensor) or [M, 1] (per row of a)", ("scalar", "col")),
     "scale_b": ("one element (per tensor) or [1, N] or [N] (per column of b)", ("scalar", "row")),
     "scale_result": ("one element", ("scalar",)),
 }
 
 
-def _scale_kind(t: object, name: str, out_shape: tuple[int, ...]) -> str:
+def _scale_broadcast(t: object, name: str, out_shape: tuple[int, ...]) -> str:
     """scalar / col / row: how a scale is read; a clear error for anything else."""
-    accepted, kinds = _SCALE_SHAPES[name]
+    accepted, broadcasts = _SCALE_SHAPES[name]
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a float32 tensor of {accepted}, got {type(t).__name__}")
     if t.dtype != torch.float32:
         raise TypeError(f"{name} must be float32 (as torch._scaled_mm takes it), got {t.dtype}")
-    kind = _kind_of(t, out_shape, name)
-    ok = kind in kinds and (t.dim() <= 2 or kind == "scalar")
-    if kind == "col":
+    broadcast = _broadcast_of(t, out_shape, name)
+    ok = broadcast in broadcasts and (t.dim() <= 2 or broadcast == "scalar")
+    if broadcast == "col":
         ok = ok and t.dim() == 2
     if not ok:
         m, n = out_shape[-2:]
         raise ValueError(f"{name} must be {accepted} (M={m}, N={n}), got shape {tuple(t.shape)}")
-    return kind
+    return broadcast
 
 
 @lru_cache(maxsize=256)
 def _build_simple(
-    bias_kind: str | None,
+    bias_broadcast: str | None,
     activation: str | None,
-    residual_kind: str | None,
+    residual_broadcast: str | None,
     alpha: float,
     beta: float,
     dtype: str,
-    scale_kinds: tuple[str | None, str | None, str | None] = (None, None, None),
+    scale_broadcasts: tuple[str | None, str | None, str | None] = (None, None, None),
 ) -> Epilogue:
     """``(act(alpha * scale_a * scale_b * acc + beta * bias) + residual) * scale_result``,
     the scales first after the accumulator (as ``torch._scaled_mm`` applies them)."""
     x: Expr = acc()
-    for name, kind in zip(("scale_a", "scale_b"), scale_kinds[:2], strict=True):
-        if kind is not None:
-            x = x * operand(name, kind)
+    for name, broadcast in zip(("scale_a", "scale_b"), scale_broadcasts[:2], strict=True):
+        if broadcast is not None:
+            x = x * operand(name, broadcast)
     x = x if alpha == 1.0 else const(alpha) * x
-    if bias_kind is not None:
-        term = operand("bias", bias_kind)
+    if bias_broadcast is not None:
+        term = operand("bias", bias_broadcast)
         x = x + (term if beta == 1.0 else const(beta) * term)
     if activation is not None:
         x = getattr(ops, activation)(x)
-    if residual_kind is not None:
-        x = x + operand("residual", residual_kind)
-    if scale_kinds[2] is not None:
-        x = x * operand("scale_result", scale_kinds[2])
+    if residual_broadcast is not None:
+        x = x + operand("residual", residual_broadcast)
+    if scale_broadcasts[2] is not None:
+        x = x * operand("scale_result", scale_broadcasts[2])
     return Epilogue.build([(x, dtype)])
 
 
-def _kind_of(t: torch.Tensor, out_shape: tuple[int, ...], name: str) -> str:
+def _broadcast_of(t: torch.Tensor, out_shape: tuple[int, ...], name: str) -> str:
     """row / col / tile / scalar: how a tensor broadcast to C is indexed."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")

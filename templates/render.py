@@ -68,7 +68,7 @@ def kernel_hash(files: tuple[str, ...], *epilogues: Epilogue) -> str:
     records under, so problems of one identity have one hash), under every variant a config
     or setting picks (pointer, TMA and shared-memory stores; exact and fast math; both
     targets). A stored record goes stale exactly when one of these changes: a new op,
-    operand kind or template leaves every other epilogue's text, and its records, as they were.
+    operand broadcast or template leaves every other epilogue's text, and its records, as they were.
     A kind whose kernels render another form of the epilogue too (gemv's transpose: row and
     column vectors swapped) passes each (``TemplateKind.kernel_epilogues``)."""
     h = hashlib.sha256(files_hash(tuple(f for f in files if f not in EPILOGUE_FILES)).encode())
@@ -114,7 +114,7 @@ def _epilogue_hooks(
     descriptor ``out{i}_desc`` at (m0, n0) instead of by pointers; outputs ``smem_outputs`` are
     written to their shared-memory buffer ``out{i}_smem`` and stored from it by TMA (Gluon);
     ``fast`` lets the fast nodes take their fast forms."""
-    operands = [{"name": name, "kind": kind} for name, kind in ep.operands]
+    operands = [{"name": name, "broadcast": broadcast} for name, broadcast in ep.operands]
 
     def epilogue_params() -> str:
         params = [

@@ -84,17 +84,17 @@ def layout_of(sizes: Sequence[Dim], strides: Sequence[Dim]) -> str:
     return "strided"
 
 
-def operand_layout(kind: str, sizes: Sequence[Dim], strides: Sequence[Dim]) -> str:
-    """The layout an OperandSpec records for an operand of ``kind`` with these sizes."""
-    if kind == "scalar":
+def operand_layout(broadcast: str, sizes: Sequence[Dim], strides: Sequence[Dim]) -> str:
+    """The layout an OperandSpec records for an operand of ``broadcast`` with these sizes."""
+    if broadcast == "scalar":
         return "scalar"
-    if kind in ("row", "col"):
+    if broadcast in ("row", "col"):
         return "vector"
     return layout_of(sizes, strides) if len(sizes) >= 2 else "row"
 
 
 def operand_strides(
-    name: str, kind: str, t: torch.Tensor, out_shape: tuple[int, ...]
+    name: str, broadcast: str, t: torch.Tensor, out_shape: tuple[int, ...]
 ) -> tuple[int, int, int]:
     """Strides (batch, m, n) of operand ``t`` broadcast to C; 0 where it broadcasts."""
     if t.dim() > len(out_shape) or any(
@@ -108,9 +108,9 @@ def operand_strides(
     strides = [0] * (3 - t.dim()) + list(t.stride())
     sb, sm, sn = (0 if size == 1 else stride for size, stride in zip(sizes, strides, strict=True))
     needs = {"row": sm == 0, "col": sn == 0, "scalar": sm == 0 and sn == 0, "tile": True}
-    if not needs[kind] or (kind == "scalar" and sizes[0] != 1):
-        want = {"row": "[N] or [1, N]", "col": "[M, 1]", "scalar": "a single element"}[kind]
-        raise ValueError(f"operand {name!r} is declared {kind} ({want}) but has shape {tuple(t.shape)}")
+    if not needs[broadcast] or (broadcast == "scalar" and sizes[0] != 1):
+        want = {"row": "[N] or [1, N]", "col": "[M, 1]", "scalar": "a single element"}[broadcast]
+        raise ValueError(f"operand {name!r} is declared {broadcast} ({want}) but has shape {tuple(t.shape)}")
     return sb, sm, sn
 
 
@@ -124,9 +124,9 @@ def epilogue_args(
     """The kernel arguments ``epilogue_params()`` declares: each operand's pointer and
     (batch, m, n) strides (0 where it broadcasts), then each output's."""
     args: dict[str, object] = {}
-    for name, kind in ep.operands:
+    for name, broadcast in ep.operands:
         t = operands[name]
-        sb, sm, sn = operand_strides(name, kind, t, out_shape)
+        sb, sm, sn = operand_strides(name, broadcast, t, out_shape)
         args.update(
             {
                 f"op_{name}_ptr": t,

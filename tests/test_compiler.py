@@ -93,7 +93,7 @@ def test_linear_activation_residual_3d(act, dtype, db_path):
     d = epilab.explain()
     up, down = used(d, "aten.addmm")
     assert SIGNATURE[act] in up.epilogue and "bias" in up.epilogue, up.epilogue
-    assert "kind=tile" in down.epilogue, "the residual add is fused into the down projection"
+    assert "broadcast=tile" in down.epilogue, "the residual add is fused into the down projection"
     assert up.shape == "21x40x24" and down.shape == "21x24x40"
 
 
@@ -599,7 +599,7 @@ def test_dynamic_3d_input_grows_over_symbolic_views(db_path):
             check_close(fn(x), as64(model)(x.double()))
     d = epilab.explain()
     up, down = used(d, "aten.addmm")
-    assert "erf" in up.epilogue and "kind=tile" in down.epilogue, (up.epilogue, down.epilogue)
+    assert "erf" in up.epilogue and "broadcast=tile" in down.epilogue, (up.epilogue, down.epilogue)
 
 
 # ---------------------------------------------------------------- convolutions
@@ -648,9 +648,11 @@ def test_resnet_block_convolutions_take_the_template_with_bn_relu_residual_fused
         (d.anchor, d.reason) for d in decisions
     ]
     first, second = convs
-    assert "relu" in first.epilogue and first.epilogue.count("kind=row") == 4  # the batch norm's four vectors
-    assert "kind=tile" not in first.epilogue
-    assert "kind=tile" in second.epilogue and "relu" in second.epilogue  # + the residual, then relu
+    assert (
+        "relu" in first.epilogue and first.epilogue.count("broadcast=row") == 4
+    )  # the batch norm's four vectors
+    assert "broadcast=tile" not in first.epilogue
+    assert "broadcast=tile" in second.epilogue and "relu" in second.epilogue  # + the residual, then relu
 
 
 def test_template_calls_get_the_strides_their_problem_was_made_for(db_path, monkeypatch):

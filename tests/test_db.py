@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from datetime import datetime, timedelta, timezone
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 from epilab.cli import app
 from epilab.db import DatabaseOpenError, DeviceInfo, Timing, TuningDB, Versions
 from epilab.db import schema as db_schema
+from epilab.db.keys import canonical, family_key, problem_key
 from epilab.db.transfer import export_json, import_json
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, OperandSpec, Problem, Shape
@@ -240,7 +242,7 @@ def test_database_from_the_first_revision_is_migrated_keeping_rows(db_target):
             )
     engine.dispose()
     with TuningDB.open(path) as db:
-        assert db.revision == db_schema.head_revision() == "0008"
+        assert db.revision == db_schema.head_revision() == "0009"
         assert all(r.graph_ms is None for r in db.records(p.key))  # 0003 added it empty
         assert db.verdict(p.key, H200, Versions("2.10", "3.5"), cuda_graphs=False) is None  # 0004: none yet
         assert len(db.records(p.key)) == 2
@@ -271,7 +273,7 @@ def test_verdicts_of_revision_0006_become_inference_verdicts_beside_training_one
         assert "training" not in {c["name"] for c in sa.inspect(conn).get_columns("epilab_verdicts")}
     engine.dispose()
     with TuningDB.open(db_target) as db:
-        assert db.revision == "0008"
+        assert db.revision == "0009"
         got = db.verdict(p.key, H200, NOW, cuda_graphs=False)
         assert got is not None and got.keep and not got.training
         assert db.verdict(p.key, H200, NOW, cuda_graphs=False, training=True) is None
@@ -291,7 +293,6 @@ def test_revision_0008_rekeys_current_problems_by_their_kernels_and_keeps_their_
     """0008 keys problems by what their kernels are made of: a problem current under 0007
     (its template's 0007 hash) gets its kernel hash, key and family with its trials kept; a
     stale one stays stale; going back to 0007 restores the 0007 hashes."""
-    from importlib import import_module
 
     at_0007 = import_module("epilab.db.migrations.versions.0008_kernel_hashes").HASHES_AT_0007
     p, stale = problem(), problem(m=512, template_hash_="0" * 64)
@@ -305,10 +306,66 @@ def test_revision_0008_rekeys_current_problems_by_their_kernels_and_keeps_their_
     engine.dispose()
     assert rows == {4096: at_0007["matmul"], 512: "0" * 64}
     with TuningDB.open(db_target) as db:
-        assert db.revision == "0008"
+        assert db.revision == "0009"
         assert [r.median_ms for r in db.records(p.key)] == [0.2]  # the same key as before, its trial kept
         assert db.lookup(p, H200).record.median_ms == 0.2
         assert db.stats(is_current).stale_problems == 1 and len(db.records(stale.key)) == 1
+
+
+def _legacy(problem_json: str) -> str:
+    """The problem's JSON as epilab wrote it before revision 0009: operands' ``kind``."""
+    d = json.loads(problem_json)
+    assert import_module("epilab.db.migrations.versions.0009_operand_broadcast").renamed(
+        d, "broadcast", "kind"
+    )
+    return canonical(d)
+
+
+def test_revision_0009_names_the_operands_broadcast_and_keeps_their_records(db_target):
+    """0009 stores an operand's row/col/tile/scalar as ``broadcast``: a problem of 0008 (its
+    JSON, key, family and text saying ``kind``) gets the JSON and key epilab computes now,
+    with its trials; going back to 0008 gives the old JSON and key back."""
+    p = problem()
+    with TuningDB.open(db_target) as db:
+        ok(db, p, 0.2, cfg())
+    old = _legacy(p.to_json())
+    assert old != p.to_json() and '"kind":"row"' in old and Problem.from_json(old) == p
+    engine = sa.create_engine(_url(db_target))
+    with engine.begin() as conn:
+        db_schema.downgrade_to(conn, "0008")
+        row = conn.execute(sa.text("SELECT key, json, family, epilogue FROM epilab_problems")).one()
+    engine.dispose()
+    assert (row.key, row.json, row.family) == (problem_key(old), old, family_key(old))
+    assert "operand[kind=row,name=bias]" in row.epilogue
+    with TuningDB.open(db_target) as db:
+        assert db.revision == "0009"
+        assert [r.median_ms for r in db.records(p.key)] == [0.2] and db.records(problem_key(old)) == []
+        assert db.lookup(problem(m=600), H200).record.median_ms == 0.2  # its family, too
+    engine = sa.create_engine(_url(db_target))
+    with engine.connect() as conn:
+        text = conn.execute(sa.text("SELECT epilogue FROM epilab_problems")).scalar()
+    engine.dispose()
+    assert text == p.epilogue.text() and "operand[broadcast=row,name=bias]" in text
+
+
+def test_an_export_from_before_0009_imports_under_todays_keys(db, tmp_path):
+    _filled(db)
+    path = tmp_path / "old.json"
+    export_json(db, path)
+    doc = json.loads(path.read_text())
+    renamed = {}
+    for item in doc["problems"]:
+        item["json"] = _legacy(item["json"])
+        renamed[item["key"]] = item["key"] = problem_key(item["json"])
+        item["epilogue"] = item["epilogue"].replace("operand[broadcast=", "operand[kind=")
+    for row in doc["trials"] + doc["baselines"]:
+        row["problem"] = renamed[row["problem"]]
+    path.write_text(json.dumps(doc))
+    keys = [problem(m=m).key for m in (128, 1024)]
+    with TuningDB.open(tmp_path / "other.db") as other:
+        report = import_json(other, path, parse_problem=_parse_problem, validate_config=_validate_config)
+        assert (report.problems, report.trials, report.baselines) == (2, 5, 2)
+        assert _snapshot(other, keys) == _snapshot(db, keys)
 
 
 def test_database_from_a_newer_epilab_is_refused_untouched(db_target):
@@ -430,9 +487,7 @@ def test_eight_processes_write_1600_records_without_lock_errors(db_target):
 
 def _parse_problem(text: str) -> tuple[str, str]:
     p = Problem.from_json(text)
-    if p.to_json() != text:
-        raise ValueError("not canonical")
-    return p.key, p.epilogue.text()
+    return p.to_json(), p.epilogue.text()
 
 
 def _validate_config(d, problem_json):

@@ -122,13 +122,13 @@ def test_json_round_trip(make):
             "must be a number",
         ),
         (
-            '{"nodes": [["operand", [], {"kind": "row", "name": "x; import os"}], ["acc", [], {}],'
+            '{"nodes": [["operand", [], {"broadcast": "row", "name": "x; import os"}], ["acc", [], {}],'
             ' ["add", [1, 0], {}]],'
             ' "outputs": [[2, "float32"]]}',
             "not allowed",
         ),
         (
-            '{"nodes": [["operand", [], {"kind": "row", "name": "b"}]], "outputs": [[0, "float32"]]}',
+            '{"nodes": [["operand", [], {"broadcast": "row", "name": "b"}]], "outputs": [[0, "float32"]]}',
             "does not depend on the accumulator",
         ),
         ('{"nodes": 5}', "not a valid epilogue"),
@@ -137,6 +137,21 @@ def test_json_round_trip(make):
 def test_invalid_epilogue_json_is_rejected(bad, match):
     with pytest.raises(ValueError, match=match):
         Epilogue.from_json(bad)
+
+
+def test_an_operands_broadcast_stored_as_its_old_name_reads_as_it_was_meant():
+    """Until revision 0009 an operand's row/col/tile/scalar was stored as ``kind``: such JSON
+    (an old export, cache or database row) reads as the same epilogue, written anew."""
+    ep = Epilogue.build([(ops.relu(acc() + operand("bias", "row")) * operand("s", "scalar"), "float16")])
+    old = ep.to_json().replace('"broadcast":', '"kind":')
+    assert '"kind":"row"' in old and Epilogue.from_json(old) == ep
+    assert (
+        Epilogue.from_json(old).to_json() == ep.to_json() and "operand[broadcast=row,name=bias]" in ep.text()
+    )
+    with pytest.raises(ValueError, match="takes attributes"):  # not both names at once
+        Epilogue.from_json(ep.to_json().replace('"broadcast":"row",', '"broadcast":"row","kind":"row",'))
+    with pytest.raises(ValueError, match="operand broadcast 'diagonal' is not one of"):
+        operand("x", "diagonal")
 
 
 def test_direct_construction_is_validated():

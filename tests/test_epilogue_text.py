@@ -1,5 +1,5 @@
 """Epilogues written as text (``ir/epilogue_text.py``) and shapes files that use them:
-the same IR as the builders, operand kinds from the index, errors that name the column,
+the same IR as the builders, operand broadcasts from the index, errors that name the column,
 batched and conv2d specs."""
 
 from __future__ import annotations

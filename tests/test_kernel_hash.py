@@ -1,7 +1,7 @@
 """Records are keyed by what their kernels are made of (``render.kernel_hash``): a change
 that leaves a problem's kernels as they were leaves its records current; one that changes
 them makes them stale. The cases are the changes the IR sees most: a new epilogue op (a rule
-row), a new operand kind (a branch of ``store_output.py.jinja``), a new template kind, and
+row), a new operand broadcast (a branch of ``store_output.py.jinja``), a new template kind, and
 edits to one template's own files."""
 
 from __future__ import annotations
@@ -93,11 +93,11 @@ def test_a_new_epilogue_op_leaves_every_record_current(monkeypatch):
         _fresh_caches()
 
 
-def test_a_new_operand_kind_leaves_every_record_current_and_an_edit_they_use_does_not(templates_copy):
+def test_a_new_operand_broadcast_leaves_every_record_current_and_an_edit_they_use_does_not(templates_copy):
     stored = _stored()
     path = templates_copy / "store_output.py.jinja"
     text = path.read_text()
-    branch = '{% elif op.kind == "diagonal" %}\n{{ p }} = tl.load({{ p }}_ptr + {{ rm }} * {{ p }}_stride_m)[:, None]\n'
+    branch = '{% elif op.broadcast == "diagonal" %}\n{{ p }} = tl.load({{ p }}_ptr + {{ rm }} * {{ p }}_stride_m)[:, None]\n'
     path.write_text(
         text.replace("{% else %}\n{{ p }} = tl.load", branch + "{% else %}\n{{ p }} = tl.load", 1)
     )

@@ -270,7 +270,7 @@ def test_tune_model_with_freezing_tunes_the_folded_norms_problems(freezing, tmp_
     # the residual's mean square joins its GEMM either way; the next GEMM scales by rstd[m]
     # (a per-row operand) only where the norm's weight is a constant folded into its weight
     assert any(p.epilogue.reductions for p in problems)
-    assert any("kind=col" in p.epilogue.text() for p in problems) == freezing
+    assert any("broadcast=col" in p.epilogue.text() for p in problems) == freezing
     assert ("Inductor freezing" in report.method) == freezing
 
 
@@ -297,7 +297,7 @@ def test_problems_a_rejection_brings_in_are_checked_in_a_next_round(tmp_path):
     # round 1: the producer (its sum of squares) and the folded projection (rstd, a per-row
     # operand); round 2: the producer as the unfolded norm reads it, the plain projection
     assert len(report.verdicts) == len({v["problem"] for v in report.verdicts}) == 4
-    assert ["kind=col" in t for t in texts].count(True) == 1
+    assert ["broadcast=col" in t for t in texts].count(True) == 1
     assert ["row_sum" in t for t in texts].count(True) == 2
 
 

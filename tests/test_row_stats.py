@@ -296,7 +296,7 @@ def test_rms_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     model = model.to(torch.bfloat16)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     producers = [d for d in decisions if "row_sum" in d.epilogue]
-    consumers = [d for d in decisions if "kind=col" in d.epilogue]
+    consumers = [d for d in decisions if "broadcast=col" in d.epilogue]
     assert len(producers) == 1  # o_proj + residual: the second norm's statistics
     # q, k, v read the first norm; the dual gate/up GEMM the second: each scales by rstd[m]
     assert len(consumers) == 4 and any(d.template == "dual_matmul" for d in consumers)
@@ -320,7 +320,7 @@ def test_a_norm_is_folded_only_where_its_projections_get_templates(fresh_compile
     tried = [d for d in decisions if d.tried]
     assert all("tried with its norm folded in" in d.reason for d in tried)
     assert len(tried) == 6  # q, k, v; gate and up as a dual GEMM, then each alone
-    assert all("kind=col" in d.epilogue and d.candidates for d in tried)
+    assert all("broadcast=col" in d.epilogue and d.candidates for d in tried)
     with TuningDB.open(db) as store:
         seen = {Problem.from_json(t).key for t in store.untuned(INTERPRETER_DEVICE, kinds.is_current)}
     assert all(d.problem_key in seen for d in tried)
@@ -332,7 +332,7 @@ def test_rms_norm_is_not_folded_without_constant_weights(fresh_compiler, tmp_pat
     model = model.to(torch.bfloat16)
     options = {"policy": "always", "db": str(tmp_path / "t.db")}
     assert _compiled_error(model, x, want, freezing=False, backend="epilab", options=options) < 1e-2
-    assert not any("kind=col" in d.epilogue for d in epilab.explain() if d.template)
+    assert not any("broadcast=col" in d.epilogue for d in epilab.explain() if d.template)
 
 
 def _with_affine_norms(model: torch.nn.Module) -> torch.nn.Module:
@@ -353,7 +353,7 @@ def test_layer_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     # proj and out (+ residual) of both blocks: sum and sum of squares of the next norm's input
     producers = [d for d in decisions if d.epilogue.count("row_sum") == 2]
     # qkv, fc1 and the head: rstd[m] * (acc - mean[m] * c[n]) + (beta @ W + b)[n], acc unrounded
-    consumers = [d for d in decisions if "kind=col" in d.epilogue and "kind=row" in d.epilogue]
+    consumers = [d for d in decisions if "broadcast=col" in d.epilogue and "broadcast=row" in d.epilogue]
     assert len(producers) == 4 and len(consumers) == 5
     assert all(not d.epilogue.startswith("%0 = acc; %1 = cast") for d in consumers)
     assert ours <= 2 * inductor, (ours, inductor)
@@ -368,7 +368,7 @@ def test_post_norm_blocks_keep_their_norms(fresh_compiler, tmp_path):
     model = model.to(torch.bfloat16)
     options = {"policy": "always", "db": str(tmp_path / "t.db")}
     assert _compiled_error(model, x, want, backend="epilab", options=options) < 2e-2
-    assert not any("kind=col" in d.epilogue for d in epilab.explain() if d.template)
+    assert not any("broadcast=col" in d.epilogue for d in epilab.explain() if d.template)
 
 
 def test_row_amax_for_dynamic_fp8_quantization(fresh_compiler, tmp_path):
@@ -521,7 +521,7 @@ def test_rms_norm_fold_on_gpu(fresh_compiler, tmp_path):
     model = model.to(torch.bfloat16)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     assert sum("row_sum" in d.epilogue for d in decisions) == 1
-    assert sum("kind=col" in d.epilogue for d in decisions) == 4
+    assert sum("broadcast=col" in d.epilogue for d in decisions) == 4
     assert ours <= 2 * inductor, (ours, inductor)
 
 
@@ -534,7 +534,7 @@ def test_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
     model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     assert sum(d.epilogue.count("row_sum") == 2 for d in decisions) == 4
-    assert sum("kind=col" in d.epilogue for d in decisions) == 5
+    assert sum("broadcast=col" in d.epilogue for d in decisions) == 5
     assert ours <= 2 * inductor, (ours, inductor)
 
 
@@ -562,7 +562,7 @@ def _zoo_errors(size: str, name: str, device: str, db: str) -> tuple[float, floa
     if spec.image:
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
     ours, inductor, decisions = _fold_errors(model, x, want, db)
-    folded = sum("kind=col" in d.epilogue and "%0 = acc; %1 = cast" not in d.epilogue for d in decisions)
+    folded = sum("broadcast=col" in d.epilogue and "%0 = acc; %1 = cast" not in d.epilogue for d in decisions)
     return ours, inductor, folded
 
 

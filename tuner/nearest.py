@@ -45,8 +45,10 @@ MIN_SPEEDUP = 1.05  # under auto: the source record's margin over its best basel
 
 def epilogue_bytes(problem: Problem) -> int:
     """Bytes the epilogue moves per output element: tile operands read, outputs written."""
-    kinds = dict(problem.epilogue.operands)
-    read = sum(itemsize(o.dtype) for o in problem.operands if kinds[o.name] not in ("row", "col", "scalar"))
+    broadcasts = dict(problem.epilogue.operands)
+    read = sum(
+        itemsize(o.dtype) for o in problem.operands if broadcasts[o.name] not in ("row", "col", "scalar")
+    )
     return read + sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
 
 

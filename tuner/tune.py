@@ -140,9 +140,9 @@ def problem_bytes(problem: Problem) -> int:
     s = problem.shape
     batch, m, n = int(s.batch), int(s.m), int(s.n)
     total = itemsize(problem.dtype) * sum(kind_of(problem).input_elements(problem))
-    kinds = dict(problem.epilogue.operands)
+    broadcasts = dict(problem.epilogue.operands)
     for spec in problem.operands:
-        count = {"row": n, "col": m, "scalar": 1}.get(kinds[spec.name], batch * m * n)
+        count = {"row": n, "col": m, "scalar": 1}.get(broadcasts[spec.name], batch * m * n)
         total += count * itemsize(spec.dtype)
     total += sum(batch * m * n * itemsize(o.dtype) for o in problem.epilogue.outputs)
     return total
