@@ -22,9 +22,13 @@ from epilab.tuner import space, suites
 
 
 def unhashed_key(problem: object) -> str:
-    """The problem's key computed without its template hash."""
+    """The problem's key computed without its template hash, its operands' broadcast under
+    today's name (an epilab before revision 0009 called it ``kind``)."""
     d = problem.to_dict()  # type: ignore[attr-defined]
     d.pop("template_hash")
+    for node in d["epilogue"]["nodes"]:
+        if node[0] == "operand" and "kind" in node[2]:
+            node[2]["broadcast"] = node[2].pop("kind")
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
