@@ -18,7 +18,7 @@ import torch
 
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error
-from epilab.ir.problem import BATCHED_OPS, Config, Problem
+from epilab.ir.problem import Config, Problem
 from epilab.templates.kind import InputSet
 from epilab.templates.kinds import bind, kind_of
 from epilab.templates.runtime import target_for
@@ -199,7 +199,7 @@ def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Ten
         return eager
     if library == "cublaslt":
         gelu = _bias_activation(problem)
-        if gelu is None or problem.op in BATCHED_OPS or problem.shape.batch != 1:
+        if gelu is None or problem.op not in ("mm", "addmm"):  # cuBLASLt fuses them into 2-D GEMMs only
             return None
         return lambda a, b, operands: (
             torch._addmm_activation(operands["bias"], a, b, use_gelu=gelu).to(out_dtypes[0]),
