@@ -20,13 +20,12 @@ Revision ID: 0008
 Revises: 0007
 """
 
-import json
 from collections.abc import Callable
+from typing import Any
 
-import sqlalchemy as sa
 from alembic import op
 
-from epilab.db.keys import canonical, family_key, problem_key
+from epilab.db.rekey import rekey_problems
 
 revision = "0008"
 down_revision = "0007"
@@ -42,41 +41,19 @@ HASHES_AT_0007 = {
     "dual_gemv": "c4038b3fd1073b1397e7b55078a2544d0d6bc38213933df9b9c8855131f92ced",
 }
 
-_problems = sa.table(
-    "epilab_problems",
-    sa.column("id", sa.Integer),
-    sa.column("key", sa.String),
-    sa.column("family", sa.String),
-    sa.column("json", sa.Text),
-    sa.column("template", sa.String),
-    sa.column("template_hash", sa.String),
-)
-
 
 def _rehash(new_hash: Callable[[str, str], str | None]) -> None:
     """Give each row the hash ``new_hash(template, json)`` names (None: leave it), and the
     key, family and JSON that go with it."""
-    conn = op.get_bind()
-    rows = conn.execute(
-        sa.select(_problems.c.id, _problems.c.key, _problems.c.json, _problems.c.template)
-    ).all()
-    taken = {r.key for r in rows}
-    for row in rows:
+
+    def rewrite(row: Any, d: dict[str, Any]) -> dict[str, Any] | None:
         hashed = new_hash(row.template, row.json)
         if hashed is None:
-            continue
-        d = json.loads(row.json)
+            return None
         d["template_hash"] = hashed
-        text = canonical(d)
-        key = problem_key(text)
-        if key in taken:
-            continue
-        taken.add(key)
-        conn.execute(
-            _problems.update()
-            .where(_problems.c.id == row.id)
-            .values(key=key, family=family_key(text), json=text, template_hash=hashed)
-        )
+        return {"template_hash": hashed}
+
+    rekey_problems(op.get_bind(), rewrite)
 
 
 def upgrade() -> None:

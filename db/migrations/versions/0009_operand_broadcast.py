@@ -14,27 +14,16 @@ Revision ID: 0009
 Revises: 0008
 """
 
-import json
 from typing import Any
 
-import sqlalchemy as sa
 from alembic import op
 
-from epilab.db.keys import canonical, family_key, problem_key
+from epilab.db.rekey import rekey_problems
 
 revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
-
-_problems = sa.table(
-    "epilab_problems",
-    sa.column("id", sa.Integer),
-    sa.column("key", sa.String),
-    sa.column("family", sa.String),
-    sa.column("json", sa.Text),
-    sa.column("epilogue", sa.Text),
-)
 
 
 def renamed(problem: dict[str, Any], old: str, new: str) -> bool:
@@ -51,33 +40,12 @@ def renamed(problem: dict[str, Any], old: str, new: str) -> bool:
 
 
 def _rename(old: str, new: str) -> None:
-    conn = op.get_bind()
-    rows = conn.execute(
-        sa.select(_problems.c.id, _problems.c.key, _problems.c.json, _problems.c.epilogue)
-    ).all()
-    taken = {r.key for r in rows}
-    for row in rows:
-        try:
-            d = json.loads(row.json)
-        except ValueError:
-            continue  # a row this epilab cannot read stays as it was
+    def rewrite(row: Any, d: dict[str, Any]) -> dict[str, Any] | None:
         if not renamed(d, old, new):
-            continue
-        text = canonical(d)
-        key = problem_key(text)
-        if key in taken:
-            continue
-        taken.add(key)
-        conn.execute(
-            _problems.update()
-            .where(_problems.c.id == row.id)
-            .values(
-                key=key,
-                family=family_key(text),
-                json=text,
-                epilogue=(row.epilogue or "").replace(f"operand[{old}=", f"operand[{new}="),
-            )
-        )
+            return None
+        return {"epilogue": (row.epilogue or "").replace(f"operand[{old}=", f"operand[{new}=")}
+
+    rekey_problems(op.get_bind(), rewrite)
 
 
 def upgrade() -> None:
