@@ -23,6 +23,10 @@ def _residual() -> Expr:
     return operand("residual", "tile")
 
 
+def _folded_bn() -> Expr:
+    return acc() * operand("scale", "row") + operand("shift", "row")
+
+
 Outputs = list[tuple[Expr, str | None]]
 
 EPILOGUES: dict[str, Callable[[], Outputs]] = {
@@ -47,8 +51,12 @@ EPILOGUES: dict[str, Callable[[], Outputs]] = {
     "two_outputs": lambda: [(_bias(), None), (ops.gelu(_bias()), None)],
     "silu_two_outputs": lambda: [(_bias(), None), (ops.silu(_bias()), None)],
     "bn_relu": lambda: [  # a folded batch norm, per output channel
-        (ops.relu(acc() * operand("scale", "row") + operand("shift", "row")), None)
+        (ops.relu(_folded_bn()), None)
     ],
+    # a folded batch norm and the activations of MobileNet (ReLU6, hardswish) and EfficientNet (SiLU)
+    "bn_relu6": lambda: [(ops.clamp(_folded_bn(), min=0.0, max=6.0), None)],
+    "bn_hardswish": lambda: [(_folded_bn() * ops.clamp(_folded_bn() + 3.0, min=0.0, max=6.0) / 6.0, None)],
+    "bn_silu": lambda: [(ops.silu(_folded_bn()), None)],
 }
 
 

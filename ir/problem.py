@@ -67,6 +67,8 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "WARP_SPECIALIZE": (0, 1),
     # tma matmul: outputs stored through tensor descriptors (where the outputs allow)
     "TMA_STORE": (0, 1),
+    # depthwise: output rows a program walks down (BLOCK_M pixels: a strip BLOCK_M / TILE_H wide)
+    "TILE_H": (1, 2, 4, 8, 16, 32, 64),
 }
 
 Dim = int | sympy.Expr
@@ -88,6 +90,7 @@ class Config:
     FLATTEN: int = 0
     WARP_SPECIALIZE: int = 0
     TMA_STORE: int = 0
+    TILE_H: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -134,7 +137,8 @@ class Config:
 def config_text(config: Config | Mapping[str, Any] | None) -> str:
     """The one shorthand of a config, in every table, log and report: tile MxNxK, ``g`` group,
     ``w`` warps, ``st`` stages, then only what differs from the default: ``split`` split-K,
-    the variant, ``sub`` epilogue slices, programs ``/sm``, ``flat``, ``ws``, ``tma-store``."""
+    the variant, ``sub`` epilogue slices, programs ``/sm``, ``flat``, ``ws``, ``tma-store``, and
+    a pixel tile's ``rows``."""
     if not config:
         return ""
     c = config.to_dict() if isinstance(config, Config) else config
@@ -148,6 +152,7 @@ def config_text(config: Config | Mapping[str, Any] | None) -> str:
         "flat" if c.get("FLATTEN") else "",
         "ws" if c.get("WARP_SPECIALIZE") else "",
         "tma-store" if c.get("TMA_STORE") else "",
+        f"rows{c['TILE_H']}" if c.get("TILE_H", 1) != 1 else "",
     ]
     return " ".join(filter(None, parts))
 
