@@ -20,6 +20,7 @@ fp32, contiguous.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +96,7 @@ def gemm_view(t: torch.Tensor, p: int, q: int) -> torch.Tensor:
     return v.as_strided((t.shape[0], p * q, t.shape[1]), (v.stride(0), v.stride(2), v.stride(3)))
 
 
-def _operands_3d(
+def operands_3d(
     epilogue: Epilogue, operands: Mapping[str, torch.Tensor], out_shape: tuple[int, int, int, int]
 ) -> dict[str, torch.Tensor]:
     """Operands in the kernel's [N, P*Q, K] terms (views); clear errors for shapes it cannot take."""
@@ -166,7 +167,7 @@ def make_conv_problem(
     declared = dict(epilogue.operands)
     if sorted(declared) != sorted(operands):
         raise ValueError(f"operands {sorted(operands)} do not match the epilogue's {sorted(declared)}")
-    _operands_3d(epilogue, operands, (n, k, geometry.p, geometry.q))
+    operands_3d(epilogue, operands, (n, k, geometry.p, geometry.q))
     for name, t in operands.items():
         if t.device != x.device or dtypes.name_or_none(t.dtype) not in dtypes.OPERAND_DTYPES:
             raise ValueError(
@@ -216,6 +217,47 @@ def out_strides_of(problem: Problem) -> tuple[int, int, int, int]:
     return (k * p * q, p * q, q, 1)
 
 
+@dataclass(frozen=True)
+class ConvCall:
+    """A convolution call checked against its problem: its outputs (``out``, or new ones) and,
+    for a batch of images, the kernel arguments every conv kind passes (input and weight with
+    their strides, the epilogue's operands and outputs in [N, P*Q, K] terms)."""
+
+    outs: tuple[torch.Tensor, ...]
+    args: dict[str, object]  # empty for an empty batch (nothing to launch)
+    epilogue_args: dict[str, object]
+    index_64: bool  # a tensor spans 2**31 elements or more
+
+
+def conv_call(
+    problem: Problem,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None,
+) -> ConvCall:
+    """Check the tensors' sizes against ``problem`` and gather a conv kind's launch arguments."""
+    g = conv_of(problem)
+    if g is None:
+        raise ValueError(f"a {problem.template} launch needs a conv2d problem")
+    n, k, p, q = out_shape_of(problem)
+    if tuple(x.shape) != (n, g.c, g.h, g.w) or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s):
+        raise ValueError(f"input {tuple(x.shape)} / weight {tuple(weight.shape)} do not match the problem")
+    outs = conv_outputs(problem, x, out)
+    if n == 0:
+        return ConvCall(outs, {}, {}, False)
+    if n > 65535:
+        raise ValueError(f"batch {n} is over the 65535 images a convolution kernel launches")
+    specs = problem.epilogue.outputs
+    ops3 = operands_3d(problem.epilogue, operands, (n, k, p, q))
+    outs3 = tuple(kernel_view(o, spec, p, q) for o, spec in zip(outs, specs, strict=True))
+    ep_args = epilogue_args(problem.epilogue, ops3, outs3, (n, p * q, k), (n, p * q, k))
+    strides = dict(zip(("stride_xn", "stride_xc", "stride_xh", "stride_xw"), x.stride(), strict=True))
+    strides |= dict(zip(("stride_wk", "stride_wc", "stride_wr", "stride_ws"), weight.stride(), strict=True))
+    index_64 = any(extent(t) > INT32_MAX for t in (x, weight, *outs, *operands.values()))
+    return ConvCall(outs, {"x_ptr": x, "w_ptr": weight, **ep_args, **strides}, ep_args, index_64)
+
+
 def bind_conv(
     problem: Problem,
     config: Config,
@@ -225,57 +267,19 @@ def bind_conv(
     out: tuple[torch.Tensor, ...] | None = None,
 ) -> Bound:
     """Everything a conv2d launch does up to the launch itself (see ``matmul.bind``)."""
-    g = conv_of(problem)
-    if g is None:
-        raise ValueError("bind_conv needs a conv2d problem")
-    shape4 = out_shape_of(problem)
-    n, k, p, q = shape4
-    if tuple(x.shape) != (n, g.c, g.h, g.w) or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s):
-        raise ValueError(f"input {tuple(x.shape)} / weight {tuple(weight.shape)} do not match the problem")
-    specs = problem.epilogue.outputs
-    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in specs]
-    shapes = [output_shape(problem, o) for o in specs]
-    if out is None:  # the input's memory format, as torch's conv2d does (statistics contiguous)
-        nhwc = conv_layout(x) == "nhwc"
-        outs = tuple(
-            torch.empty(s, dtype=dt, device=x.device, memory_format=_memory_format(len(s) == 4 and nhwc))
-            for s, dt in zip(shapes, out_dtypes, strict=True)
-        )
-    else:
-        if len(out) != len(out_dtypes) or any(
-            tuple(o.shape) != shape or o.dtype != dt or o.device != x.device
-            for o, shape, dt in zip(out, shapes, out_dtypes, strict=False)
-        ):
-            raise ValueError(
-                f"out must be {len(out_dtypes)} tensor(s) of shapes {shapes} with dtypes {out_dtypes}"
-            )
-        outs = tuple(out)
-    if n == 0:
+    call = conv_call(problem, x, weight, operands, out)
+    outs, args, ep_args, index_64 = call.outs, call.args, call.epilogue_args, call.index_64
+    if not args:
         return Bound(outs, lambda: None, lambda: None)
-    ops3 = _operands_3d(problem.epilogue, operands, shape4)
-    outs3 = tuple(_kernel_view(o, spec, p, q) for o, spec in zip(outs, specs, strict=True))
+    g = conv_of(problem)
+    assert g is not None
+    n, k, p, q = out_shape_of(problem)
     target = target_for(x.device)
-    index_64 = any(extent(t) > INT32_MAX for t in (x, weight, *outs, *operands.values()))
     k_g = k // g.groups
     split = config.SPLIT_K
     grid = (triton.cdiv(p * q, config.BLOCK_M) * triton.cdiv(k_g, config.BLOCK_N), n, g.groups * split)
-    if n > 65535 or g.groups * split > 65535:
-        raise ValueError(
-            f"batch {n} or groups {g.groups} x SPLIT_K {split} is over the 65535 this template launches"
-        )
-    args: dict[str, object] = {"x_ptr": x, "w_ptr": weight}
-    ep_args = epilogue_args(problem.epilogue, ops3, outs3, (n, p * q, k), (n, p * q, k))
-    args.update(ep_args)
-    args.update(
-        stride_xn=x.stride(0),
-        stride_xc=x.stride(1),
-        stride_xh=x.stride(2),
-        stride_xw=x.stride(3),
-        stride_wk=weight.stride(0),
-        stride_wc=weight.stride(1),
-        stride_wr=weight.stride(2),
-        stride_ws=weight.stride(3),
-    )
+    if g.groups * split > 65535:
+        raise ValueError(f"groups {g.groups} x SPLIT_K {split} is over the 65535 this template launches")
     if split > 1:
         out3 = (n, p * q, k)
         return split_k_bound(KIND, problem, config, target, index_64, grid, args, ep_args, outs, out3)
@@ -284,11 +288,35 @@ def bind_conv(
     return single_launch(KIND, problem, config, target, index_64, grid, args, outs, slots=slots)
 
 
-def _memory_format(channels_last: bool) -> torch.memory_format:
+def conv_outputs(
+    problem: Problem, x: torch.Tensor, out: tuple[torch.Tensor, ...] | None
+) -> tuple[torch.Tensor, ...]:
+    """A launch's outputs: ``out`` checked against the problem's shapes and dtypes, or new ones
+    in the input's memory format, as torch's conv2d allocates them (statistics contiguous)."""
+    specs = problem.epilogue.outputs
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in specs]
+    shapes = [output_shape(problem, o) for o in specs]
+    if out is None:
+        nhwc = conv_layout(x) == "nhwc"
+        return tuple(
+            torch.empty(s, dtype=dt, device=x.device, memory_format=memory_format(len(s) == 4 and nhwc))
+            for s, dt in zip(shapes, out_dtypes, strict=True)
+        )
+    if len(out) != len(out_dtypes) or any(
+        tuple(o.shape) != shape or o.dtype != dt or o.device != x.device
+        for o, shape, dt in zip(out, shapes, out_dtypes, strict=False)
+    ):
+        raise ValueError(
+            f"out must be {len(out_dtypes)} tensor(s) of shapes {shapes} with dtypes {out_dtypes}"
+        )
+    return tuple(out)
+
+
+def memory_format(channels_last: bool) -> torch.memory_format:
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
-def _kernel_view(o: torch.Tensor, spec: Output, p: int, q: int) -> torch.Tensor:
+def kernel_view(o: torch.Tensor, spec: Output, p: int, q: int) -> torch.Tensor:
     """An output as the kernel indexes it: [N, P*Q, K], a row statistic [N, P*Q]."""
     if not spec.reduce:
         return gemm_view(o, p, q)
@@ -505,7 +533,7 @@ def empty_conv_outputs(problem: Problem, device: torch.device) -> tuple[torch.Te
     outs = []
     for o in problem.epilogue.outputs:
         shape = output_shape(problem, o)
-        fmt = _memory_format(len(shape) == 4)
+        fmt = memory_format(len(shape) == 4)
         outs.append(torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device, memory_format=fmt))
     return tuple(outs)
 
