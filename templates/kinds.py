@@ -19,7 +19,7 @@ from epilab.ir import rules
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem, register_templates
 from epilab.ir.spec import SpecFormat
-from epilab.templates import conv2d, dual_gemv, dual_matmul, gemv, matmul
+from epilab.templates import conv2d, depthwise, dual_gemv, dual_matmul, gemv, matmul
 from epilab.templates.bound import Bound
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.render import Target, files_hash, kernel_hash, render
@@ -31,6 +31,7 @@ KINDS: dict[str, TemplateKind] = {
         matmul.KIND,
         gemv.KIND,
         conv2d.KIND,
+        depthwise.KIND,
         dual_matmul.KIND,
         dual_gemv.KIND,
     )

@@ -1,0 +1,296 @@
+"""The depthwise template's Python half: a direct depthwise convolution (one input channel
+per group, 1 or 2 output channels per input channel) with a fused epilogue.
+
+    out[n, k, p, q] = epilogue(sum_{r, s} x[n, k // mult, h, w] * weight[k, 0, r, s], operands)
+
+Its problems are conv2d problems (``ConvGeometry``, op conv2d) that the conv2d kind would
+run as an implicit GEMM with a reduction of only R * S: this kind is their twin
+(``twins``), and its untuned heuristic is preferred. A program walks TILE_H output rows
+down a strip BLOCK_M / TILE_H pixels wide for BLOCK_N channels, one row per step, the filter
+taps and the rows in flight in registers, each input pixel loaded once
+(``depthwise.py.jinja``); the epilogue runs on each row of the strip and sees
+the same [N, P*Q, K] GEMM view as the conv2d kind's, so its operands, outputs and statistics
+(per pixel over the channels, per image and channel over the pixels) are the conv2d kind's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+import triton
+
+from epilab.ir.problem import Config, Problem, Shape
+from epilab.templates import conv_geometry
+from epilab.templates.bound import Bound
+from epilab.templates.conv2d import (
+    conv_call,
+    conv_input_elements,
+    conv_inputs,
+    conv_problem_of,
+    conv_reference,
+    eager_conv,
+    empty_conv_outputs,
+    out_shape_of,
+    output_specs,
+)
+from epilab.templates.conv_geometry import ConvGeometry, conv_of
+from epilab.templates.kind import TemplateKind
+from epilab.templates.render import EPILOGUE_FILES, kernel_hash
+from epilab.templates.runtime import single_launch, target_for
+
+FILES = ("depthwise.py.jinja", *EPILOGUE_FILES)
+MULTIPLIERS = (1, 2)  # output channels per input channel
+MAX_TAPS = 9  # the largest kernel side it unrolls
+MAX_STEP = 4  # the largest stride and dilation it unrolls
+WIDTHS = (2, 4, 8, 16)  # a strip's width in pixels (BLOCK_M / TILE_H): its row is unrolled
+
+
+def geometry_error(problem: Problem) -> str | None:
+    """Why a problem is not a depthwise convolution this template runs, or None."""
+    g = conv_of(problem)
+    if g is None:
+        return "the depthwise template needs a conv2d problem"
+    why = conv_geometry.problem_error(problem)
+    if why is not None:
+        return why
+    mult = int(problem.shape.n) // g.c
+    if g.c_per_group != 1 or int(problem.shape.n) % g.c or mult not in MULTIPLIERS:
+        return (
+            f"the depthwise template runs groups = C with {MULTIPLIERS} output channels per input "
+            f"channel; this convolution has {g.groups} groups of {g.c_per_group} input and "
+            f"{int(problem.shape.n) // g.groups} output channels"
+        )
+    if max(g.r, g.s) > MAX_TAPS or max(*g.stride, *g.dilation) > MAX_STEP:
+        return (
+            f"the depthwise template unrolls kernels up to {MAX_TAPS}x{MAX_TAPS} with stride and "
+            f"dilation up to {MAX_STEP}; got {g.r}x{g.s}, stride {g.stride}, dilation {g.dilation}"
+        )
+    return None
+
+
+def tile_width(config: Config) -> int:
+    return config.BLOCK_M // config.TILE_H
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the depthwise template for ``problem`` (None when it does)."""
+    why = geometry_error(problem)
+    if why is not None:
+        return why
+    fixed = {"BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "variant": "default", "EPILOGUE_SUBTILE": 1}
+    fixed |= {"PROGRAMS_PER_SM": 1, "FLATTEN": 0, "WARP_SPECIALIZE": 0, "TMA_STORE": 0}
+    wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
+    if wrong:
+        return (
+            f"the depthwise template has no K blocks, groups, splits or variants; it got {', '.join(wrong)}"
+        )
+    if config.TILE_H > config.BLOCK_M or tile_width(config) not in WIDTHS:
+        return (
+            f"a depthwise strip is TILE_H rows of BLOCK_M / TILE_H pixels, one of {WIDTHS}; "
+            f"BLOCK_M={config.BLOCK_M}, TILE_H={config.TILE_H}"
+        )
+    return None
+
+
+def plan(g: ConvGeometry, tile_w: int) -> dict[str, object]:
+    """What the template unrolls for one step down a strip ``tile_w`` pixels wide: the output
+    rows in flight; the input rows a step loads (offsets from ``o * stride``, each with the
+    (row in flight, filter row) pairs that read it); the strip's input columns; and the join
+    tree that gathers a row's accumulators into one [tile_w, BLOCK_N] tile."""
+    (sh, dh), r = (g.stride[0], g.dilation[0]), g.r
+    in_flight = (r - 1) * dh // sh + 1  # output rows whose windows overlap one input row
+    first_row = (r - 1) * dh - sh + 1  # the first input row a step loads, after o * stride
+    steps = []
+    for d in range(sh):
+        uses = [
+            (f, (first_row + d - f * sh) // dh)
+            for f in range(in_flight)
+            if first_row + d - f * sh >= 0
+            and (first_row + d - f * sh) % dh == 0
+            and (first_row + d - f * sh) // dh < r
+        ]
+        if uses:
+            steps.append((d, uses))
+    cols = sorted({j * g.stride[1] + s * g.dilation[1] for j in range(tile_w) for s in range(g.s)})
+    bits = tile_w.bit_length() - 1
+    leaves = []
+    for pos in range(tile_w):  # position pos holds pixel bitrev(pos) (see the template)
+        j = int(f"{pos:0{bits}b}"[::-1], 2) if bits else 0
+        leaves.append(f"a0_{j}")
+    joins, level = [], leaves
+    while len(level) > 1:
+        depth = len(joins) + 1
+        step = [(f"j{depth}_{n}", level[2 * n], level[2 * n + 1]) for n in range(len(level) // 2)]
+        joins.append(step)
+        level = [name for name, _, _ in step]
+    return {
+        "in_flight": in_flight,
+        "first_row": first_row,
+        "steps": steps,
+        "cols": cols,
+        "joins": joins,
+        "joined": level[0],
+    }
+
+
+def render_vars(problem: Problem, config: Config) -> dict[str, object]:
+    """The geometry and the unrolling plan the template renders as constants."""
+    g = conv_of(problem)
+    assert g is not None
+    tile_h, tile_w = config.TILE_H, tile_width(config)
+    k = int(problem.shape.n)
+    return {
+        "g": g,
+        "k": k,
+        "mult": k // g.c,
+        "tile_h": tile_h,
+        "tile_w": tile_w,
+        "strips_h": triton.cdiv(g.p, tile_h),
+        "strips_w": triton.cdiv(g.q, tile_w),
+        **plan(g, tile_w),
+    }
+
+
+def bind_depthwise(
+    problem: Problem,
+    config: Config,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+) -> Bound:
+    """Everything a depthwise launch does up to the launch itself (see ``matmul.bind``)."""
+    call = conv_call(problem, x, weight, operands, out)
+    if not call.args:
+        return Bound(call.outs, lambda: None, lambda: None)
+    n, k, p, q = out_shape_of(problem)
+    strips = triton.cdiv(p, config.TILE_H) * triton.cdiv(q, tile_width(config))
+    channel_blocks = triton.cdiv(k, config.BLOCK_N)
+    grid = (channel_blocks * strips, n)
+    slots = (strips, channel_blocks)  # statistics: per strip, per channel block
+    target = target_for(x.device)
+    return single_launch(
+        KIND, problem, config, target, call.index_64, grid, call.args, call.outs, slots=slots
+    )
+
+
+def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:
+    """The untuned config: strips 8 pixels wide (narrower where the output is), 16 rows
+    (fewer where that leaves under two programs per SM), 32 channels on one warp (64 on two
+    from 256 channels), as the first H200 sweep favoured (``benchmarks/RESULTS.md``)."""
+    g = conv_of(problem)
+    assert g is not None
+    if target == "interpreter":
+        return Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)
+    k = int(problem.shape.n)
+    width = min(8, max(2, triton.next_power_of_2(g.q)))
+    channels = 64 if k >= 256 else 32
+    rows = min(16, triton.next_power_of_2(g.p))
+    images = problem.shape.batch if isinstance(problem.shape.batch, int) else 1
+
+    def programs(rows: int) -> int:
+        return triton.cdiv(k, channels) * triton.cdiv(g.q, width) * triton.cdiv(g.p, rows) * images
+
+    while rows > 4 and programs(rows) < 2 * sm_count:
+        rows //= 2
+    return Config(rows * width, channels, 16, 1, num_warps=channels // 32, num_stages=1, TILE_H=rows)
+
+
+def depthwise_twin(problem: Problem) -> Problem | None:
+    """A depthwise convolution on the conv2d template as this template's problem, else None."""
+    if problem.template != "conv2d" or geometry_error(problem) is not None:
+        return None
+    return on_this_template(problem)
+
+
+def depthwise_twins(problem: Problem) -> tuple[Problem, ...]:
+    twin = depthwise_twin(problem)
+    return () if twin is None else (twin,)
+
+
+def depthwise_problem_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    """The problem these tensors make under ``problem``'s geometry, on this template."""
+    return on_this_template(conv_problem_of(problem, a, b, operands))
+
+
+def on_this_template(problem: Problem) -> Problem:
+    """A conv2d problem (its geometry, op and epilogue) on this template, with its hash."""
+    return dataclasses.replace(
+        problem, template="depthwise", template_hash=kernel_hash(FILES, problem.epilogue)
+    )
+
+
+def depthwise_kernel_shape(problem: Problem) -> Shape:
+    """What one program's tiles cover: pixels, every output channel, the taps."""
+    return problem.shape
+
+
+def depthwise_search_error(problem: Problem, config: Config) -> str | None:
+    """Configs not worth a trial: lanes that hold no channel, tiles wider than the output."""
+    channels, lanes = config.BLOCK_N, 32 * config.num_warps
+    if channels < lanes:
+        return f"{config.BLOCK_N} channels leave lanes of {config.num_warps} warp(s) idle"
+    g = conv_of(problem)
+    assert g is not None
+    rows, wide, tall = config.TILE_H, max(2, triton.next_power_of_2(g.q)), triton.next_power_of_2(g.p)
+    if tile_width(config) > wide or rows > tall:
+        return f"a strip of {rows}x{tile_width(config)} pixels is larger than the {g.p}x{g.q} output"
+    return None
+
+
+# where the tuner searches (BLOCK_M: pixels per program; TILE_H: its rows; BLOCK_N: channels)
+SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
+    "BLOCK_M": (16, 32, 64, 128, 256),
+    "TILE_H": (2, 4, 8, 16, 32, 64),
+    "BLOCK_N": (32, 64, 128),
+    "BLOCK_K": (16,),
+    "GROUP_M": (1,),
+    "num_warps": (1, 2, 4),
+    "num_stages": (1,),
+}
+
+SEEDS = (  # strips of 8 (or 4) pixels, 8 to 32 rows, one or two channels per lane
+    Config(128, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=16),
+    Config(128, 64, 16, 1, num_warps=2, num_stages=1, TILE_H=16),
+    Config(64, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=8),
+    Config(256, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=32),
+    Config(64, 64, 16, 1, num_warps=1, num_stages=1, TILE_H=16),
+)
+
+
+KIND = TemplateKind(
+    name="depthwise",
+    files=FILES,
+    ops=(),
+    takes=("conv2d",),
+    library="cudnn",
+    input_args=("x_ptr", "w_ptr"),
+    space=SPACE,
+    seeds=SEEDS,
+    check=config_error,
+    default_config=default_depthwise_config,
+    kernel_shape=depthwise_kernel_shape,
+    problem_of=depthwise_problem_of,
+    bind=bind_depthwise,
+    output_specs=lambda problem, a, b: output_specs(problem),
+    empty_outputs=empty_conv_outputs,
+    inputs=conv_inputs,
+    reference=conv_reference,
+    baseline=eager_conv,
+    input_elements=conv_input_elements,
+    render_vars=render_vars,
+    search_error=depthwise_search_error,
+    twins=depthwise_twins,
+    prefer_untuned=True,
+    reductions=True,
+    layouts=conv_geometry.LAYOUTS,
+    geometry=ConvGeometry,
+    problem_error=geometry_error,
+    label=conv_geometry.label,
+    transfer_key=conv_geometry.transfer_key,
+    spec_module="epilab.templates.conv_spec",
+)

@@ -1,0 +1,193 @@
+"""The depthwise template (a direct kernel: pixel tiles with their halo, the taps unrolled)
+against torch's conv2d in float64 with the epilogue after it, on awkward geometries, both
+memory formats, every input dtype and epilogues with operands, casts, several outputs and
+statistics; outputs poisoned with NaN first so that an unwritten element shows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from epilab.ir.epilogue import Epilogue, Expr, acc, operand
+from epilab.ir.problem import Config, Problem
+from epilab.templates import depthwise
+from epilab.templates.conv_spec import ConvSpec
+from epilab.templates.kinds import default_config, kind_of, twins, untuned_choice
+from epilab.templates.verify import checked_launch, random_inputs
+
+SMALL = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)  # 2 rows of an 8-pixel strip
+
+
+def problem_of(spec: ConvSpec) -> Problem:
+    """The spec's depthwise twin (the conv2d problem on this template)."""
+    found = [t for t in twins(spec.problem()) if t.template == "depthwise"]
+    assert len(found) == 1, f"no depthwise twin for {spec.label()}"
+    return found[0]
+
+
+def run(spec: ConvSpec, config: Config = SMALL, device: str = "cpu", seed: int = 0) -> tuple[Problem, object]:
+    problem = problem_of(spec)
+    x, w, ops = random_inputs(problem, device, seed)
+    return problem, checked_launch(problem, config, x, w, ops)
+
+
+def dw(n, c, h, w, r, *, mult=1, stride=1, padding=None, dilation=1, **kw) -> ConvSpec:
+    pad = (r // 2) * dilation if padding is None else padding
+    return ConvSpec(n, c, h, w, mult * c, r, r, stride, pad, dilation, groups=c, **kw)
+
+
+GEOMETRIES = {
+    "3x3": dw(2, 8, 7, 9, 3),
+    "5x5 stride 2, odd sizes": dw(1, 6, 9, 11, 5, stride=2),
+    "7x7 unpadded": dw(1, 5, 10, 12, 7, padding=0),
+    "3x3 dilation 2": dw(1, 4, 9, 8, 3, dilation=2),
+    "multiplier 2": dw(1, 6, 6, 7, 3, mult=2),
+    "multiplier 2, stride 2": dw(2, 3, 8, 8, 5, mult=2, stride=2),
+    "channels over one block": dw(1, 40, 4, 5, 3),
+    "1x1 output": dw(1, 8, 3, 3, 3, padding=0),
+}
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_depthwise_geometries_and_layouts(geometry, layout):
+    run(dataclasses.replace(GEOMETRIES[geometry], dtype="float32", layout=layout, epilogue="bias"))
+
+
+@pytest.mark.parametrize(
+    "epilogue",
+    ["none", "bn_relu6", "bn_hardswish", "bn_silu", "bias_residual_relu", "silu_two_outputs", "scalar"],
+)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_depthwise_epilogues_and_dtypes(epilogue, dtype):
+    run(dw(2, 16, 5, 6, 3, dtype=dtype, epilogue=epilogue))
+
+
+def with_statistic(problem: Problem, value: Expr, reduce: str) -> Problem:
+    """``problem`` with the bias output and a statistic of ``value`` (fp32) after it."""
+    ep = Epilogue.build([(acc() + operand("bias", "row"), problem.dtype), (value, "float32", reduce)])
+    return dataclasses.replace(problem, epilogue=ep, template_hash=depthwise.kernel_hash(depthwise.FILES, ep))
+
+
+@pytest.mark.parametrize(
+    "statistic,reduce",
+    [
+        (lambda: acc(), "row_sum"),  # per pixel over the channels: a LayerNorm's mean
+        (lambda: acc() * acc(), "row_sum"),  # ... and its second moment
+        (lambda: acc() + operand("bias", "row"), "col_sum"),  # per image and channel: an SE pool
+        (lambda: acc(), "col_max"),
+    ],
+)
+def test_depthwise_statistics(statistic, reduce):
+    problem = with_statistic(
+        problem_of(dw(2, 16, 6, 7, 3, dtype="float32", epilogue="bias")), statistic(), reduce
+    )
+    x, w, ops = random_inputs(problem, "cpu", 0)
+    bound = checked_launch(problem, Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=4), x, w, ops)
+    want = (2, 6, 7) if reduce.startswith("row") else (2, 16)
+    assert tuple(bound.outs[1].shape) == want
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=1),  # one row of 16 a program
+        Config(16, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=8),  # strips of 2
+        Config(64, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=16),  # taller than the output
+    ],
+)
+def test_depthwise_strips(config):
+    run(dw(1, 24, 6, 10, 5, dtype="float32", epilogue="bias"), config)
+    run(dw(1, 24, 9, 7, 3, stride=2, dtype="float32", epilogue="bias"), config)
+
+
+def test_depthwise_is_the_conv2d_problems_twin_and_its_heuristic_is_preferred():
+    conv = dw(1, 8, 6, 6, 3).problem()
+    twin = problem_of(dw(1, 8, 6, 6, 3))
+    assert conv.template == "conv2d" and untuned_choice(conv) == twin
+    assert twin.shape == conv.shape and twin.geometry == conv.geometry and twin.key != conv.key
+    assert Problem.from_json(twin.to_json()) == twin
+    grouped = ConvSpec(1, 8, 6, 6, 8, 3, 3, padding=1, groups=4).problem()  # 2 channels per group
+    tripled = ConvSpec(1, 8, 6, 6, 24, 3, 3, padding=1, groups=8).problem()  # multiplier 3
+    assert [t.template for t in twins(grouped)] == ["conv2d"]
+    assert [t.template for t in twins(tripled)] == ["conv2d"]
+
+
+def test_the_default_config_fits_every_suite_layer():
+    from epilab.tuner.suites import suite
+
+    for spec in suite("depthwise"):
+        problem = problem_of(spec)
+        config = default_config(problem)
+        assert kind_of(problem).config_error(problem, config) is None, spec.label()
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (Config(16, 16, 32, 1, num_warps=1, num_stages=1), "no K blocks"),
+        (Config(64, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2), "one of (2, 4, 8, 16)"),
+        (Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16), "one of (2, 4, 8, 16)"),
+        (Config(128, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=64), None),
+    ],
+)
+def test_depthwise_config_errors_say_what_is_accepted(config, match):
+    problem = problem_of(dw(1, 8, 6, 6, 3))
+    why = depthwise.config_error(problem, config)
+    assert (why is None) if match is None else (match in why)
+
+
+def test_a_convolution_it_does_not_run_is_refused_clearly():
+    conv = ConvSpec(1, 8, 6, 6, 8, 3, 3, padding=1, groups=4).problem()
+    with pytest.raises(ValueError, match="groups = C with"):
+        dataclasses.replace(
+            conv, template="depthwise", template_hash=depthwise.kernel_hash(depthwise.FILES, conv.epilogue)
+        )
+    big = ConvSpec(1, 8, 20, 20, 8, 11, 11, padding=5, groups=8).problem()
+    assert [t.template for t in twins(big)] == ["conv2d"]
+
+
+def test_the_unrolling_plan_loads_each_input_row_once_and_uses_every_tap():
+    plan = depthwise.plan(problem_of(dw(1, 8, 14, 14, 7)).geometry, 8)
+    assert plan["in_flight"] == 7 and plan["cols"] == list(range(8 + 7 - 1))
+    assert plan["steps"] == [(0, [(f, 6 - f) for f in range(7)])]  # one new row a step, every filter row
+    assert len(plan["joins"]) == 3 and plan["joined"] == "j3_0"
+    strided = depthwise.plan(problem_of(dw(1, 8, 14, 14, 5, stride=2)).geometry, 4)
+    assert strided["in_flight"] == 3 and strided["first_row"] == 3
+    assert sorted(r for _, uses in strided["steps"] for _, r in uses) == [0, 1, 2, 3, 4]  # each once
+    dilated = depthwise.plan(problem_of(dw(1, 8, 14, 14, 3, dilation=2)).geometry, 4)
+    assert dilated["in_flight"] == 5 and dilated["steps"] == [(0, [(0, 2), (2, 1), (4, 0)])]
+
+
+# ------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dw(32, 384, 14, 14, 7, epilogue="bias"),
+        dw(8, 240, 28, 28, 5, epilogue="bn_silu"),
+        dw(8, 144, 56, 56, 3, stride=2, epilogue="bn_relu6"),
+        dw(4, 672, 14, 14, 5, mult=2, epilogue="bn_hardswish"),
+        dw(3, 100, 17, 23, 3, dilation=2, epilogue="bias_residual_relu"),
+    ],
+    ids=lambda s: s.label(),
+)
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_gpu_depthwise(spec, layout):
+    check_every_seed(problem_of(dataclasses.replace(spec, layout=layout)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduce", ["row_sum", "col_sum"])
+def test_gpu_depthwise_statistics(reduce):
+    check_every_seed(with_statistic(problem_of(dw(4, 96, 20, 20, 7, epilogue="bias")), acc(), reduce))
+
+
+def check_every_seed(problem: Problem) -> None:
+    for config in {default_config(problem), *depthwise.SEEDS}:
+        if kind_of(problem).config_error(problem, config) is None:
+            x, w, ops = random_inputs(problem, "cuda", 0)
+            checked_launch(problem, config, x, w, ops)
