@@ -8,6 +8,9 @@ memory of input and weight) and ``epilogue`` (``ir/spec.py``; per-channel operan
   stem, the 3x3 layers at 56/28/14/7 with C = K = 64/128/256/512, and the 1x1
   expansions (with the block's residual add) and reductions, each with its folded
   batch norm as a per-channel bias and ReLU.
+- ``depthwise``: the depthwise convolutions (groups = channels) of MobileNetV2/V3,
+  EfficientNet-B0 and ConvNeXt-T's 7x7 stages at batch 1, 32 and 128, bf16 channels_last,
+  each with its model's folded batch norm and activation (ConvNeXt: a bias).
 """
 
 from __future__ import annotations
@@ -135,11 +138,43 @@ _RESNET50 = [  # (c, hw, k, r, stride, padding, epilogue): the distinct layers o
     ),
     *((4 * ch, hw, ch, 1, 1, 0, "bias_relu") for ch, hw in ((64, 56), (128, 28), (256, 14), (512, 7))),
 ]
+# (channels, input size, kernel, stride, epilogue): the distinct depthwise layers of
+# MobileNetV2 (3x3, BN + ReLU6), MobileNetV3-Large (3x3 and 5x5, BN + ReLU or hardswish),
+# EfficientNet-B0 (3x3 and 5x5, BN + SiLU) and ConvNeXt-T's 7x7 stages (bias; a LayerNorm follows)
+_DEPTHWISE = [
+    (32, 112, 3, 1, "bn_relu6"),
+    (96, 112, 3, 2, "bn_relu6"),
+    (144, 56, 3, 1, "bn_relu6"),
+    (192, 28, 3, 1, "bn_relu6"),
+    (384, 14, 3, 1, "bn_relu6"),
+    (576, 14, 3, 2, "bn_relu6"),
+    (960, 7, 3, 1, "bn_relu6"),
+    (72, 56, 5, 2, "bn_relu"),
+    (120, 28, 5, 1, "bn_relu"),
+    (480, 14, 3, 1, "bn_hardswish"),
+    (672, 14, 5, 2, "bn_hardswish"),
+    (960, 7, 5, 1, "bn_hardswish"),
+    (144, 56, 5, 2, "bn_silu"),
+    (240, 28, 5, 1, "bn_silu"),
+    (480, 14, 5, 1, "bn_silu"),
+    (672, 14, 5, 1, "bn_silu"),
+    (1152, 7, 5, 1, "bn_silu"),
+    (1152, 7, 3, 1, "bn_silu"),
+    (96, 56, 7, 1, "bias"),
+    (192, 28, 7, 1, "bias"),
+    (384, 14, 7, 1, "bias"),
+    (768, 7, 7, 1, "bias"),
+]
 SUITES = {
     "conv": [
         ConvSpec(32, c, hw, hw, k, r, r, stride, pad, epilogue=ep)
         for c, hw, k, r, stride, pad, ep in _RESNET50
-    ]
+    ],
+    "depthwise": [
+        ConvSpec(n, c, hw, hw, c, r, r, stride, r // 2, groups=c, epilogue=ep)
+        for n in (1, 32, 128)
+        for c, hw, r, stride, ep in _DEPTHWISE
+    ],
 }
 
 

@@ -350,12 +350,13 @@ def test_builtin_suites_build_valid_problems():
         "gemv": 20,
         "gemv-fused": 22,
         "conv": 13,
+        "depthwise": 66,
         "mlp": 25,
         "fp8": 19,
     }
     for name, specs in SUITES.items():
         for spec in specs:
-            want = {"conv": "conv2d", "mlp": "dual_matmul"}.get(
+            want = {"conv": "conv2d", "depthwise": "conv2d", "mlp": "dual_matmul"}.get(
                 name, "gemv" if name.startswith("gemv") else "matmul"
             )
             assert spec.problem().template == want
