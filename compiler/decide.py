@@ -51,6 +51,12 @@ Dynamic M: the problem's M is a sympy expression. The plan is a small table of
 M buckets, each with its config (the nearest record to the bucket's
 representative M, or the heuristic); under ``auto`` the template is used only
 when records exist and each bucket's record beats its baselines.
+
+Dynamic batch (a convolution's images): only ``Shape.batch`` is symbolic. A config does not
+depend on the batch (a convolution's transfer key leaves it out), so the problem is decided
+as above at ``BATCH_HINT`` images and the call runs the chosen template's problem with the
+batch left symbolic. A twin of another shape (a 1x1 convolution's matmul, whose M would be
+the batch times the pixels) cannot run so: the aten op is kept where one is chosen.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from typing import Any
 from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.ir.problem import Config, Problem, identity_key_of
-from epilab.templates.kinds import default_config, twins, untuned_choice
+from epilab.templates.kinds import default_config, for_template, twins, untuned_choice
 from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
 from epilab.tuner.space import run_error
 from epilab.tuner.suites import problem_label
@@ -73,6 +79,8 @@ from epilab.tuner.suites import problem_label
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
 FUSED_LAUNCH_BOUND_MS = 0.02  # without CUDA graphs: shorter templates keep aten
 LAUNCH_EXTRA_MS = 0.010  # without CUDA graphs: what a template call costs over the aten op (RESULTS.md)
+
+BATCH_HINT = 32  # the images a dynamic-batch problem is decided at
 
 # Representative M of each bucket and the bucket's upper bound (geometric midpoints).
 BUCKETS: tuple[tuple[int, int | None], ...] = (
@@ -251,6 +259,8 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
     if ctx.device is None or ctx.target is None:
         return made(False, None, None, "CPU tensors: templates run on CPU only with EPILAB_INTERPRET=1")
     if not problem.shape.is_static():
+        if _batch_only(problem):
+            return _decide_batch(problem, ctx, anchor, shape)
         return _decide_dynamic(problem, ctx, made)
     candidates = candidates_of(problem)
     found = _best_hit(candidates, ctx)
@@ -384,6 +394,28 @@ def _lookup(problem: Problem, ctx: Context, m: int | None = None) -> Lookup | No
 
 def _plan(hit: Lookup) -> Plan:
     return Plan(config=Config.from_dict(hit.record.config or {}))
+
+
+def _batch_only(problem: Problem) -> bool:
+    """Whether the batch is the problem's only symbolic dim (a dynamic batch of images)."""
+    s = problem.shape
+    return all(isinstance(d, int) for d in (s.m, s.n, s.k)) and not isinstance(s.batch, int)
+
+
+def _decide_batch(
+    problem: Problem, ctx: Context, anchor: str, shape: str
+) -> tuple[Decision, Plan | None, Problem]:
+    """A dynamic-batch problem, decided at ``BATCH_HINT`` images; the call runs the chosen
+    template with the batch symbolic (see the module's docstring)."""
+    at = dataclasses.replace(problem, shape=dataclasses.replace(problem.shape, batch=BATCH_HINT))
+    decision, plan, chosen = decide(at, ctx, anchor, shape)
+    if decision.template is None:
+        return decision, plan, problem
+    if chosen.shape != at.shape:
+        reason = f"dynamic batch: the {chosen.template} twin chosen at batch {BATCH_HINT} has another shape"
+        return dataclasses.replace(decision, template=None, config=None, reason=reason), None, problem
+    why = f"{decision.reason} (dynamic batch, decided at {BATCH_HINT} images)"
+    return dataclasses.replace(decision, reason=why), plan, for_template(problem, chosen.template)
 
 
 def _decide_dynamic(

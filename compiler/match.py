@@ -542,8 +542,8 @@ class _ConvGrower(_Grower):
             raise NoGroup("only 2-D, non-transposed convolutions have a template")
         if xv.dtype not in ANCHOR_DTYPES or wv.dtype != xv.dtype or self.out.dtype != xv.dtype:
             raise NoGroup(f"inputs {xv.dtype}/{wv.dtype}: the templates take float16, bfloat16, float32")
-        if not _static(self.O) or not _static(xv.shape):
-            raise NoGroup("the conv2d template takes static shapes")
+        if not _static(self.O[1:]) or not _static(xv.shape[1:]):
+            raise NoGroup("the conv2d template takes static channels and image sizes (the batch may vary)")
         self.conv_args = (list(stride), list(padding), list(dilation), int(groups))  # type: ignore[arg-type]
         value: Expr = acc()
         if bias is not None:
@@ -579,7 +579,7 @@ class _ConvGrower(_Grower):
         xv, wv = val(x), val(w)
         assert xv is not None and wv is not None
         stride, padding, dilation, groups = self.conv_args
-        _, c, h, wd = (int(expr_of(d)) for d in xv.shape)
+        c, h, wd = (int(expr_of(d)) for d in xv.shape[1:])
         _, _, r, s = (int(expr_of(d)) for d in wv.shape)
         try:
             geometry = ConvGeometry(h, wd, c, r, s, tuple(stride), tuple(padding), tuple(dilation), groups)
@@ -593,6 +593,7 @@ class _ConvGrower(_Grower):
             [(o.name, o.broadcast, val(o.node)) for o in operands],  # type: ignore[misc]
             precision,
             template_hash(default_template("conv2d"), epilogue),
+            None if _static(xv.shape[:1]) else expr_of(xv.shape[0]),
         )
 
 

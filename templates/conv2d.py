@@ -184,34 +184,43 @@ def make_conv_problem(
     )
 
 
-def out_shape_of(problem: Problem) -> tuple[int, int, int, int]:
+def out_shape_of(problem: Problem, n: object = None) -> tuple[object, int, int, int]:
+    """[N, K, P, Q]: N is ``n`` (a call's batch, an int or a SymInt) where given, else the
+    problem's own (which must then be static)."""
     g = conv_of(problem)
     assert g is not None
-    return (int(problem.shape.batch), int(problem.shape.n), g.p, g.q)
+    return (int(problem.shape.batch) if n is None else n, int(problem.shape.n), g.p, g.q)
 
 
-def output_shape(problem: Problem, out: Output) -> tuple[int, ...]:
+def output_shape(problem: Problem, out: Output, n: object = None) -> tuple[object, ...]:
     """Output ``out``'s shape: [N, K, P, Q]; a row statistic (over the channels) [N, P, Q], a
-    column statistic (over the pixels) [N, K]."""
-    n, k, p, q = out_shape_of(problem)
+    column statistic (over the pixels) [N, K]; N as in ``out_shape_of``."""
+    n, k, p, q = out_shape_of(problem, n)
     if not out.reduce:
         return (n, k, p, q)
     return (n, p, q) if REDUCTIONS[out.reduce][1] == "n" else (n, k)
 
 
-def output_specs(problem: Problem) -> list[OutputSpec]:
-    """Every output's shape and the strides ``bind_conv`` gives it (statistics contiguous)."""
+def output_specs(problem: Problem, x: torch.Tensor) -> list[OutputSpec]:
+    """Every output's shape and the strides ``bind_conv`` gives it (statistics contiguous)
+    for a call with input ``x`` (its batch may be symbolic: a dynamic batch)."""
+    _, k, p, q = out_shape_of(problem, x.shape[0])
     specs = []
     for o in problem.epilogue.outputs:
-        shape = output_shape(problem, o)
-        strides = out_strides_of(problem) if not o.reduce else torch.empty(shape, device="meta").stride()
-        specs.append((shape, tuple(strides)))
+        shape = output_shape(problem, o, x.shape[0])
+        if not o.reduce:
+            strides: tuple[int, ...] = out_strides_of(problem)
+        else:
+            strides = (p * q, q, 1) if len(shape) == 3 else (k, 1)
+        specs.append((shape, strides))
     return specs
 
 
 def out_strides_of(problem: Problem) -> tuple[int, int, int, int]:
     """The strides ``bind_conv`` gives its outputs: channels_last for an nhwc input, else contiguous."""
-    _, k, p, q = out_shape_of(problem)
+    g = conv_of(problem)
+    assert g is not None
+    k, p, q = int(problem.shape.n), g.p, g.q
     if problem.layout_a == "nhwc":
         return (k * p * q, 1, q * k, k)
     return (k * p * q, p * q, q, 1)
@@ -224,6 +233,7 @@ class ConvCall:
     their strides, the epilogue's operands and outputs in [N, P*Q, K] terms)."""
 
     outs: tuple[torch.Tensor, ...]
+    shape: tuple[int, int, int, int]  # the call's [N, K, P, Q]
     args: dict[str, object]  # empty for an empty batch (nothing to launch)
     epilogue_args: dict[str, object]
     index_64: bool  # a tensor spans 2**31 elements or more
@@ -236,26 +246,32 @@ def conv_call(
     operands: Mapping[str, torch.Tensor],
     out: tuple[torch.Tensor, ...] | None,
 ) -> ConvCall:
-    """Check the tensors' sizes against ``problem`` and gather a conv kind's launch arguments."""
+    """Check the tensors' sizes against ``problem`` (whose batch may be symbolic) and gather a
+    conv kind's launch arguments."""
     g = conv_of(problem)
     if g is None:
         raise ValueError(f"a {problem.template} launch needs a conv2d problem")
-    n, k, p, q = out_shape_of(problem)
-    if tuple(x.shape) != (n, g.c, g.h, g.w) or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s):
+    n, k, p, q = shape = out_shape_of(problem, x.shape[0] if x.dim() == 4 else -1)
+    batch = problem.shape.batch
+    if (
+        tuple(x.shape) != (n, g.c, g.h, g.w)
+        or tuple(weight.shape) != (k, g.c_per_group, g.r, g.s)
+        or (isinstance(batch, int) and n != batch)
+    ):
         raise ValueError(f"input {tuple(x.shape)} / weight {tuple(weight.shape)} do not match the problem")
     outs = conv_outputs(problem, x, out)
     if n == 0:
-        return ConvCall(outs, {}, {}, False)
+        return ConvCall(outs, shape, {}, {}, False)
     if n > 65535:
         raise ValueError(f"batch {n} is over the 65535 images a convolution kernel launches")
     specs = problem.epilogue.outputs
-    ops3 = operands_3d(problem.epilogue, operands, (n, k, p, q))
+    ops3 = operands_3d(problem.epilogue, operands, shape)
     outs3 = tuple(kernel_view(o, spec, p, q) for o, spec in zip(outs, specs, strict=True))
     ep_args = epilogue_args(problem.epilogue, ops3, outs3, (n, p * q, k), (n, p * q, k))
     strides = dict(zip(("stride_xn", "stride_xc", "stride_xh", "stride_xw"), x.stride(), strict=True))
     strides |= dict(zip(("stride_wk", "stride_wc", "stride_wr", "stride_ws"), weight.stride(), strict=True))
     index_64 = any(extent(t) > INT32_MAX for t in (x, weight, *outs, *operands.values()))
-    return ConvCall(outs, {"x_ptr": x, "w_ptr": weight, **ep_args, **strides}, ep_args, index_64)
+    return ConvCall(outs, shape, {"x_ptr": x, "w_ptr": weight, **ep_args, **strides}, ep_args, index_64)
 
 
 def bind_conv(
@@ -273,7 +289,7 @@ def bind_conv(
         return Bound(outs, lambda: None, lambda: None)
     g = conv_of(problem)
     assert g is not None
-    n, k, p, q = out_shape_of(problem)
+    n, k, p, q = call.shape
     target = target_for(x.device)
     k_g = k // g.groups
     split = config.SPLIT_K
@@ -295,7 +311,7 @@ def conv_outputs(
     in the input's memory format, as torch's conv2d allocates them (statistics contiguous)."""
     specs = problem.epilogue.outputs
     out_dtypes = [dtypes.torch_dtype(o.dtype) for o in specs]
-    shapes = [output_shape(problem, o) for o in specs]
+    shapes = [output_shape(problem, o, x.shape[0]) for o in specs]
     if out is None:
         nhwc = conv_layout(x) == "nhwc"
         return tuple(
@@ -349,7 +365,7 @@ def conv_epilogue(
     flat = {name: gemm(t) if broadcasts[name] == "tile" else t.reshape(-1) for name, t in operands.items()}
     outs = problem.epilogue.evaluate(gemm(acc), flat)
     return tuple(
-        v.reshape(n, p, q, k).permute(0, 3, 1, 2) if not o.reduce else v.reshape(output_shape(problem, o))
+        v.reshape(n, p, q, k).permute(0, 3, 1, 2) if not o.reduce else v.reshape(output_shape(problem, o, n))
         for v, o in zip(outs, problem.epilogue.outputs, strict=True)
     )
 
@@ -573,7 +589,7 @@ KIND = TemplateKind(
     kernel_shape=conv_kernel_shape,
     problem_of=conv_problem_of,
     bind=bind_conv,
-    output_specs=lambda problem, a, b: output_specs(problem),
+    output_specs=lambda problem, a, b: output_specs(problem, a),
     empty_outputs=empty_conv_outputs,
     inputs=conv_inputs,
     reference=conv_reference,

@@ -15,7 +15,7 @@ import torch
 
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import OperandSpec, Problem, Shape
+from epilab.ir.problem import Dim, OperandSpec, Problem, Shape
 
 LAYOUTS = ("nhwc", "nchw", "strided")  # conv2d input (A) and weight (B: KRSC = nhwc, KCRS = nchw)
 
@@ -137,9 +137,11 @@ def conv_problem(
     operands: list[tuple[str, str, torch.Tensor]],
     precision: str,
     template_hash: str,
+    batch: Dim | None = None,
 ) -> Problem:
     """The conv2d Problem of checked tensors (real or fake): (name, broadcast, tensor) per operand;
-    ``template_hash`` is the registry's for the epilogue (``kinds.template_hash``)."""
+    ``template_hash`` is the registry's for the epilogue (``kinds.template_hash``); ``batch``:
+    the images as a symbolic dim (a dynamic batch), else the input's."""
     specs = [
         OperandSpec(
             name,
@@ -158,7 +160,12 @@ def conv_problem(
         layout_b=conv_layout(weight),
         operands=tuple(specs),
         epilogue=epilogue,
-        shape=Shape(int(n), geometry.p * geometry.q, int(k), geometry.r * geometry.s * geometry.c_per_group),
+        shape=Shape(
+            int(n) if batch is None else batch,
+            geometry.p * geometry.q,
+            int(k),
+            geometry.r * geometry.s * geometry.c_per_group,
+        ),
         precision=precision if x.dtype == torch.float32 else "ieee",
         geometry=geometry,
     )

@@ -32,7 +32,6 @@ from epilab.templates.conv2d import (
     conv_reference,
     eager_conv,
     empty_conv_outputs,
-    out_shape_of,
     output_specs,
 )
 from epilab.templates.conv_geometry import ConvGeometry, conv_of
@@ -165,7 +164,7 @@ def bind_depthwise(
     call = conv_call(problem, x, weight, operands, out)
     if not call.args:
         return Bound(call.outs, lambda: None, lambda: None)
-    n, k, p, q = out_shape_of(problem)
+    n, k, p, q = call.shape
     strips = triton.cdiv(p, config.TILE_H) * triton.cdiv(q, tile_width(config))
     channel_blocks = triton.cdiv(k, config.BLOCK_N)
     grid = (channel_blocks * strips, n)
@@ -276,7 +275,7 @@ KIND = TemplateKind(
     kernel_shape=depthwise_kernel_shape,
     problem_of=depthwise_problem_of,
     bind=bind_depthwise,
-    output_specs=lambda problem, a, b: output_specs(problem),
+    output_specs=lambda problem, a, b: output_specs(problem, a),
     empty_outputs=empty_conv_outputs,
     inputs=conv_inputs,
     reference=conv_reference,

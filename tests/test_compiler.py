@@ -701,6 +701,43 @@ def test_conv_with_bias_stride_and_groups_through_the_backend(db_path):
     assert d.template == "conv2d" and "exp" in d.epilogue and "name=bias" in d.epilogue  # silu, decomposed
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand + BN + ReLU6, 3x3 depthwise + BN + ReLU6, 1x1 project
+    + BN, + the input."""
+
+    def __init__(self, c: int = 8, expand: int = 3) -> None:
+        super().__init__()
+        h = c * expand
+        self.expand = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU6())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), nn.BatchNorm2d(h), nn.ReLU6()
+        )
+        self.project = nn.Sequential(nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return x + self.project(self.depthwise(self.expand(x)))
+
+
+def test_a_depthwise_convolution_takes_the_depthwise_template_with_its_bn_relu6_fused(db_path):
+    """Under ``always`` its heuristic is preferred to the implicit GEMM's; a second batch size
+    recompiles with a dynamic batch (Dynamo's automatic dynamic shapes): the convolutions stay
+    on their templates, decided at a representative batch."""
+    torch.manual_seed(0)
+    block = _randomized(InvertedResidual()).to(memory_format=torch.channels_last)
+    run = compiled(block, db_path)
+    with torch.no_grad():
+        for batch, dynamic in ((2, False), (3, True)):
+            x = torch.randn(batch, 8, 6, 5).contiguous(memory_format=torch.channels_last)
+            check_close(run(x), as64(block)(x.double()))
+            convs = used(epilab.explain(clear=True), "aten.conv2d")
+            assert [d.template for d in convs] == ["conv2d", "depthwise", "conv2d"], [
+                (d.template, d.reason) for d in convs
+            ]
+            assert all(("dynamic batch" in d.reason) == dynamic for d in convs), [d.reason for d in convs]
+    dw = convs[1].epilogue
+    assert "clamp" in dw and dw.count("broadcast=row") >= 2, dw  # the batch norm and ReLU6, fused
+
+
 def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
     from epilab.templates.kinds import twins
 
