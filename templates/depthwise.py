@@ -178,14 +178,15 @@ def bind_depthwise(
 def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:
     """The untuned config: strips 8 pixels wide (narrower where the output is), 16 rows
     (fewer where that leaves under two programs per SM), 32 channels on one warp (64 on two
-    from 256 channels), as the first H200 sweep favoured (``benchmarks/RESULTS.md``)."""
+    from 256 channels, 16 for 16 or fewer), as the first H200 sweep favoured
+    (``benchmarks/RESULTS.md``)."""
     g = conv_of(problem)
     assert g is not None
     if target == "interpreter":
         return Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)
     k = int(problem.shape.n)
     width = min(8, max(2, triton.next_power_of_2(g.q)))
-    channels = 64 if k >= 256 else 32
+    channels = 64 if k >= 256 else 32 if k > 16 else 16
     rows = min(16, triton.next_power_of_2(g.p))
     images = problem.shape.batch if isinstance(problem.shape.batch, int) else 1
 
@@ -194,7 +195,7 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
 
     while rows > 4 and programs(rows) < 2 * sm_count:
         rows //= 2
-    return Config(rows * width, channels, 16, 1, num_warps=channels // 32, num_stages=1, TILE_H=rows)
+    return Config(rows * width, channels, 16, 1, num_warps=max(1, channels // 32), num_stages=1, TILE_H=rows)
 
 
 def depthwise_twin(problem: Problem) -> Problem | None:
@@ -230,11 +231,11 @@ def depthwise_kernel_shape(problem: Problem) -> Shape:
 
 def depthwise_search_error(problem: Problem, config: Config) -> str | None:
     """Configs not worth a trial: lanes that hold no channel, tiles wider than the output."""
-    channels, lanes = config.BLOCK_N, 32 * config.num_warps
-    if channels < lanes:
-        return f"{config.BLOCK_N} channels leave lanes of {config.num_warps} warp(s) idle"
     g = conv_of(problem)
     assert g is not None
+    channels, lanes, k = config.BLOCK_N, 32 * config.num_warps, int(problem.shape.n)
+    if (channels < lanes and channels < k) or 32 * (config.num_warps - 1) >= channels:
+        return f"{config.BLOCK_N} channels leave lanes of {config.num_warps} warp(s) idle"
     rows, wide, tall = config.TILE_H, max(2, triton.next_power_of_2(g.q)), triton.next_power_of_2(g.p)
     if tile_width(config) > wide or rows > tall:
         return f"a strip of {rows}x{tile_width(config)} pixels is larger than the {g.p}x{g.q} output"
@@ -245,7 +246,7 @@ def depthwise_search_error(problem: Problem, config: Config) -> str | None:
 SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "BLOCK_M": (16, 32, 64, 128, 256),
     "TILE_H": (2, 4, 8, 16, 32, 64),
-    "BLOCK_N": (32, 64, 128),
+    "BLOCK_N": (16, 32, 64, 128),  # 16 only for 16 channels or fewer (``depthwise_search_error``)
     "BLOCK_K": (16,),
     "GROUP_M": (1,),
     "num_warps": (1, 2, 4),

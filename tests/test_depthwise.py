@@ -191,3 +191,30 @@ def check_every_seed(problem: Problem) -> None:
         if kind_of(problem).config_error(problem, config) is None:
             x, w, ops = random_inputs(problem, "cuda", 0)
             checked_launch(problem, config, x, w, ops)
+
+
+def test_the_tuner_searches_the_depthwise_twin_with_its_rows(tmp_path):
+    """`tune --shapes` on a depthwise convolution tunes its conv2d problem and its depthwise
+    twin; the twin's records keep TILE_H (a config field only this kind searches)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from epilab.cli import app
+    from epilab.db import INTERPRETER_DEVICE, TuningDB
+
+    shapes = tmp_path / "dw.json"
+    spec = {"n": 1, "c": 8, "h": 6, "w": 7, "k": 8, "r": 3, "s": 3, "padding": 1, "groups": 8}
+    shapes.write_text(json.dumps([{**spec, "epilogue": "bn_relu6"}]))
+    db = str(tmp_path / "t.db")
+    args = ["tune", "--shapes", str(shapes), "--interpret", "--trials", "3", "--patience", "100", "--db", db]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    twin = problem_of(dw(1, 8, 6, 7, 3, epilogue="bn_relu6"))
+    with TuningDB.open(db) as store:
+        best = store.best(twin.key, INTERPRETER_DEVICE)
+    assert best is not None and best.record.config is not None
+    config = Config.from_dict(best.record.config)
+    assert (
+        depthwise.config_error(twin, config) is None and config.BLOCK_M // config.TILE_H in depthwise.WIDTHS
+    )
