@@ -1067,6 +1067,7 @@ def db_list(
     headers = [
         "key",
         "op",
+        "template",
         "shape",
         "dtype",
         "epilogue",
@@ -1087,6 +1088,7 @@ def db_list(
             [
                 p["key"][:12],
                 p["op"],
+                p["template"],  # a twin's (a depthwise convolution on the depthwise kind)
                 shape_text(p),
                 p["dtype"],
                 ops_ or "-",
@@ -1102,7 +1104,7 @@ def db_list(
         headers,
         cells,
         left=8,
-        optional=("TFLOP/s", "dtype", "op", "device", "epilogue"),
+        optional=("TFLOP/s", "dtype", "op", "device", "template", "epilogue"),
     )
 
 
