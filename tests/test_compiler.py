@@ -738,6 +738,40 @@ def test_a_depthwise_convolution_takes_the_depthwise_template_with_its_bn_relu6_
     assert "clamp" in dw and dw.count("broadcast=row") >= 2, dw  # the batch norm and ReLU6, fused
 
 
+class MBConv(nn.Module):
+    """EfficientNet's block: 1x1 expand + BN + SiLU, 5x5 depthwise + BN + SiLU, a
+    squeeze-excite (global average pool, two 1x1 convolutions, sigmoid gate), 1x1 project +
+    BN, + the input."""
+
+    def __init__(self, c: int = 8, expand: int = 4, squeeze: int = 8) -> None:
+        super().__init__()
+        h = c * expand
+        self.expand = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.SiLU())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(h, h, 5, 1, 2, groups=h, bias=False), nn.BatchNorm2d(h), nn.SiLU()
+        )
+        self.squeeze, self.excite = nn.Conv2d(h, squeeze, 1), nn.Conv2d(squeeze, h, 1)
+        self.project = nn.Sequential(nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        y = self.depthwise(self.expand(x))
+        gate = torch.sigmoid(self.excite(F.silu(self.squeeze(y.mean((2, 3), keepdim=True)))))
+        return x + self.project(y * gate)
+
+
+def test_a_squeeze_excite_pool_joins_the_depthwise_convolutions_epilogue(db_path):
+    """The SE's global average pool after the depthwise conv + BN + SiLU is a column
+    statistic (per image and channel over the pixels) of the depthwise template's epilogue."""
+    torch.manual_seed(0)
+    block = _randomized(MBConv()).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 8, 8, 8).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        check_close(compiled(block, db_path)(x), as64(block)(x.double()))
+    convs = used(epilab.explain(), "aten.conv2d")
+    (dw,) = [d for d in convs if d.template == "depthwise"]
+    assert dw.epilogue.endswith("col_sum") and "exp" in dw.epilogue, dw.epilogue  # SiLU, then the pool
+
+
 def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
     from epilab.templates.kinds import twins
 
