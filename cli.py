@@ -814,6 +814,10 @@ def _indices(text: str, count: int) -> list[int]:
 
 
 def _tune_summary(results: list, interpret: bool) -> None:
+    import functools
+
+    from epilab.tuner.progress import add_phases, phase_text
+
     unit = "interpreter ms (not GPU time)" if interpret else "ms"
     headers = [
         "problem",
@@ -856,6 +860,9 @@ def _tune_summary(results: list, interpret: bool) -> None:
             "speedup: the library's time over the tuned one, like with like: CUDA-graph times where "
             "both have one (kernels under 50 us), else CUDA-event medians"
         )
+    spent = functools.reduce(add_phases, (r.phases for r in results), {})
+    if spent:
+        typer.echo(f"time spent: {phase_text(spent)}")
     for r in results:
         if r.refused is not None:
             console.print(f"[yellow]not tuned[/yellow] {printable(r.label)}: {printable(r.refused)}")

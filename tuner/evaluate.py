@@ -10,6 +10,7 @@ Anything else propagates: it is a bug, not a bad config.
 from __future__ import annotations
 
 import math
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -135,14 +136,31 @@ def _timed(events: Measured, graph: Measured | None, err: float) -> dict[str, An
     return out
 
 
+class Phases:
+    """Where a task's seconds went, phase by phase (``lap(name)`` ends the phase under way):
+    what ``epilab tune`` reports as the time spent on compiles, checks and timing."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._since
+        self._since = now
+
+
 def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Check, then time, one config; returns a result dict (status, timings, error, detail)."""
+    """Check, then time, one config; returns a result dict (status, timings, error, detail,
+    and the seconds of each phase: inputs, launch, reference, timing)."""
+    phases = Phases()
     problem = Problem.from_json(problem_json)
     cfg = Config.from_dict(config)
     interpreter = target_for_is_interpreter()
     device = torch.device("cpu") if interpreter else torch.device("cuda", torch.cuda.current_device())
     a, b, operands = make_inputs(problem, device, seed)
     outs = poisoned_outputs(problem, device)
+    phases.lap("inputs")
     try:
         bound = bind(problem, cfg, a, b, operands, out=outs)
         bound.run()
@@ -152,12 +170,17 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
         known = _known_failure(e)
         if known is None:
             raise
-        return _result(known[0], detail=_short(e), restart=known[1])
+        phases.lap("launch")
+        return _result(known[0], detail=_short(e), restart=known[1], phases=phases.seconds)
+    phases.lap("launch")  # the first call: loading the kernel (compiling it if the pool did not)
     errors = output_errors(problem, outs, kind_of(problem).reference(problem, a, b, operands))
     err = max(e for e, _ in errors)
     why = failure(errors)
+    phases.lap("reference")
     if why is not None:
-        return _result("incorrect", max_rel_error=err if math.isfinite(err) else None, detail=why)
+        return _result(
+            "incorrect", max_rel_error=err if math.isfinite(err) else None, detail=why, phases=phases.seconds
+        )
     try:
         events, graph = _measure(
             bound.run,
@@ -168,8 +191,10 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
         known = _known_failure(e)
         if known is None:
             raise
-        return _result(known[0], detail=_short(e), restart=known[1])
-    return _result("ok", **_timed(events, graph, err))
+        phases.lap("timing")
+        return _result(known[0], detail=_short(e), restart=known[1], phases=phases.seconds)
+    phases.lap("timing")
+    return _result("ok", **_timed(events, graph, err), phases=phases.seconds)
 
 
 def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Tensor, ...]] | None:

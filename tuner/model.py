@@ -60,6 +60,7 @@ tests) the times are wall-clock and say nothing of a GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import math
@@ -79,6 +80,7 @@ from epilab.ir.problem import Problem, identity_key_of
 from epilab.tables import markdown
 from epilab.tuner import significance as sig
 from epilab.tuner.interleave import Comparison, Timer, Variant, compare
+from epilab.tuner.progress import add_phases, phase_text
 from epilab.tuner.step import NothingToTrain, Workload
 from epilab.tuner.timing import Measured, time_wall
 from epilab.tuner.tune import ProblemResult, Tuner
@@ -346,6 +348,11 @@ class ModelReport:
     skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it was not checked or timed
     training: bool = False  # a call was a training step (forward and backward)
 
+    @property
+    def tune_phases(self) -> dict[str, float]:
+        """Where the tuning's seconds went, over every problem tuned (``progress.PHASES``)."""
+        return functools.reduce(add_phases, (r.phases for r in self.tuned), {})
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "label": self.label,
@@ -358,6 +365,7 @@ class ModelReport:
             "verdicts": self.verdicts,
             "rows": self.rows,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+            "tune_phases": {k: round(v, 1) for k, v in self.tune_phases.items()},
             "interrupted": self.interrupted,
             "method": self.method,
             "rule": self.rule,
@@ -427,6 +435,8 @@ class ModelReport:
         if self.rule:
             out += ["", self.rule]
         out += ["", "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())]
+        if self.tuned:
+            out.append(f"tuning's seconds went to: {phase_text(self.tune_phases)}")
         return "\n".join(out)
 
 
@@ -732,11 +742,15 @@ def _label(problem: Problem) -> str:
 def unserved(store: TuningDB, device: DeviceInfo, problems: Sequence[Problem]) -> list[Problem]:
     """The problems that no record serves yet: one per performance identity, and none whose
     math another problem's records already cover (``Problem.identity``). Records of
-    another M (a family fallback) do not count: the problem is tuned."""
+    another M (a family fallback) do not count: the problem is tuned. A problem whose twin's
+    kind always runs it far faster (``kinds.superseded``: a depthwise convolution's implicit
+    GEMM) is left to that twin."""
+    from epilab.templates.kinds import superseded
+
     out, identities = [], set()
     for problem in problems:
         identity = problem.identity_key
-        if identity in identities:
+        if identity in identities or superseded(problem):
             continue
         identities.add(identity)
         hit = store.lookup(problem, device, same=lambda t, identity=identity: identity_key_of(t) == identity)

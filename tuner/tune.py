@@ -28,6 +28,7 @@ from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import ProblemSpec
 from epilab.templates.kinds import kind_of
+from epilab.tuner.progress import add_phases
 from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.tuner.suites import problem_label
@@ -36,6 +37,15 @@ from epilab.tuner.worker import CompilePool, Worker
 # what a candidate's worker reports when the process died or stalled: the config's fault,
 # unless the device itself no longer answers (probed before such a trial is recorded)
 DEATHS = ("crashed", "timeout")
+
+
+# a candidate that has not answered after the longer of these is killed as hung (``timeout``):
+# HANG_FLOOR_S covers a fresh worker's start and a cold compile, HANG_FACTOR the longest check
+# and timing of this run so far; never beyond ``TuneOptions.worker_timeout_s``, which alone
+# applies until a candidate has finished and in the interpreter. (One hung matmul config cost
+# a MobileNet's tuning 180 s of its 294 on an H100.)
+HANG_FLOOR_S = 60.0
+HANG_FACTOR = 5.0
 
 
 class DeviceLost(RuntimeError):
@@ -76,6 +86,7 @@ class ProblemResult:
     library: str = "cublas"  # the vendor library of the problem's kind (cuDNN for conv2d)
     # library -> (baseline ms, tuned ms, "graph" or "events"): like with like (db.comparable_ms)
     compared: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # where ``seconds`` went (progress.PHASES)
 
     @property
     def library_ms(self) -> float | None:
@@ -114,6 +125,7 @@ class ProblemResult:
             "stopped_by": self.stopped_by,
             "statuses": self.statuses,
             "seconds": round(self.seconds, 3),
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
             "refused": self.refused,
         }
 
@@ -199,6 +211,15 @@ def _timing(result: dict, flops: int, nbytes: int) -> Timing | None:
     )
 
 
+def _add_worker_phases(phases: Counter[str], result: dict) -> None:
+    """A candidate's phases as its worker timed them; the rest of the task's round trip
+    (a process started or restarted, the pipe) is the worker's."""
+    own = result.get("phases") or {}
+    for name, seconds in own.items():
+        phases[name] += seconds
+    phases["worker"] += max(0.0, result.get("seconds", 0.0) - sum(own.values()))
+
+
 def study_name(problem: Problem, device: DeviceInfo) -> str:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device.name).strip("-")
     return f"epilab-{problem.template}-{problem.key[:24]}-{slug}-sm{device.capability}-{device.sm_count}"
@@ -231,6 +252,7 @@ class Tuner:
         self._seeds = itertools.count(options.seed * 1_000_003 + 1)
         self._trial_numbers = itertools.count()
         self.evaluated = 0  # trials evaluated and recorded by this tuner
+        self.longest_s = 0.0  # the longest check and timing of a candidate so far (its phases)
 
     @property
     def device_label(self) -> str:
@@ -275,19 +297,24 @@ class Tuner:
         study: str,
         on_result: Callable[[Config, dict], None] | None = None,
         holds: Callable[[], bool] = lambda: True,
+        phases: Counter[str] | None = None,
     ) -> Iterator[Outcome]:
         """``evaluate``, yielding each outcome once its trial is recorded. A candidate that
         killed or stalled its worker is recorded as such only after a probe shows the device
         still computes; otherwise DeviceLost is raised and nothing is recorded for it.
         ``holds`` says whether the problem is still this runner's (its lease): when it is
-        not, the trial is dropped unrecorded and TakenOver raised."""
+        not, the trial is dropped unrecorded and TakenOver raised. ``phases`` gathers where
+        the seconds went (``progress.PHASES``)."""
+        phases = Counter() if phases is None else phases
         problem_json = problem.to_json()
         flops, nbytes = problem.shape.flops(), problem_bytes(problem)
+        started = time.monotonic()
         compiled = (
             self.pool.compile(problem_json, [c.to_dict() for c in configs])
             if self.pool
             else [{"status": "compiled"}] * len(configs)
         )
+        phases["compile"] += time.monotonic() - started
         for config, pre in zip(configs, compiled, strict=True):
             if pre["status"] in ("compile_error", "out_of_resources"):
                 result = pre
@@ -298,8 +325,12 @@ class Tuner:
                         "problem": problem_json,
                         "config": config.to_dict(),
                         "seed": next(self._seeds),
-                    }
+                    },
+                    timeout_s=self.hang_timeout_s(),
                 )
+                _add_worker_phases(phases, result)
+                if result["status"] not in DEATHS:
+                    self.longest_s = max(self.longest_s, sum((result.get("phases") or {}).values()))
             # the search minimises the comparable time: CUDA-graph replay where measured
             status, ms = result["status"], result.get("graph_ms") or result.get("median_ms")
             if status in DEATHS:
@@ -323,6 +354,12 @@ class Tuner:
             if on_result is not None:
                 on_result(config, result)
             yield Outcome(status, ms if status == "ok" else None)
+
+    def hang_timeout_s(self) -> float:
+        """How long the next candidate may take before it is killed as hung (``HANG_FLOOR_S``)."""
+        if self.options.interpret or self.longest_s <= 0:
+            return self.options.worker_timeout_s
+        return min(self.options.worker_timeout_s, max(HANG_FLOOR_S, HANG_FACTOR * self.longest_s))
 
     def _probe(self, died: dict) -> None:
         """Raise DeviceLost unless the (restarted) worker's device still computes."""
@@ -396,6 +433,7 @@ class Tuner:
         if exclusive:
             adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
         statuses: Counter[str] = Counter()
+        phases: Counter[str] = Counter()
 
         def progress(config: Config, outcome: Outcome, best: Config | None, best_ms: float | None) -> None:
             statuses[outcome.status] += 1
@@ -405,7 +443,9 @@ class Tuner:
         result = search(
             study,
             space,
-            evaluate=lambda configs: self.iter_evaluate(problem, configs, study=name, holds=holds),
+            evaluate=lambda configs: self.iter_evaluate(
+                problem, configs, study=name, holds=holds, phases=phases
+            ),
             infeasible=lambda c: infeasible(problem, c, self.limits),
             budget=self.options.budget,
             seeds=self.seeds(problem),
@@ -414,9 +454,13 @@ class Tuner:
             stop=stop,
         )
         flops = problem.shape.flops()
+        timed = time.monotonic()
         baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))
+        phases["baselines"] += time.monotonic() - timed
         best_ms = result.best_ms
         compared = self._compared(problem)
+        seconds = time.monotonic() - started
+        phases["search"] += max(0.0, seconds - sum(phases.values()))
         return ProblemResult(
             label=label,
             key=problem.key,
@@ -428,9 +472,10 @@ class Tuner:
             new=result.new,
             stopped_by=result.stopped_by,
             statuses=dict(statuses),
-            seconds=time.monotonic() - started,
+            seconds=seconds,
             library=kind_of(problem).library,
             compared=compared,
+            phases=add_phases({}, phases),
         )
 
     def _recorded(self, problem: Problem, study: str) -> dict[Config, Outcome]:

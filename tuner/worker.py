@@ -184,7 +184,11 @@ class Worker:
             raise Cancelled("the worker was cancelled")
         if not ready:
             self._restart()
-            return {"status": "timeout", "detail": f"no answer within {timeout:.0f} s; the worker was killed"}
+            return {
+                "status": "timeout",
+                "detail": f"no answer within {timeout:.0f} s; the worker was killed",
+                "seconds": time.monotonic() - start,
+            }
         try:
             result = self._conn.recv()
         except (EOFError, OSError):
@@ -193,7 +197,11 @@ class Worker:
             self._proc.join(timeout=5)
             code = self._proc.exitcode
             self._restart()
-            return {"status": "crashed", "detail": f"the worker process died (exit code {code})"}
+            return {
+                "status": "crashed",
+                "detail": f"the worker process died (exit code {code})",
+                "seconds": time.monotonic() - start,
+            }
         if result.get("status") == "environment":
             from epilab.config import SettingsError
 
