@@ -257,6 +257,26 @@ def test_resume_continues_the_same_study(tmp_path):
     assert again.evaluated == 4  # --restart starts over
 
 
+def test_the_stored_study_holds_only_measured_trials(tmp_path):
+    """Proposals are asked of an in-memory copy: the infeasible and repeated ones (most of a
+    depthwise convolution's space at a small output) never reach the storage, where each was
+    a trial and every ask read them all back (an MBConv stage's tuning stalled on them)."""
+    small = ConvSpec(n=2, c=16, h=6, w=6, k=16, r=5, s=5, stride=2, padding=2, groups=16).problem()
+    space = space_for(small, HOPPER)
+    total = math.prod(len(v) for v in space.values())
+    feasible = len(configs(small, HOPPER))
+    assert feasible < total // 4  # mostly infeasible: the case this is about
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    study = make_study("sparse", storage, restart=False)
+    evaluate = Counted()
+    result = _run(study, evaluate, Budget(trials=12, seconds=1e9, batch=4), problem=small)
+    assert result.evaluated == len(evaluate.asked) == min(12, feasible)
+    stored = make_study("sparse", storage, restart=False).trials
+    assert len(stored) == result.evaluated
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in stored)
+    assert {t.user_attrs["epilab_status"] for t in stored} == {"ok"}
+
+
 # ------------------------------------------------------------------ isolation
 
 HOOK = textwrap.dedent("""
@@ -295,6 +315,27 @@ def test_crashing_and_hanging_candidates_cost_one_trial_each(tmp_path):
         assert hung["status"] == "timeout"
         assert run(16)["status"] == "ok"  # a fresh worker carries on
         assert worker.restarts == 2
+
+
+def test_a_hung_candidate_is_killed_sooner_once_candidates_are_known_to_be_quick():
+    """The full worker timeout until a candidate has finished (a fresh worker, a cold compile)
+    and in the interpreter; then the longer of a floor and a multiple of the longest check."""
+    from types import SimpleNamespace
+
+    from epilab.tuner.tune import HANG_FACTOR, HANG_FLOOR_S
+
+    def timeout(longest_s: float, interpret: bool = False, limit: float = 180.0) -> float:
+        fake = SimpleNamespace(
+            options=TuneOptions(interpret=interpret, worker_timeout_s=limit), longest_s=longest_s
+        )
+        return Tuner.hang_timeout_s(fake)
+
+    assert timeout(0.0) == 180.0
+    assert timeout(2.0) == HANG_FLOOR_S
+    assert timeout(20.0) == 20.0 * HANG_FACTOR
+    assert timeout(100.0) == 180.0
+    assert timeout(2.0, interpret=True) == 180.0
+    assert timeout(2.0, limit=20.0) == 20.0  # never beyond TuneOptions.worker_timeout_s
 
 
 def test_a_tuning_run_goes_on_past_a_crashing_config(tmp_path):

@@ -9,7 +9,12 @@ that are infeasible never reach ``evaluate``: they are told as failed trials, wh
 leaves out of its model, and do not count as trials (told a penalty value instead, they
 filled TPE's "bad" half with configs that were never run: in the landscape test 8 of 20
 seeds came within 3% of the optimum in 64 trials; failed, 12 of 20, the worst 1.12x).
-Proposals already measured in this study are told their old value; once TPE has
+Proposals are asked of an in-memory copy of the study (``_proposer``); only measured trials
+are added to the stored one. Infeasible and repeated proposals were trials of the stored
+study before: a depthwise convolution's space, mostly infeasible at a small output, wrote
+hundreds of failed trials per batch through the database (each ask reading them all back),
+and one such problem of an MBConv stage stalled ``tune --model`` for over ten minutes on an
+H100. Proposals already measured in this study are told their old value; once TPE has
 proposed fifty per batch slot without a new one (it settles on what it measured), the rest are
 drawn at random, so a search stops "exhausted" only when draws find no feasible config left
 to measure (before, TPE alone stopped a resumed 20-trial study at 16). The study is seeded with known-good
@@ -39,7 +44,7 @@ from epilab.ir.problem import Config
 _WARNINGS = threading.Lock()
 PENALTY = 1e3  # told for configs that failed to run (objective is log10 of ms)
 STATUS_ATTR = "epilab_status"
-TPE_PROPOSALS = 50  # per batch slot, before the search draws at random
+TPE_PROPOSALS = 4  # per batch slot, before the search draws at random
 RANDOM_DRAWS = 4000  # a space with fewer untried feasible configs than this finds them all
 
 
@@ -136,6 +141,14 @@ def adopt(
     return stale, adopted
 
 
+def _proposer(study: optuna.Study) -> optuna.Study:
+    """An in-memory study with ``study``'s sampler and its finished trials: what ``search``
+    asks for proposals, so that infeasible and repeated ones never touch the storage."""
+    proposer = optuna.create_study(sampler=study.sampler, direction="minimize")
+    proposer.add_trials(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    return proposer
+
+
 def _draw(
     space: dict[str, tuple[int, ...]], applies: Applies, rng: random.Random, wanted: Callable[[Config], bool]
 ) -> Config | None:
@@ -182,16 +195,17 @@ def search(
     best: Config | None = None
     best_value = math.inf
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if t.user_attrs.get(STATUS_ATTR) in (None, "infeasible", "repeat"):
+        if t.user_attrs.get(STATUS_ATTR) in (None, "infeasible", "repeat"):  # (stored by older epilabs)
             continue
         config = _decode(space, t.params)
         seen[config] = t.value
         if t.value < best_value:
             best, best_value = config, t.value
+    proposer = _proposer(study)
     if not study.trials:
         for c in seeds:
             if infeasible(c) is None:
-                study.enqueue_trial(_encode(space, c, applies), skip_if_exists=True)
+                proposer.enqueue_trial(_encode(space, c, applies), skip_if_exists=True)
     rng = random.Random(len(seen))  # the draws of a resumed study differ from the first run's
     start = clock()
     new = 0
@@ -223,15 +237,13 @@ def search(
                 )
                 if drawn is None:
                     break
-                study.enqueue_trial(_encode(space, drawn, applies))
-            trial = _ask(study, space, applies)
+                proposer.enqueue_trial(_encode(space, drawn, applies))
+            trial = _ask(proposer, space, applies)
             config = _decode(space, trial.params)
             if infeasible(config) is not None:  # failed, not a value: TPE models feasible trials only
-                trial.set_user_attr(STATUS_ATTR, "infeasible")
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                proposer.tell(trial, state=optuna.trial.TrialState.FAIL)
             elif config in seen or any(config == c for _, c in batch):
-                trial.set_user_attr(STATUS_ATTR, "repeat")
-                study.tell(trial, seen.get(config, PENALTY))
+                proposer.tell(trial, seen.get(config, PENALTY))
             else:
                 batch.append((trial, config))
         if not batch:
@@ -240,11 +252,15 @@ def search(
         outcomes = evaluate([c for _, c in batch])
         for (trial, config), outcome in zip(batch, outcomes, strict=True):
             value = _value(outcome)
-            try:
-                trial.set_user_attr(STATUS_ATTR, outcome.status)
-                study.tell(trial, value)
-            except optuna.exceptions.UpdateFinishedTrialError as e:  # adopted and failed meanwhile
-                raise TakenOver(f"trial {trial.number} was finished by another runner") from e
+            proposer.tell(trial, value)
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=trial.params,
+                    distributions=trial.distributions,
+                    value=value,
+                    user_attrs={STATUS_ATTR: outcome.status},
+                )
+            )
             seen[config] = value
             new += 1
             if value < best_value:
