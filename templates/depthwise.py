@@ -286,6 +286,7 @@ KIND = TemplateKind(
     search_error=depthwise_search_error,
     twins=depthwise_twins,
     prefer_untuned=True,
+    supersedes=("conv2d",),
     reductions=True,
     layouts=conv_geometry.LAYOUTS,
     geometry=ConvGeometry,

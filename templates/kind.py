@@ -159,6 +159,10 @@ class TemplateKind:
     # problem of another op on this template is refused where it is made (``Problem``)
     takes: tuple[str, ...] = ()
     prefer_untuned: bool = False  # its heuristic beats the other template's on the twins it takes
+    # templates whose problems it takes as twins and always runs far faster (depthwise: conv2d's
+    # implicit GEMM, 4-30x slower on every depthwise layer measured): the tuner leaves those
+    # problems to their twin here (``kinds.superseded``) instead of spending trials on them
+    supersedes: tuple[str, ...] = ()
     # tensors its calls take besides A, B and the epilogue's operands, each shaped and strided
     # as B (a dual GEMM's second weight, "b2"): passed in ``operands`` under these names (first,
     # in this order, in a compiled call's operand list); its kernel reads each at ``{name}_ptr``

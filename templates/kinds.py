@@ -146,6 +146,12 @@ def twins(problem: Problem) -> list[Problem]:
     ]
 
 
+def superseded(problem: Problem) -> bool:
+    """Whether a twin's kind always runs ``problem`` far faster than its own template does
+    (``TemplateKind.supersedes``): the tuner tunes that twin and leaves ``problem`` untuned."""
+    return any(problem.template in kind_of(t).supersedes for t in twins(problem)[1:])
+
+
 def untuned_choice(problem: Problem) -> Problem:
     """The problem an untuned (heuristic) config runs: the first twin whose kind runs its
     cases better untuned than their own template does (gemv for a skinny matmul), else
