@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from zoo.convnets import VGG, MobileNet, ResNetStage, UNet
+from zoo.convnets import VGG, ConvNeXtStage, MBConvStage, MobileNet, ResNetStage, UNet
 from zoo.transformers import GPT2, Bert, LlamaBlock, MoE, ViT
 
 
@@ -49,6 +49,8 @@ ZOO: dict[str, dict[str, Spec]] = {
         Spec("resnet", lambda: ResNetStage(16, 4, 2), (2, 16, 8, 8), True),
         Spec("mobilenet", lambda: MobileNet(stem=8, c=16, classes=10), (2, 3, 16, 16), True),
         Spec("unet", lambda: UNet(3, 8, 2), (2, 3, 8, 8), True),
+        Spec("mbconv", lambda: MBConvStage(8, 16, 2, expand=2), (2, 8, 8, 8), True),
+        Spec("convnext", lambda: ConvNeXtStage(16, 1), (2, 16, 8, 8), True),
     ),
     "real": _specs(
         Spec("gpt2", lambda: GPT2(d=768, heads=12, layers=2, vocab=8192), (8, 256, 768)),
@@ -60,6 +62,8 @@ ZOO: dict[str, dict[str, Spec]] = {
         Spec("resnet", lambda: ResNetStage(256, 128, 3), (16, 256, 56, 56), True),
         Spec("mobilenet", lambda: MobileNet(stem=16, c=24, classes=1000), (32, 3, 224, 224), True),
         Spec("unet", lambda: UNet(3, 32, 2), (8, 3, 128, 128), True),
+        Spec("mbconv", lambda: MBConvStage(24, 40, 2), (32, 24, 56, 56), True),
+        Spec("convnext", lambda: ConvNeXtStage(192, 2), (32, 192, 28, 28), True),
     ),
 }
 # fmt: on

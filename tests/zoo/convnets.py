@@ -1,5 +1,7 @@
 """Convolutional models of the zoo: VGG with max pooling, a ResNet bottleneck stage,
-MobileNet blocks (depthwise + pointwise, ReLU6 / hardswish) and a small UNet.
+MobileNet blocks (depthwise + pointwise, ReLU6 / hardswish), an EfficientNet MBConv stage
+(5x5 depthwise, squeeze-excite), a ConvNeXt stage (7x7 depthwise, channel LayerNorm, MLP,
+layer scale) and a small UNet.
 
 Batch norms run in eval mode with random statistics (``randomize_norms``), so that they
 are the per-channel affines the backend folds into a convolution's epilogue.
@@ -99,6 +101,78 @@ class MobileNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.blocks(self.stem(x))
         return self.head(y.mean((2, 3)))
+
+
+class SqueezeExcite(nn.Module):
+    """Global average pool, a 1x1 reduction with SiLU, a 1x1 expansion with a sigmoid gate."""
+
+    def __init__(self, c: int, squeeze: int) -> None:
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(c, squeeze, 1), nn.Conv2d(squeeze, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.expand(F.silu(self.reduce(x.mean((2, 3), keepdim=True)))))
+        return x * gate
+
+
+class MBConv(nn.Module):
+    """EfficientNet's block: 1x1 expansion (BN, SiLU), k x k depthwise (BN, SiLU), a
+    squeeze-excite gate, 1x1 projection (BN), a residual where the shape allows."""
+
+    def __init__(self, c_in: int, expand: int, c_out: int, k: int, stride: int) -> None:
+        super().__init__()
+        hidden = c_in * expand
+        self.residual = stride == 1 and c_in == c_out
+        self.body = nn.Sequential(
+            *conv_bn(c_in, hidden, 1), nn.SiLU(),
+            *conv_bn(hidden, hidden, k, stride, groups=hidden), nn.SiLU(),
+            SqueezeExcite(hidden, max(1, c_in // 4)),
+            *conv_bn(hidden, c_out, 1),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+class MBConvStage(nn.Module):
+    """An EfficientNet-B0 5x5 stage: a stride-2 block, then blocks with residuals."""
+
+    def __init__(self, c_in: int, c_out: int, blocks: int, k: int = 5, expand: int = 6) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(
+            MBConv(c_in, expand, c_out, k, 2),
+            *(MBConv(c_out, expand, c_out, k, 1) for _ in range(blocks - 1)),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt block: 7x7 depthwise convolution, LayerNorm over the channels (channels
+    last), a 4x MLP with GELU, a layer scale, the residual."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.up, self.down = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.scale = nn.Parameter(torch.full((c,), 0.5))  # layer scale (1e-6 at init; trained, larger)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.depthwise(x).permute(0, 2, 3, 1))
+        y = self.down(F.gelu(self.up(y))) * self.scale
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXtStage(nn.Module):
+    def __init__(self, c: int, blocks: int) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(ConvNeXtBlock(c) for _ in range(blocks)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
 
 
 def double_conv(c_in: int, c_out: int) -> nn.Sequential:

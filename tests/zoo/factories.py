@@ -1,12 +1,16 @@
-"""The zoo's real-size transformers as factories for ``epilab tune --model`` (from tests/):
+"""The zoo's real-size models as factories for ``epilab tune --model`` (from tests/):
 
     cd tests && epilab tune --model zoo.factories:gpt2 --input 8x256x768:bfloat16 --train
+    cd tests && epilab tune --model zoo.factories:mobilenet --trials 16
 
-The input shapes are the zoo's (``ZOO["real"][name].input_shape``).
+The transformers take the zoo's input shapes (``ZOO["real"][name].input_shape``) with
+``--input``; the convolutional models come with their input (bf16, channels last, as the
+zoo runs them on a GPU), so they need no ``--input``.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 from zoo import ZOO
@@ -22,3 +26,24 @@ def llama() -> nn.Module:
 
 def bert() -> nn.Module:
     return ZOO["real"]["bert"].build()
+
+
+def _image_model(name: str) -> tuple[nn.Module, torch.Tensor]:
+    """The model channels last in bf16 and a random bf16 channels-last input of the zoo's shape."""
+    spec = ZOO["real"][name]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(spec.input_shape, generator=generator).to(torch.bfloat16)
+    model = spec.build().to(torch.bfloat16, memory_format=torch.channels_last)
+    return model, x.contiguous(memory_format=torch.channels_last)
+
+
+def mobilenet() -> tuple[nn.Module, torch.Tensor]:
+    return _image_model("mobilenet")
+
+
+def mbconv() -> tuple[nn.Module, torch.Tensor]:
+    return _image_model("mbconv")
+
+
+def convnext() -> tuple[nn.Module, torch.Tensor]:
+    return _image_model("convnext")
