@@ -570,6 +570,78 @@ def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, vari
         assert any(r.workspace for r in replayed), "the stream-K launch was not replayed"
 
 
+def test_a_replayed_twin_launch_gets_the_views_its_kernel_reads():
+    """A replayed launch of a 1x1 convolution's matmul twin is handed the 2-D views its
+    kernel reads, not the call's 4-D tensors: a TMA descriptor is made over their shapes
+    (an MBConv stage's expansion on an sm90 record failed with "rank mismatch" at its
+    second call, before this)."""
+    from epilab.compiler import op
+    from epilab.templates import kinds
+    from epilab.templates.conv_spec import ConvSpec
+    from epilab.templates.launcher import replay_key
+    from epilab.templates.verify import random_inputs
+
+    conv = ConvSpec(2, 8, 3, 5, 16, 1, 1, epilogue="bias").problem()
+    (twin,) = [t for t in kinds.twins(conv) if t.template == "matmul"]
+    x, w, operands = random_inputs(conv, "cpu", 0)
+    got = []
+
+    def replay(tensors):
+        got.append([tuple(t.shape) for t in tensors])
+        return [torch.full((2 * 3 * 5, 16), 2.0)]  # the kernel's [M, N] output
+
+    tensors = [x, w, *operands.values()]
+    key = (twin.to_json(), "plan", replay_key(tensors))
+    op._replays[key] = (replay, kinds.twin_call(twin, x, w))
+    try:
+        (out,) = op.template_call(twin.to_json(), "plan", x, w, list(operands.values()))
+    finally:
+        del op._replays[key]
+    assert got[0][:2] == [(30, 8), (8, 16)]  # A [N*H*W, C] and B [C, K]: the matmul's
+    assert out.shape == (2, 16, 3, 5) and out.is_contiguous(memory_format=torch.channels_last)
+    assert bool((out == 2.0).all())
+
+
+@pytest.mark.gpu
+def test_gpu_a_1x1_convolutions_matmul_twin_replays_a_tma_record(db_path):
+    """A recorded sm90 TMA config of a 1x1 convolution's matmul twin, called three times
+    (the first binds, the others replay), gives each call's own result."""
+    from epilab.db import DeviceInfo
+    from epilab.templates import kinds
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the sm90 variants need a Hopper GPU")
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 128, 1).to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)
+    xs = [
+        torch.randn(8, 64, 28, 28, device="cuda", dtype=torch.bfloat16).contiguous(
+            memory_format=torch.channels_last
+        )
+        for _ in range(3)
+    ]
+
+    def model(t):
+        return F.silu(conv(t))
+
+    with torch.no_grad():
+        compiled(model, db_path, policy="auto")(xs[0])
+        (twin,) = [t for t in kinds.twins(_seen_problem(db_path)) if t.template == "matmul"]
+        # the config tuning chose for an MBConv stage's expansion (H100), which failed to replay
+        tma = {
+            **CONFIG,
+            **{"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 8, "num_stages": 3},
+            **{"TMA_STORE": 1, "variant": "sm90_persistent"},
+        }
+        record(db_path, twin, tma, 0.5, 0.9, device=DeviceInfo.of_cuda(0))
+        torch._dynamo.reset()
+        run = compiled(model, db_path, policy="auto")
+        for x in xs:
+            check_close(run(x).float(), F.silu(as64(conv)(x.double())), torch.bfloat16)
+    assert any(
+        d.template == "matmul" and d.config["variant"] == "sm90_persistent" for d in used(epilab.explain())
+    )
+
+
 def test_epilab_tune_seen_tunes_what_the_compiler_recorded(db_path, monkeypatch):
     from typer.testing import CliRunner
 
