@@ -816,7 +816,7 @@ def _indices(text: str, count: int) -> list[int]:
 def _tune_summary(results: list, interpret: bool) -> None:
     import functools
 
-    from epilab.tuner.progress import add_phases, phase_text
+    from epilab.tuner.phases import add_phases, phase_text
 
     unit = "interpreter ms (not GPU time)" if interpret else "ms"
     headers = [

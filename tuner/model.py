@@ -80,7 +80,7 @@ from epilab.ir.problem import Problem, identity_key_of
 from epilab.tables import markdown
 from epilab.tuner import significance as sig
 from epilab.tuner.interleave import Comparison, Timer, Variant, compare
-from epilab.tuner.progress import add_phases, phase_text
+from epilab.tuner.phases import add_phases, phase_text
 from epilab.tuner.step import NothingToTrain, Workload
 from epilab.tuner.timing import Measured, time_wall
 from epilab.tuner.tune import ProblemResult, Tuner
@@ -350,7 +350,7 @@ class ModelReport:
 
     @property
     def tune_phases(self) -> dict[str, float]:
-        """Where the tuning's seconds went, over every problem tuned (``progress.PHASES``)."""
+        """Where the tuning's seconds went, over every problem tuned (``phases.PHASES``)."""
         return functools.reduce(add_phases, (r.phases for r in self.tuned), {})
 
     def to_dict(self) -> dict[str, Any]:

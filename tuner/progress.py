@@ -13,35 +13,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
+from epilab.tuner.phases import phase_text
+
 if TYPE_CHECKING:
     from epilab.ir.problem import Config, Problem
     from epilab.tuner.search import Outcome
     from epilab.tuner.tune import ProblemResult, Tuner
 
 OnTrial = Callable[[int, "Config", "Outcome", "float | None"], None]
-
-
-# where a problem's tuning time goes, in the order a trial meets them: the compile pool's
-# wall time, the GPU worker's (its process started or restarted, results passed back, a hung
-# or crashed candidate's wait), a
-# candidate's fresh inputs, its first launch (loading the compiled kernel), the float64
-# reference and the comparison, its timing (events and CUDA graphs, with the rotating input
-# sets), the library baselines, and the rest (the sampler, the database)
-PHASES = ("compile", "worker", "inputs", "launch", "reference", "timing", "baselines", "search")
-
-
-def phase_text(phases: dict[str, float]) -> str:
-    """``compile 12 s, reference 3 s, ...``: the phases that took a second or more (at
-    least 0.1 s where all are short), largest first."""
-    total = sum(phases.values())
-    least = 1.0 if total >= 10 else 0.1
-    shown = sorted(((v, k) for k, v in phases.items() if v >= least), reverse=True)
-    return ", ".join(f"{k} {v:.0f} s" if least >= 1 else f"{k} {v:.1f} s" for v, k in shown) or "-"
-
-
-def add_phases(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
-    """``total`` with ``more``'s seconds added, phase by phase (in ``PHASES`` order)."""
-    return {k: total.get(k, 0.0) + more.get(k, 0.0) for k in PHASES if k in total or k in more}
 
 
 def _ms(value: float | None) -> str:

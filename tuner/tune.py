@@ -28,7 +28,7 @@ from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import ProblemSpec
 from epilab.templates.kinds import kind_of
-from epilab.tuner.progress import add_phases
+from epilab.tuner.phases import add_phases
 from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.tuner.suites import problem_label
@@ -86,7 +86,7 @@ class ProblemResult:
     library: str = "cublas"  # the vendor library of the problem's kind (cuDNN for conv2d)
     # library -> (baseline ms, tuned ms, "graph" or "events"): like with like (db.comparable_ms)
     compared: dict[str, tuple[float, float, str]] = field(default_factory=dict)
-    phases: dict[str, float] = field(default_factory=dict)  # where ``seconds`` went (progress.PHASES)
+    phases: dict[str, float] = field(default_factory=dict)  # where ``seconds`` went (phases.PHASES)
 
     @property
     def library_ms(self) -> float | None:
@@ -304,7 +304,7 @@ class Tuner:
         still computes; otherwise DeviceLost is raised and nothing is recorded for it.
         ``holds`` says whether the problem is still this runner's (its lease): when it is
         not, the trial is dropped unrecorded and TakenOver raised. ``phases`` gathers where
-        the seconds went (``progress.PHASES``)."""
+        the seconds went (``phases.PHASES``)."""
         phases = Counter() if phases is None else phases
         problem_json = problem.to_json()
         flops, nbytes = problem.shape.flops(), problem_bytes(problem)
