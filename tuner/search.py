@@ -15,7 +15,8 @@ study before: a depthwise convolution's space, mostly infeasible at a small outp
 hundreds of failed trials per batch through the database (each ask reading them all back),
 and one such problem of an MBConv stage stalled ``tune --model`` for over ten minutes on an
 H100. Proposals already measured in this study are told their old value; once TPE has
-proposed fifty per batch slot without a new one (it settles on what it measured), the rest are
+proposed ``TPE_PROPOSALS`` (4) per batch slot without a new one (it settles on what it measured;
+at 50 a slot, each ask costing 25 ms of TPE, one batch spent 10 s asking), the rest are
 drawn at random, so a search stops "exhausted" only when draws find no feasible config left
 to measure (before, TPE alone stopped a resumed 20-trial study at 16). The study is seeded with known-good
 configs (``enqueue_trial``) when it is new, and stops at the trial budget
