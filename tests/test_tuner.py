@@ -292,6 +292,48 @@ HOOK = textwrap.dedent("""
 """)
 
 
+STAND_IN_COMPILES = textwrap.dedent("""
+    import os, time
+
+    def compile_task(task):
+        config = task["config"]
+        if config.get("die"):
+            os._exit(9)  # as a compile that takes its process down
+        time.sleep(config["sleep"])
+        return {"status": "compiled", "done_at": time.time()}
+""")
+
+
+def test_a_candidate_is_handed_on_while_the_later_ones_still_compile(tmp_path, monkeypatch):
+    """``CompilePool.compiled`` yields each result in the batch's order as soon as it is
+    done, not after the whole batch: the first candidate's check overlaps the slow compile."""
+    import time
+
+    from epilab.tuner.worker import CompilePool
+
+    (tmp_path / "stand_in_compiles.py").write_text(STAND_IN_COMPILES)
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned processes get the parent's sys.path
+    from stand_in_compiles import compile_task
+
+    pool = CompilePool(2, -1, task=compile_task)
+    try:
+        pool.compiled("{}", [{"sleep": 0.0}])  # a generator: nothing is submitted until it is read
+        results = pool.compiled("{}", [{"sleep": 0.0}, {"sleep": 6.0}])
+        first = next(results)
+        handed_on_at = time.time()
+        second = next(results)
+        assert first["status"] == second["status"] == "compiled"
+        assert handed_on_at < second["done_at"] - 3.0, "the first result waited for the slow compile"
+
+        # a compile that kills its process: the rest of the batch is unknown, the next batch runs
+        broken = list(pool.compiled("{}", [{"sleep": 0.0}, {"die": True}, {"sleep": 3.0}]))
+        assert [r["status"] for r in broken[:2]] == ["compiled", "unknown"]
+        assert len(broken) == 3 and broken[2]["status"] in ("compiled", "unknown")
+        assert [r["status"] for r in pool.compiled("{}", [{"sleep": 0.0}])] == ["compiled"]
+    finally:
+        pool.close()
+
+
 def test_crashing_and_hanging_candidates_cost_one_trial_each(tmp_path):
     hook_file = tmp_path / "hook.py"
     hook_file.write_text(HOOK)

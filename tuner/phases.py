@@ -3,12 +3,12 @@ report say of it (``ProblemResult.phases``)."""
 
 from __future__ import annotations
 
-# where a problem's tuning time goes, in the order a trial meets them: the compile pool's
-# wall time, the GPU worker's (its process started or restarted, results passed back, a hung
-# or crashed candidate's wait), a
-# candidate's fresh inputs, its first launch (loading the compiled kernel), the float64
-# reference and the comparison, its timing (events and CUDA graphs, with the rotating input
-# sets), the library baselines, and the rest (the sampler, the database)
+# where a problem's tuning time goes, in the order a trial meets them: the wait for the
+# compile pool (a candidate's compile, less what overlapped the checks of those before it),
+# the GPU worker's (its process started or restarted, results passed back, a hung or crashed
+# candidate's wait), a candidate's fresh inputs, its first launch (loading the compiled
+# kernel), the float64 reference and the comparison, its timing (events and CUDA graphs, with
+# the rotating input sets), the library baselines, and the rest (the sampler, the database)
 PHASES = ("compile", "worker", "inputs", "launch", "reference", "timing", "baselines", "search")
 
 

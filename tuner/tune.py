@@ -2,7 +2,8 @@
 
 ``Tuner.tune(spec)`` runs one optuna study (kept in the tuning database's URL
 through optuna's RDB storage, so it resumes where it stopped), evaluates each
-batch of proposals (parallel compile, then check-and-time in the GPU worker),
+batch of proposals (compiled in parallel, each checked and timed in the GPU worker
+as soon as its compile is done),
 records every trial in the database (failed ones with their status), then times
 and records the requested baselines.
 """
@@ -299,7 +300,8 @@ class Tuner:
         holds: Callable[[], bool] = lambda: True,
         phases: Counter[str] | None = None,
     ) -> Iterator[Outcome]:
-        """``evaluate``, yielding each outcome once its trial is recorded. A candidate that
+        """``evaluate``, yielding each outcome once its trial is recorded; each candidate is
+        checked as soon as its compile is done (``CompilePool.compiled``). A candidate that
         killed or stalled its worker is recorded as such only after a probe shows the device
         still computes; otherwise DeviceLost is raised and nothing is recorded for it.
         ``holds`` says whether the problem is still this runner's (its lease): when it is
@@ -308,14 +310,15 @@ class Tuner:
         phases = Counter() if phases is None else phases
         problem_json = problem.to_json()
         flops, nbytes = problem.shape.flops(), problem_bytes(problem)
-        started = time.monotonic()
         compiled = (
-            self.pool.compile(problem_json, [c.to_dict() for c in configs])
+            self.pool.compiled(problem_json, [c.to_dict() for c in configs])
             if self.pool
-            else [{"status": "compiled"}] * len(configs)
+            else iter([{"status": "compiled"}] * len(configs))
         )
-        phases["compile"] += time.monotonic() - started
-        for config, pre in zip(configs, compiled, strict=True):
+        for config in configs:
+            started = time.monotonic()
+            pre = next(compiled)  # the later candidates compile while this one is checked and timed
+            phases["compile"] += time.monotonic() - started
             if pre["status"] in ("compile_error", "out_of_resources"):
                 result = pre
             else:

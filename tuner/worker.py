@@ -7,8 +7,9 @@ is killed and the task comes back as ``timeout``; either way a fresh process is
 started for the next task. A ``hook`` (a file path and function name) runs in
 the worker before each task: tests use it to make a worker crash or hang.
 
-``compile_in_parallel`` runs the CPU-bound compiles of a batch of candidates in
-a process pool first, so the GPU worker mostly launches cached kernels.
+A ``CompilePool`` runs the CPU-bound compiles of a batch of candidates in a
+process pool, so the GPU worker mostly launches cached kernels; the worker takes
+each candidate as soon as its compile is done, while the later ones compile.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -258,9 +259,12 @@ def _compile_task(task: dict[str, Any]) -> dict[str, Any]:
 class CompilePool:
     """Processes that compile candidates (no launches) ahead of the GPU worker."""
 
-    def __init__(self, jobs: int, device_index: int) -> None:
+    def __init__(
+        self, jobs: int, device_index: int, task: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    ) -> None:
         self.jobs = jobs
         self.device_index = device_index
+        self.task = task or _compile_task  # a module-level function (tests pass a stand-in)
         self.cancelled = False
         self._pool = self._new_pool()
 
@@ -272,20 +276,31 @@ class CompilePool:
             initargs=(_env(), self.device_index),
         )
 
-    def compile(self, problem_json: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def compiled(self, problem_json: str, configs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Each config's compile result, in the order of ``configs``, as soon as it is done:
+        every compile is submitted at once, and the caller checks and times a candidate on the
+        GPU while the later ones still compile (waiting for the whole batch first, MobileNet's
+        ``tune --model`` spent 52 of its 94 s of tuning in compiles, none of them overlapped).
+        A compile that takes its process down ends the pool: the rest come back ``unknown``
+        (the GPU worker decides) and a new pool takes the next batch."""
         tasks = [{"job": "compile", "problem": problem_json, "config": c} for c in configs]
+        done = 0
         try:
             if self.cancelled:
                 raise Cancelled("the compile pool was cancelled")
             with main_not_reimported():  # the pool starts its processes as tasks are submitted
-                results = self._pool.map(_compile_task, tasks)
-            return list(results)
-        except Exception as e:  # a compile took its process down: new pool; the GPU worker decides
+                results = self._pool.map(self.task, tasks)
+            for result in results:
+                done += 1
+                yield result
+        except Exception as e:
+            rest = len(configs) - done
             if self.cancelled:
-                return [{"status": "unknown", "detail": "cancelled"} for _ in configs]
+                yield from ({"status": "unknown", "detail": "cancelled"} for _ in range(rest))
+                return
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = self._new_pool()
-            return [{"status": "unknown", "detail": str(e)} for _ in configs]
+            yield from ({"status": "unknown", "detail": str(e) or type(e).__name__} for _ in range(rest))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
