@@ -137,3 +137,29 @@ def test_only_undecided_comparisons_get_more_rounds():
     assert clear.outcome == sig.FASTER and clear.rounds == 8 and len(clear.theirs.times) == 8
     assert tie.rounds > 8 and len(ours.times) == tie.rounds == len(tie.theirs.times)
     assert tie.outcome in (sig.UNDECIDED, sig.NOT_FASTER)
+
+
+def test_a_comparison_that_follows_is_timed_with_the_others_and_never_prolongs_the_rounds():
+    # the same graph on both sides (an epilab step with no template, against Inductor): timed
+    # in the rounds the clear comparison needs, then left undecided, not timed to max_rounds
+    timer_ratio = {"ours": 1.0, "clear": 1.5, "same": 1.0}
+    rng = random.Random(4)
+
+    def timer(name, fn):
+        ms = timer_ratio[name] * math.exp(rng.gauss(0.0, 0.05))
+        return Measured(ms, ms, ms, 1, "fake")
+
+    ours = Variant("ours", "m", lambda: None, 0.0)
+    clear = Comparison(ours=ours, theirs=Variant("clear", "m", lambda: None, 0.0))
+    same = Comparison(ours=ours, theirs=Variant("same", "m", lambda: None, 0.0), follows=True)
+    compare([clear, same], rounds=8, max_rounds=32, confidence=0.95, margin=0.01, timer=timer)
+    assert clear.outcome == sig.FASTER and clear.rounds == 8
+    assert same.rounds == 8 and len(same.theirs.times) == 8 and same.outcome == sig.UNDECIDED
+    # alone, it gets the first look's rounds; without ``follows`` it ran to max_rounds
+    alone = Comparison(ours=Variant("ours", "m", lambda: None, 0.0), theirs=Variant("same", "m", lambda: None, 0.0))
+    compare([alone], rounds=8, max_rounds=32, confidence=0.95, margin=0.01, timer=timer)
+    assert alone.outcome == sig.UNDECIDED and alone.rounds == 32
+    alone.follows, alone.ours.times, alone.theirs.times = True, [], []
+    alone.ours_ms, alone.theirs_ms = [], []
+    compare([alone], rounds=8, max_rounds=32, confidence=0.95, margin=0.01, timer=timer)
+    assert alone.rounds == 8

@@ -9,7 +9,9 @@ Each round times every variant that an undecided comparison names, once each, ba
 after ``rounds`` rounds (and every ``rounds`` more, up to ``max_rounds``) each undecided
 comparison's paired interval is looked at (``tuner/significance.py``: sign-test interval
 of the rounds' ratios, each look held to the Bonferroni share of ``1 - confidence``) and
-decided ones leave. What is still open at ``max_rounds`` stays ``undecided``.
+decided ones leave. What is still open at ``max_rounds`` stays ``undecided``. Comparisons
+that only follow (``Comparison.follows``) are timed until the others are decided, at least
+until the first look.
 """
 
 from __future__ import annotations
@@ -56,11 +58,14 @@ class Variant:
 @dataclass(eq=False)
 class Comparison:
     """Whether ``ours`` is faster than ``theirs``: the paired ratio theirs/ours over the
-    rounds both were timed in, and the outcome (``significance.decide``)."""
+    rounds both were timed in, and the outcome (``significance.decide``). One that
+    ``follows`` is timed in the rounds the others need and never needs one more: its
+    answer is known without timing (the same graph on both sides), its times are the row's."""
 
     ours: Variant
     theirs: Variant
     key: str = ""
+    follows: bool = False
     interval: sig.Interval | None = None
     outcome: str = sig.UNDECIDED
     ours_ms: list[float] = field(default_factory=list)
@@ -109,7 +114,7 @@ def compare(
             c.interval = sig.paired_ratio(c.theirs_ms, c.ours_ms, held)
             c.outcome = sig.decide(c.interval, margin)
         open_ = [c for c in open_ if c.outcome == sig.UNDECIDED]
-        if not open_:
+        if all(c.follows for c in open_):
             break
     return held
 
