@@ -103,6 +103,12 @@ def loop_error(problem: Problem, config: Config) -> str | None:
     persistent = config.variant in PERSISTENT_VARIANTS
     if not persistent and (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
         return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
+    if specialized(config) and config.BLOCK_M > 64:
+        return (
+            f"WARP_SPECIALIZE with BLOCK_M={config.BLOCK_M}: Triton 3.6 splits a tile of over 64 rows "
+            "over two consumer warp groups, and that kernel hangs on Hopper; take BLOCK_M <= 64, "
+            "8 warps, or WARP_SPECIALIZE=0"
+        )
     if config.variant not in TMA_VARIANTS:
         return "TMA_STORE needs a tma variant" if config.TMA_STORE else None
     s = problem.shape
@@ -130,26 +136,21 @@ def loop_error(problem: Problem, config: Config) -> str | None:
 def applies(name: str, chosen: Mapping[str, object]) -> bool:
     """Whether search dimension ``name`` means anything given the values chosen before it:
     the persistent loop's knobs for the persistent variants, TMA_STORE for the tma ones, and
-    WARP_SPECIALIZE only where Triton 3.6 specializes the loop without aborting (the rule of
-    ``warp_specialize_error``, so the sampler never draws a config that rule rejects)."""
+    WARP_SPECIALIZE only where Triton 3.6 specializes the loop without aborting or hanging (the
+    rules of ``warp_specialize_error`` and ``loop_error``, so the sampler never draws a config
+    they reject)."""
     variant = chosen.get("variant", "default")
     if name == "WARP_SPECIALIZE":
-        split_tile = chosen.get("BLOCK_M", 0) > 64 and chosen.get("EPILOGUE_SUBTILE", 1) > 1
         return (
             variant == "tma_persistent"
             and chosen.get("num_warps") == 4
             and not chosen.get("FLATTEN")
-            and not split_tile
+            and chosen.get("BLOCK_M", 0) <= 64
         )
     if name in PERSISTENT_KNOBS:
         return variant in PERSISTENT_VARIANTS
     if name == "TMA_STORE":
-        split_tile = chosen.get("WARP_SPECIALIZE", 0) and chosen.get("BLOCK_M", 0) > 64
-        return (
-            variant in (*TMA_VARIANTS, *matmul_sm90.VARIANTS)
-            and chosen.get("SPLIT_K", 1) == 1
-            and not split_tile
-        )
+        return variant in (*TMA_VARIANTS, *matmul_sm90.VARIANTS) and chosen.get("SPLIT_K", 1) == 1
     if name == "EPILOGUE_SUBTILE":
         return chosen.get("SPLIT_K", 1) == 1 and variant not in matmul_sm90.VARIANTS
     if name == "SPLIT_K":
@@ -621,19 +622,25 @@ def idle_threads_error(config: Config) -> str | None:
     return None
 
 
+def specialized(config: Config) -> bool:
+    """Whether Triton 3.6 warp-specializes the config's loop on Hopper (found by compiling every
+    persistent config for sm_90a, docs/design.md): WARP_SPECIALIZE on the tma_persistent loop
+    with 4 warps, not flattened. With 8 warps, or flattened, the pass leaves the kernel as it is."""
+    return (
+        bool(config.WARP_SPECIALIZE)
+        and config.variant == "tma_persistent"
+        and config.num_warps == 4
+        and not config.FLATTEN
+    )
+
+
 def warp_specialize_error(config: Config) -> str | None:
-    """Where Triton 3.6's warp specialization (``tl.range(warp_specialize=True)``) does anything
-    on Hopper, and does not abort (found by compiling every persistent config for sm_90a,
-    docs/design.md): only the tma_persistent loop with 4 warps, not flattened; a 128-row tile is
-    then split over two consumer warp groups, which neither epilogue slices (an UNREACHABLE in
-    WSDataPartition) nor a TMA store of the whole tile survive. With 8 warps, or flattened, the
-    pass leaves the kernel as it is; over pointer loads (persistent) it asserts (WSLowerToken)."""
-    if not config.WARP_SPECIALIZE:
-        return None
-    if config.variant != "tma_persistent" or config.num_warps != 4 or config.FLATTEN:
+    """The search's rule: WARP_SPECIALIZE only where Triton specializes (``specialized``);
+    over pointer loads (persistent) it asserts (WSLowerToken). A tile of over 64 rows,
+    split over two consumer warp groups, is refused by ``loop_error``: it hung on an H100 on
+    every mm tried (and aborted at compile with epilogue slices or a TMA store)."""
+    if config.WARP_SPECIALIZE and not specialized(config):
         return "WARP_SPECIALIZE: Triton 3.6 specializes only tma_persistent with 4 warps, not flattened"
-    if config.BLOCK_M > 64 and (config.EPILOGUE_SUBTILE > 1 or config.TMA_STORE):
-        return "WARP_SPECIALIZE: a tile split over two warp groups takes no epilogue slices or TMA store"
     return None
 
 

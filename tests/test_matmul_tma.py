@@ -200,6 +200,47 @@ def test_hopper_knob_rules():
     assert "register file" in infeasible(large, wide, HOPPER)
 
 
+def test_a_warp_specialized_tile_of_over_64_rows_is_refused_as_a_hang():
+    """Triton 3.6 splits such a tile over two consumer warp groups, and the kernel never
+    finished on an H100 (mm 100352x144xK, K 16 to 96, and 401408x64x16: BLOCK_M 128 and 256,
+    BLOCK_N 16 and 64, 2 to 4 stages, 1 or 2 programs per SM; BLOCK_M 64 ran). Where Triton
+    does not specialize (8 warps, or flattened) the knob is harmless and allowed."""
+    from epilab.templates.matmul import applies, config_error
+
+    a, b = torch.randn(96, 24).half(), torch.randn(24, 80).half()
+    ep, ops = simple_epilogue(a, b)
+    problem = make_problem(a, b, ep, ops)
+    ws = dict(variant="tma_persistent", WARP_SPECIALIZE=1, num_warps=4, num_stages=4)
+    for rows in (128, 256):
+        assert "hangs" in config_error(problem, Config(rows, 16, 16, 16, **ws))
+        assert "hangs" in infeasible(problem, Config(rows, 64, 16, 8, **ws), HOPPER)
+        assert config_error(problem, Config(rows, 64, 16, 8, **{**ws, "num_warps": 8})) is None
+        assert config_error(problem, Config(rows, 64, 16, 8, **ws, FLATTEN=1)) is None
+        assert not applies("WARP_SPECIALIZE", {"variant": "tma_persistent", "num_warps": 4, "BLOCK_M": rows})
+    assert config_error(problem, Config(64, 64, 16, 8, **ws)) is None
+    assert infeasible(problem, Config(64, 64, 16, 8, **ws), HOPPER) is None
+    assert applies("WARP_SPECIALIZE", {"variant": "tma_persistent", "num_warps": 4, "BLOCK_M": 64})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(100352, 144, 24), (1000, 200, 264), (4096, 4096, 4096)], ids=str)
+def test_gpu_a_warp_specialized_loop_runs(shape):
+    """The one warp-specialized tile the rules leave (BLOCK_M <= 64, 4 warps, tma_persistent)
+    runs and is right: the config of the sweep that ran, on the shape where 128 and 256 rows hung."""
+    config = Config(
+        64,
+        64,
+        16,
+        16,
+        num_warps=4,
+        num_stages=4,
+        variant="tma_persistent",
+        WARP_SPECIALIZE=1,
+        PROGRAMS_PER_SM=2,
+    )
+    run_case(None, *shape, "NT", torch.bfloat16, "bias_gelu_tanh_residual", device="cuda", config=config)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (2048, 14336, 4096), (129, 200, 264)], ids=str)
