@@ -120,19 +120,27 @@ def test_a_real_difference_is_found_and_rounds_stop_when_it_is():
     assert noisy.outcome == sig.UNDECIDED and noisy.rounds == 16
 
 
+def _ratios_timer(seed: int, ratios: dict[str, float]):
+    """A timer: each variant takes its ``ratios`` ms, with 5% noise of its own."""
+    rng = random.Random(seed)
+
+    def timer(name, fn):
+        ms = ratios[name] * math.exp(rng.gauss(0.0, 0.05))
+        return Measured(ms, ms, ms, 1, "fake")
+
+    return timer
+
+
+def _against(ours: Variant, name: str, follows: bool = False) -> Comparison:
+    return Comparison(ours=ours, theirs=Variant(name, "m", lambda: None, 0.0), follows=follows)
+
+
 def test_only_undecided_comparisons_get_more_rounds():
     # one shared "ours" against a clear loser and a near tie: the loser leaves at the first
     # look, the tie's rounds go on (still paired with the same rounds of ours)
-    timer_ratio = {"ours": 1.0, "clear": 1.5, "tie": 1.0}
-    rng = random.Random(3)
-
-    def timer(name, fn):
-        ms = timer_ratio[name] * math.exp(rng.gauss(0.0, 0.05))
-        return Measured(ms, ms, ms, 1, "fake")
-
+    timer = _ratios_timer(3, {"ours": 1.0, "clear": 1.5, "tie": 1.0})
     ours = Variant("ours", "m", lambda: None, 0.0)
-    clear = Comparison(ours=ours, theirs=Variant("clear", "m", lambda: None, 0.0))
-    tie = Comparison(ours=ours, theirs=Variant("tie", "m", lambda: None, 0.0))
+    clear, tie = _against(ours, "clear"), _against(ours, "tie")
     compare([clear, tie], rounds=8, max_rounds=24, confidence=0.95, margin=0.01, timer=timer)
     assert clear.outcome == sig.FASTER and clear.rounds == 8 and len(clear.theirs.times) == 8
     assert tie.rounds > 8 and len(ours.times) == tie.rounds == len(tie.theirs.times)
@@ -142,24 +150,14 @@ def test_only_undecided_comparisons_get_more_rounds():
 def test_a_comparison_that_follows_is_timed_with_the_others_and_never_prolongs_the_rounds():
     # the same graph on both sides (an epilab step with no template, against Inductor): timed
     # in the rounds the clear comparison needs, then left undecided, not timed to max_rounds
-    timer_ratio = {"ours": 1.0, "clear": 1.5, "same": 1.0}
-    rng = random.Random(4)
-
-    def timer(name, fn):
-        ms = timer_ratio[name] * math.exp(rng.gauss(0.0, 0.05))
-        return Measured(ms, ms, ms, 1, "fake")
-
+    timer = _ratios_timer(4, {"ours": 1.0, "clear": 1.5, "same": 1.0})
     ours = Variant("ours", "m", lambda: None, 0.0)
-    clear = Comparison(ours=ours, theirs=Variant("clear", "m", lambda: None, 0.0))
-    same = Comparison(ours=ours, theirs=Variant("same", "m", lambda: None, 0.0), follows=True)
+    clear, same = _against(ours, "clear"), _against(ours, "same", follows=True)
     compare([clear, same], rounds=8, max_rounds=32, confidence=0.95, margin=0.01, timer=timer)
     assert clear.outcome == sig.FASTER and clear.rounds == 8
     assert same.rounds == 8 and len(same.theirs.times) == 8 and same.outcome == sig.UNDECIDED
     # alone, it gets the first look's rounds; without ``follows`` it ran to max_rounds
-    alone = Comparison(ours=Variant("ours", "m", lambda: None, 0.0), theirs=Variant("same", "m", lambda: None, 0.0))
-    compare([alone], rounds=8, max_rounds=32, confidence=0.95, margin=0.01, timer=timer)
-    assert alone.outcome == sig.UNDECIDED and alone.rounds == 32
-    alone.follows, alone.ours.times, alone.theirs.times = True, [], []
-    alone.ours_ms, alone.theirs_ms = [], []
-    compare([alone], rounds=8, max_rounds=32, confidence=0.95, margin=0.01, timer=timer)
-    assert alone.rounds == 8
+    for follows, rounds in ((False, 32), (True, 8)):
+        alone = _against(Variant("ours", "m", lambda: None, 0.0), "same", follows=follows)
+        compare([alone], rounds=8, max_rounds=32, confidence=0.95, margin=0.01, timer=timer)
+        assert alone.outcome == sig.UNDECIDED and alone.rounds == rounds
