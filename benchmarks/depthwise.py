@@ -61,6 +61,14 @@ EXTRA = (  # other strip widths, heights and channels per lane than the seeds
     Config(32, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=4),
     Config(256, 64, 16, 1, num_warps=2, num_stages=1, TILE_H=32),
     Config(128, 128, 16, 1, num_warps=2, num_stages=1, TILE_H=16),
+    # w_vector (NCHW): 32 to 128 pixels a row, 16 to 64 rows
+    Config(1024, 16, 16, 1, num_warps=2, num_stages=1, TILE_H=16, variant="w_vector"),
+    Config(512, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="w_vector"),
+    Config(1024, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=32, variant="w_vector"),
+    Config(512, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=4, variant="w_vector"),
+    Config(1024, 16, 16, 1, num_warps=2, num_stages=1, TILE_H=64, variant="w_vector"),
+    Config(256, 64, 16, 1, num_warps=4, num_stages=1, TILE_H=16, variant="w_vector"),  # 16 wide
+    Config(128, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=8, variant="w_vector"),
 )
 
 
@@ -73,9 +81,11 @@ def copy_gbs() -> float:
 
 
 def candidates(problem: Problem, count: int) -> list[Config]:
+    """The default, then the seeds and EXTRA of the default's variant first."""
     kind = kind_of(problem)
-    listed = [kind.default_config(problem, "cuda"), *kind.seeds, *EXTRA]
-    unique = list(dict.fromkeys(listed))
+    default = kind.default_config(problem, "cuda")
+    listed = sorted([*kind.seeds, *EXTRA], key=lambda c: c.variant != default.variant)
+    unique = list(dict.fromkeys([default, *listed]))
     ok = [
         c for c in unique if kind.config_error(problem, c) is None and kind.search_error(problem, c) is None
     ]

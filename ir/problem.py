@@ -38,7 +38,7 @@ _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand 
 
 # The values a Config may hold (the tuner's search space draws from these).
 CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
-    "BLOCK_M": (16, 32, 64, 128, 256),
+    "BLOCK_M": (16, 32, 64, 128, 256, 512, 1024),  # 512 and 1024: depthwise strips' pixels only
     "BLOCK_N": (16, 32, 64, 128, 256),
     "BLOCK_K": (16, 32, 64, 128, 256),
     "GROUP_M": (1, 2, 4, 8, 16),
@@ -57,6 +57,7 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
         "tma_stream_k",
         "sm90_persistent",
         "sm90_pingpong",
+        "w_vector",  # depthwise: lanes along W (NCHW)
     ),
     # matmul: the epilogue runs on 1, 2 or 4 column slices of the tile (fewer live registers)
     "EPILOGUE_SUBTILE": (1, 2, 4),

@@ -8,7 +8,9 @@ run as an implicit GEMM with a reduction of only R * S: this kind is their twin
 (``twins``), and its untuned heuristic is preferred. A program walks TILE_H output rows
 down a strip BLOCK_M / TILE_H pixels wide for BLOCK_N channels, one row per step, the filter
 taps and the rows in flight in registers, each input pixel loaded once
-(``depthwise.py.jinja``); the epilogue runs on each row of the strip and sees
+(``depthwise.py.jinja``: lanes along the channels, for NHWC; the ``w_vector`` variant's
+``depthwise_w_vector.py.jinja``: lanes along the strip's pixels, for NCHW); the epilogue
+runs on each row of the strip and sees
 the same [N, P*Q, K] GEMM view as the conv2d kind's, so its operands, outputs and statistics
 (per pixel over the channels, per image and channel over the pixels) are the conv2d kind's.
 """
@@ -39,11 +41,17 @@ from epilab.templates.kind import TemplateKind
 from epilab.templates.render import EPILOGUE_FILES, kernel_hash
 from epilab.templates.runtime import single_launch, target_for
 
-FILES = ("depthwise.py.jinja", *EPILOGUE_FILES)
+FILES = ("depthwise.py.jinja", "depthwise_w_vector.py.jinja", *EPILOGUE_FILES)
 MULTIPLIERS = (1, 2)  # output channels per input channel
 MAX_TAPS = 9  # the largest kernel side it unrolls
 MAX_STEP = 4  # the largest stride and dilation it unrolls
-WIDTHS = (2, 4, 8, 16)  # a strip's width in pixels (BLOCK_M / TILE_H): its row is unrolled
+# default: lanes along the channels (NHWC), the strip's row unrolled; w_vector: lanes along the
+# strip's pixels (W contiguous: NCHW), the row one vector
+VARIANTS = ("default", "w_vector")
+WIDTHS = {  # a strip's width in pixels (BLOCK_M / TILE_H)
+    "default": (2, 4, 8, 16),
+    "w_vector": (4, 8, 16, 32, 64, 128),
+}
 
 
 def geometry_error(problem: Problem) -> str | None:
@@ -78,19 +86,25 @@ def config_error(problem: Problem, config: Config) -> str | None:
     why = geometry_error(problem)
     if why is not None:
         return why
-    fixed = {"BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "variant": "default", "EPILOGUE_SUBTILE": 1}
+    fixed = {"BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "EPILOGUE_SUBTILE": 1}
     fixed |= {"PROGRAMS_PER_SM": 1, "FLATTEN": 0, "WARP_SPECIALIZE": 0, "TMA_STORE": 0}
     wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
     if wrong:
+        return f"the depthwise template has no K blocks, groups or splits; it got {', '.join(wrong)}"
+    if config.variant not in VARIANTS:
+        return f"the depthwise template has no variant {config.variant!r}; use one of {VARIANTS}"
+    widths = WIDTHS[config.variant]
+    if config.TILE_H > config.BLOCK_M or tile_width(config) not in widths:
         return (
-            f"the depthwise template has no K blocks, groups, splits or variants; it got {', '.join(wrong)}"
-        )
-    if config.TILE_H > config.BLOCK_M or tile_width(config) not in WIDTHS:
-        return (
-            f"a depthwise strip is TILE_H rows of BLOCK_M / TILE_H pixels, one of {WIDTHS}; "
-            f"BLOCK_M={config.BLOCK_M}, TILE_H={config.TILE_H}"
+            f"a depthwise strip ({config.variant}) is TILE_H rows of BLOCK_M / TILE_H pixels, one of "
+            f"{widths}; BLOCK_M={config.BLOCK_M}, TILE_H={config.TILE_H}"
         )
     return None
+
+
+def source(config: Config) -> str | None:
+    """The Jinja file of ``config``'s variant (None: the kind's first, depthwise.py.jinja)."""
+    return "depthwise_w_vector.py.jinja" if config.variant == "w_vector" else None
 
 
 def plan(g: ConvGeometry, tile_w: int) -> dict[str, object]:
@@ -176,18 +190,34 @@ def bind_depthwise(
 
 
 def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:
-    """The untuned config: strips 8 pixels wide (narrower where the output is), 16 rows
-    (fewer where that leaves under two programs per SM), 32 channels on one warp (64 on two
-    from 256 channels, 16 for 16 or fewer), as the first H200 sweep favoured
+    """The untuned config. NHWC (and strided) inputs: lanes along the channels, strips 8 pixels
+    wide (narrower where the output is), 32 channels on one warp (64 on two from 256 channels,
+    16 for 16 or fewer), as the first H200 sweep favoured. NCHW inputs: the w_vector variant,
+    16 channels on strips 16 pixels wide (64 where the output is wider than 64); a thread's
+    elements: 2 for kernels over 3x3 (with 32 rows where 16 wide), 1 for 9x9 (under
+    ``W_VECTOR_SPILL``), 1 (4 when 64 wide) for 3x3, up to 8 with stride 2, as the H100 sweep
+    favoured. Both: 16 rows, fewer where that leaves under two programs per SM
     (``benchmarks/RESULTS.md``)."""
     g = conv_of(problem)
     assert g is not None
     if target == "interpreter":
         return Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)
     k = int(problem.shape.n)
-    width = min(8, max(2, triton.next_power_of_2(g.q)))
-    channels = 64 if k >= 256 else 32 if k > 16 else 16
     rows = min(16, triton.next_power_of_2(g.p))
+    if problem.layout_a == "nchw":
+        variant, channels = "w_vector", 16
+        width = 64 if g.q > 64 else min(16, max(4, triton.next_power_of_2(g.q)))
+        taps = g.r * g.s
+        per_thread = 1 if taps > W_VECTOR_SPILL // 2 else 2 if taps > 9 else 1 if width <= 16 else 4
+        if g.stride[1] > 1:  # strided loads: more of them in flight a thread
+            per_thread = 1 << (min(8, W_VECTOR_SPILL // taps).bit_length() - 1)
+        warps = min(16, max(1, channels * width // (32 * per_thread)))
+        if taps > 9 and width <= 16:  # the halo's rows amortised over a taller strip
+            rows = min(32, triton.next_power_of_2(g.p))
+    else:
+        variant, width = "default", min(8, max(2, triton.next_power_of_2(g.q)))
+        channels = 64 if k >= 256 else 32 if k > 16 else 16
+        warps = max(1, channels // 32)
     images = problem.shape.batch if isinstance(problem.shape.batch, int) else 1
 
     def programs(rows: int) -> int:
@@ -195,7 +225,7 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
 
     while rows > 4 and programs(rows) < 2 * sm_count:
         rows //= 2
-    return Config(rows * width, channels, 16, 1, num_warps=max(1, channels // 32), num_stages=1, TILE_H=rows)
+    return Config(rows * width, channels, 16, 1, num_warps=warps, num_stages=1, TILE_H=rows, variant=variant)
 
 
 def depthwise_twin(problem: Problem) -> Problem | None:
@@ -230,35 +260,61 @@ def depthwise_kernel_shape(problem: Problem) -> Shape:
 
 
 def depthwise_search_error(problem: Problem, config: Config) -> str | None:
-    """Configs not worth a trial: lanes that hold no channel, tiles wider than the output."""
+    """Configs not worth a trial: lanes that hold no channel (default) or no pixel (w_vector),
+    tiles wider than the output, lanes along W where W is not contiguous (NHWC)."""
     g = conv_of(problem)
     assert g is not None
     channels, lanes, k = config.BLOCK_N, 32 * config.num_warps, int(problem.shape.n)
-    if (channels < lanes and channels < k) or 32 * (config.num_warps - 1) >= channels:
+    if config.variant == "w_vector":
+        if problem.layout_a == "nhwc":
+            return "w_vector runs its lanes along W, which NHWC strides by the channels"
+        elements = channels * tile_width(config)
+        if 32 * (config.num_warps - 1) >= elements:
+            return f"a {channels}x{tile_width(config)} tile leaves lanes of {config.num_warps} warp(s) idle"
+        if elements // (32 * config.num_warps) * g.r * g.s > W_VECTOR_SPILL:
+            return (
+                f"{elements // (32 * config.num_warps)} elements a thread of {g.r}x{g.s} taps spill "
+                f"registers (over {W_VECTOR_SPILL} a thread)"
+            )
+    elif (channels < lanes and channels < k) or 32 * (config.num_warps - 1) >= channels:
         return f"{config.BLOCK_N} channels leave lanes of {config.num_warps} warp(s) idle"
     rows, wide, tall = config.TILE_H, max(2, triton.next_power_of_2(g.q)), triton.next_power_of_2(g.p)
-    if tile_width(config) > wide or rows > tall:
+    if tile_width(config) > max(wide, WIDTHS[config.variant][0]) or rows > tall:
         return f"a strip of {rows}x{tile_width(config)} pixels is larger than the {g.p}x{g.q} output"
     return None
 
 
+# w_vector: a thread's elements x the taps above which the H100 sweep slowed 1.3-85x (spills):
+# 4 x 7x7 (196) and 32 x 3x3 (288) did, 2 x 7x7 and 16 x 3x3 (144) did not
+W_VECTOR_SPILL = 160
+
+
 # where the tuner searches (BLOCK_M: pixels per program; TILE_H: its rows; BLOCK_N: channels)
 SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
-    "BLOCK_M": (16, 32, 64, 128, 256),
+    "variant": VARIANTS,
+    "BLOCK_M": (16, 32, 64, 128, 256, 512, 1024),
     "TILE_H": (2, 4, 8, 16, 32, 64),
     "BLOCK_N": (16, 32, 64, 128),  # 16 only for 16 channels or fewer (``depthwise_search_error``)
     "BLOCK_K": (16,),
     "GROUP_M": (1,),
-    "num_warps": (1, 2, 4),
+    "num_warps": (1, 2, 4, 8, 16),  # 8 and 16: w_vector only (default: a channel a lane)
     "num_stages": (1,),
 }
 
-SEEDS = (  # strips of 8 (or 4) pixels, 8 to 32 rows, one or two channels per lane
+SEEDS = (
+    # NHWC: strips of 8 (or 4) pixels, 8 to 32 rows, one or two channels per lane
     Config(128, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=16),
     Config(128, 64, 16, 1, num_warps=2, num_stages=1, TILE_H=16),
     Config(64, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=8),
     Config(256, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=32),
     Config(64, 64, 16, 1, num_warps=1, num_stages=1, TILE_H=16),
+    # NCHW: 16 channels on rows of 16 to 64 pixels, 1 to 4 elements a thread (the H100 sweep's best)
+    Config(512, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=32, variant="w_vector"),
+    Config(256, 16, 16, 1, num_warps=8, num_stages=1, TILE_H=16, variant="w_vector"),
+    Config(256, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=16, variant="w_vector"),
+    Config(512, 16, 16, 1, num_warps=8, num_stages=1, TILE_H=8, variant="w_vector"),
+    Config(1024, 16, 16, 1, num_warps=16, num_stages=1, TILE_H=16, variant="w_vector"),
+    Config(256, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="w_vector"),  # stride 2
 )
 
 
@@ -283,6 +339,7 @@ KIND = TemplateKind(
     baseline=eager_conv,
     input_elements=conv_input_elements,
     render_vars=render_vars,
+    source=source,
     search_error=depthwise_search_error,
     twins=depthwise_twins,
     prefer_untuned=True,

@@ -1,4 +1,5 @@
-"""The depthwise template (a direct kernel: pixel tiles with their halo, the taps unrolled)
+"""The depthwise template (a direct kernel: strips of output rows, the taps in registers; lanes
+along the channels or, the w_vector variant, along W)
 against torch's conv2d in float64 with the epilogue after it, on awkward geometries, both
 memory formats, every input dtype and epilogues with operands, casts, several outputs and
 statistics; outputs poisoned with NaN first so that an unwritten element shows."""
@@ -17,6 +18,8 @@ from epilab.templates.kinds import default_config, kind_of, twins, untuned_choic
 from epilab.templates.verify import checked_launch, random_inputs
 
 SMALL = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)  # 2 rows of an 8-pixel strip
+# lanes along W: 2 rows of an 8-pixel strip as [16 channels, 8 pixels] tiles
+W_VECTOR = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2, variant="w_vector")
 
 
 def problem_of(spec: ConvSpec) -> Problem:
@@ -55,6 +58,13 @@ def test_depthwise_geometries_and_layouts(geometry, layout):
     run(dataclasses.replace(GEOMETRIES[geometry], dtype="float32", layout=layout, epilogue="bias"))
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_depthwise_w_vector_geometries(geometry, layout):
+    """Lanes along W: written for NCHW, correct (if slow) on any strides."""
+    run(dataclasses.replace(GEOMETRIES[geometry], dtype="float32", layout=layout, epilogue="bias"), W_VECTOR)
+
+
 @pytest.mark.parametrize(
     "epilogue",
     ["none", "bn_relu6", "bn_hardswish", "bn_silu", "bias_residual_relu", "silu_two_outputs", "scalar"],
@@ -62,6 +72,12 @@ def test_depthwise_geometries_and_layouts(geometry, layout):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_depthwise_epilogues_and_dtypes(epilogue, dtype):
     run(dw(2, 16, 5, 6, 3, dtype=dtype, epilogue=epilogue))
+
+
+@pytest.mark.parametrize("epilogue", ["bn_hardswish", "bias_residual_relu", "silu_two_outputs"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_depthwise_w_vector_epilogues_and_dtypes(epilogue, dtype):
+    run(dw(2, 20, 5, 6, 3, dtype=dtype, epilogue=epilogue, layout="nchw"), W_VECTOR)
 
 
 def with_statistic(problem: Problem, value: Expr, reduce: str) -> Problem:
@@ -79,13 +95,16 @@ def with_statistic(problem: Problem, value: Expr, reduce: str) -> Problem:
         (lambda: acc(), "col_max"),
     ],
 )
-def test_depthwise_statistics(statistic, reduce):
+@pytest.mark.parametrize("variant", ["default", "w_vector"])
+def test_depthwise_statistics(statistic, reduce, variant):
+    layout = "nchw" if variant == "w_vector" else "nhwc"
     problem = with_statistic(
-        problem_of(dw(2, 16, 6, 7, 3, dtype="float32", epilogue="bias")), statistic(), reduce
+        problem_of(dw(2, 24, 6, 7, 3, dtype="float32", epilogue="bias", layout=layout)), statistic(), reduce
     )
     x, w, ops = random_inputs(problem, "cpu", 0)
-    bound = checked_launch(problem, Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=4), x, w, ops)
-    want = (2, 6, 7) if reduce.startswith("row") else (2, 16)
+    config = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=4, variant=variant)
+    bound = checked_launch(problem, config, x, w, ops)
+    want = (2, 6, 7) if reduce.startswith("row") else (2, 24)
     assert tuple(bound.outs[1].shape) == want
 
 
@@ -100,6 +119,19 @@ def test_depthwise_statistics(statistic, reduce):
 def test_depthwise_strips(config):
     run(dw(1, 24, 6, 10, 5, dtype="float32", epilogue="bias"), config)
     run(dw(1, 24, 9, 7, 3, stride=2, dtype="float32", epilogue="bias"), config)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=4, variant="w_vector"),  # 4 wide
+        Config(64, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2, variant="w_vector"),  # wider than it
+        Config(64, 32, 16, 1, num_warps=2, num_stages=1, TILE_H=4, variant="w_vector"),
+    ],
+)
+def test_depthwise_w_vector_strips(config):
+    run(dw(1, 24, 6, 10, 5, dtype="float32", epilogue="bias", layout="nchw"), config)
+    run(dw(1, 24, 9, 7, 3, stride=2, dtype="float32", epilogue="bias", layout="nchw"), config)
 
 
 def test_depthwise_is_the_conv2d_problems_twin_and_its_heuristic_is_preferred():
@@ -131,12 +163,26 @@ def test_a_model_tunes_a_depthwise_convolution_on_its_twin_only(tmp_path):
 
 
 def test_the_default_config_fits_every_suite_layer():
+    """... in both formats: NCHW takes the w_vector variant, NHWC the channel lanes, and
+    neither default is one the tuner would pass over."""
     from epilab.tuner.suites import suite
 
     for spec in suite("depthwise"):
-        problem = problem_of(spec)
-        config = default_config(problem)
-        assert kind_of(problem).config_error(problem, config) is None, spec.label()
+        for layout, variant in (("nhwc", "default"), ("nchw", "w_vector")):
+            problem = problem_of(dataclasses.replace(spec, layout=layout))
+            config = default_config(problem)
+            assert config.variant == variant, spec.label()
+            assert kind_of(problem).config_error(problem, config) is None, spec.label()
+            assert depthwise.depthwise_search_error(problem, config) is None, (spec.label(), config)
+
+
+def test_w_vector_is_searched_where_w_is_contiguous_only():
+    config = Config(256, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="w_vector")
+    nchw, nhwc = (problem_of(dw(8, 32, 28, 28, 3, layout=layout)) for layout in ("nchw", "nhwc"))
+    assert depthwise.depthwise_search_error(nchw, config) is None
+    assert "NHWC" in depthwise.depthwise_search_error(nhwc, config)
+    idle = dataclasses.replace(config, BLOCK_M=64, TILE_H=16, num_warps=4)  # 16x4 elements, 128 lanes
+    assert "idle" in depthwise.depthwise_search_error(nchw, idle)
 
 
 @pytest.mark.parametrize(
@@ -146,6 +192,12 @@ def test_the_default_config_fits_every_suite_layer():
         (Config(64, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2), "one of (2, 4, 8, 16)"),
         (Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16), "one of (2, 4, 8, 16)"),
         (Config(128, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=64), None),
+        (
+            Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=8, variant="w_vector"),
+            "(4, 8, 16, 32, 64, 128)",
+        ),
+        (Config(1024, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=8, variant="w_vector"), None),
+        (Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2, variant="tma"), "no variant 'tma'"),
     ],
 )
 def test_depthwise_config_errors_say_what_is_accepted(config, match):
@@ -231,6 +283,5 @@ def test_the_tuner_searches_the_depthwise_twin_with_its_rows(tmp_path):
         best = store.best(twin.key, INTERPRETER_DEVICE)
     assert best is not None and best.record.config is not None
     config = Config.from_dict(best.record.config)
-    assert (
-        depthwise.config_error(twin, config) is None and config.BLOCK_M // config.TILE_H in depthwise.WIDTHS
-    )
+    assert depthwise.config_error(twin, config) is None
+    assert config.BLOCK_M // config.TILE_H in depthwise.WIDTHS[config.variant]

@@ -318,6 +318,7 @@ def test_a_candidate_is_handed_on_while_the_later_ones_still_compile(tmp_path, m
     pool = CompilePool(2, -1, task=compile_task)
     try:
         pool.compiled("{}", [{"sleep": 0.0}])  # a generator: nothing is submitted until it is read
+        list(pool.compiled("{}", [{"sleep": 0.0}] * 2))  # both processes up: a start takes seconds under load
         results = pool.compiled("{}", [{"sleep": 0.0}, {"sleep": 6.0}])
         first = next(results)
         handed_on_at = time.time()
