@@ -45,6 +45,9 @@ FILES = ("depthwise.py.jinja", "depthwise_w_vector.py.jinja", *EPILOGUE_FILES)
 MULTIPLIERS = (1, 2)  # output channels per input channel
 MAX_TAPS = 9  # the largest kernel side it unrolls
 MAX_STEP = 4  # the largest stride and dilation it unrolls
+# num_stages: input rows are loaded this many steps ahead. 2 paid on two NCHW layers of five
+# (12-14%) and on no NHWC layer; 3 never beat 2 (the H100 sweep, benchmarks/RESULTS.md)
+MAX_PREFETCH = 2
 # default: lanes along the channels (NHWC), the strip's row unrolled; w_vector: lanes along the
 # strip's pixels (W contiguous: NCHW), the row one vector
 VARIANTS = ("default", "w_vector")
@@ -91,6 +94,11 @@ def config_error(problem: Problem, config: Config) -> str | None:
     wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
     if wrong:
         return f"the depthwise template has no K blocks, groups or splits; it got {', '.join(wrong)}"
+    if config.num_stages > MAX_PREFETCH:
+        return (
+            f"the depthwise template loads its input rows 1 to {MAX_PREFETCH} steps ahead "
+            f"(num_stages); got {config.num_stages}"
+        )
     if config.variant not in VARIANTS:
         return f"the depthwise template has no variant {config.variant!r}; use one of {VARIANTS}"
     widths = WIDTHS[config.variant]
@@ -162,6 +170,8 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
         "tile_w": tile_w,
         "strips_h": triton.cdiv(g.p, tile_h),
         "strips_w": triton.cdiv(g.q, tile_w),
+        "prefetch": config.num_stages,  # input rows loaded this many steps ahead
+        "staged": ["x", "xn", *(f"xn{i}" for i in range(2, config.num_stages + 1))],
         **plan(g, tile_w),
     }
 
@@ -298,7 +308,7 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "BLOCK_K": (16,),
     "GROUP_M": (1,),
     "num_warps": (1, 2, 4, 8, 16),  # 8 and 16: w_vector only (default: a channel a lane)
-    "num_stages": (1,),
+    "num_stages": (1, 2),  # the prefetch depth
 }
 
 SEEDS = (
@@ -311,9 +321,9 @@ SEEDS = (
     # NCHW: 16 channels on rows of 16 to 64 pixels, 1 to 4 elements a thread (the H100 sweep's best)
     Config(512, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=32, variant="w_vector"),
     Config(256, 16, 16, 1, num_warps=8, num_stages=1, TILE_H=16, variant="w_vector"),
-    Config(256, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=16, variant="w_vector"),
+    Config(512, 16, 16, 1, num_warps=4, num_stages=2, TILE_H=32, variant="w_vector"),
     Config(512, 16, 16, 1, num_warps=8, num_stages=1, TILE_H=8, variant="w_vector"),
-    Config(1024, 16, 16, 1, num_warps=16, num_stages=1, TILE_H=16, variant="w_vector"),
+    Config(1024, 16, 16, 1, num_warps=16, num_stages=2, TILE_H=16, variant="w_vector"),
     Config(256, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="w_vector"),  # stride 2
 )
 

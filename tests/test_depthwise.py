@@ -121,6 +121,14 @@ def test_depthwise_strips(config):
     run(dw(1, 24, 9, 7, 3, stride=2, dtype="float32", epilogue="bias"), config)
 
 
+@pytest.mark.parametrize("variant,layout", [("default", "nhwc"), ("w_vector", "nchw")])
+@pytest.mark.parametrize("geometry", ["5x5 stride 2, odd sizes", "3x3 dilation 2", "multiplier 2, stride 2"])
+def test_input_rows_loaded_two_steps_ahead(geometry, variant, layout):
+    """num_stages 2: each step loads the input rows of the step after next."""
+    config = Config(16, 16, 16, 1, num_warps=1, num_stages=2, TILE_H=4, variant=variant)
+    run(dataclasses.replace(GEOMETRIES[geometry], dtype="float32", layout=layout, epilogue="bias"), config)
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -198,6 +206,7 @@ def test_w_vector_is_searched_where_w_is_contiguous_only():
         ),
         (Config(1024, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=8, variant="w_vector"), None),
         (Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2, variant="tma"), "no variant 'tma'"),
+        (Config(16, 16, 16, 1, num_warps=1, num_stages=3, TILE_H=2), "1 to 2 steps ahead"),
     ],
 )
 def test_depthwise_config_errors_say_what_is_accepted(config, match):
