@@ -46,7 +46,8 @@ MULTIPLIERS = (1, 2)  # output channels per input channel
 MAX_TAPS = 9  # the largest kernel side it unrolls
 MAX_STEP = 4  # the largest stride and dilation it unrolls
 # num_stages: input rows are loaded this many steps ahead. 2 paid on two NCHW layers of five
-# (12-14%) and on no NHWC layer; 3 never beat 2 (the H100 sweep, benchmarks/RESULTS.md)
+# (13-16%) and on no NHWC layer; 3 was within 2% of 2 where 2 paid (the H100 sweep,
+# benchmarks/RESULTS.md)
 MAX_PREFETCH = 2
 # default: lanes along the channels (NHWC), the strip's row unrolled; w_vector: lanes along the
 # strip's pixels (W contiguous: NCHW), the row one vector
