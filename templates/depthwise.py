@@ -206,19 +206,20 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
     16 for 16 or fewer), as the first H200 sweep favoured. NCHW inputs: the w_vector variant,
     16 channels on strips 16 pixels wide (64 where the output is wider than 64); a thread's
     elements: 2 for kernels over 3x3 (with 32 rows where 16 wide), 1 for 9x9 (under
-    ``W_VECTOR_SPILL``), 1 (4 when 64 wide) for 3x3, up to 8 with stride 2, as the H100 sweep
-    favoured. Both: 16 rows, fewer where that leaves under two programs per SM
-    (``benchmarks/RESULTS.md``)."""
+    ``W_VECTOR_SPILL``), 1 (4 when 64 wide) for 3x3, up to 8 with stride 2. But kernels over
+    3x3 on outputs 8 or fewer pixels wide take the channel lanes, 32 channels on one warp
+    (1.2-1.3x faster on those 4 layers of the H100 NCHW suite; at 14 pixels wide 0.85-1.1x).
+    Both: 16 rows, fewer where that leaves under two programs per SM (``benchmarks/RESULTS.md``)."""
     g = conv_of(problem)
     assert g is not None
     if target == "interpreter":
         return Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)
     k = int(problem.shape.n)
     rows = min(16, triton.next_power_of_2(g.p))
-    if problem.layout_a == "nchw":
+    taps = g.r * g.s
+    if problem.layout_a == "nchw" and not (taps > 9 and g.q <= 8):
         variant, channels = "w_vector", 16
         width = 64 if g.q > 64 else min(16, max(4, triton.next_power_of_2(g.q)))
-        taps = g.r * g.s
         per_thread = 1 if taps > W_VECTOR_SPILL // 2 else 2 if taps > 9 else 1 if width <= 16 else 4
         if g.stride[1] > 1:  # strided loads: more of them in flight a thread
             per_thread = 1 << (min(8, W_VECTOR_SPILL // taps).bit_length() - 1)
@@ -227,7 +228,7 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
             rows = min(32, triton.next_power_of_2(g.p))
     else:
         variant, width = "default", min(8, max(2, triton.next_power_of_2(g.q)))
-        channels = 64 if k >= 256 else 32 if k > 16 else 16
+        channels = 16 if k <= 16 else 64 if k >= 256 and problem.layout_a != "nchw" else 32
         warps = max(1, channels // 32)
     images = problem.shape.batch if isinstance(problem.shape.batch, int) else 1
 
