@@ -251,6 +251,7 @@ def test_the_unrolling_plan_loads_each_input_row_once_and_uses_every_tap():
         dw(8, 144, 56, 56, 3, stride=2, epilogue="bn_relu6"),
         dw(4, 672, 14, 14, 5, mult=2, epilogue="bn_hardswish"),
         dw(3, 100, 17, 23, 3, dilation=2, epilogue="bias_residual_relu"),
+        dw(8, 960, 7, 7, 5, epilogue="bn_hardswish"),  # NCHW's default: the channel lanes
     ],
     ids=lambda s: s.label(),
 )
