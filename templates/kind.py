@@ -54,6 +54,10 @@ def _no_error(problem: Problem, config: Config) -> str | None:
     return None
 
 
+def _whole_space(problem: Problem, space: Mapping[str, tuple]) -> Mapping[str, tuple]:
+    return space
+
+
 def _always(name: str, chosen: Mapping[str, object]) -> bool:
     return True
 
@@ -150,6 +154,10 @@ class TemplateKind:
     search_error: Callable[[Problem, Config], str | None] = _no_error
     # whether search dimension ``name`` means anything given the values chosen before it
     applies: Callable[[str, Mapping[str, object]], bool] = _always
+    # (problem, space) -> the space cut to values ``search_error`` can pass for this problem,
+    # so the sampler does not draw from dimensions it always refuses (feasibility stays
+    # ``search_error``'s: a narrowing only spares proposals)
+    narrow: Callable[[Problem, Mapping[str, tuple]], Mapping[str, tuple]] = _whole_space
     # the same computation as ``problem`` on other templates, those this kind knows of
     # (conv2d: a 1x1 convolution as a matmul; gemv: a skinny matmul on gemv)
     twins: Callable[[Problem], tuple[Problem, ...]] = _no_twins

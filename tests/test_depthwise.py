@@ -186,6 +186,20 @@ def test_the_default_config_fits_every_suite_layer():
             assert depthwise.depthwise_search_error(problem, config) is None, (spec.label(), config)
 
 
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_the_narrowed_space_holds_every_feasible_config(layout):
+    """NHWC draws from the channel lanes' dimensions only (4% of the whole space is feasible
+    there), and the narrowing drops no config the search could run."""
+    from epilab.tuner.space import HOPPER, configs, space_for
+
+    problem = problem_of(dw(32, 144, 56, 56, 3, layout=layout))
+    space = space_for(problem, HOPPER)
+    feasible = configs(problem, HOPPER)
+    assert feasible and all(getattr(c, n) in values for c in feasible for n, values in space.items())
+    assert ("w_vector" in space["variant"]) == (layout == "nchw")
+    assert any(c.variant == "w_vector" for c in feasible) == (layout == "nchw")
+
+
 def test_w_vector_is_searched_where_w_is_contiguous_only():
     config = Config(256, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="w_vector")
     nchw, nhwc = (problem_of(dw(8, 32, 28, 28, 3, layout=layout)) for layout in ("nchw", "nhwc"))

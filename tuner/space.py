@@ -246,14 +246,15 @@ def applies(problem: Problem) -> Callable[[str, Mapping[str, object]], bool]:
 
 
 def space_for(problem: Problem, limits: DeviceLimits | None = None) -> dict[str, tuple[int, ...]]:
-    """The template's space with block sizes cut at the padded problem dims, so the
-    sampler never proposes blocks the problem cannot use; with ``limits``, without the
-    variants the device can never run (the sm90 ones off sm_90, or in the interpreter)."""
+    """The template's space (as its kind narrows it for the problem) with block sizes cut at
+    the padded problem dims, so the sampler never proposes blocks the problem cannot use;
+    with ``limits``, without the variants the device can never run (the sm90 ones off
+    sm_90, or in the interpreter)."""
     s = kind_of(problem).kernel_shape(problem)
     caps = {"BLOCK_M": _padded(s.m), "BLOCK_N": _padded(s.n), "BLOCK_K": _padded(s.k)}
     space = {
         name: tuple(v for v in values if v <= caps.get(name, v)) or values[:1]
-        for name, values in kind_of(problem).space.items()
+        for name, values in kind_of(problem).narrow(problem, kind_of(problem).space).items()
     }
     if limits is not None and "variant" in space:
         kind = kind_of(problem)
