@@ -297,18 +297,25 @@ STAND_IN_COMPILES = textwrap.dedent("""
 
     def compile_task(task):
         config = task["config"]
-        if config.get("die"):
+        if "die_after" in config:
+            time.sleep(config["die_after"])
             os._exit(9)  # as a compile that takes its process down
+        if "wait_for" in config:  # a slow compile: it ends when the test releases it (or 30 s pass)
+            end = time.time() + 30.0
+            while not os.path.exists(config["wait_for"]) and time.time() < end:
+                time.sleep(0.01)
+            return {"status": "compiled", "released": os.path.exists(config["wait_for"])}
         time.sleep(config["sleep"])
-        return {"status": "compiled", "done_at": time.time()}
+        return {"status": "compiled"}
 """)
 
 
 def test_a_candidate_is_handed_on_while_the_later_ones_still_compile(tmp_path, monkeypatch):
     """``CompilePool.compiled`` yields each result in the batch's order as soon as it is
-    done, not after the whole batch: the first candidate's check overlaps the slow compile."""
-    import time
-
+    done, not after the whole batch: the first candidate's check overlaps the slow compile.
+    The slow compile waits for the test to release it after the first result is handed on,
+    so the test holds however slowly the processes start (a wall-clock margin did not, under
+    CI's load)."""
     from epilab.tuner.worker import CompilePool
 
     (tmp_path / "stand_in_compiles.py").write_text(STAND_IN_COMPILES)
@@ -318,16 +325,17 @@ def test_a_candidate_is_handed_on_while_the_later_ones_still_compile(tmp_path, m
     pool = CompilePool(2, -1, task=compile_task)
     try:
         pool.compiled("{}", [{"sleep": 0.0}])  # a generator: nothing is submitted until it is read
-        list(pool.compiled("{}", [{"sleep": 0.0}] * 2))  # both processes up: a start takes seconds under load
-        results = pool.compiled("{}", [{"sleep": 0.0}, {"sleep": 6.0}])
+        release = tmp_path / "release"
+        results = pool.compiled("{}", [{"sleep": 0.0}, {"wait_for": str(release)}])
         first = next(results)
-        handed_on_at = time.time()
+        release.touch()
         second = next(results)
         assert first["status"] == second["status"] == "compiled"
-        assert handed_on_at < second["done_at"] - 3.0, "the first result waited for the slow compile"
+        assert second["released"], "the first result waited for the slow compile"
 
-        # a compile that kills its process: the rest of the batch is unknown, the next batch runs
-        broken = list(pool.compiled("{}", [{"sleep": 0.0}, {"die": True}, {"sleep": 3.0}]))
+        # a compile that kills its process (after the first is done): the rest of the batch is
+        # unknown, the next batch runs
+        broken = list(pool.compiled("{}", [{"sleep": 0.0}, {"die_after": 2.0}, {"sleep": 3.0}]))
         assert [r["status"] for r in broken[:2]] == ["compiled", "unknown"]
         assert len(broken) == 3 and broken[2]["status"] in ("compiled", "unknown")
         assert [r["status"] for r in pool.compiled("{}", [{"sleep": 0.0}])] == ["compiled"]
