@@ -28,6 +28,7 @@ from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.norms import fold_norms
 from epilab.compiler.op import TEMPLATE_CALL
+from epilab.compiler.unpad import PADDED, unpad
 from epilab.ir.problem import Problem
 from epilab.templates.kinds import code_hash
 
@@ -83,9 +84,16 @@ class EpilabPass(CustomGraphPass):
         self, graph: fx.Graph, by_anchor: dict[fx.Node, list[Decision]] | None = None
     ) -> list[Decision]:
         """Match and decide every anchor of ``graph``, rewriting the groups given a template;
-        the decisions (also by anchor into ``by_anchor``: a dual pair's under its first)."""
+        the decisions (also by anchor into ``by_anchor``: a dual pair's under its first).
+        Matmuls Inductor padded are decided unpadded; those left to ATen get their padding
+        back (``unpad.py``)."""
         decisions: list[Decision] = []
-        anchors = [n for n in graph.nodes if n.op == "call_function" and n.target in ANCHORS]
+        unpadded = unpad(graph)
+        anchors = [
+            n
+            for n in graph.nodes
+            if n.op == "call_function" and n.target in ANCHORS and not n.meta.get(PADDED)
+        ]
         precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
         for i, anchor in enumerate(anchors):
             if anchor.graph is not graph or anchor not in graph.nodes:
@@ -94,6 +102,9 @@ class EpilabPass(CustomGraphPass):
             self._decide_anchor(graph, anchor, anchors[i + 1 :], precision, decisions)
             if by_anchor is not None:
                 by_anchor[anchor] = decisions[before:]
+        for u in unpadded:
+            if u.anchor in graph.nodes:  # not replaced by a template call
+                u.undo(graph)
         return decisions
 
     def _decide_anchor(
