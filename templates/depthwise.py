@@ -157,6 +157,22 @@ def plan(g: ConvGeometry, tile_w: int) -> dict[str, object]:
     }
 
 
+def input_strides(problem: Problem, g: ConvGeometry) -> dict[str, str]:
+    """The input's strides as the template writes them (n, c, h, w): numbers where the
+    problem's layout fixes them (contiguous NCHW or NHWC; ``bind_depthwise`` holds the input
+    to it), so Triton knows how rows and pixels align (a 56-pixel NCHW row or a 24-channel
+    NHWC pixel is 16-byte aligned, which a stride argument not divisible by 16 hides); the
+    stride arguments otherwise, and where the convolution strides W (on an H200 the stride-2
+    3x3 NCHW layer of issue 41 ran 1.2x slower with them, same config: ``benchmarks/RESULTS.md``)."""
+    sizes = {"nchw": ("c", "h", "w"), "nhwc": ("h", "w", "c")}.get(problem.layout_a)
+    if sizes is None or g.stride[1] != 1:
+        return {d: f"stride_x{d}" for d in "nchw"}
+    extent, strides, step = {"c": g.c, "h": g.h, "w": g.w}, {}, 1
+    for d in reversed(sizes):
+        strides[d], step = str(step), step * extent[d]
+    return {"n": str(step), **strides}
+
+
 def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     """The geometry and the unrolling plan the template renders as constants."""
     g = conv_of(problem)
@@ -173,6 +189,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
         "strips_w": triton.cdiv(g.q, tile_w),
         "prefetch": config.num_stages,  # input rows loaded this many steps ahead
         "staged": ["x", "xn", *(f"xn{i}" for i in range(2, config.num_stages + 1))],
+        "xs": input_strides(problem, g),
         **plan(g, tile_w),
     }
 
@@ -186,6 +203,12 @@ def bind_depthwise(
     out: tuple[torch.Tensor, ...] | None = None,
 ) -> Bound:
     """Everything a depthwise launch does up to the launch itself (see ``matmul.bind``)."""
+    memory = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}.get(problem.layout_a)
+    if memory is not None and not x.is_contiguous(memory_format=memory):
+        raise ValueError(
+            f"the depthwise problem is for a contiguous {problem.layout_a.upper()} input (its strides "
+            f"are compiled in); got strides {tuple(x.stride())} for shape {tuple(x.shape)}"
+        )
     call = conv_call(problem, x, weight, operands, out)
     if not call.args:
         return Bound(call.outs, lambda: None, lambda: None)

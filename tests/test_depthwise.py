@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from epilab.ir.epilogue import Epilogue, Expr, acc, operand
 from epilab.ir.problem import Config, Problem
@@ -239,6 +240,40 @@ def test_a_convolution_it_does_not_run_is_refused_clearly():
         )
     big = ConvSpec(1, 8, 20, 20, 8, 11, 11, padding=5, groups=8).problem()
     assert [t.template for t in twins(big)] == ["conv2d"]
+
+
+def test_a_contiguous_layouts_input_strides_are_compiled_in():
+    spec = dw(2, 6, 9, 11, 3)
+    nchw, nhwc = (problem_of(dataclasses.replace(spec, layout=layout)) for layout in ("nchw", "nhwc"))
+    assert depthwise.input_strides(nchw, nchw.geometry) == {"n": "594", "c": "99", "h": "11", "w": "1"}
+    assert depthwise.input_strides(nhwc, nhwc.geometry) == {"n": "594", "h": "66", "w": "6", "c": "1"}
+    strided = dataclasses.replace(nchw, layout_a="strided")
+    s2 = problem_of(dw(2, 6, 9, 11, 3, stride=2, layout="nchw"))
+    for p in (strided, s2):
+        assert depthwise.input_strides(p, p.geometry) == {d: f"stride_x{d}" for d in "nchw"}
+
+
+@pytest.mark.parametrize("config", [SMALL, W_VECTOR], ids=["channel lanes", "w_vector"])
+def test_an_input_of_another_layout_than_its_problems_is_refused(config):
+    problem = problem_of(dw(2, 6, 9, 11, 3, dtype="float32", epilogue="bias", layout="nchw"))
+    x, w, ops = random_inputs(problem, "cpu", 0)
+    x = x.contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="do not match the problem"):  # the checked call
+        checked_launch(problem, config, x, w, ops)
+    with pytest.raises(ValueError, match="contiguous NCHW input"):  # and the bare bind (a replay's)
+        depthwise.bind_depthwise(problem, config, x, w, ops)
+
+
+@pytest.mark.parametrize("config", [SMALL, W_VECTOR], ids=["channel lanes", "w_vector"])
+def test_a_strided_input_runs_on_its_stride_arguments(config):
+    """A layout the problem does not fix (every other row of a taller image) is read
+    through the stride arguments."""
+    nchw = problem_of(dw(2, 6, 9, 11, 3, dtype="float32", epilogue="bias", layout="nchw"))
+    problem = dataclasses.replace(nchw, layout_a="strided")
+    x, w, ops = random_inputs(nchw, "cpu", 0)
+    x = torch.cat([x, torch.full_like(x, float("nan"))], dim=3).view(2, 6, 18, 11)[:, :, ::2]
+    assert not x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last)
+    checked_launch(problem, config, x, w, ops)
 
 
 def test_the_unrolling_plan_loads_each_input_row_once_and_uses_every_tap():
