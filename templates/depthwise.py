@@ -157,15 +157,16 @@ def plan(g: ConvGeometry, tile_w: int) -> dict[str, object]:
     }
 
 
-def input_strides(problem: Problem, g: ConvGeometry) -> dict[str, str]:
+def input_strides(problem: Problem, g: ConvGeometry, variant: str = "default") -> dict[str, str]:
     """The input's strides as the template writes them (n, c, h, w): numbers where the
     problem's layout fixes them (contiguous NCHW or NHWC; ``bind_depthwise`` holds the input
     to it), so Triton knows how rows and pixels align (a 56-pixel NCHW row or a 24-channel
     NHWC pixel is 16-byte aligned, which a stride argument not divisible by 16 hides); the
-    stride arguments otherwise, and where the convolution strides W (on an H200 the stride-2
-    3x3 NCHW layer of issue 41 ran 1.2x slower with them, same config: ``benchmarks/RESULTS.md``)."""
+    stride arguments otherwise, and for ``w_vector`` (lanes along W) where the convolution
+    strides W: on an H200 the stride-2 3x3 NCHW layer of issue 41 ran 1.2x slower with them,
+    same config (``benchmarks/RESULTS.md``); the channel lanes' loads run along C either way."""
     sizes = {"nchw": ("c", "h", "w"), "nhwc": ("h", "w", "c")}.get(problem.layout_a)
-    if sizes is None or g.stride[1] != 1:
+    if sizes is None or (variant == "w_vector" and g.stride[1] != 1):
         return {d: f"stride_x{d}" for d in "nchw"}
     extent, strides, step = {"c": g.c, "h": g.h, "w": g.w}, {}, 1
     for d in reversed(sizes):
@@ -189,7 +190,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
         "strips_w": triton.cdiv(g.q, tile_w),
         "prefetch": config.num_stages,  # input rows loaded this many steps ahead
         "staged": ["x", "xn", *(f"xn{i}" for i in range(2, config.num_stages + 1))],
-        "xs": input_strides(problem, g),
+        "xs": input_strides(problem, g, config.variant),
         **plan(g, tile_w),
     }
 

@@ -248,9 +248,10 @@ def test_a_contiguous_layouts_input_strides_are_compiled_in():
     assert depthwise.input_strides(nchw, nchw.geometry) == {"n": "594", "c": "99", "h": "11", "w": "1"}
     assert depthwise.input_strides(nhwc, nhwc.geometry) == {"n": "594", "h": "66", "w": "6", "c": "1"}
     strided = dataclasses.replace(nchw, layout_a="strided")
+    assert depthwise.input_strides(strided, strided.geometry) == {d: f"stride_x{d}" for d in "nchw"}
     s2 = problem_of(dw(2, 6, 9, 11, 3, stride=2, layout="nchw"))
-    for p in (strided, s2):
-        assert depthwise.input_strides(p, p.geometry) == {d: f"stride_x{d}" for d in "nchw"}
+    assert depthwise.input_strides(s2, s2.geometry, "w_vector") == {d: f"stride_x{d}" for d in "nchw"}
+    assert depthwise.input_strides(s2, s2.geometry)["h"] == "11"  # the channel lanes keep them
 
 
 @pytest.mark.parametrize("config", [SMALL, W_VECTOR], ids=["channel lanes", "w_vector"])
