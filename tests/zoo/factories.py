@@ -5,7 +5,8 @@
 
 The transformers take the zoo's input shapes (``ZOO["real"][name].input_shape``) with
 ``--input``; the convolutional models come with their input (bf16, channels last, as the
-zoo runs them on a GPU), so they need no ``--input``.
+zoo runs them on a GPU; ``mobilenet_nchw`` and ``mbconv_nchw`` contiguous NCHW), so they
+need no ``--input``.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ def bert() -> nn.Module:
     return ZOO["real"]["bert"].build()
 
 
-def _image_model(name: str) -> tuple[nn.Module, torch.Tensor]:
-    """The model channels last in bf16 and a random bf16 channels-last input of the zoo's shape."""
+def _image_model(
+    name: str, memory: torch.memory_format = torch.channels_last
+) -> tuple[nn.Module, torch.Tensor]:
+    """The model in bf16 and a random bf16 input of the zoo's shape, both in ``memory``
+    (channels last, or contiguous NCHW for the ``_nchw`` factories)."""
     spec = ZOO["real"][name]
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(spec.input_shape, generator=generator).to(torch.bfloat16)
-    model = spec.build().to(torch.bfloat16, memory_format=torch.channels_last)
-    return model, x.contiguous(memory_format=torch.channels_last)
+    model = spec.build().to(torch.bfloat16, memory_format=memory)
+    return model, x.contiguous(memory_format=memory)
 
 
 def mobilenet() -> tuple[nn.Module, torch.Tensor]:
@@ -47,3 +51,11 @@ def mbconv() -> tuple[nn.Module, torch.Tensor]:
 
 def convnext() -> tuple[nn.Module, torch.Tensor]:
     return _image_model("convnext")
+
+
+def mobilenet_nchw() -> tuple[nn.Module, torch.Tensor]:
+    return _image_model("mobilenet", torch.contiguous_format)
+
+
+def mbconv_nchw() -> tuple[nn.Module, torch.Tensor]:
+    return _image_model("mbconv", torch.contiguous_format)
