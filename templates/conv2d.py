@@ -545,11 +545,15 @@ def conv_problem_of(
 
 
 def empty_conv_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Outputs of the problem's [N, K, P, Q] shape, channels_last (statistics contiguous)."""
+    """Outputs of the problem's [N, K, P, Q] shape in the layout a call allocates them
+    (``out_strides_of``: channels_last for an nhwc input, else contiguous; statistics
+    contiguous), so that the tuner checks and times the stores a compiled model runs (all
+    were channels_last: an NCHW candidate was timed on other stores than it runs, and
+    compiled again at its first launch, the compile pool having bound the other layout)."""
     outs = []
     for o in problem.epilogue.outputs:
         shape = output_shape(problem, o)
-        fmt = memory_format(len(shape) == 4)
+        fmt = memory_format(len(shape) == 4 and problem.layout_a == "nhwc")
         outs.append(torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device, memory_format=fmt))
     return tuple(outs)
 

@@ -132,7 +132,7 @@ class TemplateKind:
     # (problem, a, b) -> sizes and strides of each output of a call, from the problem and the
     # inputs' *sizes* alone: the compiler's fake and real calls both allocate from it
     output_specs: Callable[[Problem, Tensor, Tensor], list[OutputSpec]]
-    # (problem, device) -> uninitialised outputs in the layout its callers get (conv2d: channels_last)
+    # (problem, device) -> uninitialised outputs in the layout its callers get (conv2d: its input's)
     empty_outputs: Callable[[Problem, torch.device], tuple[Tensor, ...]]
     # -- checking and measuring
     # (problem, device, generator) -> random A, B, operands of exactly the problem's shapes,

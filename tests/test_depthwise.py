@@ -347,3 +347,24 @@ def test_the_tuner_searches_the_depthwise_twin_with_its_rows(tmp_path):
     config = Config.from_dict(best.record.config)
     assert depthwise.config_error(twin, config) is None
     assert config.BLOCK_M // config.TILE_H in depthwise.WIDTHS[config.variant]
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_the_tuner_checks_and_times_the_output_layout_a_call_allocates(layout):
+    """The tuner's worker checks and times a candidate on ``kind.empty_outputs`` (NaN-poisoned),
+    the compile pool and a compiled model's call on the outputs ``bind`` allocates: one layout,
+    or an NCHW candidate is timed on stores it never runs and compiled a second time."""
+    from epilab.templates.kinds import kind_of, output_specs
+    from epilab.templates.verify import poisoned_outputs
+
+    spec = dw(2, 6, 9, 11, 5, stride=2, dtype="float32", epilogue="bias", layout=layout)
+    for problem in (spec.problem(), problem_of(spec)):  # the conv2d kind's and its depthwise twin
+        x, w, ops = random_inputs(problem, "cpu", 0)
+        config = default_config(problem, "interpreter")
+        allocated = kind_of(problem).bind(problem, config, x, w, ops).outs
+        poisoned = poisoned_outputs(problem, "cpu")
+        assert [o.stride() for o in poisoned] == [o.stride() for o in allocated], problem.template
+        assert [tuple(s) for _, s in output_specs(problem, x, w)] == [o.stride() for o in allocated]
+        assert allocated[0].is_contiguous(
+            memory_format=torch.channels_last if layout == "nhwc" else torch.contiguous_format
+        )
