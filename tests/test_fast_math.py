@@ -72,8 +72,10 @@ def check_bound(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
     got = out.double().cpu()
     xs = x.cpu()
     finite = torch.isfinite(ref)
-    # special values and overflow: exactly torch's
-    same = (got == own) | (got.isnan() & own.isnan())
+    # special values and overflow: exactly torch's, or the float64 value where torch's fp32 is
+    # a NaN of its own (torch 2.13's vectorized CPU gelu on some hosts: gelu(inf) = nan)
+    torch_slip = own.isnan() & ~ref.isnan() & (got == ref)
+    same = (got == own) | (got.isnan() & own.isnan()) | torch_slip
     bad = ~finite & ~same
     assert not bad.any(), (
         f"{op} -> {dtype}: at x = {xs[bad][:5].tolist()} got {got[bad][:5].tolist()}, torch {own[bad][:5].tolist()}"
