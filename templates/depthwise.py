@@ -157,16 +157,32 @@ def plan(g: ConvGeometry, tile_w: int) -> dict[str, object]:
     }
 
 
+def pair_loads(g: ConvGeometry) -> list[tuple[int, list[tuple[int, int]]]] | None:
+    """How ``w_vector`` reads a W stride of 2 (dilation 1): tap column s reads input columns
+    2 q + s - padding = 2 (q + delta) + phase, so one contiguous load of 2 * tile_w columns
+    from 2 (ow0 + delta), split into its even and odd halves, gives the tiles of the taps of
+    that delta (one or two). Returns [(delta, [(phase, s), ...]), ...]; None where the stride
+    or dilation along W is other (strided loads, one a tap column)."""
+    if g.stride[1] != 2 or g.dilation[1] != 1:
+        return None
+    pairs: dict[int, list[tuple[int, int]]] = {}
+    for s in range(g.s):
+        delta, phase = divmod(s - g.padding[1], 2)
+        pairs.setdefault(delta, []).append((phase, s))
+    return sorted(pairs.items())
+
+
 def input_strides(problem: Problem, g: ConvGeometry, variant: str = "default") -> dict[str, str]:
     """The input's strides as the template writes them (n, c, h, w): numbers where the
     problem's layout fixes them (contiguous NCHW or NHWC; ``bind_depthwise`` holds the input
     to it), so Triton knows how rows and pixels align (a 56-pixel NCHW row or a 24-channel
     NHWC pixel is 16-byte aligned, which a stride argument not divisible by 16 hides); the
     stride arguments otherwise, and for ``w_vector`` (lanes along W) where the convolution
-    strides W: on an H200 the stride-2 3x3 NCHW layer of issue 41 ran 1.2x slower with them,
-    same config (``benchmarks/RESULTS.md``); the channel lanes' loads run along C either way."""
+    strides W by 3 or 4 (its loads are gathers, one a tap column): on an H200 the stride-2 3x3
+    NCHW layer of issue 41 ran 1.2x slower with them, same config, before stride 2 took
+    ``pair_loads`` (``benchmarks/RESULTS.md``); the channel lanes' loads run along C either way."""
     sizes = {"nchw": ("c", "h", "w"), "nhwc": ("h", "w", "c")}.get(problem.layout_a)
-    if sizes is None or (variant == "w_vector" and g.stride[1] != 1):
+    if sizes is None or (variant == "w_vector" and g.stride[1] != 1 and pair_loads(g) is None):
         return {d: f"stride_x{d}" for d in "nchw"}
     extent, strides, step = {"c": g.c, "h": g.h, "w": g.w}, {}, 1
     for d in reversed(sizes):
@@ -191,6 +207,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
         "prefetch": config.num_stages,  # input rows loaded this many steps ahead
         "staged": ["x", "xn", *(f"xn{i}" for i in range(2, config.num_stages + 1))],
         "xs": input_strides(problem, g, config.variant),
+        "pairs": pair_loads(g),
         **plan(g, tile_w),
     }
 
@@ -230,10 +247,13 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
     16 for 16 or fewer), as the first H200 sweep favoured. NCHW inputs: the w_vector variant,
     16 channels on strips 16 pixels wide (64 where the output is wider than 64); a thread's
     elements: 2 for kernels over 3x3 (with 32 rows where 16 wide), 1 for 9x9 (under
-    ``W_VECTOR_SPILL``), 1 (4 when 64 wide) for 3x3, up to 8 with stride 2. But kernels over
-    3x3 on outputs 8 or fewer pixels wide take the channel lanes, 32 channels on one warp
-    (1.2-1.3x faster on those 4 layers of the H100 NCHW suite; at 14 pixels wide 0.85-1.1x).
-    Both: 16 rows, fewer where that leaves under two programs per SM (``benchmarks/RESULTS.md``)."""
+    ``W_VECTOR_SPILL``), 1 (4 when 64 wide) for 3x3, up to 8 with a W stride of 3 or 4. A W
+    stride of 2 (``pair_loads``): strips as wide as the output (8 to 64 pixels), 8 rows, 4
+    elements a thread (fewer where the taps would spill), the best of 20 configs on 5 of the 6
+    stride-2 layers of the H100 NCHW suite. Other kernels over 3x3 on outputs 8 or fewer pixels
+    wide take the channel lanes, 32 channels on one warp (1.2-1.3x faster on those 4 layers of
+    the H100 NCHW suite; at 14 pixels wide 0.85-1.1x). Both: 16 rows, fewer where that leaves
+    under two programs per SM (``benchmarks/RESULTS.md``)."""
     g = conv_of(problem)
     assert g is not None
     if target == "interpreter":
@@ -241,14 +261,18 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
     k = int(problem.shape.n)
     rows = min(16, triton.next_power_of_2(g.p))
     taps = g.r * g.s
-    if problem.layout_a == "nchw" and not (taps > 9 and g.q <= 8):
+    pairs = pair_loads(g) is not None
+    if problem.layout_a == "nchw" and (pairs or not (taps > 9 and g.q <= 8)):
         variant, channels = "w_vector", 16
         width = 64 if g.q > 64 else min(16, max(4, triton.next_power_of_2(g.q)))
         per_thread = 1 if taps > W_VECTOR_SPILL // 2 else 2 if taps > 9 else 1 if width <= 16 else 4
-        if g.stride[1] > 1:  # strided loads: more of them in flight a thread
+        if pairs:
+            width, rows = min(64, max(8, triton.next_power_of_2(g.q))), min(8, rows)
+            per_thread = 1 << (min(4, W_VECTOR_SPILL // taps).bit_length() - 1)
+        elif g.stride[1] > 1:  # strided loads: more of them in flight a thread
             per_thread = 1 << (min(8, W_VECTOR_SPILL // taps).bit_length() - 1)
         warps = min(16, max(1, channels * width // (32 * per_thread)))
-        if taps > 9 and width <= 16:  # the halo's rows amortised over a taller strip
+        if taps > 9 and width <= 16 and not pairs:  # the halo's rows amortised over a taller strip
             rows = min(32, triton.next_power_of_2(g.p))
     else:
         variant, width = "default", min(8, max(2, triton.next_power_of_2(g.q)))
@@ -360,7 +384,10 @@ SEEDS = (
     Config(512, 16, 16, 1, num_warps=4, num_stages=2, TILE_H=32, variant="w_vector"),
     Config(512, 16, 16, 1, num_warps=8, num_stages=1, TILE_H=8, variant="w_vector"),
     Config(1024, 16, 16, 1, num_warps=16, num_stages=2, TILE_H=16, variant="w_vector"),
-    Config(256, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="w_vector"),  # stride 2
+    Config(256, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="w_vector"),  # W stride 3, 4
+    # a W stride of 2 (pair loads): 32 or 64 wide, 8 rows, 4 elements a thread
+    Config(256, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=8, variant="w_vector"),
+    Config(512, 16, 16, 1, num_warps=8, num_stages=1, TILE_H=8, variant="w_vector"),
 )
 
 

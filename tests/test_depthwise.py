@@ -48,6 +48,9 @@ GEOMETRIES = {
     "3x3 dilation 2": dw(1, 4, 9, 8, 3, dilation=2),
     "multiplier 2": dw(1, 6, 6, 7, 3, mult=2),
     "multiplier 2, stride 2": dw(2, 3, 8, 8, 5, mult=2, stride=2),
+    "5x5 stride 2, three strips wide": dw(1, 4, 5, 35, 5, stride=2),
+    "3x3 stride 2 unpadded": dw(1, 4, 9, 16, 3, stride=2, padding=0),
+    "3x3 stride 3": dw(1, 4, 10, 16, 3, stride=3),
     "channels over one block": dw(1, 40, 4, 5, 3),
     "1x1 output": dw(1, 8, 3, 3, 3, padding=0),
 }
@@ -173,12 +176,12 @@ def test_a_model_tunes_a_depthwise_convolution_on_its_twin_only(tmp_path):
 
 def test_the_default_config_fits_every_suite_layer():
     """... in both formats: NCHW takes the w_vector variant (the channel lanes for kernels
-    over 3x3 on outputs up to 8 pixels wide), NHWC the channel lanes, and no default is one
-    the tuner would pass over."""
+    over 3x3 on outputs up to 8 pixels wide, but for a W stride of 2), NHWC the channel lanes,
+    and no default is one the tuner would pass over."""
     from epilab.tuner.suites import suite
 
     for spec in suite("depthwise"):
-        channel_lanes = spec.r * spec.s > 9 and spec.problem().geometry.q <= 8
+        channel_lanes = spec.r * spec.s > 9 and spec.problem().geometry.q <= 8 and spec.stride != 2
         for layout, variant in (("nhwc", "default"), ("nchw", "default" if channel_lanes else "w_vector")):
             problem = problem_of(dataclasses.replace(spec, layout=layout))
             config = default_config(problem)
@@ -249,9 +252,26 @@ def test_a_contiguous_layouts_input_strides_are_compiled_in():
     assert depthwise.input_strides(nhwc, nhwc.geometry) == {"n": "594", "h": "66", "w": "6", "c": "1"}
     strided = dataclasses.replace(nchw, layout_a="strided")
     assert depthwise.input_strides(strided, strided.geometry) == {d: f"stride_x{d}" for d in "nchw"}
-    s2 = problem_of(dw(2, 6, 9, 11, 3, stride=2, layout="nchw"))
-    assert depthwise.input_strides(s2, s2.geometry, "w_vector") == {d: f"stride_x{d}" for d in "nchw"}
-    assert depthwise.input_strides(s2, s2.geometry)["h"] == "11"  # the channel lanes keep them
+    s3 = problem_of(dw(2, 6, 9, 11, 3, stride=3, layout="nchw"))  # w_vector gathers: arguments
+    assert depthwise.input_strides(s3, s3.geometry, "w_vector") == {d: f"stride_x{d}" for d in "nchw"}
+    assert depthwise.input_strides(s3, s3.geometry)["h"] == "11"  # the channel lanes' numbers
+    s2 = problem_of(dw(2, 6, 9, 11, 3, stride=2, layout="nchw"))  # w_vector's contiguous pair loads
+    assert depthwise.input_strides(s2, s2.geometry, "w_vector")["w"] == "1"
+
+
+def test_a_w_stride_of_2_reads_each_tap_column_from_a_contiguous_pair_load():
+    """5 taps, padding 2: columns 2q - 2 .. 2q + 2 are the even and odd halves of the loads
+    from 2 (q - 1), 2 q and 2 (q + 1); every tap once."""
+    pairs = depthwise.pair_loads(problem_of(dw(1, 8, 14, 14, 5, stride=2)).geometry)
+    assert pairs == [(-1, [(0, 0), (1, 1)]), (0, [(0, 2), (1, 3)]), (1, [(0, 4)])]
+    unpadded = depthwise.pair_loads(problem_of(dw(1, 8, 14, 14, 3, stride=2, padding=0)).geometry)
+    assert unpadded == [(0, [(0, 0), (1, 1)]), (1, [(0, 2)])]
+    for other in (
+        dw(1, 8, 14, 14, 3),
+        dw(1, 8, 14, 14, 3, stride=3),
+        dw(1, 8, 14, 14, 3, stride=2, dilation=2),
+    ):
+        assert depthwise.pair_loads(problem_of(other).geometry) is None
 
 
 @pytest.mark.parametrize("config", [SMALL, W_VECTOR], ids=["channel lanes", "w_vector"])
