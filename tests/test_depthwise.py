@@ -80,8 +80,9 @@ def test_depthwise_epilogues_and_dtypes(epilogue, dtype):
 
 @pytest.mark.parametrize("epilogue", ["bn_hardswish", "bias_residual_relu", "silu_two_outputs"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_depthwise_w_vector_epilogues_and_dtypes(epilogue, dtype):
-    run(dw(2, 20, 5, 6, 3, dtype=dtype, epilogue=epilogue, layout="nchw"), W_VECTOR)
+@pytest.mark.parametrize("stride", [1, 2], ids=["stride 1", "stride 2 (pair loads)"])
+def test_depthwise_w_vector_epilogues_and_dtypes(epilogue, dtype, stride):
+    run(dw(2, 20, 5, 13, 3, stride=stride, dtype=dtype, epilogue=epilogue, layout="nchw"), W_VECTOR)
 
 
 def with_statistic(problem: Problem, value: Expr, reduce: str) -> Problem:
@@ -100,11 +101,14 @@ def with_statistic(problem: Problem, value: Expr, reduce: str) -> Problem:
     ],
 )
 @pytest.mark.parametrize("variant", ["default", "w_vector"])
-def test_depthwise_statistics(statistic, reduce, variant):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_statistics(statistic, reduce, variant, stride):
+    """The SE pool after a stride-2 depthwise convolution (MBConv) included."""
     layout = "nchw" if variant == "w_vector" else "nhwc"
-    problem = with_statistic(
-        problem_of(dw(2, 24, 6, 7, 3, dtype="float32", epilogue="bias", layout=layout)), statistic(), reduce
+    spec = dw(
+        2, 24, 6 * stride, 7 * stride, 3, stride=stride, dtype="float32", epilogue="bias", layout=layout
     )
+    problem = with_statistic(problem_of(spec), statistic(), reduce)
     x, w, ops = random_inputs(problem, "cpu", 0)
     config = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=4, variant=variant)
     bound = checked_launch(problem, config, x, w, ops)
