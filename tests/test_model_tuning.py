@@ -170,6 +170,11 @@ def test_templates_are_kept_only_where_the_model_is_faster_with_them(tmp_path):
     rows = {r["variant"]: r for r in report.rows}
     assert set(rows) == {"eager", "inductor", "epilab"} and rows["epilab"]["templates"] == 1
     assert "| per call | epilab |" in report.table() and "reject" in report.table()
+    # the seconds each step spent compiling its variants (and their first calls), within its own
+    for step in ("context check", "measure"):
+        assert 0 < report.compiling[step] <= report.seconds[step]
+        assert f"{step} {report.seconds[step]:.0f} (compiling {report.compiling[step]:.0f})" in report.table()
+    assert report.to_dict()["compiling"].keys() == {"context check", "measure"}
     # a later compile follows the verdicts without measuring
     decisions, _ = _problems(db_path, model, x)
     by_key = {d.problem_key: d for d in decisions}

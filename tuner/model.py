@@ -343,6 +343,7 @@ class ModelReport:
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    compiling: dict[str, float] = field(default_factory=dict)  # a step's seconds spent compiling variants
     interrupted: bool = False
     method: str = ""
     rule: str = ""  # the confidence rule the verdicts and speedups were decided by
@@ -366,12 +367,17 @@ class ModelReport:
             "verdicts": self.verdicts,
             "rows": self.rows,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+            "compiling": {k: round(v, 1) for k, v in self.compiling.items()},
             "tune_phases": {k: round(v, 1) for k, v in self.tune_phases.items()},
             "interrupted": self.interrupted,
             "method": self.method,
             "rule": self.rule,
             "skipped": self.skipped,
         }
+
+    def _seconds_text(self, step: str, seconds: float) -> str:
+        compiling = self.compiling.get(step)
+        return f"{step} {seconds:.0f}" + ("" if compiling is None else f" (compiling {compiling:.0f})")
 
     def speedups(self, mode: str) -> dict[str, float]:
         """epilab against each other variant of ``mode``: the median of the rounds' paired
@@ -435,7 +441,7 @@ class ModelReport:
         out += [f"\n{mode}: not timed: {why}" for mode, why in self.skipped.items()]
         if self.rule:
             out += ["", self.rule]
-        out += ["", "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.seconds.items())]
+        out += ["", "seconds: " + ", ".join(self._seconds_text(k, v) for k, v in self.seconds.items())]
         if self.tuned:
             out.append(f"tuning's seconds went to: {phase_text(self.tune_phases)}")
         return "\n".join(out)
@@ -684,6 +690,12 @@ def _compile(work: Workload, name: str, mode: str, how: dict[str, Any]) -> Varia
     return Variant(name, mode, step, time.perf_counter() - started, explain(clear=True))
 
 
+def _counted(report: ModelReport, step: str, variant: Variant) -> Variant:
+    """``variant``, its compile (and first call) added to ``step``'s seconds spent compiling."""
+    report.compiling[step] = report.compiling.get(step, 0.0) + variant.compile_s
+    return variant
+
+
 def _record_and_tune(
     work: Workload,
     store: TuningDB,
@@ -824,7 +836,11 @@ def _check_round(
     ``checked`` (problem key -> kept), with the rejected ones left out; False when none."""
     torch._dynamo.reset()
     rejected = [k for k, ok in checked.items() if not ok]
-    with_all = _compile(work, "epilab", mode, _epilab(store, mode, verdicts=False, exclude=rejected))
+
+    def compiled(name: str, how: dict[str, Any]) -> Variant:
+        return _counted(report, "context check", _compile(work, name, mode, how))
+
+    with_all = compiled("epilab", _epilab(store, mode, verdicts=False, exclude=rejected))
     chosen = {d.problem_key: d for d in with_all.decisions if d.template and d.problem_key}
     chosen = {key: d for key, d in chosen.items() if key not in checked}
     if not chosen:
@@ -832,12 +848,7 @@ def _check_round(
             say(f"{mode}: no template chosen; nothing to check")
         return False
     without = {
-        key: _compile(
-            work,
-            f"without {key[:12]}",
-            mode,
-            _epilab(store, mode, verdicts=False, exclude=[*rejected, key]),
-        )
+        key: compiled(f"without {key[:12]}", _epilab(store, mode, verdicts=False, exclude=[*rejected, key]))
         for key in chosen
     }
     say(f"{mode}: timing the model with each of {len(chosen)} template problem(s) and without it")
@@ -848,15 +859,13 @@ def _check_round(
     if kept:
         final = with_all
         if len(kept) < len(chosen):
-            final = _compile(
-                work,
+            final = compiled(
                 "epilab kept",
-                mode,
                 _epilab(
                     store, mode, verdicts=False, exclude=[*rejected, *(k for k in chosen if k not in kept)]
                 ),
             )
-        inductor = _compile(work, "inductor", mode, _inductor(mode))
+        inductor = compiled("inductor", _inductor(mode))
         say(f"{mode}: timing the model with its {len(kept)} kept template(s) against Inductor")
         against = Comparison(ours=final, theirs=inductor, key="inductor")
         _compare([against], options, timer)
@@ -928,9 +937,9 @@ def _measure(
     if options.eager and mode == "per call":
         variants.append(_compile(work, "eager", mode, {}))
     say(f"{mode}: compiling inductor")
-    variants.append(_compile(work, "inductor", mode, _inductor(mode)))
+    variants.append(_counted(report, "measure", _compile(work, "inductor", mode, _inductor(mode))))
     say(f"{mode}: compiling epilab")
-    variants.append(_compile(work, "epilab", mode, _epilab(store, mode)))
+    variants.append(_counted(report, "measure", _compile(work, "epilab", mode, _epilab(store, mode))))
     ours = variants[-1]
     # with no template the epilab step is Inductor's graph: timed alongside, never decided
     # (it ran every per-call measurement to MAX_ROUNDS, 25 of MobileNet's 32 s of measuring)
