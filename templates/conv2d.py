@@ -552,9 +552,11 @@ def empty_conv_outputs(problem: Problem, device: torch.device) -> tuple[torch.Te
     compiled again at its first launch, the compile pool having bound the other layout)."""
     outs = []
     for o in problem.epilogue.outputs:
-        shape = output_shape(problem, o)
-        fmt = memory_format(len(shape) == 4 and problem.layout_a == "nhwc")
-        outs.append(torch.empty(shape, dtype=dtypes.torch_dtype(o.dtype), device=device, memory_format=fmt))
+        shape, dtype = output_shape(problem, o), dtypes.torch_dtype(o.dtype)
+        if len(shape) == 4:
+            outs.append(torch.empty_strided(shape, out_strides_of(problem), dtype=dtype, device=device))
+        else:
+            outs.append(torch.empty(shape, dtype=dtype, device=device))
     return tuple(outs)
 
 
