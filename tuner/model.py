@@ -44,7 +44,8 @@ inference's only at inference.
 
 Timing, per call (``time_calls``): CUDA events around groups of back-to-back calls after a
 warm-up (host overhead included, as a serving loop sees it; L2 is not flushed between calls
-of a model), the median of the groups' per-call times. Under CUDA graphs (``replayed``): the
+of a model), the median of the groups' per-call times, in a short window per variant and
+round (``PER_CALL_WINDOW_MS``) so that a round's variants are timed close together. Under CUDA graphs (``replayed``): the
 compiled step (Inductor without its CUDA-graph trees) captured ``REPLAY_CALLS`` times in one
 CUDA graph and replayed, the GPU time of a step. Not ``reduce-overhead`` timed per call: at
 decode a small model's step there is bound by the trees' host work (Dynamo's guards, the
@@ -132,10 +133,19 @@ def replayed(fn: Callable[[], object]) -> Measured:
     return time_graph(fn, calls=REPLAY_CALLS, replays=20)
 
 
+# per call, one variant's time in a round: a short window (after a short warm-up), so that
+# the variants of a round are timed close together and a slow spell of the shared host
+# falls on all of them alike; the rounds, not the windows, carry the statistics
+PER_CALL_WARMUP_MS = 20.0
+PER_CALL_WINDOW_MS = 60.0
+
+
 def default_timer(mode: str, on_gpu: bool) -> Timer:
     if not on_gpu:
         return lambda _, fn: time_wall(fn, reps=3)
-    return (lambda _, fn: replayed(fn)) if cuda_graphs(mode) else (lambda _, fn: time_calls(fn))
+    if cuda_graphs(mode):
+        return lambda _, fn: replayed(fn)
+    return lambda _, fn: time_calls(fn, warmup_ms=PER_CALL_WARMUP_MS, rep_ms=PER_CALL_WINDOW_MS)
 
 
 # integer dtypes an example input may have (token ids, masks); quantized dtypes are not inputs
@@ -574,7 +584,9 @@ def tune_model(
                 return report
             timed = modes
             if options.check_context or options.measure:  # probed once for both steps
+                started = time.monotonic()
                 timed = _replayable(work, store, modes, on_gpu, report, say)
+                report.seconds["capture probe"] = time.monotonic() - started
             if options.check_context:
                 started = time.monotonic()
                 for mode in timed:
