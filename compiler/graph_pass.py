@@ -297,6 +297,10 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
         items = [add(operator.getitem, (call, i), out) for i, out in enumerate(outs)]
         for use in group.uses:
             new = items[use.output]
+            if use.permute is not None:
+                with fake:
+                    permuted = torch.ops.aten.permute.default(val(new), list(use.permute))
+                new = add(torch.ops.aten.permute.default, (new, list(use.permute)), permuted)
             if use.reshape is not None:
                 shaped = val(use.node).to(val(new).dtype)  # type: ignore[union-attr]
                 new = add(torch.ops.aten.reshape.default, (new, use.reshape), shaped)

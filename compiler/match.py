@@ -93,6 +93,7 @@ class Use:
     output: int
     reshape: list[object] | None  # reshape args giving the output the member's shape
     cast: torch.dtype | None = None  # then converted to this dtype (a max taken in fp32)
+    permute: tuple[int, ...] | None = None  # first permuted so (a conv output's channels-last view)
 
 
 @dataclass
@@ -173,6 +174,9 @@ class _Grower(ABC):
         self.order: list[fx.Node] = []
         self.precision: str | None = None  # the anchor's own (a scaled mm's fast accumulation)
         self.reduced: dict[fx.Node, tuple[Expr, str]] = {}  # statistics: (value, reduction)
+        # a value whose dims are the output's permuted (dim i is the output's dim perm[i]):
+        # a conv output's channels-last view; absent: the output's own order
+        self.perm: dict[fx.Node, tuple[int, ...]] = {}
 
     # -- the anchor family's part
     @abstractmethod
@@ -519,14 +523,57 @@ class _MatmulGrower(_Grower):
 
 
 class _ConvGrower(_Grower):
-    """2-D convolutions: operands per output channel, scalars and whole tensors; no views;
+    """2-D convolutions: operands per output channel, scalars and whole tensors; no views
+    but permutes (a ConvNeXt block's ``permute(0, 2, 3, 1)`` before its channel LayerNorm:
+    pointwise ops of a permuted value take scalars and per-channel operands, its reductions
+    are mapped back to the output's dims, and a use of it permutes the kernel's output);
     statistics per pixel over the channels or per channel over the pixels (a pooling's)."""
 
     takes_views = False
+    reading: tuple[int, ...] | None = None  # the permutation of the values a joining node reads
+
+    def try_join(self, node: fx.Node) -> bool:
+        if node.op == "call_function" and node.target is torch.ops.aten.permute.default:
+            return self._try_permute(node)
+        perms = {self.perm.get(a) for a in node.all_input_nodes if a in self.values}
+        if len(perms) != 1:
+            return False  # values of two orders (or none of the group's)
+        self.reading = perms.pop()
+        try:
+            joined = super().try_join(node)
+        finally:
+            read, self.reading = self.reading, None
+        if joined and read is not None and node not in self.reduced:
+            self.perm[node] = read
+        return joined
+
+    def _try_permute(self, node: fx.Node) -> bool:
+        src, dims = node.args[0], node.args[1]
+        if src not in self.values or not isinstance(dims, (list, tuple)) or len(dims) != len(self.O):
+            return False
+        order = self.perm.get(src, tuple(range(len(self.O))))  # type: ignore[arg-type]
+        perm = tuple(order[int(d) % len(self.O)] for d in dims)
+        self.values[node] = self.values[src]  # type: ignore[index]
+        self.shape_src[node] = self.shape_src[src]  # type: ignore[index]
+        if perm != tuple(range(len(self.O))):
+            self.perm[node] = perm
+        return True
+
+    def _in_output_order(self, per_dim: Sequence[object]) -> list[object]:
+        """Sizes (or flags) given per dim of a value read now, in the output's dim order."""
+        if self.reading is None:
+            return list(per_dim)
+        out: list[object] = [None] * len(per_dim)
+        for i, d in enumerate(self.reading):
+            out[d] = per_dim[i]
+        return out
 
     def reduced_axis(self, dims: list[int], shape: list[int]) -> tuple[str, int] | None:
         """Over the pixels (dims 2, 3: a global pool) a column statistic [N, K]; over the
-        channels (dim 1) a row statistic [N, P, Q]."""
+        channels (dim 1) a row statistic [N, P, Q] (the dims of a permuted value mapped back)."""
+        if self.reading is not None:
+            dims = sorted(self.reading[d] for d in dims)
+            shape = self._in_output_order(shape)  # type: ignore[assignment]
         if not same_shape(shape, self.O):
             return None
         _, k, p, q = shape
@@ -561,10 +608,13 @@ class _ConvGrower(_Grower):
     def operand_broadcast(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
     ) -> tuple[str, tuple[int, ...] | None]:
-        """How an operand of a [N, K, P, Q] output is read: per channel (passed as [K]), whole, one."""
-        if not same_shape(S, self.O):
+        """How an operand of a [N, K, P, Q] output is read: per channel (passed as [K]), whole, one.
+        Read by a permuted value: its dims mapped back; a whole tensor is not taken there."""
+        if not same_shape(self._in_output_order(S), self.O):
             raise Unsupported("a conv2d group takes no views")
-        one = [same(p, 1) for p in pad]
+        one = [same(p, 1) for p in self._in_output_order(pad)]
+        if self.reading is not None and not any(one):
+            raise Unsupported(f"operand {node.name} is a whole tensor in a permuted order")
         if all(one):
             return "scalar", None
         if one == [True, False, True, True]:
@@ -630,7 +680,7 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str, extra: Sequence[f
         if key not in index:
             index[key] = len(exprs)
             exprs.append((value, dt, reduce) if reduce else (value, dt))  # type: ignore[arg-type]
-        uses.append(Use(node, index[key], g.shape_src[node], cast))
+        uses.append(Use(node, index[key], g.shape_src[node], cast, None if reduce else g.perm.get(node)))
     if not uses:
         raise NoGroup("nothing of the group is used")
     epilogue = Epilogue.build(exprs)

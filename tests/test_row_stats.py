@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from zoo.convnets import ConvNeXtBlock
 from zoo.transformers import GPT2, Bert, LlamaBlock
 
 import epilab
@@ -359,6 +360,66 @@ def test_layer_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     assert ours <= 2 * inductor, (ours, inductor)
 
 
+def _convnext(c: int, size: int, batch: int, memory: torch.memory_format, device: str = "cpu"):
+    """A ConvNeXt block (7x7 depthwise, permute, channel LayerNorm, MLP, layer scale,
+    residual) with affine norms, its bf16 input in ``memory``, and the float64 answer."""
+    torch.manual_seed(0)
+    model = _with_affine_norms(ConvNeXtBlock(c).to(device).eval())
+    x = torch.randn(batch, c, size, size, device=device)
+    want = model.double()(x.double())
+    model = model.to(torch.bfloat16, memory_format=memory)
+    return model, x.to(torch.bfloat16).contiguous(memory_format=memory), want
+
+
+@pytest.mark.parametrize("memory", [torch.channels_last, torch.contiguous_format], ids=["nhwc", "nchw"])
+def test_channel_layer_norm_after_a_depthwise_conv_folds_through_the_permute(memory, fresh_compiler, tmp_path):
+    # ConvNeXt: LayerNorm(depthwise(x).permute(0, 2, 3, 1)) @ W_up. The depthwise kernel takes the
+    # permute into its group: the norm's two statistics per pixel over the channels (mapped back
+    # from the permuted value's last dim to the conv's channels) and its output, permuted after
+    model, x, want = _convnext(16, 6, 2, memory)
+    ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
+    (conv,) = [d for d in decisions if d.anchor == "aten.conv2d"]
+    assert conv.template == "depthwise" and conv.epilogue.count("row_sum") == 2, conv.epilogue
+    (up,) = [d for d in decisions if "broadcast=col" in d.epilogue and "sub" in d.epilogue]
+    assert up.anchor == "aten.mm"  # rstd[m] * (acc - mean[m] * c[n]) + (beta @ W + b)[n]
+    assert ours <= 2 * inductor, (ours, inductor)
+
+
+class _PermutedEpilogue(torch.nn.Module):
+    """A conv whose output is permuted to channels last, then scaled per channel and
+    activated, with a residual of the permuted shape added last."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, c))
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.conv(x).permute(0, 2, 3, 1) * self.scale)
+        return y, y + r
+
+
+def test_a_permuted_conv_output_takes_channel_operands_but_no_whole_tensor(fresh_compiler, tmp_path):
+    torch.manual_seed(0)
+    model = _PermutedEpilogue(8).eval()
+    x, r = torch.randn(2, 8, 5, 5), torch.randn(2, 5, 5, 8)
+    want = model.double()(x.double(), r.double())
+    model, x, r = model.to(torch.bfloat16), x.to(torch.bfloat16), r.to(torch.bfloat16)
+    epilab.explain(clear=True)
+    torch._dynamo.reset()
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    with torch.no_grad():
+        got = torch.compile(model, backend="epilab", options=options)(x, r)
+    (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
+    # the per-channel scale (a [C] operand on the permuted last dim) and the ReLU join; the
+    # residual, a whole tensor in the permuted order, does not: Inductor adds it
+    assert conv.template and "broadcast=row,name=op0" in conv.epilogue and "relu" in conv.epilogue
+    assert "broadcast=tile" not in conv.epilogue and conv.epilogue.count("out ") == 1
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        assert ((g.double() - w).norm() / w.norm()).item() < 1e-2
+
+
 def test_post_norm_blocks_keep_their_norms(fresh_compiler, tmp_path):
     # BERT's LayerNorm output is the residual stream too: it must be written, nothing to fold
     torch.manual_seed(0)
@@ -535,6 +596,15 @@ def test_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     assert sum(d.epilogue.count("row_sum") == 2 for d in decisions) == 4
     assert sum("broadcast=col" in d.epilogue for d in decisions) == 5
+    assert ours <= 2 * inductor, (ours, inductor)
+
+
+@pytest.mark.gpu
+def test_convnext_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
+    model, x, want = _convnext(96, 28, 8, torch.channels_last, "cuda")
+    ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
+    assert sum(d.epilogue.count("row_sum") == 2 for d in decisions if d.anchor == "aten.conv2d") == 1
+    assert sum("broadcast=col" in d.epilogue and "sub" in d.epilogue for d in decisions) == 1
     assert ours <= 2 * inductor, (ours, inductor)
 
 
