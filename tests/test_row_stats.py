@@ -372,7 +372,9 @@ def _convnext(c: int, size: int, batch: int, memory: torch.memory_format, device
 
 
 @pytest.mark.parametrize("memory", [torch.channels_last, torch.contiguous_format], ids=["nhwc", "nchw"])
-def test_channel_layer_norm_after_a_depthwise_conv_folds_through_the_permute(memory, fresh_compiler, tmp_path):
+def test_channel_layer_norm_after_a_depthwise_conv_folds_through_the_permute(
+    memory, fresh_compiler, tmp_path
+):
     # ConvNeXt: LayerNorm(depthwise(x).permute(0, 2, 3, 1)) @ W_up. The depthwise kernel takes the
     # permute into its group: the norm's two statistics per pixel over the channels (mapped back
     # from the permuted value's last dim to the conv's channels) and its output, permuted after

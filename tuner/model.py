@@ -45,18 +45,19 @@ inference's only at inference.
 Timing, per call (``time_calls``): CUDA events around groups of back-to-back calls after a
 warm-up (host overhead included, as a serving loop sees it; L2 is not flushed between calls
 of a model), the median of the groups' per-call times, in a short window per variant and
-round (``PER_CALL_WINDOW_MS``) so that a round's variants are timed close together. Under CUDA graphs (``replayed``): the
-compiled step (Inductor without its CUDA-graph trees) captured ``REPLAY_CALLS`` times in one
-CUDA graph and replayed, the GPU time of a step. Not ``reduce-overhead`` timed per call: at
-decode a small model's step there is bound by the trees' host work (Dynamo's guards, the
-trees' bookkeeping, the input copy: 90-135 us a step against 40 us of GPU work for a Qwen2
-MLP on an H100, ``benchmarks/decode_context.py``), the same with or without a template, so
-a kernel's gain drowned in host noise and verdicts were coin flips; a real model's step
-(dozens of layers, one graph) is GPU-bound, what ``replayed`` measures. A step that cannot
-be captured (a host sync) skips the CUDA-graph modes, and the report says so. Each variant
-is timed once per round, rounds interleave the variants, a variant's time is the median over
-rounds and a ratio the median of the rounds' paired ratios. In Triton's interpreter (CPU
-tests) the times are wall-clock and say nothing of a GPU.
+round (``PER_CALL_WINDOW_MS``) so that a round's variants are timed close together. Under
+CUDA graphs (``replayed``): the compiled step (Inductor without its CUDA-graph trees)
+captured ``REPLAY_CALLS`` times in one CUDA graph and replayed, the GPU time of a step. Not
+``reduce-overhead`` timed per call: at decode a small model's step there is bound by the
+trees' host work (Dynamo's guards, the trees' bookkeeping, the input copy: 90-135 us a step
+against 40 us of GPU work for a Qwen2 MLP on an H100, ``benchmarks/decode_context.py``), the
+same with or without a template, so a kernel's gain drowned in host noise and verdicts were
+coin flips; a real model's step (dozens of layers, one graph) is GPU-bound, what
+``replayed`` measures. A step that cannot be captured (a host sync) skips the CUDA-graph
+modes, and the report says so. Each variant is timed once per round, rounds interleave the
+variants, a variant's time is the median over rounds and a ratio the median of the rounds'
+paired ratios. In Triton's interpreter (CPU tests) the times are wall-clock and say nothing
+of a GPU.
 """
 
 from __future__ import annotations
