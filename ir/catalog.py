@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from epilab.ir.epilogue import Epilogue, Expr, acc, const, operand, ops
+from epilab.ir.epilogue import Epilogue, Expr, acc, const, operand, ops, row_total
 
 
 def _bias() -> Expr:
@@ -25,6 +25,15 @@ def _residual() -> Expr:
 
 def _folded_bn() -> Expr:
     return acc() * operand("scale", "row") + operand("shift", "row")
+
+
+def _layer_norm(x: Expr, eps: float = 1e-6) -> Expr:
+    """A LayerNorm over each output row (a conv's channels), ``scale`` and ``shift`` its affine
+    parameters: the row's length is the row total of 1, so the entry fits any width."""
+    count = row_total(1.0)
+    centred = x - row_total(x) / count
+    rstd = ops.rsqrt(row_total(centred * centred) / count + eps)
+    return centred * rstd * operand("scale", "row") + operand("shift", "row")
 
 
 Outputs = list[tuple[Expr, str | None]]
@@ -57,6 +66,9 @@ EPILOGUES: dict[str, Callable[[], Outputs]] = {
     "bn_relu6": lambda: [(ops.clamp(_folded_bn(), min=0.0, max=6.0), None)],
     "bn_hardswish": lambda: [(_folded_bn() * ops.clamp(_folded_bn() + 3.0, min=0.0, max=6.0) / 6.0, None)],
     "bn_silu": lambda: [(ops.silu(_folded_bn()), None)],
+    # a ConvNeXt block's depthwise conv and the LayerNorm over its channels (kinds whose
+    # programs hold whole rows only: ``TemplateKind.row_error``)
+    "bias_layer_norm": lambda: [(_layer_norm(_bias()), None)],
 }
 
 

@@ -6,7 +6,10 @@ An ``Epilogue`` is a small DAG in a flat, canonical node list:
   A @ B2: templates with two accumulators only), ``operand`` (a tensor loaded per output
   element: a row vector indexed by n, a column vector indexed by m, a full tile
   with any strides, or a scalar), ``const`` (a float or bool literal);
-- inner nodes: ops from the one rule table (``ir/rules.py``);
+- inner nodes: ops from the one rule table (``ir/rules.py``), and ``row_total`` (``ROW_OPS``):
+  the sum of its value over every column of the output row, broadcast back along the row
+  (a LayerNorm's mean and variance over a conv's channels, normalised in the epilogue). Only a
+  kind whose program holds every column of its rows runs it (``TemplateKind.row_totals``);
 - outputs: one or more ``(node, dtype)`` pairs; an output may instead be a *reduction*
   of its node over the tile's columns or rows (``REDUCTIONS``: ``row_sum``, ``row_max``
   give one fp32 value per output row m, ``col_sum``, ``col_max`` one per column n), summed
@@ -43,6 +46,9 @@ from epilab.ir.rules import FAST_OUTPUT_DTYPES, RULES, STRING_ATTRS, Kind, liter
 
 AttrValue = float | bool | str
 LEAVES = ("acc", "acc2", "operand", "const")
+# ops over a whole output row, not pointwise: the value summed over the row's columns, one fp32
+# value per row broadcast back along it (the tile must hold the row: masked columns add 0)
+ROW_OPS = ("row_total",)
 ACCUMULATORS = ("acc", "acc2")  # the leaves a template computes: A @ B, and A @ B2 (dual GEMMs)
 BROADCASTS = ("row", "col", "tile", "scalar")
 # reduction outputs: (what, over which axis); row_* reduce over n (one value per row m),
@@ -195,6 +201,11 @@ def apply(op: str, *args: ExprLike, **attrs: Any) -> Expr:
     return Expr(op, tuple(_as_expr(a) for a in args), _check_attrs(op, attrs))
 
 
+def row_total(x: ExprLike) -> Expr:
+    """The sum of ``x`` over every column of its output row, broadcast along the row."""
+    return Expr("row_total", (_as_expr(x),), ())
+
+
 class _Ops:
     """``ops.gelu(x)``, ``ops.clamp(x, min=0.0, max=6.0)``: one builder per rule."""
 
@@ -215,7 +226,7 @@ def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValu
         expected: tuple[str, ...] = ("broadcast", "name")
     elif op == "const":
         expected = ("value",)
-    elif op in ACCUMULATORS:
+    elif op in ACCUMULATORS or op in ROW_OPS:
         expected = ()
     elif op in RULES:
         expected = RULES[op].attrs
@@ -282,6 +293,12 @@ class Epilogue:
         """Indices of the outputs that are reductions (row or column statistics)."""
         return tuple(i for i, o in enumerate(self.outputs) if o.reduce)
 
+    @cached_property
+    def row_totals(self) -> bool:
+        """Whether it sums values over whole output rows (``ROW_OPS``): a kind must hold every
+        column of a row in one program to run it."""
+        return any(n.op in ROW_OPS for n in self.nodes)
+
     def rebuilt(self, exprs: Sequence[Expr]) -> Epilogue:
         """An epilogue with new expressions for this one's outputs (same dtypes, reductions)."""
         return Epilogue.build([(e, o.dtype, o.reduce) for e, o in zip(exprs, self.outputs, strict=True)])
@@ -300,14 +317,14 @@ class Epilogue:
         """The nodes a template renders with their rule's fast form (``rules.py``): those
         whose every value ends, through float ops only, in tile outputs of a dtype whose
         rounding dominates the fast forms' error (``FAST_OUTPUT_DTYPES``). A node that an
-        fp32 output, a statistic or a predicate reads keeps its exact form."""
+        fp32 output, a statistic, a row total or a predicate reads keeps its exact form."""
         exact = [False] * len(self.nodes)
         for o in self.outputs:
             if o.reduce or o.dtype not in FAST_OUTPUT_DTYPES:
                 exact[o.node] = True
         for i in range(len(self.nodes) - 1, -1, -1):  # users come after their arguments
             n = self.nodes[i]
-            if exact[i] or self.kinds[i] == "bool":
+            if exact[i] or self.kinds[i] == "bool" or n.op in ROW_OPS:
                 for a in n.args:
                     exact[a] = True
         return frozenset(
@@ -368,7 +385,8 @@ class Epilogue:
 
         Operands broadcast against ``acc``; outputs come back in the compute dtype
         (bool outputs as bool), not yet rounded to their output dtypes; a reduction output
-        reduced over the last dim (row_*) or the one before it (col_*). ``acc2`` is a dual
+        reduced over the last dim (row_*) or the one before it (col_*); a ``row_total`` sums
+        over the last dim (the output's columns) and keeps it. ``acc2`` is a dual
         GEMM's second accumulator (needed when the epilogue reads it). ``given``: node values
         computed elsewhere (a library call that did the epilogue's first nodes).
         """
@@ -388,6 +406,8 @@ class Epilogue:
                 if acc2 is None:
                     raise ValueError("this epilogue reads acc2 (a dual GEMM's second accumulator); pass acc2")
                 v = acc2
+            elif node.op == "row_total":
+                v = torch.broadcast_to(values[node.args[0]], acc.shape).sum(-1, keepdim=True)
             elif node.op == "operand":
                 v = operands[str(attr["name"])].to(device=acc.device, dtype=dtype)
             elif node.op == "const":
@@ -425,14 +445,15 @@ class Epilogue:
 
     # -- the Triton form
     def triton_lines(
-        self, leaf_vars: Mapping[str, str], *, fast: bool = True
+        self, leaf_vars: Mapping[str, str], *, fast: bool = True, col_mask: str = ""
     ) -> tuple[list[tuple[str, str]], list[str]]:
         """Assignments ``(var, expr)`` for the inner nodes and each output's variable.
 
         ``leaf_vars`` maps ``"acc"`` (and ``"acc2"`` for a dual GEMM) and each operand name
         to the kernel variable holding it (already fp32). Constants are inlined as literals.
         The ``fast_nodes`` take their rule's fast form (``fast_math.py.jinja``'s helpers) unless
-        ``fast`` is off.
+        ``fast`` is off. ``col_mask``: the kernel's mask of the tile's columns inside the
+        output, which a ``row_total`` needs (the tile holds the whole row; masked columns add 0).
         """
         fast_nodes = self.fast_nodes if fast else frozenset()
         names: list[str] = []
@@ -447,6 +468,13 @@ class Epilogue:
                 names.append(leaf_vars[str(attr["name"])])
             elif node.op == "const":
                 names.append(literal(attr["value"]))  # type: ignore[arg-type]
+            elif node.op == "row_total":
+                if not col_mask:
+                    raise ValueError("a row_total needs the tile's column mask (col_mask)")
+                var = f"t{i}"
+                total = f"tl.sum(tl.where({col_mask}[None, :], {names[node.args[0]]}, 0.0), axis=1)"
+                lines.append((var, f"{total}[:, None]"))
+                names.append(var)
             else:
                 var = f"t{i}"
                 args = [names[a] for a in node.args]
@@ -458,7 +486,7 @@ class Epilogue:
 def _node_kind(n: Node) -> Kind:
     if n.op == "const":
         return "bool" if isinstance(n.attr["value"], bool) else "float"
-    if n.op in ("acc", "acc2", "operand"):
+    if n.op in ("acc", "acc2", "operand", *ROW_OPS):
         return "float"
     return result_kind(n.op, n.attr)
 
@@ -502,9 +530,9 @@ def _validate(ep: Epilogue) -> None:
     operand_broadcasts: dict[str, str] = {}
     depends_on_acc: list[bool] = []
     for i, n in enumerate(ep.nodes):
-        if n.op not in LEAVES and n.op not in RULES:
-            raise ValueError(f"node %{i}: unknown op {n.op!r}; known: {sorted(RULES)}")
-        arity = 0 if n.op in LEAVES else RULES[n.op].arity
+        if n.op not in LEAVES and n.op not in RULES and n.op not in ROW_OPS:
+            raise ValueError(f"node %{i}: unknown op {n.op!r}; known: {sorted([*RULES, *ROW_OPS])}")
+        arity = 0 if n.op in LEAVES else 1 if n.op in ROW_OPS else RULES[n.op].arity
         if len(n.args) != arity:
             raise ValueError(f"node %{i}: {n.op!r} takes {arity} argument(s), got {len(n.args)}")
         if any(not 0 <= a < i for a in n.args):
@@ -520,7 +548,9 @@ def _validate(ep: Epilogue) -> None:
                 raise ValueError(
                     f"operand {name!r} is used both as {operand_broadcasts[name]} and {broadcast}"
                 )
-        if n.op not in LEAVES:
+        if n.op in ROW_OPS and _node_kind(ep.nodes[n.args[0]]) != "float":
+            raise ValueError(f"node %{i}: {n.op!r} sums a float value, not a predicate")
+        if n.op in RULES:
             rule = RULES[n.op]
             for pos, a in enumerate(n.args):
                 want, got = rule.arg_kind(pos), _node_kind(ep.nodes[a])
@@ -586,7 +616,12 @@ class _Canonicalizer:
             return self.folded[id(e)]
         self.keep.append(e)
         out = e
-        if e.op not in LEAVES:
+        if e.op in ROW_OPS:  # never folded: a constant's row total is the row's length times it
+            arg = self._fold(e.args[0])
+            if _expr_kind(arg) != "float":
+                arg = Expr("cast", (arg,), (("dtype", "float32"),))
+            out = Expr(e.op, (arg,), e.attrs)
+        elif e.op not in LEAVES:
             rule = RULES[e.op]
             args = [self._fold(a) for a in e.args]
             if all(a.op == "const" for a in args):

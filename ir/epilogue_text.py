@@ -14,7 +14,9 @@ A small recursive-descent parser of our own (nothing is evaluated). The language
   ``relu(x)``, ``leaky_relu(x, 0.01)``, ``clamp(x, min=0, max=6)``, ``cast(x, float16)``,
   ``where(x > 0, x, 0)``; and ``max``/``min`` for ``maximum``/``minimum``;
 - activations without an op of their own (``relu6``, ``hardsigmoid``, ``hardswish``,
-  ``softplus``, ``mish``: ``patterns.COMPOSITES``) as the ops PyTorch decomposes them into.
+  ``softplus``, ``mish``: ``patterns.COMPOSITES``) as the ops PyTorch decomposes them into;
+- ``row_total(x)``: ``x`` summed over every column of its output row (a LayerNorm's mean is
+  ``row_total(x) / C``), for the kinds whose programs hold whole rows.
 
 Errors are ValueErrors that name the column and show it under the text.
 """
@@ -23,10 +25,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, apply, check_operand_name, const, operand
+from epilab.ir.epilogue import (
+    ROW_OPS,
+    Epilogue,
+    Expr,
+    acc,
+    acc2,
+    apply,
+    check_operand_name,
+    const,
+    operand,
+    row_total,
+)
 from epilab.ir.patterns import COMPOSITES
 from epilab.ir.rules import RULES, STRING_ATTRS
 
@@ -205,7 +218,7 @@ class _Parser:
             check_operand_name(tok.text)
         except ValueError as e:
             raise self.error(str(e), tok) from None
-        if tok.text in RULES or tok.text in _ALIASES or tok.text in COMPOSITES:
+        if tok.text in RULES or tok.text in _ALIASES or tok.text in COMPOSITES or tok.text in ROW_OPS:
             raise self.error(f"{tok.text!r} is an op; call it: {tok.text}(...)", tok)
         seen = self.broadcasts.setdefault(tok.text, broadcast)
         if seen != broadcast:
@@ -215,10 +228,12 @@ class _Parser:
     def call(self, name: _Token) -> Expr:
         op = _ALIASES.get(name.text, name.text)
         if op in COMPOSITES and op not in RULES:
-            return self.composite(name)
+            return self.composite(name, COMPOSITES[op])
+        if op in ROW_OPS:
+            return self.composite(name, row_total)
         rule = RULES.get(op)
         if rule is None:
-            known = ", ".join(sorted([*RULES, *COMPOSITES]))
+            known = ", ".join(sorted([*RULES, *COMPOSITES, *ROW_OPS]))
             raise self.error(f"unknown op {name.text!r}; known: {known}", name)
         open_tok = self.tok
         self.expect("(", "")
@@ -256,7 +271,8 @@ class _Parser:
         except ValueError as e:
             raise self.error(str(e), name) from None
 
-    def composite(self, name: _Token) -> Expr:
+    def composite(self, name: _Token, build: Callable[[Expr], Expr]) -> Expr:
+        """A call of one argument and no attributes, built by ``build``."""
         open_tok = self.tok
         self.expect("(", "")
         with self.nested(open_tok):
@@ -264,7 +280,7 @@ class _Parser:
             if self.take(",") is not None and not (self.tok.kind == "op" and self.tok.text == ")"):
                 raise self.error(f"{name.text} takes 1 argument and no attributes", name)
             self.expect(")", f"to close the call of {name.text}")
-        return COMPOSITES[name.text](arg)
+        return build(arg)
 
     def attribute(self, op: str, key: str) -> object:
         tok = self.tok

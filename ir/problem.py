@@ -39,7 +39,7 @@ _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand 
 # The values a Config may hold (the tuner's search space draws from these).
 CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "BLOCK_M": (16, 32, 64, 128, 256, 512, 1024),  # 512 and 1024: depthwise strips' pixels only
-    "BLOCK_N": (16, 32, 64, 128, 256),
+    "BLOCK_N": (16, 32, 64, 128, 256, 512),  # 512: a depthwise program holding a pixel's channels
     "BLOCK_K": (16, 32, 64, 128, 256),
     "GROUP_M": (1, 2, 4, 8, 16),
     "SPLIT_K": (1, 2, 4, 8, 16, 32),

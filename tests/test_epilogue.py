@@ -257,3 +257,38 @@ def test_every_rule_is_covered_by_the_agreement_test():
 def test_constant_only_output_is_rejected():
     with pytest.raises(ValueError, match="does not depend on the accumulator"):
         Epilogue.build([(const(1.0) + 2.0, "float32")])
+
+
+def test_row_totals_sum_over_whole_rows_and_are_never_folded():
+    from epilab.ir.epilogue import row_total
+    from epilab.ir.epilogue_text import parse_epilogue
+
+    x = acc() + operand("bias", "row")
+    centred = x - row_total(x) / row_total(1.0)  # the row's length is the row total of 1
+    ep = Epilogue.build(
+        [(centred * ops.rsqrt(row_total(centred * centred) / row_total(1.0) + 1e-5), "float32")]
+    )
+    assert ep.row_totals and not Epilogue.identity("float32").row_totals
+    assert ep.text().count("row_total") == 3  # row_total of the constant 1 is kept: it is N, not 1
+    a, bias = torch.randn(5, 7, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    (got,) = ep.evaluate(a, {"bias": bias})
+    want = torch.nn.functional.layer_norm(a + bias, (7,), eps=1e-5)
+    assert torch.allclose(got, want, atol=1e-12)
+    # a column vector is broadcast over the row before it is summed
+    (col,) = Epilogue.build([(acc() + row_total(operand("s", "col")), "float32")]).evaluate(
+        torch.zeros(2, 3, dtype=torch.float64), {"s": torch.tensor([[1.0], [2.0]], dtype=torch.float64)}
+    )
+    assert col.tolist() == [[3.0] * 3, [6.0] * 3]
+    assert Epilogue.from_json(ep.to_json()) == ep
+    assert parse_epilogue([("acc - row_total(acc) / 7", None)], "float32").row_totals
+    lines, _ = ep.triton_lines({"acc": "acc", "bias": "op_bias"}, col_mask="mask_n")
+    assert all("tl.where(mask_n[None, :]" in e for _, e in lines if "tl.sum" in e)
+    with pytest.raises(ValueError, match="column mask"):
+        ep.triton_lines({"acc": "acc", "bias": "op_bias"})
+    # a predicate is summed as 0.0 / 1.0 (a cast is inserted), and the node takes one argument
+    counted = Epilogue.build([(acc() + row_total(ops.gt(acc(), 0.0)), "float32")])
+    assert "cast[dtype=float32]" in counted.text()
+    with pytest.raises(ValueError, match="takes 1 argument"):
+        Epilogue.from_dict(
+            {"nodes": [["acc", [], {}], ["row_total", [0, 0], {}]], "outputs": [[1, "float32"]]}
+        )
