@@ -350,10 +350,11 @@ def conv_epilogue(
 ) -> tuple[torch.Tensor, ...]:
     """The epilogue in eager torch on a [N, K, P, Q] conv output (per-channel operands
     broadcast as [K, 1, 1]): the float64 reference, and the cuDNN + eager baseline. With
-    reduction outputs it runs on the [N, P*Q, K] GEMM view (a copy where acc is NCHW)."""
+    reduction outputs or row totals (over the channels) it runs on the [N, P*Q, K] GEMM view
+    (a copy where acc is NCHW)."""
     n, k, p, q = acc.shape
     broadcasts = dict(problem.epilogue.operands)
-    if not problem.epilogue.reductions:
+    if not problem.epilogue.reductions and not problem.epilogue.row_totals:
         shaped = {
             name: t.reshape(k, 1, 1) if broadcasts[name] == "row" else t for name, t in operands.items()
         }

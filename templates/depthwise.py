@@ -45,6 +45,11 @@ FILES = ("depthwise.py.jinja", "depthwise_w_vector.py.jinja", *EPILOGUE_FILES)
 MULTIPLIERS = (1, 2)  # output channels per input channel
 MAX_TAPS = 9  # the largest kernel side it unrolls
 MAX_STEP = 4  # the largest stride and dilation it unrolls
+# the most channels a program holds: an epilogue that sums over a pixel's channels in the tile
+# (``row_total``: a LayerNorm normalised in the epilogue) takes BLOCK_N >= K, up to this
+MAX_ROW_CHANNELS = 512
+# the channel blocks searched without row totals (wider ones only hold a LayerNorm's rows)
+PLAIN_CHANNELS = 128
 # num_stages: input rows are loaded this many steps ahead. 2 paid on two NCHW layers of five
 # (13-16%) and on no NHWC layer; 3 was within 2% of 2 where 2 paid (the H100 sweep,
 # benchmarks/RESULTS.md)
@@ -102,6 +107,12 @@ def config_error(problem: Problem, config: Config) -> str | None:
         )
     if config.variant not in VARIANTS:
         return f"the depthwise template has no variant {config.variant!r}; use one of {VARIANTS}"
+    k = int(problem.shape.n)
+    if problem.epilogue.row_totals and k > config.BLOCK_N:
+        return (
+            f"the epilogue sums over each pixel's {k} channels (row_total), so one program holds "
+            f"them all: BLOCK_N >= {k}; got BLOCK_N={config.BLOCK_N}"
+        )
     widths = WIDTHS[config.variant]
     if config.TILE_H > config.BLOCK_M or tile_width(config) not in widths:
         return (
@@ -109,6 +120,24 @@ def config_error(problem: Problem, config: Config) -> str | None:
             f"{widths}; BLOCK_M={config.BLOCK_M}, TILE_H={config.TILE_H}"
         )
     return None
+
+
+def row_error(problem: Problem) -> str | None:
+    """Why a program cannot hold every channel of a pixel of ``problem``'s output, or None."""
+    why = geometry_error(problem)
+    if why is not None:
+        return why
+    if int(problem.shape.n) > MAX_ROW_CHANNELS:
+        return (
+            f"a depthwise program holds at most {MAX_ROW_CHANNELS} channels (its filter and rows "
+            f"in flight sit in registers); this convolution has {int(problem.shape.n)}"
+        )
+    return None
+
+
+def row_channels(problem: Problem) -> int:
+    """The channel block that holds a pixel's every channel: the power of two from K, 16 at least."""
+    return max(16, triton.next_power_of_2(int(problem.shape.n)))
 
 
 def source(config: Config) -> str | None:
@@ -253,16 +282,21 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
     stride-2 layers of the H100 NCHW suite. Other kernels over 3x3 on outputs 8 or fewer pixels
     wide take the channel lanes, 32 channels on one warp (1.2-1.3x faster on those 4 layers of
     the H100 NCHW suite; at 14 pixels wide 0.85-1.1x). Both: 16 rows, fewer where that leaves
-    under two programs per SM (``benchmarks/RESULTS.md``)."""
+    under two programs per SM (``benchmarks/RESULTS.md``). An epilogue with row totals (a
+    LayerNorm over the channels): the channel lanes in either layout, every channel of a pixel
+    in one program (``row_channels``), one a lane up to 512 (16 warps)."""
     g = conv_of(problem)
     assert g is not None
+    rows_held = problem.epilogue.row_totals
     if target == "interpreter":
-        return Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)
+        channels = row_channels(problem) if rows_held else 16
+        return Config(16, channels, 16, 1, num_warps=1, num_stages=1, TILE_H=2)
     k = int(problem.shape.n)
     rows = min(16, triton.next_power_of_2(g.p))
     taps = g.r * g.s
     pairs = pair_loads(g) is not None
-    if problem.layout_a == "nchw" and (pairs or not (taps > 9 and g.q <= 8)):
+    variant = "default"
+    if problem.layout_a == "nchw" and (pairs or not (taps > 9 and g.q <= 8)) and not rows_held:
         variant, channels = "w_vector", 16
         width = 64 if g.q > 64 else min(16, max(4, triton.next_power_of_2(g.q)))
         per_thread = 1 if taps > W_VECTOR_SPILL // 2 else 2 if taps > 9 else 1 if width <= 16 else 4
@@ -274,10 +308,12 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
         warps = min(16, max(1, channels * width // (32 * per_thread)))
         if taps > 9 and width <= 16 and not pairs:  # the halo's rows amortised over a taller strip
             rows = min(32, triton.next_power_of_2(g.p))
-    else:
-        variant, width = "default", min(8, max(2, triton.next_power_of_2(g.q)))
+    if variant == "default":
+        width = min(8, max(2, triton.next_power_of_2(g.q)))
         channels = 16 if k <= 16 else 64 if k >= 256 and problem.layout_a != "nchw" else 32
-        warps = max(1, channels // 32)
+        if rows_held:  # every channel of a pixel in one program, one or two a lane
+            channels = row_channels(problem)
+        warps = min(16, max(1, channels // 32))
     images = problem.shape.batch if isinstance(problem.shape.batch, int) else 1
 
     def programs(rows: int) -> int:
@@ -340,6 +376,14 @@ def depthwise_search_error(problem: Problem, config: Config) -> str | None:
             )
     elif (channels < lanes and channels < k) or 32 * (config.num_warps - 1) >= channels:
         return f"{config.BLOCK_N} channels leave lanes of {config.num_warps} warp(s) idle"
+    if problem.epilogue.row_totals:
+        if channels != row_channels(problem):
+            return f"a pixel's {k} channels fit a block of {row_channels(problem)}; BLOCK_N={channels}"
+    elif channels > PLAIN_CHANNELS:
+        return (
+            f"channel blocks over {PLAIN_CHANNELS} are for epilogues that sum over a pixel's channels "
+            f"(their filter and rows in flight take registers); BLOCK_N={channels}"
+        )
     rows, wide, tall = config.TILE_H, max(2, triton.next_power_of_2(g.q)), triton.next_power_of_2(g.p)
     if tile_width(config) > max(wide, WIDTHS[config.variant][0]) or rows > tall:
         return f"a strip of {rows}x{tile_width(config)} pixels is larger than the {g.p}x{g.q} output"
@@ -348,10 +392,15 @@ def depthwise_search_error(problem: Problem, config: Config) -> str | None:
 
 def depthwise_space(problem: Problem, space: Mapping[str, tuple]) -> Mapping[str, tuple]:
     """NHWC searches the channel lanes only, on up to 4 warps, one step ahead: the rest of the
-    space is w_vector's (``depthwise_search_error`` refuses it there)."""
-    if problem.layout_a != "nhwc":
-        return space
-    return {**space, "variant": ("default",), "num_warps": (1, 2, 4), "num_stages": (1,)}
+    space is w_vector's (``depthwise_search_error`` refuses it there). An epilogue with row
+    totals: the channel lanes in both layouts, every channel in one block, one or two a lane."""
+    if problem.epilogue.row_totals:
+        channels = row_channels(problem)
+        warps = tuple(w for w in space["num_warps"] if channels // 64 <= w <= max(1, channels // 32))
+        space = {**space, "variant": ("default",), "BLOCK_N": (channels,), "num_warps": warps}
+    elif problem.layout_a == "nhwc":
+        space = {**space, "variant": ("default",), "num_warps": (1, 2, 4)}
+    return {**space, "num_stages": (1,)} if problem.layout_a == "nhwc" else space
 
 
 # w_vector: a thread's elements x the taps above which the H100 sweep slowed 1.3-85x (spills):
@@ -364,7 +413,8 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "variant": VARIANTS,
     "BLOCK_M": (16, 32, 64, 128, 256, 512, 1024),
     "TILE_H": (2, 4, 8, 16, 32, 64),
-    "BLOCK_N": (16, 32, 64, 128),  # 16 only for 16 channels or fewer (``depthwise_search_error``)
+    # 16 only for 16 channels or fewer, over 128 only for row totals (``depthwise_search_error``)
+    "BLOCK_N": (16, 32, 64, 128, 256, 512),
     "BLOCK_K": (16,),
     "GROUP_M": (1,),
     "num_warps": (1, 2, 4, 8, 16),  # 8 and 16: w_vector only (default: a channel a lane)
@@ -419,6 +469,7 @@ KIND = TemplateKind(
     prefer_untuned=True,
     supersedes=("conv2d",),
     reductions=True,
+    row_error=row_error,
     layouts=conv_geometry.LAYOUTS,
     geometry=ConvGeometry,
     problem_error=geometry_error,

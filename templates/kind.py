@@ -86,6 +86,10 @@ def _no_problem_error(problem: Problem) -> str | None:
     return None
 
 
+def _no_whole_rows(problem: Problem) -> str | None:
+    return "its programs do not hold whole output rows"
+
+
 def gemm_label(problem: Problem) -> str:
     """MxNxK, or BxMxNxK where the op has a batch (bmm, baddbmm, matmul)."""
     s = problem.shape
@@ -181,6 +185,9 @@ class TemplateKind:
     input_dtypes: tuple[str, ...] = WIDE_INPUT_DTYPES  # the A and B dtypes its main loops take
     # whether its epilogue may have reduction outputs (row / column statistics: ``REDUCTIONS``)
     reductions: bool = False
+    # why its programs cannot hold every column of ``problem``'s output rows, which an
+    # epilogue's ``row_total`` needs (a LayerNorm over a depthwise conv's channels), or None
+    row_error: Callable[[Problem], str | None] = _no_whole_rows
     # seeds tried before ``seeds`` for problems of these input dtypes (fp8's K blocks of 128)
     dtype_seeds: tuple[tuple[str, tuple[Config, ...]], ...] = ()  # (dtype, seeds) pairs
     # (variant, capability "9.0", interpreter) -> why a device cannot run the kernel of that
@@ -228,6 +235,10 @@ class TemplateKind:
                 f"the {self.name} template has no reduction outputs (row or column statistics); "
                 "the matmul and dual_matmul templates do"
             )
+        if problem.epilogue.row_totals:
+            why = self.row_error(problem)
+            if why is not None:
+                return f"the {self.name} template cannot sum over whole output rows (row_total): {why}"
         return self.check(problem, config)
 
     def __repr__(self) -> str:

@@ -134,16 +134,31 @@ def bind(
 def twins(problem: Problem) -> list[Problem]:
     """``problem`` first, then the same computation on the other templates that can run it
     (every kind is asked: the problem's own knows its rewrites, another its own cases); a
-    twin's kind must take its input dtype and, where it has them, its reduction outputs."""
+    twin's kind must take its input dtype and, where it has them, its reduction outputs and
+    row totals."""
     others = (t for kind in KINDS.values() for t in kind.twins(problem))
     return [
         problem,
         *(
             t
             for t in others
-            if t.dtype in kind_of(t).input_dtypes and (kind_of(t).reductions or not t.epilogue.reductions)
+            if t.dtype in kind_of(t).input_dtypes
+            and (kind_of(t).reductions or not t.epilogue.reductions)
+            and (not t.epilogue.row_totals or kind_of(t).row_error(t) is None)
         ),
     ]
+
+
+def row_error(problem: Problem) -> str | None:
+    """Why no template runs ``problem``'s row totals (``Epilogue.row_totals``: each template's
+    reason), or None where one does, or where it has none."""
+    if not problem.epilogue.row_totals:
+        return None
+    candidates = [problem, *(t for kind in KINDS.values() for t in kind.twins(problem))]
+    reasons = [(t.template, kind_of(t).row_error(t)) for t in candidates]
+    if any(why is None for _, why in reasons):
+        return None
+    return "; ".join(f"{name}: {why}" for name, why in reasons)
 
 
 def superseded(problem: Problem) -> bool:

@@ -152,7 +152,7 @@ def _epilogue_hooks(
             **({"acc2": acc2} if acc2 else {}),
             **{o["name"]: f"op_{o['name']}" for o in operands},
         }
-        lines, out_vars = ep.triton_lines(leaf_vars, fast=fast)
+        lines, out_vars = ep.triton_lines(leaf_vars, fast=fast, col_mask=mask_n)
         outputs = []
         for out, var in zip(ep.outputs, out_vars, strict=True):
             node_kind = ep.kinds[out.node]

@@ -15,7 +15,7 @@ from epilab.ir.epilogue import Epilogue, Expr, acc, operand
 from epilab.ir.problem import Config, Problem
 from epilab.templates import depthwise
 from epilab.templates.conv_spec import ConvSpec
-from epilab.templates.kinds import default_config, kind_of, twins, untuned_choice
+from epilab.templates.kinds import default_config, kind_of, row_error, twins, untuned_choice
 from epilab.templates.verify import checked_launch, random_inputs
 
 SMALL = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)  # 2 rows of an 8-pixel strip
@@ -392,3 +392,60 @@ def test_the_tuner_checks_and_times_the_output_layout_a_call_allocates(layout):
         assert allocated[0].is_contiguous(
             memory_format=torch.channels_last if layout == "nhwc" else torch.contiguous_format
         )
+
+
+# ------------------------------------------------------------------ a LayerNorm in the epilogue
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dw(2, 24, 5, 6, 7, dtype="bfloat16"),  # 24 channels in a block of 32: masked lanes add nothing
+        dw(1, 40, 6, 7, 3, stride=2, dtype="float16"),
+        dw(1, 8, 4, 5, 5, mult=2, dtype="float32"),
+    ],
+    ids=["7x7, 24 of 32 lanes, bf16", "3x3 stride 2, 40 of 64 lanes, fp16", "5x5 multiplier 2, fp32"],
+)
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_a_layer_norm_over_the_channels_is_normalised_in_the_epilogue(spec, layout):
+    """``bias_layer_norm``: mean and variance per pixel over every channel (``row_total``),
+    so one program holds a pixel's channels; checked against float64 (the reference sums on
+    the [N, P*Q, K] view)."""
+    spec = dataclasses.replace(spec, layout=layout, epilogue="bias_layer_norm")
+    problem = problem_of(spec)
+    assert problem.epilogue.row_totals
+    config = default_config(problem, "interpreter")
+    assert config.BLOCK_N == depthwise.row_channels(problem) >= int(problem.shape.n)
+    x, w, ops = random_inputs(problem, "cpu", 0)
+    checked_launch(problem, config, x, w, ops)
+
+
+def test_row_totals_need_every_channel_in_one_program():
+    problem = problem_of(dw(1, 40, 6, 6, 3, epilogue="bias_layer_norm"))
+    why = kind_of(problem).config_error(problem, SMALL)
+    assert "BLOCK_N >= 40" in why and "row_total" in why
+    wide = dw(1, 520, 4, 4, 3, epilogue="bias_layer_norm").problem()
+    assert [t.template for t in twins(wide)] == ["conv2d"]
+    assert "depthwise: a depthwise program holds at most 512 channels" in row_error(wide)
+    assert row_error(problem) is None and row_error(problem_of(dw(1, 8, 4, 4, 3))) is None
+    # the conv2d kind's implicit GEMM does not hold rows: only the depthwise twin runs it
+    conv = dw(1, 40, 6, 6, 3, epilogue="bias_layer_norm").problem()
+    assert "cannot sum over whole output rows" in kind_of(conv).config_error(conv, SMALL)
+    assert [t.template for t in twins(conv)] == ["conv2d", "depthwise"]
+    assert untuned_choice(conv).template == "depthwise"
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_the_space_of_a_layer_norm_holds_a_pixels_channels(layout):
+    """The narrowed space draws only channel blocks that hold every channel, on the channel
+    lanes, one or two a lane; every config it yields passes the checks."""
+    from epilab.tuner.space import HOPPER, configs, space_for
+
+    problem = problem_of(dw(32, 192, 56, 56, 7, layout=layout, epilogue="bias_layer_norm"))
+    space = space_for(problem, HOPPER)
+    assert space["BLOCK_N"] == (256,) and space["variant"] == ("default",)
+    assert set(space["num_warps"]) == {4, 8}
+    feasible = configs(problem, HOPPER)
+    assert feasible and all(kind_of(problem).config_error(problem, c) is None for c in feasible)
+    plain = problem_of(dw(32, 192, 56, 56, 7, layout=layout, epilogue="bias"))
+    assert all(c.BLOCK_N <= depthwise.PLAIN_CHANNELS for c in configs(plain, HOPPER))
