@@ -294,7 +294,13 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         # a skinny matmul runs on the gemv template's heuristic, not on a 16-row matmul tile
         chosen = untuned_choice(problem)
         config = default_config(chosen, ctx.target, sm_count=ctx.device.sm_count)  # type: ignore[arg-type]
-        return made(True, Plan(config=config), "heuristic", f"policy always; {missing}", chosen)
+        return made(
+            chosen.key not in ctx.exclude,
+            Plan(config=config),
+            "heuristic",
+            f"policy always; {missing}",
+            chosen,
+        )
     return made(
         False,
         None,

@@ -127,6 +127,19 @@ class EpilabPass(CustomGraphPass):
             return
         self._record_seen(group)
         decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
+        if group.problem.epilogue.row_totals:
+            # a norm over the rows in the epilogue (row_total) is one grouping; without a
+            # template for it, the group without the norm (Inductor computes it) may have one.
+            # Both are recorded, so that tuning (and tune --model's checks) weighs them
+            try:
+                plain: Group | None = match(anchor, after, precision=precision, whole_rows=False)
+            except NoGroup:
+                plain = None
+            if plain is not None:
+                self._record_seen(plain)
+            if plan is None and plain is not None:
+                group = plain
+                decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
         decisions.append(decision)
         if plan is not None:
             _rewrite(graph, group, plan, chosen)

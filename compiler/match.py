@@ -23,6 +23,13 @@ A sum, mean or amax of a group value over its last dim (N: a norm's or a dynamic
 quantization's row statistics) joins as a reduction output of the kernel (``row_sum``,
 ``row_max``: fp32 per row, added across the row's tiles); nothing in the group reads it.
 
+A ``var_mean`` over a conv's channels (a LayerNorm over a ConvNeXt block's channels-last view)
+joins whole: its mean and variance become ``row_total``s of the epilogue (the kernel sums a
+pixel's every channel in one program), *row values* constant along the channels that the
+pointwise ops after them read, so the norm is computed in the epilogue. A group keeps them
+only where a template can hold its rows (``kinds.row_error``); else it is grown again
+without them. A row value used outside the group is a ``row_max`` output (its one value).
+
 Every group value used outside the group becomes an output of the kernel. The
 anchor's own value is rounded to its dtype (as the unfused graph stores it);
 the rest is computed in fp32 and rounded once per output, as Inductor's fused
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +59,7 @@ from epilab.compiler.aten_ops import (
     Unsupported,
 )
 from epilab.ir import dtypes
-from epilab.ir.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand
+from epilab.ir.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand, row_total
 from epilab.ir.patterns import canonical_order
 from epilab.ir.problem import (
     BATCHED_OPS,
@@ -64,7 +72,7 @@ from epilab.ir.problem import (
     applied_precision,
 )
 from epilab.templates.conv_geometry import ConvGeometry, conv_problem
-from epilab.templates.kinds import default_template, template_hash
+from epilab.templates.kinds import default_template, row_error, template_hash
 from epilab.templates.runtime import layout_of, operand_layout
 
 # meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the
@@ -158,8 +166,10 @@ class _Grower(ABC):
     views may join and which problem the group makes."""
 
     takes_views = True  # views that split or merge the output's rows may join
+    takes_rows = False  # a var_mean over the rows may join (``row_total``s)
 
-    def __init__(self, anchor: fx.Node) -> None:
+    def __init__(self, anchor: fx.Node, *, whole_rows: bool = True) -> None:
+        self.whole_rows = whole_rows and self.takes_rows
         self.anchor = anchor
         self.op = ANCHORS[anchor.target]  # type: ignore[index]
         out = val(anchor)
@@ -177,6 +187,10 @@ class _Grower(ABC):
         # a value whose dims are the output's permuted (dim i is the output's dim perm[i]):
         # a conv output's channels-last view; absent: the output's own order
         self.perm: dict[fx.Node, tuple[int, ...]] = {}
+        # row values: constant along the output's rows (a norm's mean and variance over them),
+        # each with the dim (in its own order) its shape has as 1 where the output has N
+        self.row_dim: dict[fx.Node, int] = {}
+        self.pairs: dict[fx.Node, tuple[Expr, Expr]] = {}  # a var_mean's (variance, mean)
 
     # -- the anchor family's part
     @abstractmethod
@@ -228,6 +242,10 @@ class _Grower(ABC):
     def try_join(self, node: fx.Node) -> bool:
         if node.op != "call_function":
             return False
+        if node.target is torch.ops.aten.var_mean.correction:
+            return self.whole_rows and self.try_var_mean(node)
+        if node.target is operator.getitem and node.args[0] in self.pairs:
+            return self.take_item(node)
         out = val(node)
         if out is None:
             return False
@@ -267,8 +285,9 @@ class _Grower(ABC):
         group_args = [a for a in node.all_input_nodes if a in self.values]
         if not group_args:
             return False
-        src = group_args[0]
-        if not all(same_shape(list(val(a).shape), S) for a in group_args):  # type: ignore[union-attr]
+        whole = [a for a in group_args if a not in self.row_dim]
+        src = whole[0] if whole else group_args[0]
+        if not all(self.fits(a, S) for a in group_args):
             return False
 
         def convert(x: object) -> object:
@@ -292,6 +311,52 @@ class _Grower(ABC):
             return False
         self.values[node] = expr
         self.shape_src[node] = self.shape_src[src]
+        if not whole:  # row values only: a row value
+            self.row_dim[node] = self.row_dim[src]
+        return True
+
+    def fits(self, arg: fx.Node, S: Sequence[object]) -> bool:
+        """Whether group value ``arg`` is read as it is at positions of shape ``S``: of that
+        shape, or a row value broadcast along the rows of a value of that shape."""
+        shape = list(val(arg).shape)  # type: ignore[union-attr]
+        if same_shape(shape, S):
+            return True
+        d = self.row_dim.get(arg)
+        return d is not None and same_shape(shape, [1 if i == d else x for i, x in enumerate(S)])
+
+    def try_var_mean(self, node: fx.Node) -> bool:
+        """``var_mean(x, dims, correction, keepdim=True)`` of a group value over the output's
+        rows (``reduced_axis`` "row"): its mean and variance as ``row_total``s, in fp32."""
+        src, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        correction = node.kwargs.get("correction", 1)
+        if src not in self.values or src in self.row_dim or not node.kwargs.get("keepdim"):
+            return False
+        v = val(src)
+        if v is None or v.dtype != torch.float32 or not isinstance(dims, (list, tuple)) or len(dims) != 1:
+            return False
+        if not _static(v.shape) or not isinstance(correction, (int, float)) or isinstance(correction, bool):
+            return False
+        shape = [int(expr_of(d)) for d in v.shape]
+        dim = int(dims[0]) % len(shape)  # type: ignore[call-overload]
+        found = self.reduced_axis([dim], shape)
+        if found is None or found[0] != "row" or found[1] - correction <= 0:
+            return False
+        x = self.values[src]  # type: ignore[index]
+        mean = row_total(x) * (1.0 / found[1])
+        centred = x - mean
+        self.pairs[node] = (row_total(centred * centred) * (1.0 / (found[1] - correction)), mean)
+        self.row_dim[node] = dim
+        self.shape_src[node] = None
+        return True
+
+    def take_item(self, node: fx.Node) -> bool:
+        """A var_mean's variance (0) or mean (1): a row value."""
+        pair, index = node.args
+        if index not in (0, 1) or val(node) is None:
+            return False
+        self.values[node] = self.pairs[pair][index]  # type: ignore[index, call-overload]
+        self.row_dim[node] = self.row_dim[pair]  # type: ignore[index]
+        self.shape_src[node] = [int(expr_of(d)) for d in val(node).shape]  # type: ignore[union-attr]
         return True
 
     def outer(self, node: fx.Node, S: Sequence[object]) -> Expr | None:
@@ -530,12 +595,13 @@ class _ConvGrower(_Grower):
     statistics per pixel over the channels or per channel over the pixels (a pooling's)."""
 
     takes_views = False
+    takes_rows = True
     reading: tuple[int, ...] | None = None  # the permutation of the values a joining node reads
 
     def try_join(self, node: fx.Node) -> bool:
         if node.op == "call_function" and node.target is torch.ops.aten.permute.default:
             return self._try_permute(node)
-        perms = {self.perm.get(a) for a in node.all_input_nodes if a in self.values}
+        perms = {self.perm.get(a) for a in node.all_input_nodes if a in self.values or a in self.pairs}
         if len(perms) != 1:
             return False  # values of two orders (or none of the group's)
         self.reading = perms.pop()
@@ -653,12 +719,23 @@ GROWERS: dict[str, type[_Grower]] = {
 }
 
 
-def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group:
-    """The largest epilogue group of ``anchor`` over ``after`` (the nodes following it)."""
-    g = GROWERS[ANCHORS[anchor.target]](anchor)  # type: ignore[index]
+def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str, whole_rows: bool = True) -> Group:
+    """The largest epilogue group of ``anchor`` over ``after`` (the nodes following it);
+    without ``whole_rows`` it takes no norm over the rows (``row_total``s), nor where no
+    template holds the rows of the group's problem (``kinds.row_error``)."""
+    grower = GROWERS[ANCHORS[anchor.target]]  # type: ignore[index]
+    g = grower(anchor, whole_rows=whole_rows)
     a, b = g.start()
     g.grow(after)
-    return _group(g, a, b, precision)
+    if not g.pairs:
+        return _group(g, a, b, precision)
+    try:
+        group = _group(g, a, b, precision)
+        if row_error(group.problem) is None:
+            return group
+    except NoGroup:
+        pass
+    return match(anchor, after, precision=precision, whole_rows=False)
 
 
 def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str, extra: Sequence[fx.Node] = ()) -> Group:
@@ -671,8 +748,12 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str, extra: Sequence[f
     for node in g.order:
         if all(u in members for u in node.users):
             continue
+        if node in g.pairs:
+            raise NoGroup("a var_mean's pair is used outside the group")
         dt = str(dtypes.name_or_none(val(node).dtype))  # type: ignore[union-attr, arg-type]
-        value, reduce = g.reduced.get(node, (g.values.get(node), ""))
+        # a row value's one value per row: the max of it over the row
+        row_value = (g.values[node], "row_max") if node in g.row_dim else None
+        value, reduce = g.reduced.get(node, row_value or (g.values.get(node), ""))
         cast = None
         if reduce and dt != "float32":
             dt, cast = "float32", val(node).dtype  # type: ignore[union-attr]

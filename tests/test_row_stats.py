@@ -387,6 +387,127 @@ def test_channel_layer_norm_after_a_depthwise_conv_folds_through_the_permute(
     assert ours <= 2 * inductor, (ours, inductor)
 
 
+class _ChannelNorm(torch.nn.Module):
+    """A conv (depthwise, or a full one), permuted to channels last, a LayerNorm over the
+    channels; with ``stats`` it is written out by hand and returns its mean too."""
+
+    def __init__(self, c: int, groups: int, stats: bool = False) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, c, 7, padding=3, groups=groups)
+        self.norm = torch.nn.LayerNorm(c, eps=1e-6)
+        self.stats = stats
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x).permute(0, 2, 3, 1)
+        if not self.stats:
+            return self.norm(y)
+        var, mean = torch.var_mean(y.float(), dim=-1, keepdim=True, correction=0)
+        return ((y.float() - mean) * torch.rsqrt(var + 1e-6) * self.norm.weight.float()).to(y.dtype), mean
+
+
+def _channel_norm(c: int, groups: int, memory: torch.memory_format, stats: bool = False, device: str = "cpu"):
+    torch.manual_seed(0)
+    model = _with_affine_norms(_ChannelNorm(c, groups, stats).to(device).eval())
+    x = torch.randn(2, c, 6, 5, device=device)
+    want = model.double()(x.double())
+    return (
+        model.to(torch.bfloat16, memory_format=memory),
+        x.to(torch.bfloat16).contiguous(memory_format=memory),
+        want,
+    )
+
+
+def _errors(got, want) -> list[float]:
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    return [((g.double() - w).norm() / w.norm()).item() for g, w in zip(got, want, strict=True)]
+
+
+@pytest.mark.parametrize("memory", [torch.channels_last, torch.contiguous_format], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("stats", [False, True], ids=["layer_norm", "its mean used too"])
+def test_a_channel_layer_norm_is_normalised_in_the_depthwise_epilogue(
+    memory, stats, fresh_compiler, tmp_path
+):
+    # No freezing: the norm is not folded forward; its var_mean over the permuted last dim (the
+    # conv's channels) becomes two row_totals of the depthwise epilogue, the norm is computed
+    # there, and a mean used outside is the kernel's row_max output (its one value per pixel)
+    model, x, want = _channel_norm(24, 24, memory, stats)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        inductor = _errors(torch.compile(model)(x), want)
+        epilab.explain(clear=True)
+        torch._dynamo.reset()
+        options = {"policy": "always", "db": str(tmp_path / "t.db")}
+        got = torch.compile(model, backend="epilab", options=options)(x)
+    (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
+    assert conv.template == "depthwise" and conv.epilogue.count("row_total") == 2, conv.epilogue
+    assert conv.epilogue.count("row_max") == int(stats), conv.epilogue
+    outputs, wanted = (got, want) if stats else ((got,), (want,))
+    assert [o.dtype for o in outputs] == [torch.bfloat16, torch.float32][: len(outputs)]
+    assert [o.shape for o in outputs] == [w.shape for w in wanted]
+    for ours, theirs in zip(_errors(got, want), inductor, strict=True):
+        assert ours <= 2 * theirs, (ours, theirs)
+
+
+def test_without_a_template_for_the_norms_group_the_conv_gets_the_group_without_it(fresh_compiler, tmp_path):
+    # Both groupings are recorded (tuning weighs them); where the one with the norm gets no
+    # template (here excluded, as tune --model's check excludes a rejected problem), the conv
+    # is decided without the norm, and Inductor computes the norm after the template's output
+    model, x, want = _channel_norm(24, 24, torch.channels_last)
+    db = str(tmp_path / "t.db")
+    with torch.no_grad():
+        epilab.explain(clear=True)
+        torch._dynamo.reset()
+        torch.compile(model, backend="epilab", options={"policy": "always", "db": db})(x)
+        (first,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
+        epilab.explain(clear=True)
+        torch._dynamo.reset()
+        options = {"policy": "always", "db": db, "exclude": [first.problem_key]}
+        got = torch.compile(model, backend="epilab", options=options)(x)
+    (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
+    assert "row_total" in first.epilogue and conv.template == "depthwise" and "row_total" not in conv.epilogue
+    with TuningDB.open(db) as store:
+        seen = [Problem.from_json(p) for p in store.untuned(INTERPRETER_DEVICE, kinds.is_current)]
+    convs = {p.epilogue.row_totals for p in seen if p.op == "conv2d"}
+    assert convs == {True, False}, "both groupings of the conv are recorded for tuning"
+    assert _errors(got, want)[0] < 1e-2
+
+
+def test_a_norm_no_template_holds_the_rows_of_stays_outside(fresh_compiler, tmp_path):
+    # a full 7x7 conv: the implicit GEMM's programs do not hold a pixel's channels, and there
+    # is no depthwise twin; the group is grown again without the norm, which Inductor computes
+    model, x, want = _channel_norm(8, 1, torch.channels_last)
+    epilab.explain(clear=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(
+            model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")}
+        )(x)
+    (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
+    assert conv.template == "conv2d" and "row_total" not in conv.epilogue
+    assert _errors(got, want)[0] < 1e-2
+
+
+@pytest.mark.parametrize("memory", [torch.channels_last, torch.contiguous_format], ids=["nhwc", "nchw"])
+def test_a_convnext_block_normalises_in_the_depthwise_epilogue_without_freezing(
+    memory, fresh_compiler, tmp_path
+):
+    _check_normalised_convnext(_convnext(16, 6, 2, memory), str(tmp_path / "t.db"))
+
+
+def _check_normalised_convnext(built: tuple, db: str) -> None:
+    """A ConvNeXt block compiled without freezing (policy always): its LayerNorm is in the
+    depthwise epilogue (two row totals), as accurate as Inductor's within 2x."""
+    model, x, want = built
+    inductor = _compiled_error(model, x, want, freezing=False)
+    epilab.explain(clear=True)
+    ours = _compiled_error(
+        model, x, want, freezing=False, backend="epilab", options={"policy": "always", "db": db}
+    )
+    (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
+    assert conv.template == "depthwise" and conv.epilogue.count("row_total") == 2, conv.epilogue
+    assert ours <= 2 * inductor, (ours, inductor)
+
+
 class _PermutedEpilogue(torch.nn.Module):
     """A conv whose output is permuted to channels last, then scaled per channel and
     activated, with a residual of the permuted shape added last."""
@@ -608,6 +729,12 @@ def test_convnext_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
     assert sum(d.epilogue.count("row_sum") == 2 for d in decisions if d.anchor == "aten.conv2d") == 1
     assert sum("broadcast=col" in d.epilogue and "sub" in d.epilogue for d in decisions) == 1
     assert ours <= 2 * inductor, (ours, inductor)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("memory", [torch.channels_last, torch.contiguous_format], ids=["nhwc", "nchw"])
+def test_convnext_layer_norm_in_the_depthwise_epilogue_on_gpu(memory, fresh_compiler, tmp_path):
+    _check_normalised_convnext(_convnext(192, 14, 8, memory, "cuda"), str(tmp_path / "t.db"))
 
 
 # ------------------------------------------------------------------ the zoo's transformers
