@@ -1,7 +1,7 @@
 """The depthwise template against cuDNN alone, cuDNN + the eager epilogue, Inductor (and, with
 ``--max-autotune``, Inductor max-autotune), with the copy bandwidth of the bytes moved.
 
-    python3 benchmarks/depthwise.py [--suite issue|depthwise] [--only 0-5] [--layout both] \
+    python3 benchmarks/depthwise.py [--suite issue|convnext|depthwise] [--only 0-5] [--layout both] \
         [--rounds 5] [--configs 12] [--max-autotune] [--json out.json]
 
 Method. The floor is the input plus the output at the copy bandwidth measured in the same
@@ -53,6 +53,15 @@ ISSUE_TABLE = [
     ConvSpec(32, 144, 56, 56, 144, 3, 3, stride=2, padding=1, groups=144, epilogue="bn_relu6"),
     ConvSpec(32, 672, 14, 14, 1344, 5, 5, padding=2, groups=672, epilogue="bias"),
 ]
+# ConvNeXt's depthwise layers (7x7, batch 32: ConvNeXt-T's stages of 96 to 384 channels, and
+# the zoo's stage at batch 8) with the LayerNorm over the channels that follows each, in the
+# epilogue (``bias_layer_norm``: a program holds a pixel's channels), and with the bias alone
+CONVNEXT = [
+    ConvSpec(n, c, hw, hw, c, 7, 7, padding=3, groups=c, epilogue=epilogue)
+    for n, c, hw in ((32, 96, 56), (32, 192, 28), (32, 384, 14), (8, 192, 56))
+    for epilogue in ("bias_layer_norm", "bias")
+]
+SUITES = {"issue": ISSUE_TABLE, "convnext": CONVNEXT}
 EXTRA = (  # other strip widths, heights and channels per lane than the seeds
     Config(64, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=16),  # 4 wide
     Config(128, 128, 16, 1, num_warps=4, num_stages=1, TILE_H=16),
@@ -81,10 +90,20 @@ def copy_gbs() -> float:
 
 
 def candidates(problem: Problem, count: int) -> list[Config]:
-    """The default, then the seeds and EXTRA of the default's variant first."""
+    """The default, then the seeds and EXTRA of the default's variant first; with row totals
+    (a LayerNorm in the epilogue), strips 2 to 8 wide and 4 to 16 tall holding every channel."""
     kind = kind_of(problem)
     default = kind.default_config(problem, "cuda")
     listed = sorted([*kind.seeds, *EXTRA], key=lambda c: c.variant != default.variant)
+    if problem.epilogue.row_totals:
+        channels = default.BLOCK_N
+        listed = [
+            Config(width * rows, channels, 16, 1, num_warps=warps, num_stages=1, TILE_H=rows)
+            for width in (8, 4, 2)
+            for rows in (16, 8, 4)
+            if width * rows >= 16
+            for warps in dict.fromkeys((max(1, channels // 32), max(1, channels // 64)))
+        ]
     unique = list(dict.fromkeys([default, *listed]))
     ok = [
         c for c in unique if kind.config_error(problem, c) is None and kind.search_error(problem, c) is None
@@ -191,7 +210,11 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", default="issue", help="issue (issue 41's layers) or a built-in suite")
+    parser.add_argument(
+        "--suite",
+        default="issue",
+        help="issue (issue 41's layers), convnext (7x7 layers with their LayerNorm) or a built-in suite",
+    )
     parser.add_argument("--only", help="layer indices, e.g. 0-4,8")
     parser.add_argument("--layout", choices=("nhwc", "nchw", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=5)
@@ -202,7 +225,7 @@ def main() -> None:
     args = parser.parse_args()
     if print_saved(args.from_json, table):
         return
-    specs = ISSUE_TABLE if args.suite == "issue" else builtin_suite(args.suite)
+    specs = SUITES[args.suite] if args.suite in SUITES else builtin_suite(args.suite)
     specs = [specs[i] for i in only(args.only, len(specs))]
     layouts = ("nhwc", "nchw") if args.layout == "both" else (args.layout,)
     specs = [dataclasses.replace(s, layout=layout) for layout in layouts for s in specs]
