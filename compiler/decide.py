@@ -316,6 +316,39 @@ def candidates_of(problem: Problem) -> list[Problem]:
     return twins(problem)
 
 
+def norm_group_loses(ctx: Context, chosen: Problem, plain: Problem) -> str | None:
+    """Why the group without a norm (``plain``: Inductor then computes the norm) runs rather
+    than ``chosen``, the template problem of the group that normalises in its epilogue (row
+    totals), or None to run ``chosen``. Under ``auto`` the norm's group runs where a model
+    measured it in context (a keep verdict), or where its record is no slower than the plain
+    group's best: its own baseline (the library plus the norm in eager torch) says nothing of
+    the plain kernel plus Inductor's norm kernel, which it must beat (measured on an H200 the
+    fused norm took 2.2x the plain kernel's time, which the eager norm's baseline hid)."""
+    if ctx.policy == "always" or ctx.db is None or ctx.device is None:
+        return None
+    if ctx.verdicts:
+        verdict = ctx.db.verdict(
+            chosen.key,
+            ctx.device,
+            ctx.versions,
+            cuda_graphs=ctx.cuda_graphs,
+            inductor_mode=ctx.inductor_mode,
+            training=ctx.training,
+        )
+        if verdict is not None and verdict.keep:
+            return None
+    fused, other = _best_hit([chosen], ctx), _best_hit(candidates_of(plain), ctx)
+    if fused is None or other is None:
+        return None
+    tf, tp = _time(fused[1].record, other[1].record), _time(other[1].record, fused[1].record)
+    if tf <= tp:
+        return None
+    return (
+        f"the group with the norm in its epilogue ({tf:.4g} ms) is slower than the group without "
+        f"it ({tp:.4g} ms), which runs; Inductor computes the norm"
+    )
+
+
 def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup] | None:
     """The candidate whose record is fastest (exact records before nearest ones)."""
     hits = [(p, h) for p in candidates if (h := _lookup(p, ctx)) is not None]

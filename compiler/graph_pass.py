@@ -23,7 +23,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from epilab.compiler import explain, replay
 from epilab.compiler.aten_ops import ANCHORS
-from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide
+from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide, norm_group_loses
 from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.norms import fold_norms
@@ -128,21 +128,39 @@ class EpilabPass(CustomGraphPass):
         self._record_seen(group)
         decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
         if group.problem.epilogue.row_totals:
-            # a norm over the rows in the epilogue (row_total) is one grouping; without a
-            # template for it, the group without the norm (Inductor computes it) may have one.
-            # Both are recorded, so that tuning (and tune --model's checks) weighs them
-            try:
-                plain: Group | None = match(anchor, after, precision=precision, whole_rows=False)
-            except NoGroup:
-                plain = None
-            if plain is not None:
-                self._record_seen(plain)
-            if plan is None and plain is not None:
-                group = plain
-                decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
+            group, (decision, plan, chosen) = self._norm_or_plain(
+                anchor, after, precision, name, group, (decision, plan, chosen)
+            )
         decisions.append(decision)
         if plan is not None:
             _rewrite(graph, group, plan, chosen)
+
+    def _norm_or_plain(
+        self,
+        anchor: fx.Node,
+        after: list[fx.Node],
+        precision: str,
+        name: str,
+        group: Group,
+        decided: tuple[Decision, Plan | None, Problem],
+    ) -> tuple[Group, tuple[Decision, Plan | None, Problem]]:
+        """A group that normalises in its epilogue (row totals), or the group without the norm
+        (Inductor computes it): both are recorded, so that tuning (and tune --model's checks)
+        weighs them; the one without runs where the norm's group gets no template, or a
+        template slower than its own (``norm_group_loses``)."""
+        try:
+            plain = match(anchor, after, precision=precision, whole_rows=False)
+        except NoGroup:
+            return group, decided
+        self._record_seen(plain)
+        _, plan, chosen = decided
+        why = None if plan is None else norm_group_loses(self.context, chosen, plain.problem)
+        if plan is not None and why is None:
+            return group, decided
+        decision, plan, chosen = decide(plain.problem, self.context, name, plain.shape_text)
+        if why is not None:
+            decision = dataclasses.replace(decision, reason=f"{why}; {decision.reason}")
+        return plain, (decision, plan, chosen)
 
     def _trial_folds(self, graph: fx.Graph) -> tuple[set[str], list[Decision]]:
         """The norms worth folding (``norms.Folded.key``): each foldable norm is folded in a

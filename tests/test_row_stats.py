@@ -472,6 +472,36 @@ def test_without_a_template_for_the_norms_group_the_conv_gets_the_group_without_
     assert _errors(got, want)[0] < 1e-2
 
 
+@pytest.mark.parametrize("fused_ms", [1.0, 3.0], ids=["fused faster", "fused slower"])
+def test_auto_runs_the_norms_group_only_where_its_record_beats_the_plain_groups(
+    fused_ms, fresh_compiler, tmp_path
+):
+    # The norm's group's own baseline (cuDNN plus the norm in eager torch) hides the plain kernel
+    # plus Inductor's norm: under auto it runs only where its record is no slower than the plain
+    # group's (or a model measured it in context), else the plain group runs
+    from records import record
+
+    model, x, want = _channel_norm(24, 24, torch.channels_last)
+    db = str(tmp_path / "t.db")
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(model, backend="epilab", options={"policy": "auto", "db": db})(x)  # records both
+        with TuningDB.open(db) as store:
+            seen = [Problem.from_json(p) for p in store.untuned(INTERPRETER_DEVICE, kinds.is_current)]
+        for problem in (p for p in seen if p.template == "depthwise"):
+            config = kinds.default_config(problem, "interpreter")
+            ms = fused_ms if problem.epilogue.row_totals else 2.0
+            record(db, problem, config.to_dict(), ms, baseline_ms=10.0)
+        epilab.explain(clear=True)
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="epilab", options={"policy": "auto", "db": db})(x)
+    (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
+    assert conv.template == "depthwise"
+    assert ("row_total" in conv.epilogue) == (fused_ms < 2.0), conv.epilogue
+    assert ("is slower than the group without it" in conv.reason) == (fused_ms > 2.0), conv.reason
+    assert _errors(got, want)[0] < 1e-2
+
+
 def test_a_norm_no_template_holds_the_rows_of_stays_outside(fresh_compiler, tmp_path):
     # a full 7x7 conv: the implicit GEMM's programs do not hold a pixel's channels, and there
     # is no depthwise twin; the group is grown again without the norm, which Inductor computes
