@@ -68,7 +68,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from epilab.db import DeviceInfo, Lookup, TuningDB, Versions, comparable_ms
+from epilab.db import DeviceInfo, Lookup, TuningDB, Verdict, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.ir.problem import Config, Problem, identity_key_of
 from epilab.templates.kinds import default_config, for_template, twins, untuned_choice
@@ -203,14 +203,12 @@ def _verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool, str]:
     return True, won
 
 
-def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool, str]:
-    """The record's verdict, overruled where a model measured with and without the template
-    (``tuner/model.py``) was faster without it, or where the caller excludes the problem."""
-    if chosen.key in ctx.exclude:
-        return False, "left to the aten op on request (measuring the model without this template)"
-    if not ok or not ctx.verdicts or ctx.db is None or ctx.device is None:
-        return ok, why
-    verdict = ctx.db.verdict(
+def _context_verdict(ctx: Context, chosen: Problem) -> Verdict | None:
+    """The verdict of a model measured with and without ``chosen``'s template for this
+    context's device, versions and mode (None without one, or where verdicts are not read)."""
+    if not ctx.verdicts or ctx.db is None or ctx.device is None:
+        return None
+    return ctx.db.verdict(
         chosen.key,
         ctx.device,
         ctx.versions,
@@ -218,6 +216,16 @@ def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool
         inductor_mode=ctx.inductor_mode,
         training=ctx.training,
     )
+
+
+def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool, str]:
+    """The record's verdict, overruled where a model measured with and without the template
+    (``tuner/model.py``) was faster without it, or where the caller excludes the problem."""
+    if chosen.key in ctx.exclude:
+        return False, "left to the aten op on request (measuring the model without this template)"
+    if not ok:
+        return ok, why
+    verdict = _context_verdict(ctx, chosen)
     if verdict is None:
         return ok, why
     if not verdict.keep:
@@ -326,17 +334,9 @@ def norm_group_loses(ctx: Context, chosen: Problem, plain: Problem) -> str | Non
     fused norm took 2.2x the plain kernel's time, which the eager norm's baseline hid)."""
     if ctx.policy == "always" or ctx.db is None or ctx.device is None:
         return None
-    if ctx.verdicts:
-        verdict = ctx.db.verdict(
-            chosen.key,
-            ctx.device,
-            ctx.versions,
-            cuda_graphs=ctx.cuda_graphs,
-            inductor_mode=ctx.inductor_mode,
-            training=ctx.training,
-        )
-        if verdict is not None and verdict.keep:
-            return None
+    verdict = _context_verdict(ctx, chosen)
+    if verdict is not None and verdict.keep:
+        return None
     fused, other = _best_hit([chosen], ctx), _best_hit(candidates_of(plain), ctx)
     if fused is None or other is None:
         return None
