@@ -58,6 +58,7 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
         "sm90_persistent",
         "sm90_pingpong",
         "w_vector",  # depthwise: lanes along W (NCHW)
+        "in_flight",  # depthwise: channel lanes, the output rows in flight roll (not the input window)
     ),
     # matmul: the epilogue runs on 1, 2 or 4 column slices of the tile (fewer live registers)
     "EPILOGUE_SUBTILE": (1, 2, 4),

@@ -54,11 +54,14 @@ PLAIN_CHANNELS = 128
 # (13-16%) and on no NHWC layer; 3 was within 2% of 2 where 2 paid (the H100 sweep,
 # benchmarks/RESULTS.md)
 MAX_PREFETCH = 2
-# default: lanes along the channels (NHWC), the strip's row unrolled; w_vector: lanes along the
-# strip's pixels (W contiguous: NCHW), the row one vector
-VARIANTS = ("default", "w_vector")
+# default: lanes along the channels (NHWC), the strip's row unrolled, the window of input rows
+# an output row reads sliding through registers (``plan``); in_flight: the same lanes, the output
+# rows in flight rolling through registers instead (fewer registers: two channels a lane, dilated
+# rows); w_vector: lanes along the strip's pixels (W contiguous: NCHW), the row one vector
+VARIANTS = ("default", "w_vector", "in_flight")
 WIDTHS = {  # a strip's width in pixels (BLOCK_M / TILE_H)
     "default": (2, 4, 8, 16),
+    "in_flight": (2, 4, 8, 16),
     "w_vector": (4, 8, 16, 32, 64, 128),
 }
 
@@ -140,17 +143,32 @@ def row_channels(problem: Problem) -> int:
     return max(16, triton.next_power_of_2(int(problem.shape.n)))
 
 
+CHANNEL_LANES = ("default", "in_flight")  # the variants of depthwise.py.jinja
+
+
 def source(config: Config) -> str | None:
     """The Jinja file of ``config``'s variant (None: the kind's first, depthwise.py.jinja)."""
     return "depthwise_w_vector.py.jinja" if config.variant == "w_vector" else None
 
 
-def plan(g: ConvGeometry, tile_w: int) -> dict[str, object]:
-    """What the template unrolls for one step down a strip ``tile_w`` pixels wide: the output
-    rows in flight; the input rows a step loads (offsets from ``o * stride``, each with the
-    (row in flight, filter row) pairs that read it); the strip's input columns; and the join
-    tree that gathers a row's accumulators into one [tile_w, BLOCK_N] tile."""
+def plan(g: ConvGeometry, tile_w: int, window: bool = True) -> dict[str, object]:
+    """What the template unrolls for one step down a strip ``tile_w`` pixels wide: with
+    ``window`` and no H dilation (``rolled``), the window of input rows an output row reads
+    (the rows carried from the step before, the ones a step loads); else the output rows in
+    flight and the input rows a step loads (offsets from ``o * stride``, each with the (row in
+    flight, filter row) pairs that read it); the strip's input columns; and the join tree
+    that gathers a row's accumulators into one [tile_w, BLOCK_N] tile.
+
+    The window computes each output row once: the rows in flight also run their warm-up steps
+    (the rows above the strip) and the last steps' FMAs into rows below it, 27% of the FMAs of a
+    16-row strip of a 7x7 kernel, and the epilogue on each warm-up step; the window holds R - 1
+    input rows instead of the rows in flight (84 registers a channel against 56 for 7x7 on an
+    8-pixel strip). On an H100 the window ran 0.84-1.32x the rows in flight, best config
+    against best (geomean 1.09x, 23 NHWC layers), but 0.47-0.80x with two channels a lane, and
+    0.76-0.93x on 11 of 95 one-a-lane configs (``benchmarks/RESULTS.md``): both are searched."""
     (sh, dh), r = (g.stride[0], g.dilation[0]), g.r
+    rolled = window and dh == 1  # the window slides; dilated rows: the output rows in flight roll
+    carried = max(0, r - sh)  # window rows a step keeps from the one before
     in_flight = (r - 1) * dh // sh + 1  # output rows whose windows overlap one input row
     first_row = (r - 1) * dh - sh + 1  # the first input row a step loads, after o * stride
     steps = []
@@ -177,6 +195,9 @@ def plan(g: ConvGeometry, tile_w: int) -> dict[str, object]:
         joins.append(step)
         level = [name for name, _, _ in step]
     return {
+        "rolled": rolled,
+        "carried": carried,
+        "loaded": list(range(carried, r)),
         "in_flight": in_flight,
         "first_row": first_row,
         "steps": steps,
@@ -237,7 +258,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
         "staged": ["x", "xn", *(f"xn{i}" for i in range(2, config.num_stages + 1))],
         "xs": input_strides(problem, g, config.variant),
         "pairs": pair_loads(g),
-        **plan(g, tile_w),
+        **plan(g, tile_w, window=config.variant == "default"),
     }
 
 
@@ -281,8 +302,10 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
     elements a thread (fewer where the taps would spill), the best of 20 configs on 5 of the 6
     stride-2 layers of the H100 NCHW suite. Other kernels over 3x3 on outputs 8 or fewer pixels
     wide take the channel lanes, 32 channels on one warp (1.2-1.3x faster on those 4 layers of
-    the H100 NCHW suite; at 14 pixels wide 0.85-1.1x). Both: 16 rows, fewer where that leaves
-    under two programs per SM (``benchmarks/RESULTS.md``). An epilogue with row totals (a
+    the H100 NCHW suite; at 14 pixels wide 0.85-1.1x). The channel lanes: 8 rows where the
+    output is over 16 tall (with the sliding window, the best of 8, 16 and 32 on 12 of 16 such
+    H100 layers), else the whole height; the w_vector variant: 16 rows. Both: fewer where that
+    leaves under two programs per SM (``benchmarks/RESULTS.md``). An epilogue with row totals (a
     LayerNorm over the channels): the channel lanes in either layout, every channel of a pixel
     in one program (``row_channels``), one a lane up to 512 (16 warps)."""
     g = conv_of(problem)
@@ -309,6 +332,7 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
         if taps > 9 and width <= 16 and not pairs:  # the halo's rows amortised over a taller strip
             rows = min(32, triton.next_power_of_2(g.p))
     if variant == "default":
+        rows = 8 if g.p > 16 else rows
         width = min(8, max(2, triton.next_power_of_2(g.q)))
         channels = 16 if k <= 16 else 64 if k >= 256 and problem.layout_a != "nchw" else 32
         if rows_held:  # every channel of a pixel in one program, one or two a lane
@@ -363,6 +387,8 @@ def depthwise_search_error(problem: Problem, config: Config) -> str | None:
     channels, lanes, k = config.BLOCK_N, 32 * config.num_warps, int(problem.shape.n)
     if problem.layout_a == "nhwc" and config.num_stages > 1:
         return "prefetching two steps ahead lost on every NHWC layer measured (0.73-0.98x)"
+    if config.variant == "in_flight" and g.dilation[0] > 1:
+        return "with dilated rows the default variant rolls the output rows in flight too"
     if config.variant == "w_vector":
         if problem.layout_a == "nhwc":
             return "w_vector runs its lanes along W, which NHWC strides by the channels"
@@ -391,15 +417,15 @@ def depthwise_search_error(problem: Problem, config: Config) -> str | None:
 
 
 def depthwise_space(problem: Problem, space: Mapping[str, tuple]) -> Mapping[str, tuple]:
-    """NHWC searches the channel lanes only, on up to 4 warps, one step ahead: the rest of the
+    """NHWC searches the channel lanes only (both variants), on up to 4 warps, one step ahead: the rest of the
     space is w_vector's (``depthwise_search_error`` refuses it there). An epilogue with row
     totals: the channel lanes in both layouts, every channel in one block, one or two a lane."""
     if problem.epilogue.row_totals:
         channels = row_channels(problem)
         warps = tuple(w for w in space["num_warps"] if channels // 64 <= w <= max(1, channels // 32))
-        space = {**space, "variant": ("default",), "BLOCK_N": (channels,), "num_warps": warps}
+        space = {**space, "variant": CHANNEL_LANES, "BLOCK_N": (channels,), "num_warps": warps}
     elif problem.layout_a == "nhwc":
-        space = {**space, "variant": ("default",), "num_warps": (1, 2, 4)}
+        space = {**space, "variant": CHANNEL_LANES, "num_warps": (1, 2, 4)}
     return {**space, "num_stages": (1,)} if problem.layout_a == "nhwc" else space
 
 
@@ -428,6 +454,7 @@ SEEDS = (
     Config(64, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=8),
     Config(256, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=32),
     Config(64, 64, 16, 1, num_warps=1, num_stages=1, TILE_H=16),
+    Config(128, 32, 16, 1, num_warps=1, num_stages=1, TILE_H=16, variant="in_flight"),
     # NCHW: 16 channels on rows of 16 to 64 pixels, 1 to 4 elements a thread (the H100 sweep's best)
     Config(512, 16, 16, 1, num_warps=4, num_stages=1, TILE_H=32, variant="w_vector"),
     Config(256, 16, 16, 1, num_warps=8, num_stages=1, TILE_H=16, variant="w_vector"),

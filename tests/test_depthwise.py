@@ -21,6 +21,8 @@ from epilab.templates.verify import checked_launch, random_inputs
 SMALL = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)  # 2 rows of an 8-pixel strip
 # lanes along W: 2 rows of an 8-pixel strip as [16 channels, 8 pixels] tiles
 W_VECTOR = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2, variant="w_vector")
+# the channel lanes with the output rows in flight rolling (the default slides the input window)
+IN_FLIGHT = dataclasses.replace(SMALL, variant="in_flight")
 
 
 def problem_of(spec: ConvSpec) -> Problem:
@@ -51,6 +53,7 @@ GEOMETRIES = {
     "5x5 stride 2, three strips wide": dw(1, 4, 5, 35, 5, stride=2),
     "3x3 stride 2 unpadded": dw(1, 4, 9, 16, 3, stride=2, padding=0),
     "3x3 stride 3": dw(1, 4, 10, 16, 3, stride=3),
+    "3x3 stride 4 (no window row kept)": dw(1, 4, 11, 13, 3, stride=4),
     "channels over one block": dw(1, 40, 4, 5, 3),
     "1x1 output": dw(1, 8, 3, 3, 3, padding=0),
 }
@@ -67,6 +70,34 @@ def test_depthwise_geometries_and_layouts(geometry, layout):
 def test_depthwise_w_vector_geometries(geometry, layout):
     """Lanes along W: written for NCHW, correct (if slow) on any strides."""
     run(dataclasses.replace(GEOMETRIES[geometry], dtype="float32", layout=layout, epilogue="bias"), W_VECTOR)
+
+
+@pytest.mark.parametrize("geometry", [g for g in GEOMETRIES if "dilation" not in g])
+def test_depthwise_rows_in_flight_geometries(geometry):
+    """The in_flight variant (the output rows in flight roll; the default's form where rows are
+    dilated) on the channel lanes."""
+    run(dataclasses.replace(GEOMETRIES[geometry], dtype="float32", layout="nhwc", epilogue="bias"), IN_FLIGHT)
+
+
+@pytest.mark.parametrize("geometry", ["7x7 unpadded", "5x5 stride 2, odd sizes", "multiplier 2, stride 2"])
+def test_the_window_and_the_rows_in_flight_add_the_taps_in_one_order(geometry):
+    """Both forms add each output pixel's taps filter row by row, column by column, in fp32:
+    their outputs are equal bit for bit (also on an H100: ``benchmarks/RESULTS.md``)."""
+    spec = dataclasses.replace(GEOMETRIES[geometry], dtype="bfloat16", layout="nhwc", epilogue="bn_silu")
+    window = run(spec, SMALL)[1].outs[0]
+    in_flight = run(spec, IN_FLIGHT)[1].outs[0]
+    assert torch.equal(window, in_flight)
+
+
+def test_rows_in_flight_are_the_default_where_rows_are_dilated():
+    problem = problem_of(GEOMETRIES["3x3 dilation 2"])
+    assert not depthwise.render_vars(problem, SMALL)["rolled"]
+    assert "dilated rows" in depthwise.depthwise_search_error(problem, IN_FLIGHT)
+    plain = problem_of(GEOMETRIES["3x3"])
+    assert (
+        depthwise.render_vars(plain, SMALL)["rolled"]
+        and not depthwise.render_vars(plain, IN_FLIGHT)["rolled"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -100,7 +131,7 @@ def with_statistic(problem: Problem, value: Expr, reduce: str) -> Problem:
         (lambda: acc(), "col_max"),
     ],
 )
-@pytest.mark.parametrize("variant", ["default", "w_vector"])
+@pytest.mark.parametrize("variant", ["default", "w_vector", "in_flight"])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_depthwise_statistics(statistic, reduce, variant, stride):
     """The SE pool after a stride-2 depthwise convolution (MBConv) included."""
@@ -129,10 +160,12 @@ def test_depthwise_strips(config):
     run(dw(1, 24, 9, 7, 3, stride=2, dtype="float32", epilogue="bias"), config)
 
 
-@pytest.mark.parametrize("variant,layout", [("default", "nhwc"), ("w_vector", "nchw")])
+@pytest.mark.parametrize("variant,layout", [("default", "nhwc"), ("w_vector", "nchw"), ("in_flight", "nhwc")])
 @pytest.mark.parametrize("geometry", ["5x5 stride 2, odd sizes", "3x3 dilation 2", "multiplier 2, stride 2"])
 def test_input_rows_loaded_two_steps_ahead(geometry, variant, layout):
     """num_stages 2: each step loads the input rows of the step after next."""
+    if variant == "in_flight" and "dilation" in geometry:
+        pytest.skip("dilated rows: the default variant is the rows in flight")
     config = Config(16, 16, 16, 1, num_warps=1, num_stages=2, TILE_H=4, variant=variant)
     run(dataclasses.replace(GEOMETRIES[geometry], dtype="float32", layout=layout, epilogue="bias"), config)
 
@@ -311,6 +344,15 @@ def test_the_unrolling_plan_loads_each_input_row_once_and_uses_every_tap():
     assert sorted(r for _, uses in strided["steps"] for _, r in uses) == [0, 1, 2, 3, 4]  # each once
     dilated = depthwise.plan(problem_of(dw(1, 8, 14, 14, 3, dilation=2)).geometry, 4)
     assert dilated["in_flight"] == 5 and dilated["steps"] == [(0, [(0, 2), (2, 1), (4, 0)])]
+    # the window: R - stride rows carried, stride rows loaded a step (all R where the stride is larger)
+    assert plan["rolled"] and plan["carried"] == 6 and plan["loaded"] == [6]
+    assert strided["rolled"] and strided["carried"] == 3 and strided["loaded"] == [3, 4]
+    apart = depthwise.plan(problem_of(dw(1, 8, 14, 14, 3, stride=4)).geometry, 4)
+    assert apart["carried"] == 0 and apart["loaded"] == [0, 1, 2]
+    assert (
+        not dilated["rolled"]
+        and not depthwise.plan(problem_of(dw(1, 8, 14, 14, 7)).geometry, 8, False)["rolled"]
+    )
 
 
 # ------------------------------------------------------------------------- GPU
@@ -418,6 +460,7 @@ def test_a_layer_norm_over_the_channels_is_normalised_in_the_epilogue(spec, layo
     assert config.BLOCK_N == depthwise.row_channels(problem) >= int(problem.shape.n)
     x, w, ops = random_inputs(problem, "cpu", 0)
     checked_launch(problem, config, x, w, ops)
+    checked_launch(problem, dataclasses.replace(config, variant="in_flight"), x, w, ops)
 
 
 def test_row_totals_need_every_channel_in_one_program():
@@ -443,7 +486,7 @@ def test_the_space_of_a_layer_norm_holds_a_pixels_channels(layout):
 
     problem = problem_of(dw(32, 192, 56, 56, 7, layout=layout, epilogue="bias_layer_norm"))
     space = space_for(problem, HOPPER)
-    assert space["BLOCK_N"] == (256,) and space["variant"] == ("default",)
+    assert space["BLOCK_N"] == (256,) and space["variant"] == ("default", "in_flight")
     assert set(space["num_warps"]) == {4, 8}
     feasible = configs(problem, HOPPER)
     assert feasible and all(kind_of(problem).config_error(problem, c) is None for c in feasible)
