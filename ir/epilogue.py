@@ -9,7 +9,7 @@ An ``Epilogue`` is a small DAG in a flat, canonical node list:
 - inner nodes: ops from the one rule table (``ir/rules.py``), and ``row_total`` (``ROW_OPS``):
   the sum of its value over every column of the output row, broadcast back along the row
   (a LayerNorm's mean and variance over a conv's channels, normalised in the epilogue). Only a
-  kind whose program holds every column of its rows runs it (``TemplateKind.row_totals``);
+  kind whose program holds every column of its rows runs it (``TemplateKind.row_error``);
 - outputs: one or more ``(node, dtype)`` pairs; an output may instead be a *reduction*
   of its node over the tile's columns or rows (``REDUCTIONS``: ``row_sum``, ``row_max``
   give one fp32 value per output row m, ``col_sum``, ``col_max`` one per column n), summed
