@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 import triton
 
-from epilab.ir.problem import Config, Problem, Shape
+from epilab.ir.problem import CHOICES, Config, Problem, Shape
 from epilab.templates import conv_geometry
 from epilab.templates.bound import Bound
 from epilab.templates.conv2d import (
@@ -54,6 +54,7 @@ PLAIN_CHANNELS = 128
 # (13-16%) and on no NHWC layer; 3 was within 2% of 2 where 2 paid (the H100 sweep,
 # benchmarks/RESULTS.md)
 MAX_PREFETCH = 2
+MIN_PIXELS = min(CHOICES["BLOCK_M"])  # the fewest pixels a program (BLOCK_M) may cover
 # default: lanes along the channels (NHWC), the strip's row unrolled, the window of input rows
 # an output row reads sliding through registers (``plan``); in_flight: the same lanes, the output
 # rows in flight rolling through registers instead (fewer registers: two channels a lane, dilated
@@ -345,6 +346,7 @@ def default_depthwise_config(problem: Problem, target: str = "cuda", *, sm_count
 
     while rows > 4 and programs(rows) < 2 * sm_count:
         rows //= 2
+    rows = max(rows, MIN_PIXELS // width)  # a tiny output (1x1, 2x2): a strip taller than it
     return Config(rows * width, channels, 16, 1, num_warps=warps, num_stages=1, TILE_H=rows, variant=variant)
 
 

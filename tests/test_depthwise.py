@@ -228,6 +228,18 @@ def test_the_default_config_fits_every_suite_layer():
 
 
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_the_default_config_is_a_legal_one_on_tiny_outputs(geometry, layout):
+    """A 1x1 or 2x2 output still gets a strip of at least 16 pixels (taller than the output)."""
+    spec = dataclasses.replace(GEOMETRIES[geometry], layout=layout)
+    problem = problem_of(spec)
+    config = default_config(problem)
+    assert kind_of(problem).config_error(problem, config) is None
+    if problem.geometry.p * problem.geometry.q < 4:  # and it runs, correctly
+        run(dataclasses.replace(spec, dtype="float32", epilogue="bias"), config)
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 def test_the_narrowed_space_holds_every_feasible_config(layout):
     """NHWC draws from the channel lanes' dimensions only (4% of the whole space is feasible
     there), and the narrowing drops no config the search could run."""
