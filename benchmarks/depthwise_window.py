@@ -91,16 +91,25 @@ def measure(spec: ConvSpec, count: int, rounds: int) -> dict:
     }
 
 
+def spread(row: dict, variant: str) -> str:
+    """The rounds' min-max of a variant's best config."""
+    config = row["best_window_config" if variant == "default" else "best_in_flight_config"]
+    rounds = row["times_us"][f"{variant}|{config}"]
+    return f"[{min(rounds):.1f}-{max(rounds):.1f}]"
+
+
 def table(rows: list[dict]) -> str:
     lines = [
-        "| layer | in flight us (config) | window us (config) | speed-up | per config | max abs difference |",
+        "| layer | in flight us [rounds' min-max] (config) | window us [min-max] (config) | speed-up "
+        "| per config | max abs difference |",
         "|---|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         per = ", ".join(f"{v:.2f}" for v in r["per_config"].values())
         lines.append(
-            f"| {r['layer']} | {r['best_in_flight_us']:.1f} ({r['best_in_flight_config']}) "
-            f"| {r['best_window_us']:.1f} ({r['best_window_config']}) "
+            f"| {r['layer']} | {r['best_in_flight_us']:.1f} {spread(r, 'in_flight')} "
+            f"({r['best_in_flight_config']}) "
+            f"| {r['best_window_us']:.1f} {spread(r, 'default')} ({r['best_window_config']}) "
             f"| {r['best_in_flight_us'] / r['best_window_us']:.2f} | {per} | {r['max_abs_difference']:.1e} |"
         )
     ratios = [r["best_in_flight_us"] / r["best_window_us"] for r in rows]
