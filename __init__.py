@@ -3,7 +3,8 @@
 Public surface (see docs/design.md): ``torch.compile(model, backend="epilab")`` and
 ``epilab.compile`` (the backend), ``epilab.explain()`` (its decisions),
 ``epilab.matmul`` (one fused matmul), ``epilab.gated_matmul`` (a gated MLP's gate and up
-projections in one dual GEMM), ``epilab.tune_model`` (record, tune, check in
+projections in one dual GEMM), ``epilab.grouped_matmul`` (a mixture of experts' projections,
+one grouped GEMM), ``epilab.tune_model`` (record, tune, check in
 context and measure a model), the epilogue builders (``acc``, ``acc2``,
 ``operand``, ``const``, ``ops``, ``Epilogue``), ``Config``, and the ``epilab``
 command line.
@@ -35,6 +36,7 @@ _LAZY = {
     "ops": "epilab.ir.epilogue",
     "matmul": "epilab.templates.matmul_api",
     "gated_matmul": "epilab.templates.matmul_api",
+    "grouped_matmul": "epilab.templates.grouped_api",
     "compile": "epilab.compiler.backend",
     "tune_model": "epilab.tuner.model",
     "explain": "epilab.compiler.explain",
@@ -49,6 +51,7 @@ __all__ = [
     "const",
     "explain",
     "gated_matmul",
+    "grouped_matmul",
     "matmul",
     "operand",
     "ops",

@@ -265,10 +265,11 @@ def tune(
     baselines: Annotated[
         str,
         typer.Option(
-            help="comma list of cublas, cublaslt, cudnn, inductor, inductor-max-autotune "
-            "(each is timed where it applies: cuBLAS for matmuls, cuDNN for convolutions)"
+            help="comma list of cublas, cublaslt, cudnn, grouped_mm, inductor, inductor-max-autotune "
+            "(each is timed where it applies: cuBLAS for matmuls, cuDNN for convolutions, "
+            "torch._grouped_mm for grouped GEMMs)"
         ),
-    ] = "cublas,cudnn",
+    ] = "cublas,cudnn,grouped_mm",
     only: Annotated[str | None, typer.Option(help="tune only these problems of the list, e.g. 1-3,7")] = None,
     db: DbOption = None,
     device: Annotated[str, typer.Option(help="CUDA device to tune on")] = "cuda:0",

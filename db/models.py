@@ -30,7 +30,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 STATUSES = ("ok", "compile_error", "out_of_resources", "incorrect", "timeout", "crashed")
 # the libraries a baseline may name; the tuner times all but "eager" (kept for records of
 # plain eager torch from older databases and benchmark scripts)
-LIBRARIES = ("cublas", "cublaslt", "cudnn", "eager", "inductor", "inductor-max-autotune")
+LIBRARIES = ("cublas", "cublaslt", "cudnn", "grouped_mm", "eager", "inductor", "inductor-max-autotune")
+# the libraries a kind is timed against as its own (``TemplateKind.library``): cuBLAS for the
+# matmul kinds, cuDNN for convolutions, torch._grouped_mm (CUTLASS on Hopper) for grouped GEMMs
+KIND_LIBRARIES = ("cublas", "cudnn", "grouped_mm")
 TIMED_LIBRARIES = tuple(name for name in LIBRARIES if name != "eager")
 
 # bounds on strings (checked on import and write; the columns are sized to them)

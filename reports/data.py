@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, Record, Snapshot, comparable_ms
+from epilab.db.models import KIND_LIBRARIES
 from epilab.templates.kinds import KINDS
 
 # name fragment -> (dense fp16/bf16 tensor TFLOP/s, fp32 TFLOP/s, memory GB/s); first match wins
@@ -29,7 +30,7 @@ DATA_SHEET_PEAKS: tuple[tuple[str, float, float, float], ...] = (
     ("H200", 989.4, 66.9, 4800.0),
     ("A100", 312.0, 19.5, 2039.0),
 )
-LIBRARY_ORDER = ("cublas", "cudnn", "cublaslt", "inductor", "inductor-max-autotune")
+LIBRARY_ORDER = (*KIND_LIBRARIES, "cublaslt", "inductor", "inductor-max-autotune")
 MAX_FAILURES = 500  # failed trials listed (newest first); the count covers all
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from epilab.db.models import KIND_LIBRARIES
 from epilab.reports.data import ProblemReport, ReportData
 
 # The tuner tells optuna a penalty (1e3) for infeasible and failed configs; no measured
@@ -25,6 +26,7 @@ COLORS = {
     "tuned": "#1f77b4",
     "cublas": "#ff7f0e",
     "cudnn": "#d62728",
+    "grouped_mm": "#9467bd",
     "cublaslt": "#bcbd22",
     "inductor": "#2ca02c",
 }
@@ -89,7 +91,7 @@ def roofline(data: ReportData) -> str | None:
         text=[_text(p.label) for p in rows],
         marker=dict(size=9, color=COLORS["tuned"]),
     )
-    for library in ("cublas", "cudnn"):  # each problem's own kind's library
+    for library in KIND_LIBRARIES:  # each problem's own kind's library
         have = [p for p in rows if p.library == library and library in p.baselines]
         if not have:
             continue

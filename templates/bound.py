@@ -31,17 +31,17 @@ class Bound:
 @dataclass(frozen=True)
 class Described:
     """A tensor-descriptor argument of a launch: made from tensor argument ``tensor`` (over
-    its transpose when ``transposed``) with ``block`` tiles; a Gluon kernel's descriptors also
+    its last two dims swapped when ``transposed``) with ``block`` tiles; a Gluon kernel's descriptors also
     carry the shared-memory ``layout`` of their tiles."""
 
     arg: str
     tensor: str
     transposed: bool
-    block: tuple[int, int]
+    block: tuple[int, ...]
     layout: object = None  # a Gluon NVMMASharedLayout, or None for Triton's descriptors
 
     def make(self, t: torch.Tensor) -> object:
-        t = t.t() if self.transposed else t
+        t = t.transpose(-1, -2) if self.transposed else t
         if self.layout is None:
             return TensorDescriptor.from_tensor(t, list(self.block))
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor

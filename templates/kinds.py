@@ -19,7 +19,16 @@ from epilab.ir import rules
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem, register_templates
 from epilab.ir.spec import SpecFormat
-from epilab.templates import conv2d, depthwise, dual_gemv, dual_matmul, gemv, matmul
+from epilab.templates import (
+    conv2d,
+    depthwise,
+    dual_gemv,
+    dual_grouped_matmul,
+    dual_matmul,
+    gemv,
+    grouped_matmul,
+    matmul,
+)
 from epilab.templates.bound import Bound
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.render import Target, files_hash, kernel_hash, render
@@ -34,6 +43,8 @@ KINDS: dict[str, TemplateKind] = {
         depthwise.KIND,
         dual_matmul.KIND,
         dual_gemv.KIND,
+        grouped_matmul.KIND,
+        dual_grouped_matmul.KIND,
     )
 }
 register_templates(KINDS)

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+from epilab.db.models import KIND_LIBRARIES
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
@@ -26,7 +27,7 @@ def test_every_kind_is_complete_and_consistent(name):
     assert isinstance(kind, TemplateKind) and kind.name == name
     # its own Jinja file, or one it shares with a template family (the dual GEMM's, matmul's)
     assert kind.files[0].endswith(".py.jinja") and (TEMPLATE_DIR / kind.files[0]).is_file()
-    assert kind.library in ("cublas", "cudnn")
+    assert kind.library in KIND_LIBRARIES
     assert all(kinds.default_template(op) == name for op in kind.ops)
     for c in kind.seeds:  # seeds lie in the kind's own space
         assert all(getattr(c, dim) in values for dim, values in kind.space.items()), (name, c)

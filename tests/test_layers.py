@@ -75,10 +75,14 @@ def test_no_module_imports_itself_through_others():
 
 
 # Who may import a kind module (one defining ``KIND``) besides the registry and the kinds
-# themselves: the user functions (``epilab.matmul``, ``epilab.gated_matmul``) are the matmul
-# kinds' own API. The compiler, the tuner, the suites and the CLI ask the registry.
+# themselves: the user functions (``epilab.matmul``, ``epilab.gated_matmul``,
+# ``epilab.grouped_matmul``) are the matmul and grouped kinds' own API. The compiler, the tuner, the suites and the CLI ask the registry.
 KIND_IMPORTERS = {
     "epilab.templates.matmul_api": {"epilab.templates.matmul", "epilab.templates.dual_matmul"},
+    "epilab.templates.grouped_api": {
+        "epilab.templates.grouped_matmul",
+        "epilab.templates.dual_grouped_matmul",
+    },
 }
 
 

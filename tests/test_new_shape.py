@@ -5,8 +5,9 @@ the shapes files, config transfer, the tuner, the database and the CLI take it u
 The toy kind here runs E experts of equal token counts (a grouped GEMM without the
 grouping's raggedness) on the matmul's batched kernel: ``experts_mm``, a problem op no
 module of epilab names, with an ``experts`` geometry in its problems' JSON and a spec
-format marked by ``experts``. Everything it declares lives in this file; the registry line
-is the ``monkeypatch.setitem`` of the fixture.
+format marked by ``banks`` (the grouped GEMM kinds' own format is marked by ``experts``).
+Everything it declares lives in this file; the registry line is the ``monkeypatch.setitem``
+of the fixture.
 """
 
 from __future__ import annotations
@@ -93,31 +94,33 @@ TOY = dataclasses.replace(
 
 @dataclasses.dataclass(frozen=True)
 class ExpertsSpec:
-    experts: int
-    tokens: int
+    banks: int
+    tokens_each: int
     n: int
     k: int
     dtype: str = "float32"
     epilogue: EpilogueSpec = "none"
 
     def problem(self) -> Problem:
-        bmm = Spec(self.tokens, self.n, self.k, batch=self.experts, dtype=self.dtype, layout="NN").problem()
+        bmm = Spec(
+            self.tokens_each, self.n, self.k, batch=self.banks, dtype=self.dtype, layout="NN"
+        ).problem()
         return _as_experts(
             dataclasses.replace(bmm, epilogue=Spec(1, 1, 1, epilogue=self.epilogue).problem().epilogue)
         )
 
     def label(self) -> str:
-        return f"{self.experts} experts x {self.tokens} tokens {self.dtype} {self.epilogue}"
+        return f"{self.banks} experts x {self.tokens_each} tokens {self.dtype} {self.epilogue}"
 
     def flops(self) -> int:
-        return 2 * self.experts * self.tokens * self.n * self.k
+        return 2 * self.banks * self.tokens_each * self.n * self.k
 
 
 FORMAT = SpecFormat(
     what="a toy experts problem",
-    keys=frozenset({"experts", "tokens", "n", "k", "dtype", "epilogue"}),
-    required=frozenset({"experts", "tokens", "n", "k"}),
-    marks=frozenset({"experts", "tokens"}),
+    keys=frozenset({"banks", "tokens_each", "n", "k", "dtype", "epilogue"}),
+    required=frozenset({"banks", "tokens_each", "n", "k"}),
+    marks=frozenset({"banks", "tokens_each"}),
     make=ExpertsSpec,
     suites={"toy-experts": [ExpertsSpec(2, 8, 16, 16), ExpertsSpec(2, 16, 16, 16)]},
 )
@@ -130,7 +133,7 @@ def toy(monkeypatch):
 
 
 def test_its_problems_are_checked_stored_and_labelled_by_the_kind(toy):
-    spec = suites.spec_from_dict({"experts": 2, "tokens": 8, "n": 16, "k": 16})
+    spec = suites.spec_from_dict({"banks": 2, "tokens_each": 8, "n": 16, "k": 16})
     assert isinstance(spec, ExpertsSpec)
     problem = spec.problem()
     assert problem.op == OP and problem.geometry == ExpertsGeometry(2)
@@ -155,15 +158,15 @@ def test_its_spec_format_and_suite_join_the_others(toy, tmp_path):
     path.write_text(
         '{"m": 16, "n": 16, "k": 16}\n'
         '{"n": 1, "c": 4, "h": 5, "w": 5, "k": 4, "r": 3, "s": 3}\n'
-        '{"experts": 2, "tokens": 8, "n": 16, "k": 16, "epilogue": "relu(acc)"}\n'
-        '{"experts": 2, "tokens": 8, "n": 16}\n'
+        '{"banks": 2, "tokens_each": 8, "n": 16, "k": 16, "epilogue": "relu(acc)"}\n'
+        '{"banks": 2, "tokens_each": 8, "n": 16}\n'
     )
     with pytest.raises(ValueError, match=r"mixed.jsonl:4: missing \['k'\] for a toy experts problem"):
         suites.load_shapes(path)
     path.write_text("\n".join(path.read_text().splitlines()[:3]))
     assert [type(s) for s in suites.load_shapes(path)] == [Spec, ConvSpec, ExpertsSpec]
     with pytest.raises(ValueError, match="do not go together"):
-        suites.spec_from_dict({"experts": 2, "tokens": 8, "n": 16, "k": 16, "c": 3})
+        suites.spec_from_dict({"banks": 2, "tokens_each": 8, "n": 16, "k": 16, "c": 3})
 
 
 def test_configs_carry_by_its_transfer_rule(toy):

@@ -445,12 +445,15 @@ def test_builtin_suites_build_valid_problems():
         "depthwise": 66,
         "mlp": 25,
         "fp8": 19,
+        "moe": 24,
     }
     for name, specs in SUITES.items():
         for spec in specs:
             want = {"conv": "conv2d", "depthwise": "conv2d", "mlp": "dual_matmul"}.get(
                 name, "gemv" if name.startswith("gemv") else "matmul"
             )
+            if name == "moe":  # the gate and up projections (dual), the down projection
+                want = "dual_grouped_matmul" if spec.problem().op == "dual_grouped_mm" else "grouped_matmul"
             assert spec.problem().template == want
     conv = [s.problem().geometry for s in SUITES["conv"]]
     assert [(g.r, g.stride) for g in conv[:1]] == [(7, (2, 2))]  # the stem

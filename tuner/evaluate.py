@@ -30,7 +30,7 @@ GRAPH_REPLAY_MS = 2.0  # a CUDA-graph replay holds about this much work (at leas
 ROTATE_L2_MULTIPLE = 3  # graph replays rotate over input sets of this many times L2 in all ...
 MAX_INPUT_SETS = 16  # ... but never more sets than this (tiny problems stay in L2: the method says so)
 # the family of each vendor baseline: a kind is timed against those of its ``library``
-VENDOR_LIBRARIES = {"cublas": "cublas", "cublaslt": "cublas", "cudnn": "cudnn"}
+VENDOR_LIBRARIES = {"cublas": "cublas", "cublaslt": "cublas", "cudnn": "cudnn", "grouped_mm": "grouped_mm"}
 
 
 def device_for_tuning() -> torch.device:

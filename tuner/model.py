@@ -79,6 +79,7 @@ from typing import Any
 import torch
 
 from epilab.db import DeviceInfo, TuningDB, Versions
+from epilab.db.models import KIND_LIBRARIES
 from epilab.ir.problem import Problem, identity_key_of
 from epilab.tables import markdown
 from epilab.tuner import significance as sig
@@ -555,7 +556,7 @@ def tune_model(
 
         interpret = not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
         tuner = Tuner(
-            store, TuneOptions(baselines=("cublas", "cudnn"), interpret=interpret, jobs=0 if interpret else 8)
+            store, TuneOptions(baselines=KIND_LIBRARIES, interpret=interpret, jobs=0 if interpret else 8)
         )
     on_gpu = not tuner.options.interpret
     modes = tuple(m for m in options.modes if on_gpu or m == "per call")

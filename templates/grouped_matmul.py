@@ -1,0 +1,548 @@
+"""The grouped GEMM template's Python half (a mixture of experts' projections): problems from
+tensors, the untuned config, the launch, inputs and the float64 reference.
+
+    C[m, n] = epilogue(sum_k A[m, k] * B[e, k, n], operands)   for offs[e - 1] <= m < offs[e]
+
+A is ``[T, K]`` (every expert's rows, grouped: the tokens routed to expert 0, then to expert 1,
+...), B ``[E, K, N]`` (``w.transpose(-1, -2)`` of experts' ``[E, N, K]`` weights is the col
+layout), ``offs`` int32 ``[E]`` the cumulative row ends, as ``torch._grouped_mm(A, B, offs)``
+takes them, clamped to [0, T], each group starting where the furthest group before it ended.
+Calls pass the offsets in ``operands`` under ``"offs"`` (the kind's extra input): they are read
+on the device, so a call never waits for the host. Epilogue operands broadcast to
+``[E, T, N]``: ``[N]`` one value per column shared by the experts, ``[E, 1, N]`` one per
+expert (each expert's bias), ``[T, 1]`` one per row (a routing weight), ``[T, N]`` a tile. Rows
+past every group are not written.
+
+The kernel (``grouped_matmul.py.jinja``) numbers the experts' m-tiles one after another and
+finds a tile's expert from the offsets on the device; its main loops are the matmul's pointer
+loop and TMA loop (A as a [T, K] matrix, B as a 3-D descriptor), each also persistent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+import triton
+
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue
+from epilab.ir.problem import Config, OperandSpec, Problem, Shape
+from epilab.templates import grouped_geometry
+from epilab.templates.bound import Bound, Described
+from epilab.templates.grouped_geometry import GroupedGeometry, experts_of
+from epilab.templates.kind import MAX_ACC_REGS, OutputSpec, TemplateKind
+from epilab.templates.matmul import H100_SMS, contiguous_specs, idle_threads_error, random_tensor
+from epilab.templates.render import EPILOGUE_FILES, Target, kernel_hash
+from epilab.templates.runtime import (
+    INT32_MAX,
+    epilogue_args,
+    extent,
+    layout_of,
+    operand_layout,
+    operand_strides,
+    outputs_for,
+    single_launch,
+    sm_count,
+    target_for,
+)
+
+FILES = ("grouped_matmul.py.jinja", "tile_order.py.jinja", *EPILOGUE_FILES)
+OP = "grouped_mm"  # a problem op of its own (torch._grouped_mm's)
+OFFS = "offs"  # the name of the offsets in a call's operands
+# default: the pointer loop; tma: A and B through TMA descriptors (Hopper; row- or column-major
+# A and B, 16-byte aligned); persistent, tma_persistent: the same on one program per SM
+VARIANTS = ("default", "tma", "persistent", "tma_persistent")
+TMA_VARIANTS = ("tma", "tma_persistent")
+PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
+LAYOUTS = ("row", "col", "strided")
+TMA_ALIGN_BYTES = 16
+
+
+# ------------------------------------------------------------------ what the template accepts
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config`` does not fit the grouped template for ``problem`` (None when it does)."""
+    if config.variant not in VARIANTS:
+        return f"the grouped templates have no variant {config.variant!r}; use one of {VARIANTS}"
+    fixed = {"SPLIT_K": 1, "EPILOGUE_SUBTILE": 1, "PROGRAMS_PER_SM": 1, "FLATTEN": 0}
+    fixed |= {"WARP_SPECIALIZE": 0, "TMA_STORE": 0, "TILE_H": 1}
+    wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
+    if wrong:
+        return f"the grouped templates have no splits, slices or stores by TMA; got {', '.join(wrong)}"
+    if config.BLOCK_M > 256 or config.BLOCK_N > 256:
+        return f"the grouped templates take tiles of 256x256 at most, got {config.BLOCK_M}x{config.BLOCK_N}"
+    if config.variant in TMA_VARIANTS:
+        if "strided" in (problem.layout_a, problem.layout_b):
+            return "the tma variants take row- or column-major A and B"
+        s = problem.shape
+        leading = {
+            "A": s.k if problem.layout_a == "row" else s.m,
+            "B": s.n if problem.layout_b == "row" else s.k,
+        }
+        for name, dim in leading.items():
+            if isinstance(dim, int) and dim * dtypes.itemsize(problem.dtype) % TMA_ALIGN_BYTES:
+                return (
+                    f"TMA needs {name}'s rows {TMA_ALIGN_BYTES}-byte aligned: a leading dim of {dim} is not"
+                )
+    return None
+
+
+def grouped_search_error(problem: Problem, config: Config) -> str | None:
+    return idle_threads_error(config)
+
+
+# ------------------------------------------------------------------ problems from tensors
+
+
+def check_tensors(a: torch.Tensor, b: torch.Tensor, offs: object) -> tuple[int, int, int, int]:
+    """(E, T, N, K) of a grouped call's A [T, K], B [E, K, N] and offsets [E]; clear errors
+    for anything else."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if dtypes.name_or_none(t.dtype) not in dtypes.WIDE_INPUT_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the grouped GEMM takes {dtypes.WIDE_INPUT_DTYPES}")
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(
+            f"a grouped GEMM takes A [T, K] (every expert's rows) and B [E, K, N], got "
+            f"{tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if a.dtype != b.dtype or a.device != b.device:
+        raise ValueError(
+            f"a and b must share dtype and device, got {a.dtype} on {a.device}, {b.dtype} on {b.device}"
+        )
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"A [T, K] {tuple(a.shape)} and B [E, K, N] {tuple(b.shape)} differ in K")
+    e = b.shape[0]
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or tuple(offs.shape) != (e,):
+        got = f"{offs.dtype} {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) else type(offs).__name__
+        raise ValueError(f"offs must be int32 [{e}], the cumulative row ends of the {e} experts, got {got}")
+    if offs.device != a.device:
+        raise ValueError(f"offs is on {offs.device}, the inputs on {a.device}")
+    GroupedGeometry(e)  # the expert count's range
+    return e, a.shape[0], b.shape[2], a.shape[1]
+
+
+def make_grouped_problem(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor,
+    epilogue: Epilogue,
+    operands: Mapping[str, torch.Tensor],
+    *,
+    op: str = OP,
+    template: str = "grouped_matmul",
+    files: tuple[str, ...] = FILES,
+) -> Problem:
+    """The problem these tensors make (checks them all); ``operands`` are the epilogue's."""
+    e, t, n, k = check_tensors(a, b, offs)
+    target_for(a.device)
+    declared = dict(epilogue.operands)
+    missing, extra = sorted(set(declared) - set(operands)), sorted(set(operands) - set(declared))
+    if missing or extra:
+        raise ValueError(
+            f"operands do not match the epilogue: missing {missing}, unexpected {extra} "
+            f"(the epilogue reads {sorted(declared)})"
+        )
+    specs = []
+    for name, broadcast in declared.items():
+        o = operands[name]
+        if not isinstance(o, torch.Tensor):
+            raise TypeError(f"operand {name!r} must be a tensor, got {type(o).__name__}")
+        if o.device != a.device:
+            raise ValueError(f"operand {name!r} is on {o.device}, the inputs on {a.device}")
+        if dtypes.name_or_none(o.dtype) not in dtypes.OPERAND_DTYPES:
+            raise TypeError(f"operand {name!r} has dtype {o.dtype}; supported: {dtypes.OPERAND_DTYPES}")
+        operand_strides(name, broadcast, o, (e, t, n))
+        if o.dim() == 3 and o.shape[0] > 1 and o.shape[1] > 1:
+            raise ValueError(
+                f"operand {name!r} {tuple(o.shape)}: an operand per expert is [E, 1, N] (or [E, 1, 1]); "
+                "one per row is [T, 1] or [T, N]"
+            )
+        specs.append(
+            OperandSpec(name, dtypes.name_of(o.dtype), operand_layout(broadcast, o.shape, o.stride()))
+        )
+    return Problem(
+        op=op,
+        template=template,
+        template_hash=kernel_hash(files, epilogue),
+        dtype=dtypes.name_of(a.dtype),
+        layout_a=layout_of(a.shape, a.stride()),
+        layout_b=layout_of(b.shape[1:], b.stride()[1:]),
+        operands=tuple(specs),
+        epilogue=epilogue,
+        shape=Shape(1, t, n, k),
+        geometry=GroupedGeometry(e),
+    )
+
+
+def grouped_problem_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    """The grouped problem these tensors make on ``problem``'s template (offsets in ``operands``)."""
+    if OFFS not in operands:
+        raise ValueError(f"a grouped GEMM's call passes its offsets as operands[{OFFS!r}]")
+    return make_grouped_problem(
+        a, b, operands[OFFS], problem.epilogue, _epilogue_operands(operands), op=problem.op
+    )
+
+
+def _epilogue_operands(operands: Mapping[str, torch.Tensor], extra: tuple[str, ...] = (OFFS,)) -> dict:
+    return {name: t for name, t in operands.items() if name not in extra}
+
+
+# ------------------------------------------------------------------ launch
+
+
+def bind_grouped(
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    out: tuple[torch.Tensor, ...] | None = None,
+    *,
+    kind: TemplateKind | None = None,
+) -> Bound:
+    """Everything a grouped launch does up to the launch itself (``kind``: the dual grouped
+    kind, whose second weight comes in ``operands`` too, read as B is)."""
+    kind = KIND if kind is None else kind
+    extra = {name: operands[name] for name in kind.extra_inputs}
+    operands = _epilogue_operands(operands, kind.extra_inputs)
+    e, t, n, k = check_tensors(a, b, extra[OFFS])
+    why = kind.config_error(problem, config)
+    if why is not None:
+        raise ValueError(why)
+    outs = outputs_for(problem, (t, n), a.device, out)
+    if t == 0 or n == 0:
+        return Bound(outs, lambda: None, lambda: None)
+    if k == 0:
+        return _zero_k_bound(problem, a, b, {**operands, **extra}, outs)
+    target = target_for(a.device)
+    bs = {name: x for name, x in extra.items() if name != OFFS}  # a dual kind's B2
+    tensors = [a, b, *bs.values(), *outs, *operands.values()]
+    index_64 = any(extent(x) > INT32_MAX for x in tensors) or t * n > INT32_MAX
+    m_tiles = triton.cdiv(t, config.BLOCK_M) + e  # every expert adds at most one partial tile
+    grid = (m_tiles * triton.cdiv(n, config.BLOCK_N),)
+    args: dict[str, object] = {
+        "a_ptr": a,
+        "b_ptr": b,
+        **{f"{name}_ptr": x for name, x in bs.items()},
+        "offs_ptr": extra[OFFS],
+        "M": t,
+        "N": n,
+        "K": k,
+        "stride_am": a.stride(0),
+        "stride_ak": a.stride(1),
+        "stride_be": b.stride(0),
+        "stride_bk": b.stride(1),
+        "stride_bn": b.stride(2),
+        "EXPERTS": e,
+        "EXPERTS_POW2": max(2, triton.next_power_of_2(e)),
+    }
+    args.update(epilogue_args(problem.epilogue, operands, outs, (e, t, n), (e, t, n)))
+    if config.variant in PERSISTENT_VARIANTS:
+        grid = (min(sm_count(a.device), grid[0]),)
+        args["NUM_SMS"] = grid[0]
+    described: tuple[Described, ...] = ()
+    if config.variant in TMA_VARIANTS:
+        found = tma_descriptors(problem, config, a, {"b": b, **bs})
+        if found is None:  # strides or addresses TMA cannot read: the pointer loop
+            config = dataclasses.replace(
+                config, variant="persistent" if "persistent" in config.variant else "default"
+            )
+        else:
+            described = found
+            args.update({d.arg: d.make(x) for d, x in zip(described, (a, b, *bs.values()), strict=True)})
+    bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
+    return dataclasses.replace(bound, descriptors=described) if described else bound
+
+
+def _tma_ok(x: torch.Tensor) -> bool:
+    """A tensor TMA can address as stored: unit inner stride, 16-byte aligned outer strides
+    and address."""
+    size = x.element_size()
+    return (
+        x.stride(-1) == 1
+        and all(s * size % TMA_ALIGN_BYTES == 0 for s in x.stride()[:-1])
+        and x.data_ptr() % TMA_ALIGN_BYTES == 0
+    )
+
+
+def tma_descriptors(
+    problem: Problem, config: Config, a: torch.Tensor, bs: Mapping[str, torch.Tensor]
+) -> tuple[Described, ...] | None:
+    """A as a [T, K] matrix (transposed where column-major) and each B as [E, K, N] (its
+    [E, N, K] storage where column-major), or None where TMA cannot read them."""
+    bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
+    a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
+    stored_a = a if a_row else a.t()
+    stored_bs = [x if b_row else x.transpose(-1, -2) for x in bs.values()]
+    if not all(_tma_ok(x) for x in (stored_a, *stored_bs)):
+        return None
+    return (
+        Described("a_desc", "a_ptr", not a_row, (bm, bk) if a_row else (bk, bm)),
+        *(
+            Described(f"{name}_desc", f"{name}_ptr", not b_row, (1, bk, bn) if b_row else (1, bn, bk))
+            for name in bs
+        ),
+    )
+
+
+def _zero_k_bound(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor], outs: tuple
+) -> Bound:
+    """K = 0: the epilogue of a zero accumulator, on the expert's rows."""
+
+    def run() -> None:
+        zero = a.new_zeros((a.shape[0], b.shape[2]), dtype=torch.float32)
+        values = _evaluate(problem, zero, zero, operands)
+        for o, v, spec in zip(outs, values, problem.epilogue.outputs, strict=True):
+            o.copy_(v.to(dtypes.torch_dtype(spec.dtype)))
+
+    return Bound(outs, run, lambda: None)
+
+
+# ------------------------------------------------------------------ references and baselines
+
+
+def expert_of_rows(offs: torch.Tensor, rows: int) -> torch.Tensor:
+    """The expert of each of ``rows`` rows, the offsets read as the kernel reads them (the
+    last expert's for rows past every group)."""
+    ends = torch.cummax(offs.long().clamp(0, rows), 0).values
+    return torch.searchsorted(ends, torch.arange(rows, device=offs.device), right=True).clamp(
+        max=len(offs) - 1
+    )
+
+
+def per_row(t: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """An epilogue operand broadcast to [E, T, N], as a tensor that broadcasts to [T, N]: one
+    per expert ([E, 1, N], [E, 1, 1]) taken at each row's expert."""
+    if t.dim() == 3:
+        return t[experts][:, 0] if t.shape[0] > 1 else t[0]
+    return t
+
+
+def _evaluate(
+    problem: Problem,
+    acc: torch.Tensor,
+    acc2: torch.Tensor | None,
+    operands: Mapping[str, torch.Tensor],
+) -> tuple[torch.Tensor, ...]:
+    """The epilogue on [T, N] accumulators, each operand at its rows' experts."""
+    experts = expert_of_rows(operands[OFFS], acc.shape[0])
+    rest = {
+        name: per_row(t, experts) for name, t in operands.items() if name in dict(problem.epilogue.operands)
+    }
+    return problem.epilogue.evaluate(acc, rest, acc2=acc2)
+
+
+def row_ranges(offs: torch.Tensor, rows: int) -> list[tuple[int, int]]:
+    """Each expert's rows [start, end) as the kernel reads the offsets: clamped to [0, rows],
+    each group starting where the furthest before it ended (reads them on the host)."""
+    ranges, start = [], 0
+    for end in offs.tolist():
+        end = max(start, min(max(end, 0), rows))
+        ranges.append((start, end))
+        start = end
+    return ranges
+
+
+def grouped_products(
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Each expert's rows of ``a`` times its ``b`` at ``dtype`` (a loop over the experts)."""
+    out = torch.zeros((a.shape[0], b.shape[2]), dtype=dtype, device=a.device)
+    for e, (lo, hi) in enumerate(row_ranges(offs, a.shape[0])):
+        if hi > lo:
+            out[lo:hi] = a[lo:hi].to(dtype) @ b[e].to(dtype)
+    return out
+
+
+def grouped_reference(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The outputs in float64, before output rounding (a second weight ``b2`` where the kind
+    has one)."""
+    acc = grouped_products(a, b, operands[OFFS], torch.float64)
+    acc2 = grouped_products(a, operands["b2"], operands[OFFS], torch.float64) if "b2" in operands else None
+    return _evaluate(problem, acc, acc2, operands)
+
+
+def library_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm`` (CUTLASS on Hopper), or the loop over the experts for what it does
+    not take (fp32 and fp16 inputs on torch 2.11; strides it refuses)."""
+    try:
+        return torch._grouped_mm(a, b, offs=offs)
+    except (RuntimeError, TypeError):
+        return grouped_products(a, b, offs, a.dtype)
+
+
+def eager_grouped(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The unfused baseline: ``torch._grouped_mm`` (twice for a dual problem), then the epilogue
+    in eager torch, each per-expert operand gathered at its rows."""
+    offs = operands[OFFS]
+    acc = library_grouped_mm(a, b, offs)
+    acc2 = library_grouped_mm(a, operands["b2"], offs) if "b2" in operands else None
+    return _evaluate(problem, acc, acc2, operands)
+
+
+def draw_offsets(rows: int, experts: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """Offsets of ``rows`` rows routed to ``experts`` experts as a router skews them: each
+    expert's share drawn from a flat Dirichlet (normalised exponentials), then the rows
+    multinomially; experts may get none. Every row is routed (offs[-1] = rows)."""
+    share = -torch.log(torch.rand(experts, generator=gen, device=device).clamp_min(1e-12))
+    picks = (
+        torch.multinomial(share, rows, replacement=True, generator=gen) if rows else share.new_zeros(0).long()
+    )
+    counts = torch.bincount(picks, minlength=experts)
+    return torch.cumsum(counts, 0).to(torch.int32)
+
+
+def grouped_inputs(
+    problem: Problem, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Random A, B and operands of the problem, and skewed offsets (``draw_offsets``): row
+    vectors one per expert ([E, 1, N]), column vectors one per row ([T, 1])."""
+    s, e = problem.shape, experts_of(problem)
+    t, n, k = int(s.m), int(s.n), int(s.k)
+    dtype = dtypes.torch_dtype(problem.dtype)
+    a = random_tensor(t, k, None, problem.layout_a, dtype, device, gen)
+    b = random_tensor(k, n, e, problem.layout_b, dtype, device, gen)
+    offs = draw_offsets(t, e, device, gen)
+    broadcasts = dict(problem.epilogue.operands)
+    operands: dict[str, torch.Tensor] = {OFFS: offs}
+    for spec in problem.operands:
+        odt, broadcast = dtypes.torch_dtype(spec.dtype), broadcasts[spec.name]
+        if broadcast == "row":
+            operands[spec.name] = random_tensor(1, n, e, "row", odt, device, gen)
+        elif broadcast == "col":
+            operands[spec.name] = random_tensor(t, 1, None, "row", odt, device, gen)
+        elif broadcast == "scalar":
+            operands[spec.name] = random_tensor(1, 1, None, "row", odt, device, gen)[0]
+        else:
+            operands[spec.name] = random_tensor(t, n, None, spec.layout, odt, device, gen)
+    return a, b, operands
+
+
+def grouped_input_elements(problem: Problem) -> tuple[int, int]:
+    """A once and every expert's B (the bytes a grouped GEMM must move at least)."""
+    s = problem.shape
+    return int(s.m) * int(s.k), experts_of(problem) * int(s.k) * int(s.n)
+
+
+def grouped_output_specs(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> list[OutputSpec]:
+    return contiguous_specs(problem, (a.shape[0], b.shape[-1]))
+
+
+def empty_grouped_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
+    shape = (int(problem.shape.m), int(problem.shape.n))
+    return tuple(
+        torch.empty(o.shape(shape), dtype=dtypes.torch_dtype(o.dtype), device=device)
+        for o in problem.epilogue.outputs
+    )
+
+
+# ------------------------------------------------------------------ configs
+
+
+def kernel_shape(problem: Problem) -> Shape:
+    """The shape one expert's tiles cover: the bucket's rows (T / E, rounded up), N and K."""
+    s = problem.shape
+    rows = -(-s.m // experts_of(problem)) if isinstance(s.m, int) else s.m
+    return Shape(1, max(1, rows), s.n, s.k)
+
+
+def default_grouped_config(
+    problem: Problem, target: Target = "cuda", *, sm_count: int = H100_SMS, accumulators: int = 1
+) -> Config:
+    """The untuned config. Interpreter: tiles just large enough (16..32). CUDA: BLOCK_M the
+    bucket's rows (T / E) rounded up to a power of two in 16..128; 128 columns (256 for one
+    accumulator and 128 rows; 64 when the rows are 16 or fewer: a decode step streams the
+    weights), K blocks of 64 (32 for fp32; 128 when streaming); warps enough for 128
+    accumulator registers a thread; 3 stages for tiles of 128x256 accumulators, else 4; the
+    TMA loop where the layouts allow it, persistent over 16 rows (the probe of
+    ``benchmarks/moe.py`` on an H200, RESULTS.md 2026-11-27)."""
+    shape = kernel_shape(problem)
+
+    def fit(dim: object, lo: int, hi: int) -> int:
+        return hi if not isinstance(dim, int) else max(lo, min(hi, triton.next_power_of_2(max(dim, 1))))
+
+    if target == "interpreter":
+        return Config(
+            fit(shape.m, 16, 32), fit(shape.n, 16, 32), fit(shape.k, 16, 32), 4, num_warps=4, num_stages=1
+        )
+    bm = fit(shape.m, 16, 128)
+    streaming = bm == 16
+    bn = 64 if streaming else 256 if bm == 128 and accumulators == 1 else 128
+    bk = 32 if problem.dtype == "float32" else 128 if streaming else 64
+    warps = 4
+    while accumulators * bm * bn // (32 * warps) > MAX_ACC_REGS:
+        warps *= 2
+    stages = 3 if accumulators * bm * bn >= 128 * 256 else 4
+    config = Config(bm, bn, bk, 8, num_warps=warps, num_stages=stages)
+    for variant in ("tma_persistent" if not streaming else "tma", "default"):
+        candidate = dataclasses.replace(config, variant=variant)
+        if config_error(problem, candidate) is None:
+            return candidate
+    return config
+
+
+SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
+    "BLOCK_M": (16, 32, 64, 128),
+    "BLOCK_N": (32, 64, 128, 256),
+    "BLOCK_K": (32, 64, 128),
+    "GROUP_M": (1, 4, 8),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+    "variant": VARIANTS,
+}
+
+SEEDS = (
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="tma_persistent"),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent"),
+    Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="tma"),
+    Config(64, 128, 64, 8, num_warps=4, num_stages=4, variant="tma"),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4),
+    Config(64, 128, 64, 8, num_warps=4, num_stages=4, variant="persistent"),
+    # a decode step's few rows per expert: stream each expert's weight once
+    Config(16, 64, 128, 8, num_warps=4, num_stages=4, variant="tma"),
+    Config(16, 128, 128, 8, num_warps=4, num_stages=3),
+    Config(32, 64, 128, 8, num_warps=4, num_stages=4, variant="tma"),
+)
+
+
+KIND = TemplateKind(
+    name="grouped_matmul",
+    files=FILES,
+    ops=(OP,),
+    library="grouped_mm",
+    input_args=("a_ptr", "b_ptr"),
+    space=SPACE,
+    seeds=SEEDS,
+    check=config_error,
+    default_config=default_grouped_config,
+    kernel_shape=kernel_shape,
+    problem_of=grouped_problem_of,
+    bind=bind_grouped,
+    output_specs=grouped_output_specs,
+    empty_outputs=empty_grouped_outputs,
+    inputs=grouped_inputs,
+    reference=grouped_reference,
+    baseline=eager_grouped,
+    input_elements=grouped_input_elements,
+    search_error=grouped_search_error,
+    extra_inputs=(OFFS,),
+    input_dtypes=dtypes.WIDE_INPUT_DTYPES,
+    layouts=LAYOUTS,
+    geometry=GroupedGeometry,
+    problem_error=grouped_geometry.problem_error,
+    label=grouped_geometry.label,
+    transfer_key=grouped_geometry.transfer_key,
+    spec_module="epilab.templates.grouped_spec",
+)

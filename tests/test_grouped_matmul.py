@@ -1,0 +1,294 @@
+"""The grouped GEMM kinds (a mixture of experts' projections, ``grouped_matmul`` and the
+gated ``dual_grouped_matmul``): every main loop against the float64 reference over awkward
+expert splits (empty experts, one expert, rows left unrouted, tiles that straddle experts),
+layouts, dtypes and epilogues (per-expert biases, per-row routing weights, tiles, several
+outputs), in Triton's interpreter (and on the GPU with ``-m gpu``); the offsets' clamping;
+refusals; the tuner's draw of offsets; the spec format and the moe suite; ``epilab.grouped_matmul``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import epilab
+from epilab.ir.check import rel_error
+from epilab.ir.epilogue_text import parse_epilogue
+from epilab.ir.problem import Config, Problem
+from epilab.templates import grouped_matmul, kinds
+from epilab.templates.dual_grouped_matmul import B2, make_dual_grouped_problem
+from epilab.templates.grouped_matmul import OFFS, draw_offsets, make_grouped_problem
+from epilab.templates.grouped_spec import GroupedSpec
+from epilab.templates.kinds import default_config
+from epilab.templates.matmul import random_tensor
+from epilab.templates.verify import checked_launch, random_inputs
+from epilab.tuner import evaluate, nearest, suites
+from epilab.tuner.space import HOPPER, infeasible
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+TARGET = "cuda" if GPU else "interpreter"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# (rows per expert): empty experts, a lone expert, tiles that straddle experts, rows unrouted
+SPLITS = {
+    "uneven": [9, 0, 23, 1, 8],
+    "one_expert": [41],
+    "empty_ends": [0, 0, 17, 24, 0],
+    "unrouted_tail": [5, 11, 3],  # 19 of 41 rows routed: the rest are left as they were
+}
+EPILOGUES = {
+    "none": "acc",
+    "expert_bias_relu_routed": "relu(acc + bias[n]) * w[m]",
+    "residual_scalar": "acc * s[] + residual",
+    "two_outputs": [("gelu_tanh(acc + bias[n])", None), ("acc", "float32")],
+}
+DUAL_EPILOGUES = {
+    "swiglu": "silu(acc) * acc2",
+    "swiglu_bias_routed": "silu(acc + bias[n]) * (acc2 + bias2[n]) * w[m]",
+}
+ROWS, K, N = 41, 24, 40
+
+
+def _offsets(split: list[int]) -> torch.Tensor:
+    return torch.tensor(split, device=DEVICE).cumsum(0).to(torch.int32)
+
+
+def _operands(ep, experts, rows, n, dtype, gen):
+    """Per-expert row vectors ([E, 1, N]), per-row column vectors ([T, 1]), tiles, scalars."""
+    shapes = {"row": (experts, 1, n), "col": (rows, 1), "tile": (rows, n), "scalar": ()}
+    return {
+        name: torch.randn(shapes[broadcast], generator=gen, device=DEVICE).to(
+            dtype if broadcast != "scalar" else torch.float32
+        )
+        for name, broadcast in ep.operands
+    }
+
+
+def _tensors(split, layout, dtype, gen, n=N, k=K):
+    """A [T, K] and B [E, K, N] (``layout``: A's then B's, N row-major, T column-major)."""
+    stored = {"N": "row", "T": "col", "S": "strided"}
+    a = random_tensor(ROWS, k, None, stored[layout[0]], dtype, DEVICE, gen)
+    b = random_tensor(k, n, len(split), stored[layout[1]], dtype, DEVICE, gen)
+    return a, b
+
+
+def run_grouped(split, layout, dtype, name, config=None, seed=0, dual=False):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    a, b = _tensors(SPLITS[split], layout, dtype, gen)
+    value = (DUAL_EPILOGUES if dual else EPILOGUES)[name]
+    outputs = [(value, None)] if isinstance(value, str) else value
+    ep = parse_epilogue(outputs, str(dtype).removeprefix("torch."))
+    operands = _operands(ep, len(SPLITS[split]), ROWS, N, dtype, gen)
+    offs = _offsets(SPLITS[split])
+    call = {OFFS: offs, **operands}
+    if dual:
+        b2 = torch.empty_strided(b.shape, b.stride(), dtype=dtype, device=DEVICE).copy_(
+            torch.randn(b.shape, generator=gen, device=DEVICE)
+        )
+        problem = make_dual_grouped_problem(a, b, b2, offs, ep, operands)
+        call[B2] = b2
+    else:
+        problem = make_grouped_problem(a, b, offs, ep, operands)
+    config = config or default_config(problem, TARGET)
+    routed = int(offs[-1])
+    # unrouted rows are left as they were: a sentinel there must survive the launch
+    outs = kinds.kind_of(problem).empty_outputs(problem, torch.device(DEVICE))
+    if routed < ROWS:
+        refs = kinds.kind_of(problem).reference(problem, a, b, call)
+        for o in outs:
+            o.fill_(7.0)
+        bound = kinds.bind(problem, config, a, b, call, outs)
+        bound.run()
+        for o, r in zip(outs, refs, strict=True):
+            assert (o[routed:] == 7.0).all(), "an unrouted row was written"
+            assert rel_error(o[:routed], r[:routed].to(o.dtype)) < 2e-2
+        return problem
+    checked_launch(problem, config, a, b, call, outs)
+    return problem
+
+
+@pytest.mark.parametrize("name", list(EPILOGUES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_grouped_splits_dtypes_epilogues(split, dtype, name):
+    run_grouped(split, "NT", DTYPES[dtype], name)
+
+
+LOOPS = [Config(16, 16, 16, 4, num_warps=4, num_stages=1, variant=v) for v in grouped_matmul.VARIANTS]
+
+
+@pytest.mark.parametrize("config", LOOPS, ids=lambda c: c.variant)
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN", "SS"])
+def test_grouped_main_loops_and_layouts(layout, config):
+    tma = config.variant in grouped_matmul.TMA_VARIANTS
+    if tma and layout == "SS":
+        with pytest.raises(ValueError, match="the tma variants take row- or column-major A and B"):
+            run_grouped("uneven", layout, torch.bfloat16, "expert_bias_relu_routed", config)
+    elif tma and layout[0] == "T":  # a column-major A of 41 rows: 82-byte rows
+        with pytest.raises(ValueError, match="TMA needs A's rows 16-byte aligned"):
+            run_grouped("uneven", layout, torch.bfloat16, "expert_bias_relu_routed", config)
+    else:
+        run_grouped("uneven", layout, torch.bfloat16, "expert_bias_relu_routed", config)
+
+
+@pytest.mark.parametrize("config", LOOPS, ids=lambda c: c.variant)
+@pytest.mark.parametrize("name", list(DUAL_EPILOGUES))
+def test_dual_grouped_main_loops(name, config):
+    run_grouped("uneven", "NT", torch.bfloat16, name, config, dual=True)
+
+
+def test_tiles_wider_than_an_expert_and_k_blocks_past_k():
+    config = Config(32, 32, 32, 1, num_warps=4, num_stages=1, variant="tma")
+    run_grouped("uneven", "NN", torch.float16, "expert_bias_relu_routed", config)  # K = 24 < 32
+
+
+def test_offsets_past_the_rows_or_going_back_are_clamped_not_read_out_of_bounds():
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    a, b = _tensors([0, 0, 0, 0], "NT", torch.float32, gen)
+    offs = torch.tensor([30, 12, 35, 999], dtype=torch.int32, device=DEVICE)  # back to 12, then past T
+    out = epilab.grouped_matmul(a, b, offs)
+    want = torch.empty(ROWS, N, dtype=torch.float64, device=DEVICE)
+    for e, (lo, hi) in enumerate([(0, 30), (30, 30), (30, 35), (35, ROWS)]):  # expert 1 is empty
+        want[lo:hi] = a[lo:hi].double() @ b[e].double()
+    assert grouped_matmul.row_ranges(offs, ROWS) == [(0, 30), (30, 30), (30, 35), (35, ROWS)]
+    assert rel_error(out, want) < 1e-5
+
+
+def test_random_inputs_make_the_problem_and_the_draw_is_skewed_with_empty_experts():
+    problem = GroupedSpec(6, 20, 16, 16, topk=2, epilogue="silu(acc) * acc2").problem()
+    _, _, call = random_inputs(problem, DEVICE, 1)
+    assert call[OFFS][-1] == 40 and set(call) == {OFFS, B2}
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    draws = [
+        torch.diff(draw_offsets(64, 16, torch.device(DEVICE), gen), prepend=torch.zeros(1, device=DEVICE))
+        for _ in range(20)
+    ]
+    assert all(int(d.sum()) == 64 for d in draws)
+    assert any((d == 0).any() for d in draws), "some draws leave experts empty"
+    assert sum(float(d.max()) for d in draws) / 20 > 2 * 64 / 16, (
+        "the busiest expert gets over twice its share"
+    )
+
+
+def test_the_tuner_checks_a_candidate_on_its_own_inputs():
+    problem = GroupedSpec(3, 16, 16, 16, epilogue="acc * w[m]").problem()
+    config = Config(16, 16, 16, 4, num_warps=4, num_stages=1)
+    result = evaluate.evaluate_candidate(problem.to_json(), config.to_dict(), seed=2)
+    assert result["status"] == "ok", result
+
+
+def test_bad_calls_are_refused_with_clear_errors():
+    a = torch.randn(8, 16, device=DEVICE)
+    b = torch.randn(2, 16, 4, device=DEVICE)
+    offs = _offsets([3, 5])
+    with pytest.raises(ValueError, match=r"offs must be int32 \[2\]"):
+        epilab.grouped_matmul(a, b, offs.long())
+    with pytest.raises(ValueError, match=r"A \[T, K\] .* and B \[E, K, N\] .* differ in K"):
+        epilab.grouped_matmul(a, b[:, :8], offs)
+    with pytest.raises(ValueError, match="takes A"):
+        epilab.grouped_matmul(a, b[0], offs)
+    with pytest.raises(ValueError, match=r"bias must be \[4\] \(shared\) or \[2, 4\]"):
+        epilab.grouped_matmul(a, b, offs, bias=torch.zeros(3, device=DEVICE))
+    with pytest.raises(ValueError, match="b2 must have b's shape"):
+        epilab.grouped_matmul(a, b, offs, b2=b.transpose(-1, -2).contiguous().transpose(-1, -2))
+    problem = GroupedSpec(2, 8, 16, 16).problem()
+    assert "no variant" in grouped_matmul.config_error(problem, Config(16, 16, 16, variant="w_vector"))
+    assert "no splits" in grouped_matmul.config_error(problem, Config(16, 16, 16, SPLIT_K=2))
+    with pytest.raises(ValueError, match=r"experts must be an int in 1\.\.1024"):
+        GroupedSpec(0, 8, 16, 16)
+
+
+def test_two_accumulators_take_half_the_tile_and_the_space_is_feasible_on_hopper():
+    single = GroupedSpec(8, 4096, 1024, 512, topk=2).problem()
+    dual = GroupedSpec(8, 4096, 1024, 512, topk=2, epilogue="silu(acc) * acc2").problem()
+    one, two = default_config(single), default_config(dual)
+    assert (one.BLOCK_M, one.BLOCK_N, one.num_warps) == (128, 256, 8)
+    assert (two.BLOCK_M, two.BLOCK_N, two.num_warps) == (128, 128, 8)  # 2 x 128 x 128 accumulators
+    assert infeasible(dual, Config(128, 256, 64, 8, num_warps=8, num_stages=3), HOPPER) is not None
+    for problem in (single, dual):
+        seeds = [c for c in kinds.kind_of(problem).seeds if infeasible(problem, c, HOPPER) is None]
+        assert len(seeds) >= 4, problem.op
+
+
+def test_the_moe_suite_and_shapes_files(tmp_path):
+    specs = suites.suite("moe")
+    assert len(specs) == 24 and {s.problem().template for s in specs} == {
+        "grouped_matmul",
+        "dual_grouped_matmul",
+    }
+    mixtral = specs[6].problem()
+    assert mixtral.shape.m == 32768 and mixtral.geometry.experts == 8 and mixtral.layout_b == "col"
+    assert suites.shape_label(mixtral) == "32768 rows / 8 experts -> 14336x4096"
+    path = tmp_path / "moe.jsonl"
+    path.write_text(
+        '{"m": 16, "n": 16, "k": 16}\n{"experts": 4, "tokens": 8, "topk": 2, "n": 32, "k": 16, "epilogue": "acc2 * silu(acc)"}\n'
+    )
+    _, gated = suites.load_shapes(path)
+    assert gated.problem().op == "dual_grouped_mm"
+    assert gated.problem() == GroupedSpec(4, 8, 32, 16, topk=2, epilogue="silu(acc) * acc2").problem()
+    with pytest.raises(ValueError, match="missing"):
+        suites.spec_from_dict({"experts": 4, "tokens": 8, "n": 32})
+
+
+def test_configs_carry_between_token_counts_of_one_expert_count():
+    small, large = (GroupedSpec(8, t, 64, 64).problem() for t in (16, 64))
+    assert nearest.distance(small, large) == pytest.approx(2.0)
+    assert nearest.distance(small, GroupedSpec(4, 16, 64, 64).problem()) is None
+    assert Problem.from_json(small.to_json()) == small
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_epilab_grouped_matmul(gated):
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    a = torch.randn(ROWS, K, generator=gen, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(3, N, K, generator=gen, device=DEVICE).to(torch.bfloat16)
+    w2 = torch.randn(3, N, K, generator=gen, device=DEVICE).to(torch.bfloat16)
+    bias = torch.randn(3, N, generator=gen, device=DEVICE).to(torch.bfloat16)
+    scale = torch.rand(ROWS, generator=gen, device=DEVICE).to(torch.bfloat16)
+    offs = _offsets([10, 0, 31])
+    b, b2 = w.transpose(-1, -2), w2.transpose(-1, -2)
+    out = epilab.grouped_matmul(
+        a, b, offs, b2=b2 if gated else None, bias=bias, scale=scale, activation="gelu"
+    )
+    want = torch.empty(ROWS, N, dtype=torch.float64, device=DEVICE)
+    for e, (lo, hi) in enumerate([(0, 10), (10, 10), (10, 41)]):
+        x = a[lo:hi].double()
+        y = torch.nn.functional.gelu(x @ b[e].double() + bias[e].double())
+        if gated:
+            y = y * (x @ b2[e].double())
+        want[lo:hi] = y * scale[lo:hi, None].double()
+    assert out.dtype == torch.bfloat16 and rel_error(out, want) < 1e-2
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", grouped_matmul.VARIANTS)
+@pytest.mark.parametrize("dual", [False, True], ids=["grouped", "dual"])
+@pytest.mark.parametrize("experts, tokens", [(8, 16), (8, 1000), (60, 512)])
+def test_gpu_grouped_main_loops(experts, tokens, dual, variant):
+    ep = "silu(acc) * acc2 * w[m]" if dual else "relu(acc + bias[n]) * w[m]"
+    problem = GroupedSpec(experts, tokens, 384, 256, topk=2, epilogue=ep).problem()
+    config = default_config(problem)
+    seeds = [
+        c
+        for c in kinds.kind_of(problem).seeds
+        if c.variant == variant and infeasible(problem, c, HOPPER) is None
+    ]
+    for c in [*seeds[:2], Config(64, 64, 64, 8, num_warps=4, num_stages=3, variant=variant)]:
+        checked_launch(problem, c, *random_inputs(problem, "cuda", 7))
+    assert config.variant in grouped_matmul.VARIANTS
+
+
+@pytest.mark.gpu
+def test_gpu_offsets_change_between_replays_of_one_bound_launch():
+    problem = GroupedSpec(4, 64, 128, 64, epilogue="acc").problem()
+    a, b, call = random_inputs(problem, "cuda", 1)
+    bound = kinds.bind(problem, default_config(problem), a, b, call)
+    for split in ([64, 0, 0, 0], [0, 0, 0, 64], [10, 20, 30, 4]):
+        call[OFFS].copy_(torch.tensor(split, device="cuda").cumsum(0))
+        bound.run()
+        (ref,) = kinds.kind_of(problem).reference(problem, a, b, call)
+        assert rel_error(bound.outs[0], ref) < 1e-2, split
+
