@@ -154,5 +154,7 @@ ANCHORS = {
     aten.baddbmm.default: "baddbmm",
     aten.convolution.default: "conv2d",
     aten._scaled_mm.default: "scaled_mm",  # fp8 (cuBLASLt): an mm whose scales are epilogue operands
+    aten._grouped_mm.default: "grouped_mm",  # a mixture of experts' projections (A [T, K], B [E, K, N])
 }
 SCALED_MM_ARGS = ("self", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
+GROUPED_MM_ARGS = ("self", "mat2", "offs", "bias", "out_dtype")

@@ -279,11 +279,11 @@ def _live(graph: fx.Graph) -> set[fx.Node]:
 
 
 def _a_of(anchor: fx.Node) -> fx.Node | None:
-    """The A node of an mm or addmm anchor (None for the other anchors)."""
+    """The A node of an mm, addmm or grouped mm anchor (None for the other anchors)."""
     op = ANCHORS[anchor.target]  # type: ignore[index]
-    if op not in ("mm", "addmm"):
+    if op not in ("mm", "addmm", "grouped_mm"):
         return None
-    a = anchor.args[0 if op == "mm" else 1]
+    a = anchor.args[0 if op != "addmm" else 1]
     return a if isinstance(a, fx.Node) else None
 
 

@@ -19,6 +19,11 @@ Two mm/addmm anchors that read the same A and whose products meet in a pointwise
 (``silu(gate) * up``) make one dual group (``match_dual``): one product is the epilogue's
 ``acc``, the other its ``acc2``, in the order ``patterns.canonical_order`` picks.
 
+``torch._grouped_mm`` of A [T, K] and B [E, K, N] with its offsets (a mixture of experts'
+projections) grows as an mm of output [T, N] does; its offsets are the group's extra input,
+and two of them over one A and one set of offsets whose products meet make a dual grouped
+group (every expert's gate and up projections in one kernel).
+
 A sum, mean or amax of a group value over its last dim (N: a norm's or a dynamic
 quantization's row statistics) joins as a reduction output of the kernel (``row_sum``,
 ``row_max``: fp32 per row, added across the row's tiles); nothing in the group reads it.
@@ -51,6 +56,7 @@ import torch.fx as fx
 
 from epilab.compiler.aten_ops import (
     ANCHORS,
+    GROUPED_MM_ARGS,
     IDENTITY,
     POINTWISE,
     ROW_REDUCTIONS,
@@ -72,12 +78,15 @@ from epilab.ir.problem import (
     applied_precision,
 )
 from epilab.templates.conv_geometry import ConvGeometry, conv_problem
+from epilab.templates.grouped_geometry import GroupedGeometry
 from epilab.templates.kinds import default_template, row_error, template_hash
 from epilab.templates.runtime import layout_of, operand_layout
 
 # meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the
 # kernel keeps its accumulator unrounded (the aten op, where it stays, rounds as ATen does)
 UNROUNDED = "epilab_unrounded"
+GROUPED_OPS = ("grouped_mm", "dual_grouped_mm")  # the problem ops of torch._grouped_mm's groups
+PAIRED = {"mm": DUAL_OP, "addmm": DUAL_OP, "grouped_mm": "dual_grouped_mm"}  # anchor op -> its dual's
 ANCHOR_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.WIDE_INPUT_DTYPES)
 FP8_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.FP8_DTYPES)
 OPERAND_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.OPERAND_DTYPES)
@@ -121,7 +130,7 @@ class Group:
     @property
     def shape_text(self) -> str:
         s = self.problem.shape
-        dims = [s.m, s.n, s.k] if self.op in MATRIX_OPS else [s.batch, s.m, s.n, s.k]
+        dims = [s.m, s.n, s.k] if self.op in (*MATRIX_OPS, *GROUPED_OPS) else [s.batch, s.m, s.n, s.k]
         return "x".join(str(d) for d in dims)
 
 
@@ -191,6 +200,7 @@ class _Grower(ABC):
         # each with the dim (in its own order) its shape has as 1 where the output has N
         self.row_dim: dict[fx.Node, int] = {}
         self.pairs: dict[fx.Node, tuple[Expr, Expr]] = {}  # a var_mean's (variance, mean)
+        self.extra: list[fx.Node] = []  # the kind's extra inputs, in its order (offsets, B2)
 
     # -- the anchor family's part
     @abstractmethod
@@ -445,6 +455,8 @@ class _MatmulGrower(_Grower):
         op = ANCHORS[node.target]  # type: ignore[index]
         if op == "scaled_mm":
             return self.take_scaled_mm(node, leaf)
+        if op == "grouped_mm":
+            return self.take_grouped_mm(node, leaf)
         args = list(node.args)
         kwargs = dict(node.kwargs)
         if op in ("addmm", "baddbmm"):
@@ -513,6 +525,36 @@ class _MatmulGrower(_Grower):
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(out.dtype)),))
         return a, b, value  # type: ignore[return-value]
 
+    def take_grouped_mm(self, node: fx.Node, leaf: Expr) -> tuple[fx.Node, fx.Node, Expr]:
+        """``torch._grouped_mm`` of A [T, K] and B [E, K, N] with int32 offsets (the form a
+        mixture of experts' projections take): ``acc`` rounded to its out_dtype; the offsets
+        are the group's first extra input. Other forms (2-D B, 3-D A, a bias) stay with torch."""
+        given = dict(zip(GROUPED_MM_ARGS, node.args, strict=False)) | dict(node.kwargs)
+        a, b, offs = given["self"], given["mat2"], given.get("offs")
+        av, bv, ov, out = val(a), val(b), val(offs), val(node)
+        if av is None or bv is None or ov is None or out is None:
+            raise NoGroup("a grouped mm without offsets or shape information")
+        if av.dim() != 2 or bv.dim() != 3 or ov.dtype != torch.int32:
+            raise NoGroup(
+                f"a grouped mm of {av.dim()}-D A, {bv.dim()}-D B and {ov.dtype} offsets: the grouped "
+                "templates take A [T, K], B [E, K, N] and int32 offsets"
+            )
+        if av.dtype not in ANCHOR_DTYPES or av.dtype != bv.dtype:
+            raise NoGroup(f"inputs {av.dtype}/{bv.dtype}: the templates take float16, bfloat16, float32")
+        if given.get("bias") is not None:
+            raise NoGroup("a grouped mm with a bias")
+        if dtypes.name_or_none(out.dtype) not in dtypes.OUTPUT_DTYPES or out.dtype == torch.bool:
+            raise NoGroup(f"grouped mm output dtype {out.dtype}")
+        if self.extra and self.extra[0] is not offs:
+            raise NoGroup("the two grouped mms read different offsets")
+        self.extra = [offs]
+        value = (
+            leaf
+            if out.dtype == torch.float32
+            else Expr("cast", (leaf,), (("dtype", dtypes.name_of(out.dtype)),))
+        )
+        return a, b, value  # type: ignore[return-value]
+
     def operand_broadcast(
         self, node: fx.Node, pad: list[object], S: Sequence[object]
     ) -> tuple[str, tuple[int, ...] | None]:
@@ -548,6 +590,8 @@ class _MatmulGrower(_Grower):
         op = "mm" if self.op == "scaled_mm" else self.op
         av, bv = val(a), val(b)
         assert av is not None and bv is not None
+        if op in GROUPED_OPS:
+            return self.grouped_problem(av, bv, operands, epilogue)
         batched = op in BATCHED_OPS
         if av.dim() != (3 if batched else 2) or bv.dim() != av.dim():
             raise NoGroup(f"{op} inputs of {av.dim()} and {bv.dim()} dims")
@@ -556,17 +600,6 @@ class _MatmulGrower(_Grower):
         stride_a = [dim_of(d) for d in av.stride()]
         stride_b = [dim_of(d) for d in bv.stride()]
         shape = Shape(sa[0] if batched else 1, sa[-2], sb[-1], sa[-1])
-        specs = []
-        for o in operands:
-            ov = val(o.node)
-            assert ov is not None
-            sizes, strides = list(ov.shape), list(ov.stride())
-            if o.reshape is not None:
-                with fake_mode_of(ov):
-                    moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
-                sizes, strides = list(moved.shape), list(moved.stride())
-            layout = operand_layout(o.broadcast, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
-            specs.append(OperandSpec(o.name, str(dtypes.name_or_none(ov.dtype)), layout))
         problem = Problem(
             op=op,
             template=default_template(op),
@@ -574,17 +607,63 @@ class _MatmulGrower(_Grower):
             dtype=dtypes.name_of(av.dtype),
             layout_a=layout_of(sa[-2:], stride_a[-2:]),
             layout_b=layout_of(sb[-2:], stride_b[-2:]),
-            operands=tuple(specs),
+            operands=_operand_specs(operands),
             epilogue=epilogue,
             shape=shape,
             precision=applied_precision(dtypes.name_of(av.dtype), self.precision or precision),
         )
+        return _storable(problem)
+
+    def grouped_problem(
+        self, av: torch.Tensor, bv: torch.Tensor, operands: list[Operand], epilogue: Epilogue
+    ) -> Problem:
+        """A grouped (or dual grouped) problem: A [T, K], B [E, K, N], the experts static."""
+        if not _static(bv.shape):
+            raise NoGroup("a grouped mm's B (its experts, K and N) must be static")
+        e, k, n = (int(expr_of(d)) for d in bv.shape)
         try:
-            if Problem.from_json(problem.to_json()) != problem:
-                raise ValueError("differs after a JSON round trip")
-        except ValueError as e:
-            raise NoGroup(f"the shape {shape} cannot be stored ({e})") from e
-        return problem
+            geometry = GroupedGeometry(e)
+        except ValueError as err:
+            raise NoGroup(str(err)) from err
+        problem = Problem(
+            op=self.op,
+            template=default_template(self.op),
+            template_hash=template_hash(default_template(self.op), epilogue),
+            dtype=dtypes.name_of(av.dtype),
+            layout_a=layout_of([dim_of(d) for d in av.shape], [dim_of(d) for d in av.stride()]),
+            layout_b=layout_of([k, n], [dim_of(d) for d in bv.stride()[1:]]),
+            operands=_operand_specs(operands),
+            epilogue=epilogue,
+            shape=Shape(1, dim_of(av.shape[0]), n, k),
+            geometry=geometry,
+        )
+        return _storable(problem)
+
+
+def _operand_specs(operands: list[Operand]) -> tuple[OperandSpec, ...]:
+    """Each operand's dtype and layout as the kernel reads it (after its reshape, if any)."""
+    specs = []
+    for o in operands:
+        ov = val(o.node)
+        assert ov is not None
+        sizes, strides = list(ov.shape), list(ov.stride())
+        if o.reshape is not None:
+            with fake_mode_of(ov):
+                moved = torch.ops.aten.reshape.default(ov, list(o.reshape))
+            sizes, strides = list(moved.shape), list(moved.stride())
+        layout = operand_layout(o.broadcast, [dim_of(d) for d in sizes], [dim_of(d) for d in strides])
+        specs.append(OperandSpec(o.name, str(dtypes.name_or_none(ov.dtype)), layout))
+    return tuple(specs)
+
+
+def _storable(problem: Problem) -> Problem:
+    """``problem``, which the database must read back as it is."""
+    try:
+        if Problem.from_json(problem.to_json()) != problem:
+            raise ValueError("differs after a JSON round trip")
+    except ValueError as e:
+        raise NoGroup(f"the shape {problem.shape} cannot be stored ({e})") from e
+    return problem
 
 
 class _ConvGrower(_Grower):
@@ -714,7 +793,7 @@ class _ConvGrower(_Grower):
 
 
 GROWERS: dict[str, type[_Grower]] = {
-    **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm", "scaled_mm"), _MatmulGrower),
+    **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm", "scaled_mm", "grouped_mm"), _MatmulGrower),
     "conv2d": _ConvGrower,
 }
 
@@ -738,9 +817,9 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str, whole_ro
     return match(anchor, after, precision=precision, whole_rows=False)
 
 
-def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str, extra: Sequence[fx.Node] = ()) -> Group:
+def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
     """The group a grown grower holds: its outputs (members used outside it), epilogue,
-    operands and problem."""
+    operands, problem and the kind's extra inputs."""
     members = set(g.order)
     exprs: list[tuple] = []  # (value, dtype) or (value, "float32", reduction)
     index: dict[tuple[int, str], int] = {}
@@ -776,7 +855,7 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str, extra: Sequence[f
         operands=operands,
         uses=uses,
         problem=g.problem(a, b, operands, epilogue, precision),
-        extra=list(extra),
+        extra=list(g.extra),
     )
 
 
@@ -827,9 +906,10 @@ class _DualGrower(_MatmulGrower):
             self.values[node] = v
             self.shape_src[node] = None
             self.order.append(node)
-        self.op = DUAL_OP
+        self.op = PAIRED[ANCHORS[self.anchor.target]]  # type: ignore[index]
         # the kernel's B and B2: the B of the acc anchor, and of the acc2 anchor
         kernel_b, self.b2 = (b2, b) if self.swap else (b, b2)
+        self.extra = [*self.extra, self.b2]  # a grouped pair's offsets first
         return a, kernel_b
 
     def joins(self) -> bool:
@@ -870,13 +950,14 @@ def _accumulators(e: Expr) -> set[str]:
 
 
 def match_dual(first: fx.Node, second: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group:
-    """The dual group of two mm/addmm anchors reading one A (``first`` before ``second`` in
-    the graph) over ``after`` (the nodes following ``first``): one kernel computes both
-    products and the pointwise work after them, where a member joins the two halves
-    (``silu(gate) * up``). Anything of the second anchor's inputs computed from the first
-    anchor would be a cycle through the kernel: refused."""
-    if ANCHORS.get(first.target) not in ("mm", "addmm") or ANCHORS.get(second.target) not in ("mm", "addmm"):  # type: ignore[arg-type]
-        raise NoGroup("a dual GEMM pairs two mm/addmm anchors")
+    """The dual group of two mm/addmm anchors (or two grouped mms over one set of offsets)
+    reading one A (``first`` before ``second`` in the graph) over ``after`` (the nodes following
+    ``first``): one kernel computes both products and the pointwise work after them, where a
+    member joins the two halves (``silu(gate) * up``). Anything of the second anchor's inputs
+    computed from the first anchor would be a cycle through the kernel: refused."""
+    ops = [PAIRED.get(ANCHORS.get(n.target, "")) for n in (first, second)]  # type: ignore[arg-type]
+    if ops[0] is None or ops[0] != ops[1]:
+        raise NoGroup("a dual GEMM pairs two mm/addmm anchors, or two grouped mms")
 
     def grown(swap: bool) -> Group:
         g = _DualGrower(first, second, swap)
@@ -886,7 +967,7 @@ def match_dual(first: fx.Node, second: fx.Node, after: Sequence[fx.Node], *, pre
             raise NoGroup("the second anchor reads a value computed from the first")
         if not g.joins():
             raise NoGroup("the two products never meet in a pointwise op")
-        return _group(g, a, b, precision, extra=[g.b2])
+        return _group(g, a, b, precision)
 
     # one problem whichever projection comes first in the graph (``canonical_order``): the
     # other order is grown only where this one is not canonical

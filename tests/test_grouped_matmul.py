@@ -292,3 +292,62 @@ def test_gpu_offsets_change_between_replays_of_one_bound_launch():
         (ref,) = kinds.kind_of(problem).reference(problem, a, b, call)
         assert rel_error(bound.outs[0], ref) < 1e-2, split
 
+
+# ------------------------------------------------------------------ the compiler
+
+
+class Experts(torch.nn.Module):
+    """torch._grouped_mm projections of rows grouped by expert: a gated pair (``gated``) or one
+    projection, each output row scaled by its routing weight; ``offs2``: the up projection
+    reads other offsets (no dual group)."""
+
+    def __init__(self, gated: bool = True, offs2: bool = False) -> None:
+        super().__init__()
+        self.gated, self.offs2 = gated, offs2
+        self.w = torch.nn.Parameter(torch.randn(3, 32, 16) / 4)  # [E, N, K] as nn.Linear stores it
+        self.w2 = torch.nn.Parameter(torch.randn(3, 32, 16) / 4)
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        y = torch._grouped_mm(x, self.w.transpose(-2, -1), offs=offs)
+        if self.gated:
+            up = torch._grouped_mm(x, self.w2.transpose(-2, -1), offs=offs.flip(0) if self.offs2 else offs)
+            y = torch.nn.functional.silu(y) * up
+        return y * weight.unsqueeze(-1)
+
+
+def _experts_run(tmp_path, model: Experts) -> list:
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    x = torch.randn(40, 16, device=DEVICE).to(torch.bfloat16)
+    offs = _offsets([12, 0, 28])
+    weight = torch.rand(40, device=DEVICE).to(torch.bfloat16)
+    model = model.to(DEVICE, torch.bfloat16)
+    with torch.no_grad():
+        compiled = torch.compile(
+            model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")}
+        )
+        out = compiled(x, offs, weight)
+        want = model(x, offs, weight)
+    assert rel_error(out, want) < 2e-2
+    return [d for d in epilab.explain() if "grouped_mm" in d.anchor]
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_the_compiler_fuses_a_gated_pair_of_grouped_mms_and_the_routing_weight(tmp_path):
+    (d,) = _experts_run(tmp_path, Experts())
+    assert d.anchor == "aten.grouped_mm+aten.grouped_mm" and d.template == "dual_grouped_matmul"
+    assert "broadcast=col" in d.epilogue, d.epilogue  # the routing weight, one per row
+    want = GroupedSpec(3, 40, 32, 16, epilogue="silu(acc) * acc2 * w[m]").problem()
+    from epilab.db import TuningDB
+
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        recorded = Problem.from_json(db.problem_json(d.problem_key)[1])
+    assert recorded.identity_key == want.identity_key, "the compiled problem is the suite's"
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_one_grouped_mm_takes_its_epilogue_and_other_offsets_make_no_pair(tmp_path):
+    (d,) = _experts_run(tmp_path, Experts(gated=False))
+    assert d.anchor == "aten.grouped_mm" and d.template == "grouped_matmul" and d.shape == "40x32x16"
+    found = _experts_run(tmp_path, Experts(offs2=True))
+    assert {d.template for d in found} == {"grouped_matmul"} and len(found) == 2

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from zoo.convnets import VGG, ConvNeXtStage, MBConvStage, MobileNet, ResNetStage, UNet
-from zoo.transformers import GPT2, Bert, LlamaBlock, MoE, ViT
+from zoo.transformers import GPT2, Bert, GroupedMoE, LlamaBlock, MoE, ViT
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ ZOO: dict[str, dict[str, Spec]] = {
         Spec("llama", lambda: LlamaBlock(d=32, heads=4, kv_heads=2, f=48, max_seq=8), (3, 8, 32)),
         Spec("bert", lambda: Bert(d=32, heads=2, f=64, layers=1), (3, 8, 32)),
         Spec("moe", lambda: MoE(d=32, f=24, experts=4, top_k=2), (3, 8, 32)),
+        Spec("moe_grouped", lambda: GroupedMoE(d=32, f=24, experts=4, top_k=2), (3, 8, 32)),
         Spec("vit", lambda: ViT(image=32, d=32, heads=2, f=64, layers=1, classes=10), (4, 3, 32, 32), True),
         Spec("vgg", lambda: VGG(3, 8, 16), (2, 3, 8, 8), True),
         Spec("resnet", lambda: ResNetStage(16, 4, 2), (2, 16, 8, 8), True),
@@ -57,6 +58,7 @@ ZOO: dict[str, dict[str, Spec]] = {
         Spec("llama", lambda: LlamaBlock(d=2048, heads=16, kv_heads=8, f=5632, max_seq=2048), (4, 256, 2048)),
         Spec("bert", lambda: Bert(d=768, heads=12, f=3072, layers=2), (8, 128, 768)),
         Spec("moe", lambda: MoE(d=1024, f=1024, experts=8, top_k=2), (2, 256, 1024)),
+        Spec("moe_grouped", lambda: GroupedMoE(d=1024, f=1024, experts=8, top_k=2), (2, 256, 1024)),
         Spec("vit", lambda: ViT(image=224, d=384, heads=6, f=1536, layers=2, classes=1000), (16, 3, 224, 224), True),
         Spec("vgg", lambda: VGG(32, 96, 192), (64, 32, 48, 48), True),
         Spec("resnet", lambda: ResNetStage(256, 128, 3), (16, 256, 56, 56), True),

@@ -159,6 +159,52 @@ class MoE(nn.Module):
         return x + out.to(x.dtype).view(b, s, d)
 
 
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm``; for the float64 reference, which it does not take, the loop over
+    the experts it computes."""
+    if a.dtype != torch.float64:
+        return torch._grouped_mm(a, b, offs=offs)
+    out, start = a.new_zeros(a.shape[0], b.shape[-1]), 0
+    for e, end in enumerate(offs.tolist()):
+        out[start:end] = a[start:end] @ b[e]
+        start = end
+    return out
+
+
+class GroupedMoE(nn.Module):
+    """A top-k routed mixture of SwiGLU experts as serving code runs it (torchtitan, recent
+    transformers): each token's k rows sorted by expert, one ``torch._grouped_mm`` per
+    projection over the experts' offsets (weights stored [E, out, in], as nn.Linear stores
+    them), the down projection's rows scaled by their routing weights and added back in token
+    order. The router runs in float32, as in the dense ``MoE``."""
+
+    def __init__(self, d: int, f: int, experts: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k, self.experts = top_k, experts
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w_gate = nn.Parameter(torch.randn(experts, f, d) * d**-0.5)
+        self.w_up = nn.Parameter(torch.randn(experts, f, d) * d**-0.5)
+        self.w_down = nn.Parameter(torch.randn(experts, d, f) * f**-0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        tokens = x.reshape(b * s, d)
+        logits = F.linear(tokens.float(), self.router.weight.float())
+        weights, chosen = torch.softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        order = torch.argsort(chosen.flatten(), stable=True)  # the rows, grouped by expert
+        token = order // self.top_k
+        counts = F.one_hot(chosen.flatten(), self.experts).sum(0)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        rows = tokens[token]
+        gate = grouped_mm(rows, self.w_gate.transpose(-2, -1), offs)
+        up = grouped_mm(rows, self.w_up.transpose(-2, -1), offs)
+        y = grouped_mm(F.silu(gate) * up, self.w_down.transpose(-2, -1), offs)
+        y = y * weights.flatten()[order].unsqueeze(-1).to(y.dtype)
+        out = torch.zeros(b * s, d, dtype=torch.float32, device=x.device).index_add(0, token, y.float())
+        return x + out.to(x.dtype).view(b, s, d)
+
+
 class ViT(nn.Module):
     """Patch embedding (a 16x16 stride-16 convolution), a class token and learned positions,
     pre-LayerNorm encoder layers with a fused qkv and GELU MLP, a classifier on the class token."""
