@@ -825,7 +825,7 @@ def _tune_summary(results: list, interpret: bool) -> None:
         "best config",
         "best",
         "TFLOP/s",
-        "cuBLAS/cuDNN+eager",
+        "library+eager",
         "speedup",
         "timed as",
         "trials",
@@ -851,15 +851,16 @@ def _tune_summary(results: list, interpret: bool) -> None:
             ]
         )
     if interpret:  # no GPU: no throughput, no library timed, nothing to compare
-        gpu_only = {"TFLOP/s", "cuBLAS/cuDNN+eager", "speedup", "timed as"}
+        gpu_only = {"TFLOP/s", "library+eager", "speedup", "timed as"}
         keep = [i for i, h in enumerate(headers) if h not in gpu_only]
         headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
     optional = ("timed as", "wall s", "failed", "TFLOP/s", "trials")
     _print_table(f"epilab tune: best config per problem ({unit})", headers, rows, left=2, optional=optional)
     if not interpret:
         typer.echo(
-            "speedup: the library's time over the tuned one, like with like: CUDA-graph times where "
-            "both have one (kernels under 50 us), else CUDA-event medians"
+            "speedup: the library's time (cuBLAS for matmuls, cuDNN for convolutions, torch._grouped_mm "
+            "for grouped GEMMs; the epilogue in eager torch) over the tuned one, like with like: CUDA-graph "
+            "times where both have one (kernels under 50 us), else CUDA-event medians"
         )
     spent = functools.reduce(add_phases, (r.phases for r in results), {})
     if spent:
