@@ -2,11 +2,13 @@
 
     cd tests && epilab tune --model zoo.factories:gpt2 --input 8x256x768:bfloat16 --train
     cd tests && epilab tune --model zoo.factories:mobilenet --trials 16
+    cd tests && epilab tune --model zoo.factories:moe_grouped --trials 16   # moe_grouped_decode
 
 The transformers take the zoo's input shapes (``ZOO["real"][name].input_shape``) with
 ``--input``; the convolutional models come with their input (bf16, channels last, as the
-zoo runs them on a GPU; ``mobilenet_nchw`` and ``mbconv_nchw`` contiguous NCHW), so they
-need no ``--input``.
+zoo runs them on a GPU; ``mobilenet_nchw`` and ``mbconv_nchw`` contiguous NCHW), and so do
+the grouped-mm MoE's (bf16: prefill, and a decode step of 16 tokens), so they need no
+``--input``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,25 @@ def mbconv() -> tuple[nn.Module, torch.Tensor]:
 
 def convnext() -> tuple[nn.Module, torch.Tensor]:
     return _image_model("convnext")
+
+
+def _moe_grouped(tokens: int) -> tuple[nn.Module, torch.Tensor]:
+    """The grouped-mm MoE layer in bf16 (torch._grouped_mm takes nothing else) and a bf16
+    input of ``tokens`` tokens: [tokens, 1, d] (one decode step of a batch) or the zoo's."""
+    spec = ZOO["real"]["moe_grouped"]
+    shape = spec.input_shape if tokens == 0 else (tokens, 1, spec.input_shape[-1])
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    return spec.build().to(torch.bfloat16), x
+
+
+def moe_grouped() -> tuple[nn.Module, torch.Tensor]:
+    """Prefill: the zoo's 2 x 256 tokens."""
+    return _moe_grouped(0)
+
+
+def moe_grouped_decode() -> tuple[nn.Module, torch.Tensor]:
+    """A decode step of 16 sequences: 16 tokens."""
+    return _moe_grouped(16)
 
 
 def mobilenet_nchw() -> tuple[nn.Module, torch.Tensor]:
