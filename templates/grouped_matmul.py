@@ -28,7 +28,7 @@ import triton
 
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import Config, OperandSpec, Problem, Shape
+from epilab.ir.problem import Config, Problem, Shape
 from epilab.templates import grouped_geometry
 from epilab.templates.bound import Bound, Described
 from epilab.templates.grouped_geometry import GroupedGeometry, experts_of
@@ -37,11 +37,10 @@ from epilab.templates.matmul import H100_SMS, contiguous_specs, idle_threads_err
 from epilab.templates.render import EPILOGUE_FILES, Target, kernel_hash
 from epilab.templates.runtime import (
     INT32_MAX,
+    checked_operands,
     epilogue_args,
     extent,
     layout_of,
-    operand_layout,
-    operand_strides,
     outputs_for,
     single_launch,
     sm_count,
@@ -140,31 +139,13 @@ def make_grouped_problem(
     """The problem these tensors make (checks them all); ``operands`` are the epilogue's."""
     e, t, n, k = check_tensors(a, b, offs)
     target_for(a.device)
-    declared = dict(epilogue.operands)
-    missing, extra = sorted(set(declared) - set(operands)), sorted(set(operands) - set(declared))
-    if missing or extra:
-        raise ValueError(
-            f"operands do not match the epilogue: missing {missing}, unexpected {extra} "
-            f"(the epilogue reads {sorted(declared)})"
-        )
-    specs = []
-    for name, broadcast in declared.items():
-        o = operands[name]
-        if not isinstance(o, torch.Tensor):
-            raise TypeError(f"operand {name!r} must be a tensor, got {type(o).__name__}")
-        if o.device != a.device:
-            raise ValueError(f"operand {name!r} is on {o.device}, the inputs on {a.device}")
-        if dtypes.name_or_none(o.dtype) not in dtypes.OPERAND_DTYPES:
-            raise TypeError(f"operand {name!r} has dtype {o.dtype}; supported: {dtypes.OPERAND_DTYPES}")
-        operand_strides(name, broadcast, o, (e, t, n))
+    specs = checked_operands(epilogue, operands, a.device, (e, t, n))
+    for name, o in operands.items():
         if o.dim() == 3 and o.shape[0] > 1 and o.shape[1] > 1:
             raise ValueError(
                 f"operand {name!r} {tuple(o.shape)}: an operand per expert is [E, 1, N] (or [E, 1, 1]); "
                 "one per row is [T, 1] or [T, N]"
             )
-        specs.append(
-            OperandSpec(name, dtypes.name_of(o.dtype), operand_layout(broadcast, o.shape, o.stride()))
-        )
     return Problem(
         op=op,
         template=template,
@@ -172,7 +153,7 @@ def make_grouped_problem(
         dtype=dtypes.name_of(a.dtype),
         layout_a=layout_of(a.shape, a.stride()),
         layout_b=layout_of(b.shape[1:], b.stride()[1:]),
-        operands=tuple(specs),
+        operands=specs,
         epilogue=epilogue,
         shape=Shape(1, t, n, k),
         geometry=GroupedGeometry(e),

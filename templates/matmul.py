@@ -23,7 +23,6 @@ from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import (
     BATCHED_OPS,
     Config,
-    OperandSpec,
     Problem,
     Shape,
     applied_precision,
@@ -35,11 +34,10 @@ from epilab.templates.kind import OutputSpec, TemplateKind
 from epilab.templates.render import EPILOGUE_FILES, Target, kernel_hash
 from epilab.templates.runtime import (
     INT32_MAX,
+    checked_operands,
     epilogue_args,
     extent,
     layout_of,
-    operand_layout,
-    operand_strides,
     outputs_for,
     single_launch,
     sm_count,
@@ -224,27 +222,7 @@ def make_problem(
     ``template`` (whose files are ``files``: a dual GEMM's kinds make theirs here too)."""
     bt = check_inputs(a, b)
     target_for(a.device)
-    declared = dict(epilogue.operands)
-    missing = sorted(set(declared) - set(operands))
-    extra = sorted(set(operands) - set(declared))
-    if missing or extra:
-        raise ValueError(
-            f"operands do not match the epilogue: missing {missing}, unexpected {extra} "
-            f"(the epilogue reads {sorted(declared)})"
-        )
-    specs = []
-    for name, broadcast in declared.items():
-        t = operands[name]
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"operand {name!r} must be a tensor, got {type(t).__name__}")
-        if t.device != a.device:
-            raise ValueError(f"operand {name!r} is on {t.device}, the inputs on {a.device}")
-        if dtypes.name_or_none(t.dtype) not in dtypes.OPERAND_DTYPES:
-            raise TypeError(f"operand {name!r} has dtype {t.dtype}; supported: {dtypes.OPERAND_DTYPES}")
-        operand_strides(name, broadcast, t, bt.out_shape)
-        specs.append(
-            OperandSpec(name, dtypes.name_of(t.dtype), operand_layout(broadcast, t.shape, t.stride()))
-        )
+    specs = checked_operands(epilogue, operands, a.device, bt.out_shape)
     (batch, m, k), a_strides = bt.a
     n = bt.b[0][2]
     return Problem(
@@ -254,7 +232,7 @@ def make_problem(
         dtype=dtypes.name_of(a.dtype),
         layout_a=layout_of((m, k), a_strides[1:]),
         layout_b=layout_of(bt.b[0][1:], bt.b[1][1:]),
-        operands=tuple(specs),
+        operands=specs,
         epilogue=epilogue,
         shape=Shape(batch, m, n, k),
         precision=applied_precision(dtypes.name_of(a.dtype), precision),

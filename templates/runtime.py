@@ -16,7 +16,7 @@ import torch
 from epilab.config import settings
 from epilab.ir import dtypes
 from epilab.ir.epilogue import REDUCTIONS, Epilogue
-from epilab.ir.problem import Config, Dim, Problem
+from epilab.ir.problem import Config, Dim, OperandSpec, Problem
 from epilab.templates.bound import Bound, Workspace
 from epilab.templates.build import build, interpreter_active
 from epilab.templates.kind import TemplateKind
@@ -112,6 +112,35 @@ def operand_strides(
         want = {"row": "[N] or [1, N]", "col": "[M, 1]", "scalar": "a single element"}[broadcast]
         raise ValueError(f"operand {name!r} is declared {broadcast} ({want}) but has shape {tuple(t.shape)}")
     return sb, sm, sn
+
+
+def checked_operands(
+    epilogue: Epilogue, operands: Mapping[str, object], device: torch.device, out_shape: tuple[int, ...]
+) -> tuple[OperandSpec, ...]:
+    """The specs of the tensors a call passes for the epilogue's operands, each checked: the
+    names the epilogue reads, tensors on ``device`` of an operand dtype, broadcast to
+    ``out_shape`` as the epilogue reads them (``operand_strides``)."""
+    declared = dict(epilogue.operands)
+    missing, extra = sorted(set(declared) - set(operands)), sorted(set(operands) - set(declared))
+    if missing or extra:
+        raise ValueError(
+            f"operands do not match the epilogue: missing {missing}, unexpected {extra} "
+            f"(the epilogue reads {sorted(declared)})"
+        )
+    specs = []
+    for name, broadcast in declared.items():
+        t = operands[name]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"operand {name!r} must be a tensor, got {type(t).__name__}")
+        if t.device != device:
+            raise ValueError(f"operand {name!r} is on {t.device}, the inputs on {device}")
+        if dtypes.name_or_none(t.dtype) not in dtypes.OPERAND_DTYPES:
+            raise TypeError(f"operand {name!r} has dtype {t.dtype}; supported: {dtypes.OPERAND_DTYPES}")
+        operand_strides(name, broadcast, t, out_shape)
+        specs.append(
+            OperandSpec(name, dtypes.name_of(t.dtype), operand_layout(broadcast, t.shape, t.stride()))
+        )
+    return tuple(specs)
 
 
 def epilogue_args(
