@@ -177,6 +177,19 @@ def test_the_tuner_checks_a_candidate_on_its_own_inputs():
     assert result["status"] == "ok", result
 
 
+def test_its_library_is_torch_grouped_mm_and_the_tuner_times_it_by_default():
+    from epilab.tuner.tune import TuneOptions
+
+    problem = GroupedSpec(3, 16, 16, 16).problem()
+    assert kinds.kind_of(problem).library == "grouped_mm" and "grouped_mm" in TuneOptions().baselines
+    assert evaluate.baseline_fn(problem, "cublas") is None  # cuBLAS does not run it
+    skipped = evaluate.evaluate_baseline(problem.to_json(), "cudnn", seed=0)
+    assert skipped["status"] == "skipped" and "does not apply" in skipped["detail"]
+    (eager,) = evaluate.baseline_fn(problem, "grouped_mm")(*random_inputs(problem, DEVICE, 1))
+    (want,) = kinds.kind_of(problem).reference(problem, *random_inputs(problem, DEVICE, 1))
+    assert rel_error(eager, want) < 1e-2
+
+
 def test_bad_calls_are_refused_with_clear_errors():
     a = torch.randn(8, 16, device=DEVICE)
     b = torch.randn(2, 16, 4, device=DEVICE)

@@ -256,6 +256,8 @@ def _bias_activation(problem: Problem) -> bool | None:
 
 def evaluate_baseline(problem_json: str, library: str, seed: int) -> dict[str, Any]:
     problem = Problem.from_json(problem_json)
+    if library in VENDOR_LIBRARIES and VENDOR_LIBRARIES[library] != kind_of(problem).library:
+        return _result("skipped", detail=f"{library} does not apply to this problem")  # no inputs made
     interpreter = target_for_is_interpreter()
     if interpreter:
         return _result("skipped", detail="baselines are not timed in the interpreter")

@@ -24,7 +24,7 @@ import torch
 import triton
 
 from epilab.db import DeviceInfo, Record, Timing, TuningDB, Versions, comparable_ms
-from epilab.db.models import TIMED_LIBRARIES
+from epilab.db.models import KIND_LIBRARIES, TIMED_LIBRARIES
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import ProblemSpec
@@ -56,7 +56,7 @@ class DeviceLost(RuntimeError):
 @dataclass(frozen=True)
 class TuneOptions:
     budget: Budget = field(default_factory=Budget)
-    baselines: tuple[str, ...] = ("cublas",)
+    baselines: tuple[str, ...] = KIND_LIBRARIES  # each problem's kind's own (the others are skipped)
     restart: bool = False
     jobs: int = 8
     device_index: int = 0
