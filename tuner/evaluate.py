@@ -197,6 +197,13 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
     return _result("ok", **_timed(events, graph, err), phases=phases.seconds)
 
 
+def vendor_serves(problem: Problem, library: str) -> bool:
+    """Whether ``library``, where it is a vendor library, is the one of ``problem``'s kind:
+    cuBLAS (and cuBLASLt) serve the matmul kinds, cuDNN convolutions, torch._grouped_mm the
+    grouped kinds. Inductor and eager serve every kind."""
+    return library not in VENDOR_LIBRARIES or VENDOR_LIBRARIES[library] == kind_of(problem).library
+
+
 def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Tensor, ...]] | None:
     """A function ``(a, b, operands) -> outputs`` computing the problem with ``library``, or
     None where it does not apply.
@@ -218,8 +225,8 @@ def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Ten
         outs = kind.baseline(problem, a, b, operands)
         return tuple(v.to(dt) for v, dt in zip(outs, out_dtypes, strict=True))
 
-    if library in VENDOR_LIBRARIES and VENDOR_LIBRARIES[library] != kind.library:
-        return None  # cuBLAS (and cuBLASLt) serve the matmul kinds, cuDNN convolutions
+    if not vendor_serves(problem, library):
+        return None
     if library == kind.library:
         return eager
     if library == "cublaslt":
@@ -256,8 +263,8 @@ def _bias_activation(problem: Problem) -> bool | None:
 
 def evaluate_baseline(problem_json: str, library: str, seed: int) -> dict[str, Any]:
     problem = Problem.from_json(problem_json)
-    if library in VENDOR_LIBRARIES and VENDOR_LIBRARIES[library] != kind_of(problem).library:
-        return _result("skipped", detail=f"{library} does not apply to this problem")  # no inputs made
+    if not vendor_serves(problem, library):  # skipped before any input is made
+        return _result("skipped", detail=f"{library} does not apply to this problem")
     interpreter = target_for_is_interpreter()
     if interpreter:
         return _result("skipped", detail="baselines are not timed in the interpreter")
