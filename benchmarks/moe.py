@@ -19,11 +19,19 @@ their min..max. Inductor's baselines compile the same eager code (``tuner/evalua
 torch._grouped_mm, then the epilogue with each per-expert operand gathered at its rows);
 max-autotune (without its CUDA graphs) only from ``--max-autotune-from`` rows. The eager loop
 slices each expert's rows with offsets read on the host once, before timing.
+
+Routed problems (``--suite moe-routed``: A's rows gathered from the tokens in the kernel, or
+the output rows added back to their tokens) are timed against the same baselines on the
+unfused routing (a gathered copy ``x[token]``, ``index_add_``: what the problem's
+``grouped_mm`` baseline and Inductor's compile of it run) and against epilab's own unrouted
+kernel with torch's gather or ``index_add_`` around it ("epilab unrouted"); no eager loop
+and no GEMM-alone rows for them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Callable
@@ -34,7 +42,7 @@ from rounds import comparable_ms, device_header, geomean, interleaved, only, pri
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Problem
-from epilab.templates.grouped_geometry import experts_of
+from epilab.templates.grouped_geometry import GATHER, SCATTER, experts_of, geometry_of
 from epilab.templates.grouped_matmul import OFFS, draw_offsets, grouped_reference, row_ranges
 from epilab.templates.grouped_spec import GroupedSpec
 from epilab.templates.kinds import bind, default_config, kind_of
@@ -51,24 +59,34 @@ EXTRA = (  # beyond the kinds' seeds: deeper K steps and wider tiles
 
 
 def routed_offsets(tokens: int, topk: int, experts: int, how: str, gen: torch.Generator) -> torch.Tensor:
+    return routed(tokens, topk, experts, how, gen)[0]
+
+
+def routed(
+    tokens: int, topk: int, experts: int, how: str, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The offsets, and each row's token (the rows sorted by expert; None for ``skewed``)."""
     if how == "skewed":
-        return draw_offsets(tokens * topk, experts, torch.device("cuda"), gen)
+        return draw_offsets(tokens * topk, experts, torch.device("cuda"), gen), None
     logits = torch.randn(tokens, experts, generator=gen, device="cuda")
     chosen = logits.topk(topk, dim=1).indices.flatten()
-    return torch.cumsum(torch.bincount(chosen, minlength=experts), 0).to(torch.int32)
+    token = (torch.argsort(chosen, stable=True) // topk).to(torch.int32)
+    return torch.cumsum(torch.bincount(chosen, minlength=experts), 0).to(torch.int32), token
 
 
 def inputs(problem: Problem, spec: GroupedSpec, how: str, seed: int) -> tuple:
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    s, e = problem.shape, experts_of(problem)
+    s, e, g = problem.shape, experts_of(problem), geometry_of(problem)
     t, n, k = int(s.m), int(s.n), int(s.k)
     dt = dtypes.torch_dtype(problem.dtype)
-    a = torch.randn(t, k, generator=gen, device="cuda").to(dt)
+    a = torch.randn(spec.tokens if g.gather else t, k, generator=gen, device="cuda").to(dt)
 
     def weight() -> torch.Tensor:  # [E, N, K] as nn.Linear stores it, seen as [E, K, N]
         return (torch.randn(e, n, k, generator=gen, device="cuda") / math.sqrt(k)).to(dt).transpose(-1, -2)
 
-    call = {OFFS: routed_offsets(spec.tokens, spec.topk, e, how, gen)}
+    offs, token = routed(spec.tokens, spec.topk, e, "router" if g.routed else how, gen)
+    call = {OFFS: offs}
+    call.update({name: token for name in g.routing_inputs()})  # "add" and gather: each row's token
     if problem.op == "dual_grouped_mm":
         call["b2"] = weight()
     for name, broadcast in problem.epilogue.operands:
@@ -129,7 +147,7 @@ def eager_loop(problem: Problem, a: torch.Tensor, b: torch.Tensor, call: dict) -
 def run_spec(index: int, spec: GroupedSpec, args: argparse.Namespace, limits: DeviceLimits) -> dict:
     problem = spec.problem()
     s = problem.shape
-    t, n, k, e = int(s.m), int(s.n), int(s.k), experts_of(problem)
+    t, n, k = int(s.m), int(s.n), int(s.k)
     dual = problem.op == "dual_grouped_mm"
     a, b, call = inputs(problem, spec, args.routing, index)
     refs = grouped_reference(problem, a, b, call)
@@ -167,6 +185,9 @@ def run_spec(index: int, spec: GroupedSpec, args: argparse.Namespace, limits: De
         tuned = baseline_fn(problem, "inductor-max-autotune")
         tuned(a, b, call)
         variants["max-autotune"] = lambda: tuned(a, b, call)
+    if geometry_of(problem).routed:
+        variants["epilab unrouted"] = unrouted(spec, problem, config, a, b, call, limits)
+        return result(index, spec, problem, config, config, call, a, base_err, sweep, variants, args, best)
     variants["eager loop"] = eager_loop(problem, a, b, call)
     # the GEMM alone (no epilogue) against torch._grouped_mm: a down projection's on its best
     # config, a gate's on the best of the grouped kind's default and the dual's 3 best configs
@@ -175,6 +196,67 @@ def run_spec(index: int, spec: GroupedSpec, args: argparse.Namespace, limits: De
     alone = bind(plain, alone_config, a, b, {OFFS: call[OFFS]})
     variants["epilab alone"] = alone.run
     variants["grouped_mm alone"] = lambda: torch._grouped_mm(a, b, offs=call[OFFS])
+    return result(index, spec, problem, config, alone_config, call, a, base_err, sweep, variants, args, best)
+
+
+def unrouted(
+    spec: GroupedSpec,
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    call: dict,
+    limits: DeviceLimits,
+) -> Callable[[], object]:
+    """epilab's kernel of the same problem without its routing, with torch's gather
+    (``x[token]``) before it or ``index_add_`` after it: the faster of its default config
+    and the routed problem's best, each timed once."""
+    g = geometry_of(problem)
+    plain = dataclasses.replace(spec, gather=False, scatter="").problem()
+    token = call.get(GATHER, call.get(SCATTER))
+    rest = {name: x for name, x in call.items() if name not in (GATHER, SCATTER)}
+    rows = a[token] if g.gather else a
+    tried = [default_config(plain, sm_count=limits.sm_count)]
+    if config not in tried and infeasible(plain, config, limits) is None:
+        tried.append(config)
+    times = {c: timed(bind(plain, c, rows, b, rest).run)[0] for c in tried}
+    chosen = min(times, key=times.get)
+
+    def run() -> object:
+        x = a[token] if g.gather else a
+        (y,) = _launch(plain, chosen, x, b, rest)
+        if g.scatter == "add":
+            return torch.zeros((spec.tokens, y.shape[1]), dtype=y.dtype, device=y.device).index_add_(
+                0, token, y
+            )
+        return y
+
+    return run
+
+
+def _launch(problem: Problem, config: Config, a: torch.Tensor, b: torch.Tensor, call: dict) -> tuple:
+    bound = bind(problem, config, a, b, call)
+    bound.run()
+    return bound.outs
+
+
+def result(
+    index: int,
+    spec: GroupedSpec,
+    problem: Problem,
+    config: Config,
+    alone_config: Config,
+    call: dict,
+    a: torch.Tensor,
+    base_err: float,
+    sweep: list,
+    variants: dict,
+    args: argparse.Namespace,
+    best: dict,
+) -> dict:
+    s = problem.shape
+    t, n, k, e = int(s.m), int(s.n), int(s.k), experts_of(problem)
+    dual = problem.op == "dual_grouped_mm"
     times = interleaved(variants, args.rounds, graph=best["graph_ms"] is not None)
     counts = torch.diff(call[OFFS], prepend=call[OFFS].new_zeros(1)).tolist()
     esize = a.element_size()
@@ -196,7 +278,7 @@ def run_spec(index: int, spec: GroupedSpec, args: argparse.Namespace, limits: De
     }
 
 
-NAMES = ["grouped_mm + eager", "inductor", "max-autotune", "eager loop"]
+NAMES = ["grouped_mm + eager", "inductor", "max-autotune", "eager loop", "epilab unrouted"]
 
 
 def alone_ratio(r: dict) -> float | None:
@@ -234,11 +316,15 @@ def table(results: list[dict]) -> str:
             + " | ".join(cells)
             + " | "
             + " | ".join(ratios)
-            + f" | {comparable_ms(t['epilab alone']):.4f} | {alone_ratio(r):.2f}x |"
+            + (
+                f" | {comparable_ms(t['epilab alone']):.4f} | {alone_ratio(r):.2f}x |"
+                if "epilab alone" in t
+                else " | - | - |"
+            )
         )
     lines.append("")
     lines.append("`*`: CUDA-graph replay (calls under 50 us); [min-max] of the rounds' event medians.")
-    ratios = [alone_ratio(r) for r in results if "error" not in r]
+    ratios = [x for r in results if "error" not in r and (x := alone_ratio(r)) is not None]
     if ratios:
         lines.append(
             f"- the GEMM alone vs torch._grouped_mm: geomean {geomean(ratios):.3f}x "

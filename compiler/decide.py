@@ -324,14 +324,24 @@ def candidates_of(problem: Problem) -> list[Problem]:
     return twins(problem)
 
 
-def norm_group_loses(ctx: Context, chosen: Problem, plain: Problem) -> str | None:
+def norm_group_loses(
+    ctx: Context,
+    chosen: Problem,
+    plain: Problem,
+    fused: str = "the norm in its epilogue",
+    left: str = "Inductor computes the norm",
+) -> str | None:
     """Why the group without a norm (``plain``: Inductor then computes the norm) runs rather
     than ``chosen``, the template problem of the group that normalises in its epilogue (row
     totals), or None to run ``chosen``. Under ``auto`` the norm's group runs where a model
     measured it in context (a keep verdict), or where its record is no slower than the plain
     group's best: its own baseline (the library plus the norm in eager torch) says nothing of
     the plain kernel plus Inductor's norm kernel, which it must beat (measured on an H200 the
-    fused norm took 2.2x the plain kernel's time, which the eager norm's baseline hid)."""
+    fused norm took 2.2x the plain kernel's time, which the eager norm's baseline hid). The
+    same rule weighs a grouped GEMM that gathers its rows (``fused``, ``left``: what the
+    message says of it) against the plain one after Inductor's copy of them: the gathered
+    rows are loaded by pointers, not TMA, which cost 7-8% on Mixtral's gate and up
+    projections on an H200 (RESULTS.md, 2026-11-27 routing)."""
     if ctx.policy == "always" or ctx.db is None or ctx.device is None:
         return None
     verdict = _context_verdict(ctx, chosen)
@@ -344,8 +354,8 @@ def norm_group_loses(ctx: Context, chosen: Problem, plain: Problem) -> str | Non
     if tf <= tp:
         return None
     return (
-        f"the group with the norm in its epilogue ({tf:.4g} ms) is slower than the group without "
-        f"it ({tp:.4g} ms), which runs; Inductor computes the norm"
+        f"the group with {fused} ({tf:.4g} ms) is slower than the group without "
+        f"it ({tp:.4g} ms), which runs; {left}"
     )
 
 

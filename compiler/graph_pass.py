@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import operator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -128,33 +129,44 @@ class EpilabPass(CustomGraphPass):
         self._record_seen(group)
         decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
         if group.problem.epilogue.row_totals:
-            group, (decision, plan, chosen) = self._norm_or_plain(
-                anchor, after, precision, name, group, (decision, plan, chosen)
+            group, (decision, plan, chosen) = self._fused_or_plain(
+                lambda: match(anchor, after, precision=precision, whole_rows=False),
+                name,
+                group,
+                (decision, plan, chosen),
+            )
+        if _gathers(group):
+            group, (decision, plan, chosen) = self._fused_or_plain(
+                lambda: match(anchor, after, precision=precision, gather=False),
+                name,
+                group,
+                (decision, plan, chosen),
+                GATHERED,
             )
         decisions.append(decision)
         if plan is not None:
             _rewrite(graph, group, plan, chosen)
 
-    def _norm_or_plain(
+    def _fused_or_plain(
         self,
-        anchor: fx.Node,
-        after: list[fx.Node],
-        precision: str,
+        remake: Callable[[], Group],
         name: str,
         group: Group,
         decided: tuple[Decision, Plan | None, Problem],
+        what: tuple[str, str] = ("the norm in its epilogue", "Inductor computes the norm"),
     ) -> tuple[Group, tuple[Decision, Plan | None, Problem]]:
         """A group that normalises in its epilogue (row totals), or the group without the norm
-        (Inductor computes it): both are recorded, so that tuning (and tune --model's checks)
-        weighs them; the one without runs where the norm's group gets no template, or a
-        template slower than its own (``norm_group_loses``)."""
+        (Inductor computes it; ``remake`` matches it): both are recorded, so that tuning (and
+        tune --model's checks) weighs them; the one without runs where the norm's group gets
+        no template, or a template slower than its own (``norm_group_loses``). ``what``: the
+        fused work and who does it otherwise (a grouped GEMM's gathered rows: ``GATHERED``)."""
         try:
-            plain = match(anchor, after, precision=precision, whole_rows=False)
+            plain = remake()
         except NoGroup:
             return group, decided
         self._record_seen(plain)
         _, plan, chosen = decided
-        why = None if plan is None else norm_group_loses(self.context, chosen, plain.problem)
+        why = None if plan is None else norm_group_loses(self.context, chosen, plain.problem, *what)
         if plan is not None and why is None:
             return group, decided
         decision, plan, chosen = decide(plain.problem, self.context, name, plain.shape_text)
@@ -229,15 +241,25 @@ class EpilabPass(CustomGraphPass):
         """Whether the dual group of ``first`` and ``second`` was chosen and the graph
         rewritten (None: they make no dual group)."""
         nodes = list(graph.nodes)
+        after = nodes[nodes.index(first) + 1 :]
         try:
-            group = match_dual(first, second, nodes[nodes.index(first) + 1 :], precision=precision)
+            group = match_dual(first, second, after, precision=precision)
         except NoGroup:
             return None
         self._record_seen(group)
         name = f"aten.{ANCHORS[first.target]}+aten.{ANCHORS[second.target]}"  # type: ignore[index]
         if concatenated:
             name = f"aten.{ANCHORS[first.target]} (concatenated, in halves)"  # type: ignore[index]
-        decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
+        decided = decide(group.problem, self.context, name, group.shape_text)
+        if _gathers(group):
+            group, decided = self._fused_or_plain(
+                lambda: match_dual(first, second, after, precision=precision, gather=False),
+                name,
+                group,
+                decided,
+                GATHERED,
+            )
+        decision, plan, chosen = decided
         decisions.append(decision)
         if plan is None:
             return False
@@ -276,6 +298,14 @@ def _live(graph: fx.Graph) -> set[fx.Node]:
             live.add(node)
             todo.extend(node.all_input_nodes)
     return live
+
+
+GATHERED = ("its rows gathered in the kernel", "Inductor copies the rows")
+
+
+def _gathers(group: Group) -> bool:
+    """Whether a grouped group reads its A rows gathered by an index (``match._route``)."""
+    return bool(getattr(group.problem.geometry, "gather", False))
 
 
 def _a_of(anchor: fx.Node) -> fx.Node | None:

@@ -22,7 +22,13 @@ Two mm/addmm anchors that read the same A and whose products meet in a pointwise
 ``torch._grouped_mm`` of A [T, K] and B [E, K, N] with its offsets (a mixture of experts'
 projections) grows as an mm of output [T, N] does; its offsets are the group's extra input,
 and two of them over one A and one set of offsets whose products meet make a dual grouped
-group (every expert's gate and up projections in one kernel).
+group (every expert's gate and up projections in one kernel). The routing around them joins
+the kernel (``_route``): an A that is ``x[index]`` (the tokens' rows by expert) is read as
+``x`` with the index as the gather, and a group output whose one use is
+``zeros.index_put_([index], y, accumulate=True)`` (or ``index_add``: the top-k combine back to
+token order) is added there by the kernel; both where every token has the same rows
+(``T = tokens x topk``), and the combine only where its atomics are as deterministic as
+the graph asks (``torch.are_deterministic_algorithms_enabled``: at most two rows a token).
 
 A sum, mean or amax of a group value over its last dim (N: a norm's or a dynamic
 quantization's row statistics) joins as a reduction output of the kernel (``row_sum``,
@@ -177,8 +183,9 @@ class _Grower(ABC):
     takes_views = True  # views that split or merge the output's rows may join
     takes_rows = False  # a var_mean over the rows may join (``row_total``s)
 
-    def __init__(self, anchor: fx.Node, *, whole_rows: bool = True) -> None:
+    def __init__(self, anchor: fx.Node, *, whole_rows: bool = True, gather: bool = True) -> None:
         self.whole_rows = whole_rows and self.takes_rows
+        self.gather = gather  # a grouped group may read its A as rows gathered by an index
         self.anchor = anchor
         self.op = ANCHORS[anchor.target]  # type: ignore[index]
         out = val(anchor)
@@ -201,6 +208,8 @@ class _Grower(ABC):
         self.row_dim: dict[fx.Node, int] = {}
         self.pairs: dict[fx.Node, tuple[Expr, Expr]] = {}  # a var_mean's (variance, mean)
         self.extra: list[fx.Node] = []  # the kind's extra inputs, in its order (offsets, B2)
+        self.routing: dict[str, object] = {}  # a grouped group's routing (``_route``)
+        self.rows: object = None  # its grouped rows T where A's rows are gathered
 
     # -- the anchor family's part
     @abstractmethod
@@ -622,7 +631,7 @@ class _MatmulGrower(_Grower):
             raise NoGroup("a grouped mm's B (its experts, K and N) must be static")
         e, k, n = (int(expr_of(d)) for d in bv.shape)
         try:
-            geometry = GroupedGeometry(e)
+            geometry = GroupedGeometry(e, **self.routing)  # type: ignore[arg-type]
         except ValueError as err:
             raise NoGroup(str(err)) from err
         problem = Problem(
@@ -634,7 +643,7 @@ class _MatmulGrower(_Grower):
             layout_b=layout_of([k, n], [dim_of(d) for d in bv.stride()[1:]]),
             operands=_operand_specs(operands),
             epilogue=epilogue,
-            shape=Shape(1, dim_of(av.shape[0]), n, k),
+            shape=Shape(1, dim_of(av.shape[0] if self.rows is None else self.rows), n, k),
             geometry=geometry,
         )
         return _storable(problem)
@@ -798,12 +807,15 @@ GROWERS: dict[str, type[_Grower]] = {
 }
 
 
-def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str, whole_rows: bool = True) -> Group:
+def match(
+    anchor: fx.Node, after: Sequence[fx.Node], *, precision: str, whole_rows: bool = True, gather: bool = True
+) -> Group:
     """The largest epilogue group of ``anchor`` over ``after`` (the nodes following it);
     without ``whole_rows`` it takes no norm over the rows (``row_total``s), nor where no
-    template holds the rows of the group's problem (``kinds.row_error``)."""
+    template holds the rows of the group's problem (``kinds.row_error``); without ``gather``
+    a grouped group reads its A as it is (not gathered: ``_route``)."""
     grower = GROWERS[ANCHORS[anchor.target]]  # type: ignore[index]
-    g = grower(anchor, whole_rows=whole_rows)
+    g = grower(anchor, whole_rows=whole_rows, gather=gather)
     a, b = g.start()
     g.grow(after)
     if not g.pairs:
@@ -814,7 +826,7 @@ def match(anchor: fx.Node, after: Sequence[fx.Node], *, precision: str, whole_ro
             return group
     except NoGroup:
         pass
-    return match(anchor, after, precision=precision, whole_rows=False)
+    return match(anchor, after, precision=precision, whole_rows=False, gather=gather)
 
 
 def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
@@ -843,6 +855,8 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         uses.append(Use(node, index[key], g.shape_src[node], cast, None if reduce else g.perm.get(node)))
     if not uses:
         raise NoGroup("nothing of the group is used")
+    if g.op in GROUPED_OPS:
+        a, uses = _route(g, a, uses, len(exprs))
     epilogue = Epilogue.build(exprs)
     used = {name for name, _ in epilogue.operands}
     operands = [o for o in g.operands.values() if o.name in used]  # constant folding may drop some
@@ -857,6 +871,99 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         problem=g.problem(a, b, operands, epilogue, precision),
         extra=list(g.extra),
     )
+
+
+def _rows_index(node: object) -> tuple[fx.Node, fx.Node] | None:
+    """(x, index) of ``x[index]`` (``aten.index.Tensor`` or ``index_select`` on dim 0) of a
+    2-D x by a 1-D integer index; None for anything else."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    if node.target is torch.ops.aten.index.Tensor and len(node.args) == 2:
+        x, indices = node.args
+        found = indices[0] if isinstance(indices, (list, tuple)) and len(indices) == 1 else None
+    elif node.target is torch.ops.aten.index_select.default and node.args[1:2] in ((0,), (-2,)):
+        x, found = node.args[0], node.args[2]
+    else:
+        return None
+    xv, iv = val(x), val(found)
+    if (
+        xv is None
+        or iv is None
+        or xv.dim() != 2
+        or iv.dim() != 1
+        or iv.dtype not in (torch.int32, torch.int64)
+    ):
+        return None
+    return x, found  # type: ignore[return-value]
+
+
+def _combine(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(zeros, index) where ``node``'s one use adds its rows into zeros at ``index`` rows
+    (``index_put(zeros, [index], node, accumulate=True)`` or ``index_add(zeros, 0, index,
+    node)``), zeros of the same dtype used by nothing else; None for anything else."""
+    if len(node.users) != 1:
+        return None
+    (user,) = node.users
+    if user.op != "call_function":
+        return None
+    if user.target is torch.ops.aten.index_put.default and len(user.args) == 4 and user.args[3] is True:
+        zeros, indices, values = user.args[:3]
+        index = indices[0] if isinstance(indices, (list, tuple)) and len(indices) == 1 else None
+    elif user.target is torch.ops.aten.index_add.default and user.args[1] in (0, -2):
+        zeros, _, index, values = user.args[:4]
+        if user.kwargs.get("alpha", 1) != 1:
+            return None
+    else:
+        return None
+    ok = (
+        values is node
+        and isinstance(zeros, fx.Node)
+        and zeros.target is torch.ops.aten.full.default
+        and zeros.args[1] == 0
+        and len(zeros.users) == 1
+    )
+    zv, iv, nv = val(zeros), val(index), val(node)
+    if not ok or zv is None or iv is None or nv is None or zv.dtype != nv.dtype or zv.dim() != 2:
+        return None
+    if iv.dim() != 1 or iv.dtype not in (torch.int32, torch.int64) or not same(zv.shape[1], nv.shape[1]):
+        return None
+    return zeros, index  # type: ignore[return-value]
+
+
+def _topk(rows: object, tokens: object) -> int | None:
+    """``rows / tokens`` where it is a whole number whatever the sizes (symbolic or not)."""
+    ratio = sympy.simplify(expr_of(rows) / expr_of(tokens))
+    return int(ratio) if ratio.is_Integer and int(ratio) >= 1 else None
+
+
+def _route(g: _Grower, a: fx.Node, uses: list[Use], outputs: int) -> tuple[fx.Node, list[Use]]:
+    """A grouped group's routing joined (see the module's text): its A (``x`` where A is
+    ``x[index]``) and uses (the combine's node where a tile output is added back to tokens);
+    the indices become its extra inputs after the offsets, the routing its geometry's."""
+    t = val(a).shape[0]  # type: ignore[union-attr]
+    gather = _rows_index(a) if g.gather else None
+    topk = None
+    if gather is not None:
+        topk = _topk(t, val(gather[0]).shape[0])  # type: ignore[union-attr]
+        gather = gather if topk is not None else None
+    combine = None
+    if outputs == 1 and len(uses) == 1 and uses[0].reshape is None and uses[0].cast is None:
+        combine = _combine(uses[0].node)
+    if combine is not None:
+        k = _topk(t, val(combine[0]).shape[0])  # type: ignore[union-attr]
+        ordered = k is not None and (k <= 2 or not torch.are_deterministic_algorithms_enabled())
+        combine = combine if ordered and (topk is None or k == topk) else None
+        topk = topk if combine is None else k
+    if gather is None and combine is None:
+        return a, uses
+    g.routing = {"topk": topk, "gather": gather is not None, "scatter": "add" if combine else ""}
+    g.extra = [*g.extra, *(r[1] for r in (gather, combine) if r is not None)]
+    if gather is not None:
+        g.rows, a = t, gather[0]
+    if combine is not None:
+        (user,) = uses[0].node.users
+        uses = [Use(user, 0, None)]
+    return a, uses
 
 
 def fake_mode_of(v: torch.Tensor | None) -> object:
@@ -877,8 +984,8 @@ class _DualGrower(_MatmulGrower):
     the first is ``acc``, the second ``acc2``; their B nodes have one shape, dtype and set of
     strides. The group grows over the nodes after the first anchor, as one group of both."""
 
-    def __init__(self, anchor: fx.Node, second: fx.Node, swap: bool = False) -> None:
-        super().__init__(anchor)
+    def __init__(self, anchor: fx.Node, second: fx.Node, swap: bool = False, gather: bool = True) -> None:
+        super().__init__(anchor, gather=gather)
         self.second = second
         self.swap = swap  # the second anchor is acc, the first acc2 (``canonical_order``)
         self.desc.add(second)
@@ -949,18 +1056,21 @@ def _accumulators(e: Expr) -> set[str]:
     return found
 
 
-def match_dual(first: fx.Node, second: fx.Node, after: Sequence[fx.Node], *, precision: str) -> Group:
+def match_dual(
+    first: fx.Node, second: fx.Node, after: Sequence[fx.Node], *, precision: str, gather: bool = True
+) -> Group:
     """The dual group of two mm/addmm anchors (or two grouped mms over one set of offsets)
     reading one A (``first`` before ``second`` in the graph) over ``after`` (the nodes following
     ``first``): one kernel computes both products and the pointwise work after them, where a
     member joins the two halves (``silu(gate) * up``). Anything of the second anchor's inputs
-    computed from the first anchor would be a cycle through the kernel: refused."""
+    computed from the first anchor would be a cycle through the kernel: refused. Without
+    ``gather`` a grouped pair reads its A as it is (``_route``)."""
     ops = [PAIRED.get(ANCHORS.get(n.target, "")) for n in (first, second)]  # type: ignore[arg-type]
     if ops[0] is None or ops[0] != ops[1]:
         raise NoGroup("a dual GEMM pairs two mm/addmm anchors, or two grouped mms")
 
     def grown(swap: bool) -> Group:
-        g = _DualGrower(first, second, swap)
+        g = _DualGrower(first, second, swap, gather)
         a, b = g.start()
         g.grow([n for n in after if n is not second])
         if any(n in g.desc for n in g.inputs2):

@@ -36,9 +36,10 @@ MAX_REPLAYS = 4096
 @lru_cache(maxsize=4096)
 def _problem(text: str) -> tuple[Problem, tuple[str, ...]]:
     """The problem, and the names of its call's operand list: its kind's extra inputs (a
-    dual GEMM's B2), then the epilogue's operands (sorted by name)."""
+    dual GEMM's B2, a grouped GEMM's offsets and routing indices), then the epilogue's
+    operands (sorted by name)."""
     problem = Problem.from_json(text)
-    return problem, (*kinds.kind_of(problem).extra_inputs, *(o.name for o in problem.operands))
+    return problem, (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
 
 
 @lru_cache(maxsize=4096)
@@ -98,7 +99,7 @@ def template_call(
     bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)), tuple(into))
     compiled = bound.run()
     if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
-        extra = kinds.kind_of(p).extra_inputs
+        extra = kinds.kind_of(p).inputs_of(p)
         inputs = [
             *kinds.kind_of(p).input_args,
             *(f"{n}_ptr" if n in extra else f"op_{n}_ptr" for n in names),

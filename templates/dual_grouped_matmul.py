@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem
 from epilab.templates import grouped_matmul
-from epilab.templates.grouped_matmul import FILES, OFFS, bind_grouped, make_grouped_problem
+from epilab.templates.grouped_geometry import GATHER, SCATTER
+from epilab.templates.grouped_matmul import FILES, OFFS, bind_grouped, make_grouped_problem, routing_of
 from epilab.templates.matmul import H100_SMS, idle_threads_error
 from epilab.templates.render import Target
 
@@ -35,10 +37,13 @@ def make_dual_grouped_problem(
     offs: torch.Tensor,
     epilogue: Epilogue,
     operands: Mapping[str, torch.Tensor],
+    **routing: Any,
 ) -> Problem:
-    """The dual grouped problem of these tensors (checks them all)."""
-    if B2 in operands or OFFS in operands:
-        raise ValueError(f"an epilogue operand may not be named {B2!r} or {OFFS!r} in a dual grouped GEMM")
+    """The dual grouped problem of these tensors (checks them all; ``routing``: the indices
+    and combine ``make_grouped_problem`` takes)."""
+    taken = [name for name in (B2, OFFS, GATHER, SCATTER) if name in operands]
+    if taken:
+        raise ValueError(f"an epilogue operand may not be named {taken[0]!r} in a dual grouped GEMM")
     if not isinstance(b2, torch.Tensor):
         raise TypeError(f"b2 must be a torch.Tensor, got {type(b2).__name__}")
     if b2.shape != b.shape or b2.stride() != b.stride() or b2.dtype != b.dtype or b2.device != b.device:
@@ -47,7 +52,7 @@ def make_dual_grouped_problem(
             f"{b.dtype} {tuple(b.shape)} strides {b.stride()}, "
             f"b2 {b2.dtype} {tuple(b2.shape)} strides {b2.stride()}"
         )
-    return make_grouped_problem(a, b, offs, epilogue, operands, op=OP, template=KIND.name)
+    return make_grouped_problem(a, b, offs, epilogue, operands, op=OP, template=KIND.name, **routing)
 
 
 def dual_grouped_problem_of(
@@ -56,8 +61,10 @@ def dual_grouped_problem_of(
     for name in (OFFS, B2):
         if name not in operands:
             raise ValueError(f"a dual grouped GEMM's call passes operands[{name!r}]")
-    rest = {name: t for name, t in operands.items() if name not in (OFFS, B2)}
-    return make_dual_grouped_problem(a, b, operands[B2], operands[OFFS], problem.epilogue, rest)
+    rest = {name: t for name, t in operands.items() if name not in KIND.inputs_of(problem)}
+    return make_dual_grouped_problem(
+        a, b, operands[B2], operands[OFFS], problem.epilogue, rest, **routing_of(problem, operands)
+    )
 
 
 def default_dual_grouped_config(

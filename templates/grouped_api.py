@@ -20,7 +20,8 @@ from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, operand, ops
 from epilab.ir.problem import Config
 from epilab.templates.dual_grouped_matmul import B2, make_dual_grouped_problem
-from epilab.templates.grouped_matmul import OFFS, check_tensors, make_grouped_problem
+from epilab.templates.grouped_geometry import GATHER, SCATTER
+from epilab.templates.grouped_matmul import OFFS, check_routing, check_tensors, make_grouped_problem
 from epilab.templates.matmul_api import ACTIVATIONS, _refuse_grad, _run
 
 
@@ -37,6 +38,10 @@ def grouped_matmul(
     out_dtype: torch.dtype | None = None,
     epilogue: Epilogue | None = None,
     operands: Mapping[str, torch.Tensor] | None = None,
+    gather: torch.Tensor | None = None,
+    scatter: torch.Tensor | None = None,
+    combine: str | None = None,
+    topk: int | None = None,
     config: Config | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Each expert's rows of ``a`` times its own ``b``, with the epilogue fused.
@@ -54,8 +59,30 @@ def grouped_matmul(
     tile read once. For any other epilogue pass ``epilogue`` (reading ``acc``, and ``acc2``
     with ``b2``) and the tensors it reads as ``operands`` (per expert: [E, 1, N]). Inference
     only, as ``epilab.matmul``.
+
+    Routing in the kernel (a mixture of experts without its permuted copies): ``gather``
+    (int32/int64 [T]) makes ``a`` the tokens' activations [T / topk, K] and row m of the
+    grouped rows ``a[gather[m]]``; ``scatter`` (int32/int64 [T]) sends output row m to row
+    ``scatter[m]``: ``combine="add"`` (the default) adds it there, the top-k combine
+    ``out[token] += y`` into a zeroed [T / topk, N] output (atomics: with three or more rows
+    a token their order, and the sum's last bit, is not fixed); ``combine="store"`` writes it
+    there ([T, N]; each row once, deterministic; sum the k rows of a token after). ``topk``
+    (rows per token) is the gather's rows over ``a``'s; without a gather, "add" needs it.
+    ``scale`` and other per-row operands stay in the grouped rows' order. An index outside
+    the rows it indexes reads zeros (gather) or is dropped (scatter).
     """
-    e, t, n, _ = check_tensors(a, b, offs)
+    e, _, n, _ = check_tensors(a, b, offs)
+    if combine is not None and scatter is None:
+        raise ValueError("combine= says how scatter= rows are written: pass scatter too")
+    routing = {
+        "gather": gather,
+        "scatter": scatter,
+        "combine": (combine or "add") if scatter is not None else "",
+        "topk": topk,
+    }
+    if routing["combine"] not in ("", "store", "add"):
+        raise ValueError(f"combine is 'add' or 'store', got {combine!r}")
+    _, t = check_routing(e, a, **routing)  # type: ignore[arg-type]
     inputs = {"a": a, "b": b, "b2": b2, "bias": bias, "bias2": bias2, "scale": scale, **(operands or {})}
     _refuse_grad("grouped_matmul", inputs)
     if bias2 is not None and b2 is None:
@@ -84,11 +111,13 @@ def grouped_matmul(
         epilogue = _build(
             activation, bias is not None, b2 is not None, bias2 is not None, scale is not None, dtype
         )
+    indices = {GATHER: gather, SCATTER: scatter}
+    calls = {OFFS: offs, **{name: x for name, x in indices.items() if x is not None}, **tensors}
     if b2 is None:
-        problem = make_grouped_problem(a, b, offs, epilogue, tensors)
-        return _run(problem, config, a, b, {OFFS: offs, **tensors})
-    problem = make_dual_grouped_problem(a, b, b2, offs, epilogue, tensors)
-    return _run(problem, config, a, b, {OFFS: offs, B2: b2, **tensors})
+        problem = make_grouped_problem(a, b, offs, epilogue, tensors, **routing)  # type: ignore[arg-type]
+        return _run(problem, config, a, b, calls)
+    problem = make_dual_grouped_problem(a, b, b2, offs, epilogue, tensors, **routing)
+    return _run(problem, config, a, b, {B2: b2, **calls})
 
 
 def _per_expert_bias(name: str, x: object, experts: int, n: int) -> torch.Tensor:

@@ -13,6 +13,14 @@ on the device, so a call never waits for the host. Epilogue operands broadcast t
 expert (each expert's bias), ``[T, 1]`` one per row (a routing weight), ``[T, N]`` a tile. Rows
 past every group are not written.
 
+Routed problems (``GroupedGeometry``: gather, scatter, topk) move the rows inside the kernel:
+row m of A is row ``gather[m]`` of the tokens' ``x [T / topk, K]``, and output row m is stored
+at row ``scatter[m]`` ("store") or added there ("add": the top-k combine ``out[token] += y``
+with fp32/fp16/bf16 atomics into outputs the launch zeroes; with three or more rows a token
+the order of its additions, and so the last bit of the sum, is not fixed). The indices are
+int32 or int64 ``[T]``, passed in ``operands`` under ``"gather"`` and ``"scatter"``; one outside
+the rows it indexes reads zeros (gather) or is dropped (scatter), never out of bounds.
+
 The kernel (``grouped_matmul.py.jinja``) numbers the experts' m-tiles one after another and
 finds a tile's expert from the offsets on the device; its main loops are the matmul's pointer
 loop and TMA loop (A as a [T, K] matrix, B as a 3-D descriptor), each also persistent.
@@ -31,7 +39,14 @@ from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem, Shape
 from epilab.templates import grouped_geometry
 from epilab.templates.bound import Bound, Described
-from epilab.templates.grouped_geometry import GroupedGeometry, experts_of
+from epilab.templates.grouped_geometry import (
+    GATHER,
+    SCATTER,
+    GroupedGeometry,
+    experts_of,
+    geometry_of,
+    output_rows,
+)
 from epilab.templates.kind import MAX_ACC_REGS, OutputSpec, TemplateKind
 from epilab.templates.matmul import H100_SMS, contiguous_specs, idle_threads_error, random_tensor
 from epilab.templates.render import EPILOGUE_FILES, Target, kernel_hash
@@ -93,6 +108,15 @@ def grouped_search_error(problem: Problem, config: Config) -> str | None:
     return idle_threads_error(config)
 
 
+def render_vars(problem: Problem, config: Config) -> dict[str, object]:
+    g = geometry_of(problem)
+    return {"gather": g.gather, "scatter": g.scatter}
+
+
+def routing_inputs(problem: Problem) -> tuple[str, ...]:
+    return geometry_of(problem).routing_inputs()
+
+
 # ------------------------------------------------------------------ problems from tensors
 
 
@@ -125,6 +149,51 @@ def check_tensors(a: torch.Tensor, b: torch.Tensor, offs: object) -> tuple[int, 
     return e, a.shape[0], b.shape[2], a.shape[1]
 
 
+def _index(name: str, x: object, rows: int | None, device: torch.device) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a 1-D int32 or int64 tensor of row indices, got {got}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, the inputs on {device}")
+    if rows is not None and x.shape[0] != rows:
+        raise ValueError(f"{name} has {x.shape[0]} indices; the grouped rows are {rows}")
+    return x
+
+
+def check_routing(
+    experts: int,
+    a: torch.Tensor,
+    gather: object = None,
+    scatter: object = None,
+    combine: str = "",
+    topk: int | None = None,
+) -> tuple[GroupedGeometry, int]:
+    """The geometry of a call's routing (``gather``, ``scatter`` and ``combine`` "store" or
+    "add"; ``topk`` inferred from the gather where there is one) and its grouped rows T."""
+    if (scatter is None) != (not combine):
+        raise ValueError('a scatter index and its combine ("store" or "add") come together')
+    t = a.shape[0]
+    if gather is not None:
+        t = _index("gather", gather, None, a.device).shape[0]
+        tokens = a.shape[0]
+        if tokens and t % tokens:
+            raise ValueError(
+                f"a gathered GEMM's rows are tokens x topk: {t} gather indices over {tokens} tokens"
+            )
+        found = t // tokens if tokens else topk or 1
+        if topk is not None and topk != found:
+            raise ValueError(f"topk {topk} differs from the gather's {t} rows over {tokens} tokens")
+        topk = found
+    if scatter is not None:
+        _index("scatter", scatter, t, a.device)
+    if combine == "add" and topk is None:
+        raise ValueError("adding rows back to their tokens needs topk (rows per token) or a gather")
+    topk = 1 if topk is None else topk
+    if combine == "add" and t % topk:
+        raise ValueError(f"adding rows back to tokens needs tokens x topk rows: {t} rows, topk {topk}")
+    return GroupedGeometry(experts, topk, gather is not None, combine), t
+
+
 def make_grouped_problem(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -135,9 +204,15 @@ def make_grouped_problem(
     op: str = OP,
     template: str = "grouped_matmul",
     files: tuple[str, ...] = FILES,
+    gather: object = None,
+    scatter: object = None,
+    combine: str = "",
+    topk: int | None = None,
 ) -> Problem:
-    """The problem these tensors make (checks them all); ``operands`` are the epilogue's."""
-    e, t, n, k = check_tensors(a, b, offs)
+    """The problem these tensors make (checks them all); ``operands`` are the epilogue's; a
+    routed problem's indices and combine as ``check_routing`` takes them."""
+    e, _, n, k = check_tensors(a, b, offs)
+    geometry, t = check_routing(e, a, gather, scatter, combine, topk)
     target_for(a.device)
     specs = checked_operands(epilogue, operands, a.device, (e, t, n))
     for name, o in operands.items():
@@ -156,22 +231,44 @@ def make_grouped_problem(
         operands=specs,
         epilogue=epilogue,
         shape=Shape(1, t, n, k),
-        geometry=GroupedGeometry(e),
+        geometry=geometry,
     )
+
+
+def routing_of(problem: Problem, operands: Mapping[str, torch.Tensor]) -> dict[str, object]:
+    """``make_grouped_problem``'s routing arguments for a call of ``problem`` (its indices
+    from ``operands``)."""
+    g = geometry_of(problem)
+    for name in g.routing_inputs():
+        if name not in operands:
+            raise ValueError(f"a routed grouped GEMM's call passes operands[{name!r}]")
+    return {
+        "gather": operands.get(GATHER) if g.gather else None,
+        "scatter": operands.get(SCATTER) if g.scatter else None,
+        "combine": g.scatter,
+        "topk": g.topk,
+    }
 
 
 def grouped_problem_of(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> Problem:
-    """The grouped problem these tensors make on ``problem``'s template (offsets in ``operands``)."""
+    """The grouped problem these tensors make on ``problem``'s template (offsets and routing
+    indices in ``operands``)."""
     if OFFS not in operands:
         raise ValueError(f"a grouped GEMM's call passes its offsets as operands[{OFFS!r}]")
     return make_grouped_problem(
-        a, b, operands[OFFS], problem.epilogue, _epilogue_operands(operands), op=problem.op
+        a,
+        b,
+        operands[OFFS],
+        problem.epilogue,
+        _epilogue_operands(operands, KIND.inputs_of(problem)),
+        op=problem.op,
+        **routing_of(problem, operands),  # type: ignore[arg-type]
     )
 
 
-def _epilogue_operands(operands: Mapping[str, torch.Tensor], extra: tuple[str, ...] = (OFFS,)) -> dict:
+def _epilogue_operands(operands: Mapping[str, torch.Tensor], extra: tuple[str, ...]) -> dict:
     return {name: t for name, t in operands.items() if name not in extra}
 
 
@@ -191,20 +288,30 @@ def bind_grouped(
     """Everything a grouped launch does up to the launch itself (``kind``: the dual grouped
     kind, whose second weight comes in ``operands`` too, read as B is)."""
     kind = KIND if kind is None else kind
-    extra = {name: operands[name] for name in kind.extra_inputs}
-    operands = _epilogue_operands(operands, kind.extra_inputs)
-    e, t, n, k = check_tensors(a, b, extra[OFFS])
+    names = kind.inputs_of(problem)
+    missing = [name for name in names if name not in operands]
+    if missing:
+        raise ValueError(f"a {kind.name} call of this problem passes operands {missing} too")
+    extra = {name: operands[name] for name in names}
+    operands = _epilogue_operands(operands, names)
+    e, _, n, k = check_tensors(a, b, extra[OFFS])
+    g = geometry_of(problem)
+    found, t = check_routing(e, a, extra.get(GATHER), extra.get(SCATTER), g.scatter, g.topk)
+    if found != g:
+        raise ValueError(f"these tensors are routed as {found}, the problem as {g}")
     why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)
-    outs = outputs_for(problem, (t, n), a.device, out)
+    outs = outputs_for(problem, (output_rows(problem, t), n), a.device, out)
+    fills = tuple((i, 0.0) for i in range(len(outs))) if g.scatter == "add" else ()  # the combine's zeros
     if t == 0 or n == 0:
-        return Bound(outs, lambda: None, lambda: None)
+        return Bound(outs, lambda: [o.zero_() for o in outs if fills], lambda: None)
     if k == 0:
-        return _zero_k_bound(problem, a, b, {**operands, **extra}, outs)
+        return _zero_k_bound(problem, t, n, {**operands, **extra}, outs)
     target = target_for(a.device)
-    bs = {name: x for name, x in extra.items() if name != OFFS}  # a dual kind's B2
-    tensors = [a, b, *bs.values(), *outs, *operands.values()]
+    bs = {name: extra[name] for name in kind.extra_inputs if name != OFFS}  # a dual kind's B2
+    routing = {f"{name}_ptr": extra[name] for name in g.routing_inputs()}
+    tensors = [a, b, *bs.values(), *outs, *operands.values(), *routing.values()]
     index_64 = any(extent(x) > INT32_MAX for x in tensors) or t * n > INT32_MAX
     m_tiles = triton.cdiv(t, config.BLOCK_M) + e  # every expert adds at most one partial tile
     grid = (m_tiles * triton.cdiv(n, config.BLOCK_N),)
@@ -213,6 +320,9 @@ def bind_grouped(
         "b_ptr": b,
         **{f"{name}_ptr": x for name, x in bs.items()},
         "offs_ptr": extra[OFFS],
+        **routing,
+        **({"A_ROWS": a.shape[0]} if g.gather else {}),
+        **({"OUT_ROWS": outs[0].shape[0]} if g.scatter else {}),
         "M": t,
         "N": n,
         "K": k,
@@ -224,7 +334,7 @@ def bind_grouped(
         "EXPERTS": e,
         "EXPERTS_POW2": max(2, triton.next_power_of_2(e)),
     }
-    args.update(epilogue_args(problem.epilogue, operands, outs, (e, t, n), (e, t, n)))
+    args.update(epilogue_args(problem.epilogue, operands, outs, (e, t, n), (e, outs[0].shape[0], n)))
     if config.variant in PERSISTENT_VARIANTS:
         grid = (min(sm_count(a.device), grid[0]),)
         args["NUM_SMS"] = grid[0]
@@ -237,8 +347,17 @@ def bind_grouped(
             )
         else:
             described = found
-            args.update({d.arg: d.make(x) for d, x in zip(described, (a, b, *bs.values()), strict=True)})
+            args.update({d.arg: d.make(args[d.tensor]) for d in described})  # type: ignore[arg-type]
     bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
+    if fills:
+        launch = bound.run
+
+        def run() -> object:
+            for o in outs:
+                o.zero_()
+            return launch()
+
+        bound = dataclasses.replace(bound, run=run, fills=fills)
     return dataclasses.replace(bound, descriptors=described) if described else bound
 
 
@@ -256,16 +375,18 @@ def _tma_ok(x: torch.Tensor) -> bool:
 def tma_descriptors(
     problem: Problem, config: Config, a: torch.Tensor, bs: Mapping[str, torch.Tensor]
 ) -> tuple[Described, ...] | None:
-    """A as a [T, K] matrix (transposed where column-major) and each B as [E, K, N] (its
-    [E, N, K] storage where column-major), or None where TMA cannot read them."""
+    """A as a [T, K] matrix (transposed where column-major; not where its rows are gathered:
+    those are loaded by pointers) and each B as [E, K, N] (its [E, N, K] storage where
+    column-major), or None where TMA cannot read them."""
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
-    stored_a = a if a_row else a.t()
+    gathered = geometry_of(problem).gather
+    stored_a = () if gathered else (a if a_row else a.t(),)
     stored_bs = [x if b_row else x.transpose(-1, -2) for x in bs.values()]
-    if not all(_tma_ok(x) for x in (stored_a, *stored_bs)):
+    if not all(_tma_ok(x) for x in (*stored_a, *stored_bs)):
         return None
     return (
-        Described("a_desc", "a_ptr", not a_row, (bm, bk) if a_row else (bk, bm)),
+        *(() if gathered else (Described("a_desc", "a_ptr", not a_row, (bm, bk) if a_row else (bk, bm)),)),
         *(
             Described(f"{name}_desc", f"{name}_ptr", not b_row, (1, bk, bn) if b_row else (1, bn, bk))
             for name in bs
@@ -274,13 +395,14 @@ def tma_descriptors(
 
 
 def _zero_k_bound(
-    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor], outs: tuple
+    problem: Problem, t: int, n: int, operands: Mapping[str, torch.Tensor], outs: tuple
 ) -> Bound:
-    """K = 0: the epilogue of a zero accumulator, on the expert's rows."""
+    """K = 0: the epilogue of a zero accumulator, on the expert's rows (routed as the kernel
+    routes them)."""
 
     def run() -> None:
-        zero = a.new_zeros((a.shape[0], b.shape[2]), dtype=torch.float32)
-        values = _evaluate(problem, zero, zero, operands)
+        zero = torch.zeros((t, n), dtype=torch.float32, device=outs[0].device)
+        values = _outputs(problem, zero, zero, operands)
         for o, v, spec in zip(outs, values, problem.epilogue.outputs, strict=True):
             o.copy_(v.to(dtypes.torch_dtype(spec.dtype)))
 
@@ -321,6 +443,53 @@ def _evaluate(
     return problem.epilogue.evaluate(acc, rest, acc2=acc2)
 
 
+def _outputs(
+    problem: Problem,
+    acc: torch.Tensor,
+    acc2: torch.Tensor | None,
+    operands: Mapping[str, torch.Tensor],
+    strict: bool = True,
+) -> tuple[torch.Tensor, ...]:
+    """The epilogue's outputs, their rows stored or added where the problem scatters them
+    (``strict``: an index outside the output's rows dropped, as the kernel drops it; else
+    the indices are torch's own, as a model passes them)."""
+    values = _evaluate(problem, acc, acc2, operands)
+    how = geometry_of(problem).scatter
+    if not how:
+        return values
+    rows = output_rows(problem, acc.shape[0])
+    index = operands[SCATTER].long()
+    keep = (index >= 0) & (index < rows)
+    outs = []
+    for v in values:
+        o = v.new_zeros((rows, *v.shape[1:]))
+        if strict:
+            index, v = index[keep], v[keep]
+        if how == "add":
+            o.index_add_(0, index, v)
+        else:
+            o[index] = v
+        outs.append(o)
+    return tuple(outs)
+
+
+def gathered(
+    problem: Problem, a: torch.Tensor, operands: Mapping[str, torch.Tensor], strict: bool = True
+) -> torch.Tensor:
+    """A's rows as the groups read them: rows ``gather[m]`` of ``a`` where the problem gathers
+    them (``strict``: zeros for an index outside ``a``'s rows, as the kernel reads them; else
+    ``a[gather]``, as a model gathers them)."""
+    if not geometry_of(problem).gather:
+        return a
+    index = operands[GATHER]
+    if not strict:
+        return a[index]
+    keep = (index >= 0) & (index < a.shape[0])
+    if a.shape[0] == 0:
+        return a.new_zeros((index.shape[0], a.shape[1]))
+    return torch.where(keep[:, None], a[index.long().clamp(0, a.shape[0] - 1)], 0)
+
+
 def row_ranges(offs: torch.Tensor, rows: int) -> list[tuple[int, int]]:
     """Each expert's rows [start, end) as the kernel reads the offsets: clamped to [0, rows],
     each group starting where the furthest before it ended (reads them on the host)."""
@@ -347,10 +516,11 @@ def grouped_reference(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """The outputs in float64, before output rounding (a second weight ``b2`` where the kind
-    has one)."""
+    has one; rows gathered and scattered where the problem routes them)."""
+    a = gathered(problem, a, operands)
     acc = grouped_products(a, b, operands[OFFS], torch.float64)
     acc2 = grouped_products(a, operands["b2"], operands[OFFS], torch.float64) if "b2" in operands else None
-    return _evaluate(problem, acc, acc2, operands)
+    return _outputs(problem, acc, acc2, operands)
 
 
 def library_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -365,12 +535,14 @@ def library_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> 
 def eager_grouped(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
-    """The unfused baseline: ``torch._grouped_mm`` (twice for a dual problem), then the epilogue
-    in eager torch, each per-expert operand gathered at its rows."""
+    """The unfused baseline: a routed problem's gathered copy of A, ``torch._grouped_mm``
+    (twice for a dual problem), then the epilogue in eager torch, each per-expert operand
+    gathered at its rows, and the rows' scatter (``index_add_`` for the combine)."""
     offs = operands[OFFS]
+    a = gathered(problem, a, operands, strict=False)
     acc = library_grouped_mm(a, b, offs)
     acc2 = library_grouped_mm(a, operands["b2"], offs) if "b2" in operands else None
-    return _evaluate(problem, acc, acc2, operands)
+    return _outputs(problem, acc, acc2, operands, strict=False)
 
 
 def draw_offsets(rows: int, experts: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:
@@ -385,19 +557,47 @@ def draw_offsets(rows: int, experts: int, device: torch.device, gen: torch.Gener
     return torch.cumsum(counts, 0).to(torch.int32)
 
 
+def draw_routing(
+    tokens: int, experts: int, topk: int, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A router's choice for ``tokens`` tokens: ``topk`` distinct experts each, drawn by skewed
+    shares (a flat Dirichlet, as ``draw_offsets``); returns the offsets of the rows sorted by
+    expert and each sorted row's place in token order (token x topk + slot: its token is
+    that // topk), as ``argsort`` gives them to serving code."""
+    share = -torch.log(torch.rand(experts, generator=gen, device=device).clamp_min(1e-12))
+    if tokens == 0:
+        return torch.zeros(experts, dtype=torch.int32, device=device), share.new_zeros(0).long()
+    chosen = torch.multinomial(share.expand(tokens, experts), topk, replacement=False, generator=gen)
+    order = torch.argsort(chosen.flatten(), stable=True)
+    counts = torch.bincount(chosen.flatten(), minlength=experts)
+    return torch.cumsum(counts, 0).to(torch.int32), order
+
+
 def grouped_inputs(
     problem: Problem, device: torch.device, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Random A, B and operands of the problem, and skewed offsets (``draw_offsets``): row
-    vectors one per expert ([E, 1, N]), column vectors one per row ([T, 1])."""
-    s, e = problem.shape, experts_of(problem)
-    t, n, k = int(s.m), int(s.n), int(s.k)
+    vectors one per expert ([E, 1, N]), column vectors one per row ([T, 1]). A routed
+    problem's rows come from ``draw_routing`` (A the tokens' rows where they are gathered)."""
+    s, g = problem.shape, geometry_of(problem)
+    e, t, n, k = g.experts, int(s.m), int(s.n), int(s.k)
     dtype = dtypes.torch_dtype(problem.dtype)
-    a = random_tensor(t, k, None, problem.layout_a, dtype, device, gen)
     b = random_tensor(k, n, e, problem.layout_b, dtype, device, gen)
-    offs = draw_offsets(t, e, device, gen)
+    operands: dict[str, torch.Tensor] = {}
+    if g.routed:
+        if t % g.topk:  # a bucket's shape (compiler/decide.py) has any rows: its calls do not
+            raise ValueError(f"a routed GEMM's rows are tokens x topk: {t} rows, topk {g.topk}")
+        offs, order = draw_routing(t // g.topk, e, g.topk, device, gen)
+        token = (order // g.topk).to(torch.int32)
+        if g.gather:
+            operands[GATHER] = token
+        if g.scatter:
+            operands[SCATTER] = token if g.scatter == "add" else order.to(torch.int32)
+    else:
+        offs = draw_offsets(t, e, device, gen)
+    a = random_tensor(t // g.topk if g.gather else t, k, None, problem.layout_a, dtype, device, gen)
     broadcasts = dict(problem.epilogue.operands)
-    operands: dict[str, torch.Tensor] = {OFFS: offs}
+    operands[OFFS] = offs
     for spec in problem.operands:
         odt, broadcast = dtypes.torch_dtype(spec.dtype), broadcasts[spec.name]
         if broadcast == "row":
@@ -412,17 +612,22 @@ def grouped_inputs(
 
 
 def grouped_input_elements(problem: Problem) -> tuple[int, int]:
-    """A once and every expert's B (the bytes a grouped GEMM must move at least)."""
-    s = problem.shape
-    return int(s.m) * int(s.k), experts_of(problem) * int(s.k) * int(s.n)
+    """A once (the tokens' rows where they are gathered) and every expert's B (the bytes a
+    grouped GEMM must move at least)."""
+    s, g = problem.shape, geometry_of(problem)
+    rows = int(s.m) // g.topk if g.gather else int(s.m)
+    return rows * int(s.k), g.experts * int(s.k) * int(s.n)
 
 
 def grouped_output_specs(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> list[OutputSpec]:
-    return contiguous_specs(problem, (a.shape[0], b.shape[-1]))
+    """[rows, N] outputs: the grouped rows T (the tokens x topk where A's rows are gathered),
+    or the tokens where they are added back."""
+    rows = a.shape[0] * geometry_of(problem).topk if geometry_of(problem).gather else a.shape[0]
+    return contiguous_specs(problem, (output_rows(problem, rows), b.shape[-1]))
 
 
 def empty_grouped_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
-    shape = (int(problem.shape.m), int(problem.shape.n))
+    shape = (output_rows(problem, int(problem.shape.m)), int(problem.shape.n))
     return tuple(
         torch.empty(o.shape(shape), dtype=dtypes.torch_dtype(o.dtype), device=device)
         for o in problem.epilogue.outputs
@@ -519,6 +724,8 @@ KIND = TemplateKind(
     input_elements=grouped_input_elements,
     search_error=grouped_search_error,
     extra_inputs=(OFFS,),
+    problem_inputs=routing_inputs,
+    render_vars=render_vars,
     input_dtypes=dtypes.WIDE_INPUT_DTYPES,
     layouts=LAYOUTS,
     geometry=GroupedGeometry,

@@ -101,6 +101,10 @@ def batched(problem: Problem) -> bool:
     return problem.op in BATCHED_OPS
 
 
+def _no_inputs(problem: Problem) -> tuple[str, ...]:
+    return ()
+
+
 def _no_twins(problem: Problem) -> tuple[Problem, ...]:
     return ()
 
@@ -179,6 +183,9 @@ class TemplateKind:
     # as B (a dual GEMM's second weight, "b2"): passed in ``operands`` under these names (first,
     # in this order, in a compiled call's operand list); its kernel reads each at ``{name}_ptr``
     extra_inputs: tuple[str, ...] = ()
+    # the extra inputs a problem adds after those (a routed grouped problem's row indices),
+    # passed as they are: ``inputs_of`` gives all of a problem's
+    problem_inputs: Callable[[Problem], tuple[str, ...]] = _no_inputs
     accumulators: int = 1  # fp32 accumulators per tile, one per B-side input (feasibility counts them)
     # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``tuner/space``)
     split_k_underfilled: bool = False
@@ -212,6 +219,10 @@ class TemplateKind:
     # suites: its ``FORMAT``, an ``ir.spec.SpecFormat``), by name: a format builds problems
     # through the registry, so the registry loads it (``kinds.spec_formats``), not the kind
     spec_module: str | None = None
+
+    def inputs_of(self, problem: Problem) -> tuple[str, ...]:
+        """The extra inputs of ``problem``'s calls, in the order its operand list has them."""
+        return (*self.extra_inputs, *self.problem_inputs(problem))
 
     def runs_op(self, op: str) -> bool:
         """Whether a problem of ``op`` may be made for this template."""

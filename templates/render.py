@@ -144,9 +144,15 @@ def _epilogue_hooks(
         acc2: str = "",
         m_slot: str = "0",
         n_slot: str = "0",
+        out_rm: str = "",
+        out_mask: str = "",
+        combine: str = "",
     ) -> str:
         """``m_slot``/``n_slot``: this tile's index along M and N in the partial-statistics
-        workspace of reduction outputs (``runtime.Statistics``, ``matmul.tile_slots``)."""
+        workspace of reduction outputs (``runtime.Statistics``, ``matmul.tile_slots``).
+        ``out_rm``: the output rows the tile's rows go to where they are not ``rm`` (a routed
+        grouped GEMM's scatter), stored under ``out_mask``; ``combine`` "add": added there
+        with an atomic instead of stored."""
         leaf_vars = {
             "acc": acc,
             **({"acc2": acc2} if acc2 else {}),
@@ -180,6 +186,9 @@ def _epilogue_hooks(
                 n0=n0,
                 m_slot=m_slot,
                 n_slot=n_slot,
+                out_rm=out_rm or rm,
+                out_mask=out_mask or "c_mask",
+                combine=combine,
             )
             .rstrip("\n")
         )

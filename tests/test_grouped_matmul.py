@@ -8,6 +8,8 @@ refusals; the tuner's draw of offsets; the spec format and the moe suite; ``epil
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,7 +19,8 @@ from epilab.ir.epilogue_text import parse_epilogue
 from epilab.ir.problem import Config, Problem
 from epilab.templates import grouped_matmul, kinds
 from epilab.templates.dual_grouped_matmul import B2, make_dual_grouped_problem
-from epilab.templates.grouped_matmul import OFFS, draw_offsets, make_grouped_problem
+from epilab.templates.grouped_geometry import GroupedGeometry
+from epilab.templates.grouped_matmul import OFFS, draw_offsets, make_grouped_problem, row_ranges
 from epilab.templates.grouped_spec import GroupedSpec
 from epilab.templates.kinds import default_config
 from epilab.templates.matmul import random_tensor
@@ -364,3 +367,189 @@ def test_one_grouped_mm_takes_its_epilogue_and_other_offsets_make_no_pair(tmp_pa
     assert d.anchor == "aten.grouped_mm" and d.template == "grouped_matmul" and d.shape == "40x32x16"
     found = _experts_run(tmp_path, Experts(offs2=True))
     assert {d.template for d in found} == {"grouped_matmul"} and len(found) == 2
+
+
+# ------------------------------------------------------------------ routing in the kernel
+
+ROUTINGS = {  # (gather, scatter)
+    "gather": (True, ""),
+    "store": (False, "store"),
+    "add": (False, "add"),
+    "gather_add": (True, "add"),
+}
+
+
+@pytest.mark.parametrize("config", LOOPS, ids=lambda c: c.variant)
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+@pytest.mark.parametrize("dual", [False, True], ids=["grouped", "dual"])
+def test_routed_rows_are_gathered_and_scattered_by_every_main_loop(dual, routing, config):
+    gather, scatter = ROUTINGS[routing]
+    ep = "silu(acc) * acc2 * w[m]" if dual else "relu(acc + bias[n]) * w[m]"
+    outputs = ((ep, "float32"),) if scatter == "add" else ep
+    spec = GroupedSpec(
+        4, 11, 24, 40, topk=3, dtype="float32", epilogue=outputs, gather=gather, scatter=scatter
+    )
+    problem = spec.problem()
+    a, b, call = random_inputs(problem, DEVICE, 3)
+    assert a.shape[0] == (11 if gather else 33) and set(grouped_matmul.routing_inputs(problem)) <= set(call)
+    (out,) = checked_launch(problem, config, a, b, call).outs
+    assert out.shape == ((11 if scatter == "add" else 33), 24)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_routed_layer_matches_torch_gather_grouped_mm_and_index_add(dtype):
+    """epilab.grouped_matmul with the routing in the kernel against torch's own routing: a
+    router's top-2 of 5 experts for 13 tokens, rows sorted by expert."""
+    dt = DTYPES[dtype]
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    tokens, experts, topk = 13, 5, 2
+    x = torch.randn(tokens, K, generator=gen, device=DEVICE).to(dt)
+    w_up = torch.randn(experts, N, K, generator=gen, device=DEVICE).to(dt).transpose(-1, -2)
+    w_gate = torch.randn(experts, N, K, generator=gen, device=DEVICE).to(dt).transpose(-1, -2)
+    w_down = torch.randn(experts, K, N, generator=gen, device=DEVICE).to(dt).transpose(-1, -2)
+    chosen = torch.randn(tokens, experts, generator=gen, device=DEVICE).topk(topk, dim=1).indices.flatten()
+    order = torch.argsort(chosen, stable=True)
+    token = order // topk
+    offs = torch.cumsum(torch.bincount(chosen, minlength=experts), 0).to(torch.int32)
+    weight = torch.rand(tokens * topk, generator=gen, device=DEVICE).to(dt)
+    h = epilab.grouped_matmul(x, w_gate, offs, b2=w_up, gather=token)
+    y = epilab.grouped_matmul(
+        h, w_down, offs, scatter=token, topk=topk, scale=weight, out_dtype=torch.float32
+    )
+    rows = x[token].double()
+    ranges = row_ranges(offs, tokens * topk)
+    want_h = torch.cat(
+        [
+            torch.nn.functional.silu(rows[lo:hi] @ w_gate[e].double()) * (rows[lo:hi] @ w_up[e].double())
+            for e, (lo, hi) in enumerate(ranges)
+        ]
+    )
+    assert h.shape == (tokens * topk, N) and rel_error(h, want_h) < 2e-2
+    down = torch.cat([h[lo:hi].double() @ w_down[e].double() for e, (lo, hi) in enumerate(ranges)])
+    want = torch.zeros(tokens, K, dtype=torch.float64, device=DEVICE).index_add_(
+        0, token, down * weight[:, None].double()
+    )
+    assert y.shape == (tokens, K) and y.dtype == torch.float32 and rel_error(y, want) < 2e-2
+    stored = epilab.grouped_matmul(h, w_down, offs, scatter=order, combine="store")  # token-major rows
+    unweighted = torch.zeros_like(want).index_add_(0, token, down)
+    assert rel_error(stored.view(tokens, topk, K).double().sum(1), unweighted) < 2e-2
+
+
+def test_routing_indices_out_of_range_read_zeros_and_are_dropped():
+    problem = GroupedSpec(
+        3, 8, 16, 24, topk=2, dtype="float32", epilogue=(("acc", "float32"),), gather=True, scatter="add"
+    ).problem()
+    a, b, call = random_inputs(problem, DEVICE, 4)
+    call[grouped_matmul.GATHER][[0, 5]] = torch.tensor([-1, 8], dtype=torch.int32, device=DEVICE)
+    call[grouped_matmul.SCATTER][[2, 7]] = torch.tensor([8, -3], dtype=torch.int32, device=DEVICE)
+    (ref,) = kinds.kind_of(problem).reference(problem, a, b, call)
+    bound = kinds.bind(problem, default_config(problem, TARGET), a, b, call)
+    bound.run()
+    assert rel_error(bound.outs[0], ref) < 1e-4
+    bound.run()  # the combine's output is zeroed before each launch
+    assert rel_error(bound.outs[0], ref) < 1e-4
+
+
+def test_routed_problems_are_their_own_records_and_bad_routing_is_refused():
+    plain = GroupedSpec(8, 64, 32, 16, topk=2).problem()
+    routed = GroupedSpec(8, 64, 32, 16, topk=2, gather=True).problem()
+    assert plain.to_dict()["grouped"] == {"experts": 8}, "unrouted problems keep their old identity"
+    assert routed.key != plain.key and Problem.from_json(routed.to_json()) == routed
+    assert "gathered" in kinds.kind_of(routed).label(routed)
+    x, b = torch.randn(6, 16, device=DEVICE), torch.randn(2, 16, 8, device=DEVICE)
+    offs = _offsets([5, 7])
+    token = torch.arange(12, device=DEVICE) // 2
+    with pytest.raises(ValueError, match="tokens x topk: 11 gather indices over 6 tokens"):
+        epilab.grouped_matmul(x, b, _offsets([5, 6]), gather=token[:11])
+    with pytest.raises(ValueError, match="needs topk"):
+        epilab.grouped_matmul(x[token], b, offs, scatter=token)
+    with pytest.raises(ValueError, match="scatter has 6 indices; the grouped rows are 12"):
+        epilab.grouped_matmul(x, b, offs, gather=token, scatter=token[:6])
+    with pytest.raises(ValueError, match="1-D int32 or int64"):
+        epilab.grouped_matmul(x, b, offs, gather=token.float())
+    with pytest.raises(ValueError, match="combine is 'add' or 'store'"):
+        epilab.grouped_matmul(x, b, offs, gather=token, scatter=token, combine="mean")
+    with pytest.raises(ValueError, match="pass scatter too"):
+        epilab.grouped_matmul(x, b, offs, gather=token, combine="add")
+    with pytest.raises(ValueError, match="topk is the rows per token of a routed problem"):
+        GroupedGeometry(8, topk=2)
+    with pytest.raises(ValueError, match="scatter one of"):
+        GroupedSpec(8, 64, 32, 16, scatter="sum")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", grouped_matmul.VARIANTS)
+@pytest.mark.parametrize(
+    "spec", [s for s in suites.suite("moe-routed") if s.tokens == 512][:4], ids=lambda s: s.label()[:40]
+)
+def test_gpu_routed_main_loops(spec, variant):
+    spec = dataclasses.replace(spec, n=min(spec.n, 1024), k=min(spec.k, 1024))
+    problem = spec.problem()
+    configs = [
+        c
+        for c in kinds.kind_of(problem).seeds
+        if c.variant == variant and infeasible(problem, c, HOPPER) is None
+    ]
+    for c in [*configs[:2], Config(64, 64, 64, 8, num_warps=4, num_stages=3, variant=variant)]:
+        checked_launch(problem, c, *random_inputs(problem, "cuda", 7))
+    bf16 = dataclasses.replace(
+        spec, epilogue=("acc * w[m]" if problem.op == "grouped_mm" else spec.epilogue)
+    ).problem()
+    checked_launch(bf16, default_config(bf16), *random_inputs(bf16, "cuda", 8))  # bf16 atomics where added
+
+
+class RoutedMoE(torch.nn.Module):
+    """A routed layer as serving code writes it: rows gathered by token, two grouped
+    projections, the rows' weighted outputs added back to their tokens (index_add)."""
+
+    def __init__(self, topk: int) -> None:
+        super().__init__()
+        self.topk = topk
+        self.w = torch.nn.Parameter(torch.randn(4, 32, 16) / 4)
+        self.w2 = torch.nn.Parameter(torch.randn(4, 16, 32) / 4)
+
+    def forward(self, x: torch.Tensor, chosen: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        order = torch.argsort(chosen.flatten(), stable=True)
+        token = order // self.topk
+        offs = torch.cumsum(torch.bincount(chosen.flatten(), minlength=4), 0).to(torch.int32)
+        h = torch.relu(torch._grouped_mm(x[token], self.w.transpose(-2, -1), offs=offs))
+        y = torch._grouped_mm(h, self.w2.transpose(-2, -1), offs=offs) * weight.flatten()[order].unsqueeze(-1)
+        return torch.zeros(x.shape[0], 16, dtype=torch.float32, device=x.device).index_add(
+            0, token, y.float()
+        )
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize("topk", [2, 3])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_compiler_fuses_the_gather_and_the_combine(tmp_path, topk, deterministic):
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(10, 16, generator=gen, device=DEVICE).to(torch.bfloat16)
+    chosen = torch.rand(10, 4, generator=gen, device=DEVICE).topk(topk, dim=1).indices
+    weight = torch.rand(10, topk, generator=gen, device=DEVICE).to(torch.bfloat16)
+    model = RoutedMoE(topk).to(DEVICE, torch.bfloat16)
+    db = str(tmp_path / "t.db")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        with torch.no_grad():
+            out = torch.compile(model, backend="epilab", options={"policy": "always", "db": db})(
+                x, chosen, weight
+            )
+            want = model(x, chosen, weight)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert rel_error(out, want) < 2e-2
+    found = [d for d in epilab.explain() if "grouped_mm" in d.anchor]
+    assert len(found) == 2 and all(d.template for d in found)
+    from epilab.db import TuningDB
+
+    with TuningDB.open(db) as opened:
+        geometries = [Problem.from_json(opened.problem_json(d.problem_key)[1]).geometry for d in found]
+    combined = topk <= 2 or not deterministic  # atomics whose order cannot matter, or allowed to
+    assert geometries == [
+        GroupedGeometry(4, topk, gather=True),
+        GroupedGeometry(4, topk if combined else 1, scatter="add" if combined else ""),
+    ]
