@@ -328,7 +328,7 @@ def norm_group_loses(
     ctx: Context,
     chosen: Problem,
     plain: Problem,
-    fused: str = "the norm in its epilogue",
+    fused_work: str = "the norm in its epilogue",
     left: str = "Inductor computes the norm",
 ) -> str | None:
     """Why the group without a norm (``plain``: Inductor then computes the norm) runs rather
@@ -338,7 +338,7 @@ def norm_group_loses(
     group's best: its own baseline (the library plus the norm in eager torch) says nothing of
     the plain kernel plus Inductor's norm kernel, which it must beat (measured on an H200 the
     fused norm took 2.2x the plain kernel's time, which the eager norm's baseline hid). The
-    same rule weighs a grouped GEMM that gathers its rows (``fused``, ``left``: what the
+    same rule weighs a grouped GEMM that gathers its rows (``fused_work``, ``left``: what the
     message says of it) against the plain one after Inductor's copy of them: the gathered
     rows are loaded by pointers, not TMA, which cost 7-8% on Mixtral's gate and up
     projections on an H200 (RESULTS.md, 2026-11-27 routing)."""
@@ -354,7 +354,7 @@ def norm_group_loses(
     if tf <= tp:
         return None
     return (
-        f"the group with {fused} ({tf:.4g} ms) is slower than the group without "
+        f"the group with {fused_work} ({tf:.4g} ms) is slower than the group without "
         f"it ({tp:.4g} ms), which runs; {left}"
     )
 

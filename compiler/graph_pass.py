@@ -159,7 +159,9 @@ class EpilabPass(CustomGraphPass):
         (Inductor computes it; ``remake`` matches it): both are recorded, so that tuning (and
         tune --model's checks) weighs them; the one without runs where the norm's group gets
         no template, or a template slower than its own (``norm_group_loses``). ``what``: the
-        fused work and who does it otherwise (a grouped GEMM's gathered rows: ``GATHERED``)."""
+        fused work and who does it otherwise (a grouped GEMM's gathered rows: ``GATHERED``,
+        whose problems the plain group's decision names too: ``tune --model`` tunes the
+        problems its decisions name, and without a record the gathered one would never run)."""
         try:
             plain = remake()
         except NoGroup:
@@ -172,6 +174,9 @@ class EpilabPass(CustomGraphPass):
         decision, plan, chosen = decide(plain.problem, self.context, name, plain.shape_text)
         if why is not None:
             decision = dataclasses.replace(decision, reason=f"{why}; {decision.reason}")
+        if what == GATHERED:  # both stay candidates, so tune --model tunes the gathered one too
+            fused = decided[0].candidates
+            decision = dataclasses.replace(decision, candidates=(*decision.candidates, *fused))
         return plain, (decision, plan, chosen)
 
     def _trial_folds(self, graph: fx.Graph) -> tuple[set[str], list[Decision]]:

@@ -137,7 +137,11 @@ class Group:
     def shape_text(self) -> str:
         s = self.problem.shape
         dims = [s.m, s.n, s.k] if self.op in (*MATRIX_OPS, *GROUPED_OPS) else [s.batch, s.m, s.n, s.k]
-        return "x".join(str(d) for d in dims)
+        g = self.problem.geometry
+        routing = ""
+        if isinstance(g, GroupedGeometry) and g.routed:  # the rows moved in the kernel
+            routing = (" gathered" if g.gather else "") + (f" top-{g.topk} added back" if g.scatter else "")
+        return "x".join(str(d) for d in dims) + routing
 
 
 class NoGroup(ValueError):

@@ -553,3 +553,58 @@ def test_the_compiler_fuses_the_gather_and_the_combine(tmp_path, topk, determini
         GroupedGeometry(4, topk, gather=True),
         GroupedGeometry(4, topk if combined else 1, scatter="add" if combined else ""),
     ]
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_the_gathered_pair_is_weighed_against_the_plain_one_by_their_records(tmp_path):
+    """Under auto, the gated pair over ``x[token]`` is a candidate in two forms: gathering its
+    rows in the kernel, or reading Inductor's copy. Both are named by the decision (so tune
+    --model tunes both); with records, the faster runs."""
+    from records import record
+
+    db = str(tmp_path / "t.db")
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    x = torch.randn(10, 16, generator=gen, device=DEVICE).to(torch.bfloat16)
+    chosen = torch.rand(10, 4, generator=gen, device=DEVICE).topk(2, dim=1).indices
+    weight = torch.rand(10, 2, generator=gen, device=DEVICE).to(torch.bfloat16)
+
+    class Gated(RoutedMoE):
+        def forward(self, x, chosen, weight):
+            order = torch.argsort(chosen.flatten(), stable=True)
+            offs = torch.cumsum(torch.bincount(chosen.flatten(), minlength=4), 0).to(torch.int32)
+            rows = x[order // self.topk]
+            gate = torch._grouped_mm(rows, self.w.transpose(-2, -1), offs=offs)
+            return torch.nn.functional.silu(gate) * torch._grouped_mm(
+                rows, self.w.transpose(-2, -1), offs=offs
+            )
+
+    model = Gated(2).to(DEVICE, torch.bfloat16)
+
+    def dual() -> tuple:
+        torch._dynamo.reset()
+        epilab.explain(clear=True)
+        with torch.no_grad():
+            out = torch.compile(model, backend="epilab", options={"policy": "auto", "db": db})(
+                x, chosen, weight
+            )
+            assert rel_error(out, model(x, chosen, weight)) < 2e-2
+        (d,) = [d for d in epilab.explain() if d.anchor == "aten.grouped_mm+aten.grouped_mm"]
+        from epilab.db import TuningDB
+
+        with TuningDB.open(db) as store:
+            named = {k: Problem.from_json(store.problem_json(k)[1]) for k in d.candidates}
+        return d, named
+
+    d, named = dual()
+    assert d.template is None, "nothing recorded: torch runs it"
+    gathered = [p for p in named.values() if p.geometry.gather]
+    plain = [p for p in named.values() if not p.geometry.gather]
+    assert len(gathered) == 1 and len(plain) == 1, named
+    config = default_config(gathered[0], TARGET).to_dict()
+    for fast, slow in ((gathered[0], plain[0]), (plain[0], gathered[0])):
+        record(db, fast, config, 1.0, 3.0)
+        record(db, slow, config, 2.0, 3.0)
+        d, _ = dual()
+        assert d.template == "dual_grouped_matmul" and d.problem_key == fast.key, d
+        if fast is plain[0]:
+            assert "rows gathered in the kernel" in d.reason and "slower" in d.reason, d.reason
