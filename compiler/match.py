@@ -27,8 +27,8 @@ the kernel (``_route``): an A that is ``x[index]`` (the tokens' rows by expert) 
 ``x`` with the index as the gather, and a group output whose one use is
 ``zeros.index_put_([index], y, accumulate=True)`` (or ``index_add``: the top-k combine back to
 token order) is added there by the kernel; both where every token has the same rows
-(``T = tokens x topk``), and the combine only where its atomics are as deterministic as
-the graph asks (``torch.are_deterministic_algorithms_enabled``: at most two rows a token).
+(``T = tokens x topk``), and the combine only where torch is not asked for deterministic
+algorithms (its atomics add a token's rows in no fixed order).
 
 A sum, mean or amax of a group value over its last dim (N: a norm's or a dynamic
 quantization's row statistics) joins as a reduction output of the kernel (``row_sum``,
@@ -931,6 +931,8 @@ def _combine(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
         return None
     if iv.dim() != 1 or iv.dtype not in (torch.int32, torch.int64) or not same(zv.shape[1], nv.shape[1]):
         return None
+    if not same(iv.shape[0], nv.shape[0]):  # an index that broadcasts the rows: not a combine
+        return None
     return zeros, index  # type: ignore[return-value]
 
 
@@ -955,7 +957,9 @@ def _route(g: _Grower, a: fx.Node, uses: list[Use], outputs: int) -> tuple[fx.No
         combine = _combine(uses[0].node)
     if combine is not None:
         k = _topk(t, val(combine[0]).shape[0])  # type: ignore[union-attr]
-        ordered = k is not None and (k <= 2 or not torch.are_deterministic_algorithms_enabled())
+        # atomics: the order of a token's additions is not fixed (torch's deterministic
+        # index_put sorts them); how many rows a token gets is the index's, unknown here
+        ordered = k is not None and not torch.are_deterministic_algorithms_enabled()
         combine = combine if ordered and (topk is None or k == topk) else None
         topk = topk if combine is None else k
     if gather is None and combine is None:

@@ -95,7 +95,7 @@ def template_call(
     if twin is not None:
         a, b, operands = twin.inputs(a, b, operands)
         into = [twin.to_kernel(o) for o in outs]
-    config = _plan(plan).choose(a.shape[-2])
+    config = _plan(plan).choose(kinds.kind_of(p).call_rows(p, a))  # type: ignore[arg-type]
     bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)), tuple(into))
     compiled = bound.run()
     if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:

@@ -619,11 +619,15 @@ def grouped_input_elements(problem: Problem) -> tuple[int, int]:
     return rows * int(s.k), g.experts * int(s.k) * int(s.n)
 
 
+def grouped_rows(problem: Problem, a: torch.Tensor) -> object:
+    """The grouped rows T of a call with A ``a``: the tokens x topk where A's rows are gathered."""
+    g = geometry_of(problem)
+    return a.shape[0] * g.topk if g.gather else a.shape[0]
+
+
 def grouped_output_specs(problem: Problem, a: torch.Tensor, b: torch.Tensor) -> list[OutputSpec]:
-    """[rows, N] outputs: the grouped rows T (the tokens x topk where A's rows are gathered),
-    or the tokens where they are added back."""
-    rows = a.shape[0] * geometry_of(problem).topk if geometry_of(problem).gather else a.shape[0]
-    return contiguous_specs(problem, (output_rows(problem, rows), b.shape[-1]))
+    """[rows, N] outputs: the grouped rows T, or the tokens where they are added back."""
+    return contiguous_specs(problem, (output_rows(problem, grouped_rows(problem, a)), b.shape[-1]))
 
 
 def empty_grouped_outputs(problem: Problem, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -725,6 +729,7 @@ KIND = TemplateKind(
     search_error=grouped_search_error,
     extra_inputs=(OFFS,),
     problem_inputs=routing_inputs,
+    call_rows=grouped_rows,
     render_vars=render_vars,
     input_dtypes=dtypes.WIDE_INPUT_DTYPES,
     layouts=LAYOUTS,

@@ -105,6 +105,10 @@ def _no_inputs(problem: Problem) -> tuple[str, ...]:
     return ()
 
 
+def _rows_of_a(problem: Problem, a: Tensor) -> object:
+    return a.shape[-2]
+
+
 def _no_twins(problem: Problem) -> tuple[Problem, ...]:
     return ()
 
@@ -186,6 +190,9 @@ class TemplateKind:
     # the extra inputs a problem adds after those (a routed grouped problem's row indices),
     # passed as they are: ``inputs_of`` gives all of a problem's
     problem_inputs: Callable[[Problem], tuple[str, ...]] = _no_inputs
+    # (problem, a) -> the M a call of these inputs has, by which a plan picks its config
+    # (A's rows; a grouped GEMM's gathered rows are its tokens x topk)
+    call_rows: Callable[[Problem, Tensor], object] = _rows_of_a
     accumulators: int = 1  # fp32 accumulators per tile, one per B-side input (feasibility counts them)
     # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``tuner/space``)
     split_k_underfilled: bool = False
