@@ -105,7 +105,9 @@ def test_a_new_operand_broadcast_leaves_every_record_current_and_an_edit_they_us
     assert path.read_text() != text
     assert all(kinds.is_current(t) for t in stored)
     # an edit to the store every kernel makes: every record goes stale
-    path.write_text(text.replace("mask=c_mask)", "mask=c_mask, cache_modifier='.cs')"))
+    edited = text.replace("mask={{ out_mask }})", "mask={{ out_mask }}, cache_modifier='.cs')")
+    assert edited != text, "the pointer store this test edits is not in store_output.py.jinja"
+    path.write_text(edited)
     _fresh_caches()
     assert not any(kinds.is_current(t) for t in stored)
 
