@@ -608,3 +608,16 @@ def test_the_gathered_pair_is_weighed_against_the_plain_one_by_their_records(tmp
         assert d.template == "dual_grouped_matmul" and d.problem_key == fast.key, d
         if fast is plain[0]:
             assert "rows gathered in the kernel" in d.reason and "slower" in d.reason, d.reason
+
+
+def test_dropped_scatter_rows_leave_every_output_of_the_reference_alike():
+    """Two outputs, scatter indices out of range: the reference drops the same rows of each
+    (it once filtered the index twice and failed on the second output)."""
+    ep = (("acc", "float32"), ("relu(acc)", "float32"))
+    problem = GroupedSpec(3, 8, 16, 24, topk=2, dtype="float32", epilogue=ep, scatter="add").problem()
+    a, b, call = random_inputs(problem, DEVICE, 4)
+    call[grouped_matmul.SCATTER][[2, 7]] = torch.tensor([8, -3], dtype=torch.int32, device=DEVICE)
+    refs = kinds.kind_of(problem).reference(problem, a, b, call)
+    bound = kinds.bind(problem, default_config(problem, TARGET), a, b, call)
+    bound.run()
+    assert len(refs) == 2 and all(rel_error(o, r) < 1e-4 for o, r in zip(bound.outs, refs, strict=True))
