@@ -298,6 +298,22 @@ def tune(
         bool, typer.Option("--interpret", help="no GPU: correctness-only dry run in Triton's interpreter")
     ] = False,
     seed: Annotated[int, typer.Option(help="seed of the sampler and of the random inputs")] = 0,
+    warm: Annotated[
+        bool,
+        typer.Option(
+            "--warm/--cold",
+            help="a new problem's search starts from the configs of its nearest records (and of the "
+            "same problem on other devices), or from the template's own seeds only",
+        ),
+    ] = True,
+    remeasure_baselines: Annotated[
+        bool,
+        typer.Option(
+            "--remeasure-baselines",
+            help="time the baselines again even where this device and these torch/triton versions "
+            "recorded them (--restart does too)",
+        ),
+    ] = False,
     seen: Annotated[
         bool,
         typer.Option(
@@ -439,6 +455,8 @@ def tune(
         device_index=device_index,
         interpret=interpret,
         seed=seed,
+        warm=warm,
+        remeasure_baselines=remeasure_baselines or not resume,
     )
     if model is not None:
         from epilab.tuner.model import MODES, ModelOptions

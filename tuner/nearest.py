@@ -29,7 +29,7 @@ import json
 import math
 from typing import Any
 
-from epilab.db import DeviceInfo
+from epilab.db import DeviceInfo, Record, TuningDB, Versions
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.templates.kinds import is_current, kind_of
@@ -41,6 +41,14 @@ LAYOUT_STEP = 1.0
 # 6%: RESULTS.md, "Config transfer")
 MAX_DISTANCE = 2.0
 MIN_SPEEDUP = 1.05  # under auto: the source record's margin over its best baseline (> the loss, with noise)
+# a new study's warm start (``warm_seeds``): the best configs of this many nearest records, the
+# farthest within WARM_DISTANCE (a seed costs a trial of the budget and is measured, never kept
+# unmeasured as a transfer is: farther than MAX_DISTANCE is allowed), and the nearest one's
+# next NEAREST_RUNNERS_UP configs
+WARM_SEEDS = 4
+WARM_DISTANCE = 6.0
+NEAREST_RUNNERS_UP = 2
+GEOMETRY_STEP = 2.0  # seeds only: a config of another op kind or convolution geometry
 
 
 def epilogue_bytes(problem: Problem) -> int:
@@ -52,21 +60,24 @@ def epilogue_bytes(problem: Problem) -> int:
     return read + sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
 
 
-def _same_kind(p: Problem, q: Problem) -> bool:
-    """Whether configs carry between ``p`` and ``q``: one template, both current (their hashes
-    are of the kernels rendered now; they differ where the epilogues do), one dtype."""
+def _comparable(p: Problem, q: Problem) -> bool:
+    """Whether ``p`` and ``q`` have one template, both current (their hashes are of the
+    kernels rendered now; they differ where the epilogues do), one dtype and precision."""
     if (p.template, p.dtype, p.precision) != (q.template, q.dtype, q.precision):
         return False
-    if not (is_current(p.to_json()) and is_current(q.to_json())):
-        return False
-    kind = kind_of(p)
-    return kind.transfer_key(p) == kind.transfer_key(q)
+    return is_current(p.to_json()) and is_current(q.to_json())
 
 
-def distance(p: Problem, q: Problem) -> float | None:
+def distance(p: Problem, q: Problem, *, loose: bool = False) -> float | None:
     """How far ``q``'s config is carried to reach ``p`` (see the module's text); None where
-    no transfer is defined (another template, dtype, precision or op kind)."""
-    if not (p.shape.is_static() and q.shape.is_static()) or not _same_kind(p, q):
+    no transfer is defined (another template, dtype, precision or op kind). ``loose`` (a warm
+    start's seeds, which are measured before anything is kept) also measures across op kinds
+    and convolution geometries, at ``GEOMETRY_STEP`` more."""
+    if not (p.shape.is_static() and q.shape.is_static()) or not _comparable(p, q):
+        return None
+    kind = kind_of(p)
+    same = kind.transfer_key(p) == kind.transfer_key(q)
+    if not (same or loose):
         return None
     dims = ("batch", "m", "n", "k")
     a = [max(int(getattr(p.shape, d)), 1) for d in dims]
@@ -74,19 +85,51 @@ def distance(p: Problem, q: Problem) -> float | None:
     size = sum(abs(math.log2(x / y)) for x, y in zip(a, b, strict=True))
     layouts = (p.layout_a != q.layout_a) + (p.layout_b != q.layout_b)
     cost = abs(math.log2(epilogue_bytes(p) / epilogue_bytes(q)))
-    return size + LAYOUT_STEP * layouts + cost
+    return size + LAYOUT_STEP * layouts + cost + (0.0 if same else GEOMETRY_STEP)
 
 
-def distance_to(problem: Problem) -> Any:
+def distance_to(problem: Problem, *, loose: bool = False) -> Any:
     """``distance`` from stored problem JSON to ``problem`` (for ``TuningDB.nearest``)."""
 
     def of(text: str) -> float | None:
         try:
-            return distance(problem, Problem.from_json(text))
+            return distance(problem, Problem.from_json(text), loose=loose)
         except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             return None  # a problem this version cannot read
 
     return of
+
+
+def warm_seeds(db: TuningDB, problem: Problem, device: DeviceInfo, versions: Versions) -> list[Config]:
+    """Configs a new study of ``problem`` tries before the kind's own seeds: the best config
+    of the same problem on each other device (fastest device record first), then the best of
+    each of the ``WARM_SEEDS`` nearest recorded problems on ``device`` (by the ``loose``
+    ``distance``, within ``WARM_DISTANCE``), nearest first, the nearest one's next
+    ``NEAREST_RUNNERS_UP`` configs right after its best. Duplicates are dropped; the search checks each
+    for feasibility on this device before it is run."""
+    out: list[Config] = []
+
+    def add(d: dict[str, Any] | None) -> None:
+        if d is not None and Config.is_valid(d) and Config.from_dict(d) not in out:
+            out.append(Config.from_dict(d))
+
+    mine = problem.key
+    others: dict[DeviceInfo, Record] = {}
+    for r in db.records(mine):  # fastest ok first
+        if r.status == "ok" and r.config is not None and r.device != device:
+            others.setdefault(r.device, r)
+    for r in sorted(others.values(), key=lambda r: r.graph_ms or r.median_ms or math.inf):
+        add(r.config)
+    near = distance_to(problem, loose=True)
+    for i, hit in enumerate(
+        db.nearest(problem, device, near, versions=versions, within=WARM_DISTANCE, limit=WARM_SEEDS)
+    ):
+        add(hit.record.config)
+        if i == 0:  # the nearest problem's runners-up too: its measured neighbourhood
+            ranked = [r for r in db.records(hit.record.problem_key) if r.status == "ok"]
+            for r in [r for r in ranked if r.device == device][1 : NEAREST_RUNNERS_UP + 1]:
+                add(r.config)
+    return out
 
 
 def limits_of(device: DeviceInfo) -> DeviceLimits:

@@ -18,12 +18,13 @@ H100. Proposals already measured in this study are told their old value; once TP
 proposed ``TPE_PROPOSALS`` (4) per batch slot without a new one (it settles on what it measured;
 at 50 a slot, each ask costing 25 ms of TPE, one batch spent 10 s asking), the rest are
 drawn at random, so a search stops "exhausted" only when draws find no feasible config left
-to measure (before, TPE alone stopped a resumed 20-trial study at 16). The study is seeded with known-good
-configs (``enqueue_trial``) when it is new, and stops at the trial budget
-(counted over the whole study, so a resumed run finishes what an interrupted one
-began), the time budget, or after ``patience`` evaluated trials without a better
-one. ``evaluate`` is injected: the tuner passes GPU evaluation, tests pass a cost
-model.
+to measure (before, TPE alone stopped a resumed 20-trial study at 16). The study is seeded
+with known-good configs (``enqueue_trial``) when it is new (the records' first:
+``nearest.warm_seeds``), and stops at the trial budget (counted over the whole study, so a
+resumed run finishes what an interrupted one began), the time budget, after ``patience``
+evaluated trials without a better one, or once the best runs at the device's roofline
+(``tuner/roofline.py``). ``evaluate`` is injected: the tuner passes GPU evaluation, tests pass
+a cost model.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class SearchResult:
     best_ms: float | None
     evaluated: int  # trials evaluated in the whole study
     new: int  # of those, evaluated by this call
-    stopped_by: str  # trials, time, patience, exhausted
+    stopped_by: str  # trials, time, patience, exhausted, roofline
 
 
 Applies = Callable[[str, Mapping[str, object]], bool]
@@ -88,6 +89,12 @@ def _encode(space: dict[str, tuple[int, ...]], config: Config, applies: Applies)
         if applies(name, chosen):
             params[name] = values.index(chosen[name])
     return params
+
+
+def _in_space(space: dict[str, tuple[int, ...]], config: Config) -> bool:
+    """Whether every value of ``config`` is one the space has (another problem's or device's
+    config may not be: a block size beyond this problem's padded dims)."""
+    return all(getattr(config, name) in values for name, values in space.items())
 
 
 def _ask(study: optuna.Study, space: dict[str, tuple[int, ...]], applies: Applies) -> optuna.Trial:
@@ -127,7 +134,7 @@ def adopt(
     distributions = {name: optuna.distributions.IntDistribution(0, len(v) - 1) for name, v in space.items()}
     adopted = 0
     for config, outcome in recorded.items():
-        if config in have or not all(getattr(config, n) in v for n, v in space.items()):
+        if config in have or not _in_space(space, config):
             continue
         params = _encode(space, config, applies)
         study.add_trial(
@@ -187,11 +194,13 @@ def search(
     on_trial: Callable[[Config, Outcome, Config | None, float | None], None] | None = None,
     applies: Applies,
     stop: Callable[[], str | None] = lambda: None,
+    good_enough_ms: float | None = None,
 ) -> SearchResult:
     """Run (or resume) ``study`` until a budget is spent; see the module doc. ``evaluate``
     may yield its outcomes one at a time: each is told as it comes, so a run killed in the
     middle of a batch keeps the trials it finished. ``stop`` says why to stop early (checked
-    between batches), or None."""
+    between batches), or None; a best time at or under ``good_enough_ms`` stops it too
+    ("roofline": ``tuner/roofline.py``)."""
     seen: dict[Config, float] = {}
     best: Config | None = None
     best_value = math.inf
@@ -205,7 +214,7 @@ def search(
     proposer = _proposer(study)
     if not study.trials:
         for c in seeds:
-            if infeasible(c) is None:
+            if _in_space(space, c) and infeasible(c) is None:
                 proposer.enqueue_trial(_encode(space, c, applies), skip_if_exists=True)
     rng = random.Random(len(seen))  # the draws of a resumed study differ from the first run's
     start = clock()
@@ -221,6 +230,9 @@ def search(
             break
         if since_best >= budget.patience:
             stopped_by = "patience"
+            break
+        if good_enough_ms is not None and best_value < PENALTY and 10**best_value <= good_enough_ms:
+            stopped_by = "roofline"
             break
         why = stop()
         if why is not None:

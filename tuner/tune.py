@@ -29,7 +29,9 @@ from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import ProblemSpec
 from epilab.templates.kinds import kind_of
+from epilab.tuner.nearest import warm_seeds
 from epilab.tuner.phases import add_phases
+from epilab.tuner.roofline import good_enough_ms
 from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.tuner.suites import problem_label
@@ -63,6 +65,8 @@ class TuneOptions:
     interpret: bool = False
     worker_timeout_s: float = 180.0
     seed: int = 0
+    warm: bool = True  # a new study starts from the records' configs (``seeds``)
+    remeasure_baselines: bool = False  # else a baseline this device and versions recorded is kept
 
     def __post_init__(self) -> None:
         unknown = set(self.baselines) - set(TIMED_LIBRARIES)
@@ -375,11 +379,14 @@ class Tuner:
             )
 
     def seeds(self, problem: Problem) -> list[Config]:
-        """Known-good configs a new study tries first: the default heuristic's, then the
-        template's known-good list."""
+        """Configs a new study tries first: with ``TuneOptions.warm``, the records' (the same
+        problem's best on other devices, then the nearest problems' best on this one:
+        ``nearest.warm_seeds``); then the default heuristic's and the template's known-good list."""
         target = "interpreter" if self.options.interpret else "cuda"
         kind = kind_of(problem)
-        return [kind.default_config(problem, target, sm_count=self.limits.sm_count), *kind.seeds_for(problem)]
+        warm = warm_seeds(self.db, problem, self.device, self.versions) if self.options.warm else []
+        own = [kind.default_config(problem, target, sm_count=self.limits.sm_count), *kind.seeds_for(problem)]
+        return [*warm, *(c for c in own if c not in warm)]
 
     def tune(
         self, spec: ProblemSpec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
@@ -455,6 +462,7 @@ class Tuner:
             on_trial=progress,
             applies=applies(problem),
             stop=stop,
+            good_enough_ms=self.roofline_ms(problem),
         )
         flops = problem.shape.flops()
         timed = time.monotonic()
@@ -481,6 +489,23 @@ class Tuner:
             phases=add_phases({}, phases),
         )
 
+    def _recorded_baselines(self, problem: Problem) -> dict[str, float]:
+        """Library -> time of the baselines this device recorded for ``problem`` with these
+        torch and triton versions: not timed again (a problem's baselines took 2-10 s of each
+        ``tune`` of it, and of each resumed one)."""
+        return {
+            str(r.library): r.graph_ms or float(r.median_ms)
+            for r in self.db.baselines(problem.key, self.device)
+            if r.versions == self.versions and r.status == "ok" and r.median_ms
+        }
+
+    def roofline_ms(self, problem: Problem) -> float | None:
+        """A best time that stops the search at the device's roofline (``tuner/roofline.py``)."""
+        if self.options.interpret:
+            return None
+        flops, nbytes = problem.shape.flops(), problem_bytes(problem)
+        return good_enough_ms(flops, nbytes, problem.dtype, self.device.name)
+
     def _recorded(self, problem: Problem, study: str) -> dict[Config, Outcome]:
         """The configs this device and these versions recorded for ``study``."""
         out: dict[Config, Outcome] = {}
@@ -504,7 +529,11 @@ class Tuner:
         out: dict[str, float] = {}
         if self.options.interpret:
             return out
+        kept = {} if self.options.remeasure_baselines else self._recorded_baselines(problem)
         for library in self.options.baselines:
+            if library in kept:  # like with like already: same device, same versions
+                out[library] = kept[library]
+                continue
             result = self.worker.run(
                 {"job": "baseline", "problem": problem_json, "library": library, "seed": next(self._seeds)},
                 timeout_s=max(600.0, self.options.worker_timeout_s),
