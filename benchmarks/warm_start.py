@@ -101,11 +101,17 @@ def _retimed(tuner: Tuner, p: Problem, configs: list[Config], rounds: int) -> di
     return {c: statistics.median(x[key] for x in got) for c, got in ok.items() if got}
 
 
-def _row(tuner: Tuner, p: Problem, seeds: list[Config], args: argparse.Namespace) -> dict:
-    own = [c for c in tuner.seeds(p) if c not in seeds]  # the template's (the tuner runs cold)
+def _row(
+    tuner: Tuner, p: Problem, seeds: list[Config], args: argparse.Namespace, reference: dict | None
+) -> dict:
+    own = tuner.seeds(p)  # the template's (this tuner runs cold)
     good = tuner.roofline_ms(p)
-    cold = _searched(tuner, p, own, args.cold_trials, f"cold-{p.key[:16]}", good)
-    warm = _searched(tuner, p, [*seeds, *own], args.warm_trials, f"warm-{p.key[:16]}", good)
+    if reference is None:
+        cold = _searched(tuner, p, own, args.cold_trials, f"cold-{p.key[:16]}", good)
+    else:  # an earlier run's cold best, timed again beside this run's warm bests
+        best = Config.from_dict(reference["configs"][f"cold@{args.cold_trials}"])
+        cold = {"at": {args.cold_trials: best}, "roofline_at": None, "seconds": 0.0}
+    warm = _searched(tuner, p, tuner.warm_start(p, seeds), args.warm_trials, f"warm-{p.key[:16]}", good)
     picks = {f"cold@{k}": c for k, c in cold["at"].items()} | {f"warm@{k}": c for k, c in warm["at"].items()}
     distinct = list(dict.fromkeys(picks.values()))
     ms = _retimed(tuner, p, distinct, args.rounds)
@@ -147,6 +153,11 @@ def main() -> None:
     parser.add_argument("--warm-trials", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--state", help="JSON of the held-out rows so far (default: the db's path + .json)")
+    parser.add_argument(
+        "--reference",
+        help="JSON of an earlier run (--json): its cold best of each problem is timed again beside "
+        "this run's warm bests instead of a new cold search",
+    )
     parser.add_argument("--interpret", action="store_true", help="dry run in Triton's interpreter")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -169,6 +180,10 @@ def main() -> None:
         jobs=0 if args.interpret else 8,
         warm=False,
     )
+    references: dict[str, dict] = {}
+    if args.reference:
+        with open(args.reference) as f:
+            references = {r["key"]: r for r in json.load(f)["rows"]}
     started = time.monotonic()
     with TuningDB.open(args.db) as db, Tuner(db, options) as tuner:
         for i, p in enumerate(source, 1):
@@ -176,10 +191,10 @@ def main() -> None:
             print(f"[source {i}/{len(source)}] {r.label}: {r.best_ms} ms, {r.seconds:.0f} s", flush=True)
         seeds = {p.key: warm_seeds(db, p, tuner.device, tuner.versions) for p in held}
         for i, p in enumerate(held, 1):
-            if p.key in done:
+            if p.key in done or (args.reference and p.key not in references):
                 continue
             db.put_problem(p)
-            row = {"key": p.key, **_row(tuner, p, seeds[p.key], args)}
+            row = {"key": p.key, **_row(tuner, p, seeds[p.key], args, references.get(p.key))}
             done[p.key] = row
             with open(state_path, "w") as f:
                 json.dump(list(done.values()), f, indent=1)
@@ -194,6 +209,7 @@ def main() -> None:
         "suites": args.suites,
         "trials": {"source": args.source_trials, "cold": args.cold_trials, "warm": args.warm_trials},
         "rounds": args.rounds,
+        "reference": args.reference,
         "seconds": round(time.monotonic() - started, 1),
         "rows": rows,
         "summary": _summary(rows, args),
