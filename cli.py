@@ -746,7 +746,14 @@ def _run_fleet(
     """Tune each (label, problem) with the fleet's workers (tuner/fleet.py), a progress line
     per problem this process takes; stops cleanly on Ctrl-C. A worker's bug is raised once
     the others have stopped."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from epilab.tuner.fleet import Event, run_fleet
 
@@ -756,8 +763,10 @@ def _run_fleet(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),  # the steps left at the mean pace of the run so far (next line)
         console=out,
         transient=False,
+        speed_estimate_period=24 * 3600.0,  # rich's default (30 s) forgets problems a minute long
     ) as progress:
         where = "the interpreter" if options.interpret else f"{len(fleet.devices)} GPU(s)"
         overall = progress.add_task(f"tuning {len(jobs)} problem(s) on {where}", total=len(jobs))

@@ -6,7 +6,7 @@ import io
 from types import SimpleNamespace
 
 from epilab.ir.problem import Config
-from epilab.tuner.progress import Reporter, summary
+from epilab.tuner.progress import Reporter, duration, summary
 from epilab.tuner.search import Outcome
 from epilab.tuner.tune import ProblemResult
 
@@ -38,7 +38,8 @@ def test_lines_when_not_a_terminal():
     reporter.tune(FakeTuner(), None, "mm 16x8x8")
     assert out.getvalue().splitlines() == [
         "epilab: tuning [1/2] mm 8x8x8 (up to 3 trials)",
-        "epilab: tuned [1/2] mm 8x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s",
+        "epilab: tuned [1/2] mm 8x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s; "
+        "about 1 s left (1 problem x 1 s)",
         "epilab: tuning [2/2] mm 16x8x8 (up to 3 trials)",
         "epilab: tuned [2/2] mm 16x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s",
     ]
@@ -51,3 +52,13 @@ def test_a_bar_in_a_terminal_and_the_summary_kept():
     assert "(up to 3 trials)" not in text  # the bar, not the log line
     assert text.rstrip().endswith("epilab: tuned mm 8x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s")
     assert summary(_result("x", None, refused="too large")) == "refused: too large"
+
+
+def test_the_time_left_is_the_problems_left_times_the_mean_so_far():
+    reporter = Reporter(io.StringIO(), total=10)
+    reporter.done, reporter.seconds = 4, 4 * 41.0
+    assert reporter.left() == "; about 4 min left (6 problems x 41 s)"
+    reporter.done = 10
+    assert reporter.left() == ""  # all done
+    assert Reporter(io.StringIO()).left() == ""  # no count: no estimate
+    assert duration(45) == "45 s" and duration(4000) == "67 min" and duration(3 * 3600) == "3.0 h"

@@ -44,6 +44,7 @@ class Reporter:
         self.stream = stream or sys.stderr
         self.total = total
         self.done = 0
+        self.seconds = 0.0  # the problems' tuning so far: what the estimate of the rest is made of
         self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
 
     def _name(self, label: str) -> str:
@@ -81,8 +82,26 @@ class Reporter:
         name = self._name(label).replace("tuning ", "tuned ", 1)
         with self.problem(label, tuner.options.budget.trials) as on_trial:
             result = tuner.tune_problem(problem, label, on_trial)
-        print(f"{name}: {summary(result)}", file=self.stream, flush=True)
+        self.seconds += result.seconds
+        print(f"{name}: {summary(result)}{self.left()}", file=self.stream, flush=True)
         return result
+
+    def left(self) -> str:
+        """``; about 3 min left (4 problems x 41 s)``: the problems still to tune times the
+        mean seconds of those tuned; empty when the count is unknown or all are done."""
+        if not self.total or not self.done or self.done >= self.total:
+            return ""
+        rest, mean = self.total - self.done, self.seconds / self.done
+        return f"; about {duration(rest * mean)} left ({rest} problem{'s' * (rest > 1)} x {mean:.0f} s)"
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def tune_all(tuner: Tuner, jobs: list[tuple[str, Problem]]) -> tuple[list[ProblemResult], bool]:

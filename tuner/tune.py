@@ -50,12 +50,6 @@ DEATHS = ("crashed", "timeout")
 HANG_FLOOR_S = 60.0
 HANG_FACTOR = 5.0
 
-# a warm-started study's seeds beyond the records' (``Tuner.warm_start``): the default heuristic's
-# and this many of the template's known-good list (24 for the matmul). On the held-out half of
-# llm + midm + conv (H200, RESULTS.md "Warm starts"), with the whole list after the records'
-# configs, trials 9-16 (all from the list) improved the best of 1 problem in 21.
-WARM_KIND_SEEDS = 2
-
 
 class DeviceLost(RuntimeError):
     """The tuning device stopped answering (a candidate crashed and a probe then failed)."""
@@ -400,12 +394,10 @@ class Tuner:
 
     def warm_start(self, problem: Problem, warm: list[Config]) -> list[Config]:
         """``warm`` (the records' configs: ``nearest.warm_seeds``), then the default heuristic's
-        and the first ``WARM_KIND_SEEDS`` of the template's list, each once; with no ``warm``,
-        the whole list. The rest of the budget goes to the sampler, which models the seeds."""
-        own = self.own_seeds(problem)
-        if warm:
-            own = own[: 1 + WARM_KIND_SEEDS]
-        return [*warm, *(c for c in own if c not in warm)]
+        and the template's known-good list, each once. (Keeping only two of the list after the
+        records' configs, to leave the sampler more of a 16-trial budget, did worse on the
+        held-out half of llm + midm + conv: RESULTS.md 2026-11-27, "Warm starts".)"""
+        return [*warm, *(c for c in self.own_seeds(problem) if c not in warm)]
 
     def tune(
         self, spec: ProblemSpec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
