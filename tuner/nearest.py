@@ -105,8 +105,8 @@ def warm_seeds(db: TuningDB, problem: Problem, device: DeviceInfo, versions: Ver
     of the same problem on each other device (fastest device record first), then the best of
     each of the ``WARM_SEEDS`` nearest recorded problems on ``device`` (by the ``loose``
     ``distance``, within ``WARM_DISTANCE``), nearest first, the nearest one's next
-    ``NEAREST_RUNNERS_UP`` configs right after its best. Duplicates are dropped; the search checks each
-    for feasibility on this device before it is run."""
+    ``NEAREST_RUNNERS_UP`` configs right after its best. Duplicates are dropped; the search
+    checks each for feasibility on this device before it is run."""
     out: list[Config] = []
 
     def add(d: dict[str, Any] | None) -> None:

@@ -379,9 +379,8 @@ class Tuner:
             )
 
     def seeds(self, problem: Problem) -> list[Config]:
-        """Configs a new study tries first: with ``TuneOptions.warm``, the records' and a few of
-        the template's (``warm_start``); else the default heuristic's and the template's
-        known-good list."""
+        """Configs a new study tries first: with ``TuneOptions.warm``, the records' and then the
+        template's (``warm_start``); else the template's alone (``own_seeds``)."""
         if not self.options.warm:
             return self.own_seeds(problem)
         return self.warm_start(problem, warm_seeds(self.db, problem, self.device, self.versions))
