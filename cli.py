@@ -306,6 +306,13 @@ def tune(
             "same problem on other devices), or from the template's own seeds only",
         ),
     ] = True,
+    total_time: Annotated[
+        str | None,
+        typer.Option(
+            help="a total time for the run, e.g. 10m, 1.5h, 600 (seconds): each problem's search gets "
+            "its share of the time by its FLOPs and bytes (at most --time-budget)",
+        ),
+    ] = None,
     remeasure_baselines: Annotated[
         bool,
         typer.Option(
@@ -443,6 +450,7 @@ def tune(
     if ctx.invoked_subcommand is not None:
         return
     _check_tune_flags(suite, shapes, seen, model, inputs, train, freezing, dtype, rounds, max_rounds)
+    deadline = None if total_time is None else time.monotonic() + _duration(total_time, "--total-time")
     device_index, fleet = _tune_devices(device, devices, lease_ttl, interpret)
     from epilab.tuner.search import Budget
     from epilab.tuner.tune import TuneOptions, Tuner
@@ -457,6 +465,7 @@ def tune(
         seed=seed,
         warm=warm,
         remeasure_baselines=remeasure_baselines or not resume,
+        deadline=deadline,
     )
     if model is not None:
         from epilab.tuner.model import MODES, ModelOptions
@@ -495,6 +504,15 @@ def tune(
             "run the same command again to resume"
         )
         raise typer.Exit(130)
+
+
+def _duration(text: str, flag: str) -> float:
+    from epilab.tuner.total_time import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint=flag) from None
 
 
 def _check_tune_flags(
@@ -740,6 +758,21 @@ def _tune_model(
         raise typer.Exit(130)
 
 
+def _shared_time(options: Any, jobs: list[tuple[str, Any]], fleet: Any) -> Any:
+    """``options`` with each job's share of the time left before ``--total-time``'s deadline."""
+    if options.deadline is None:
+        return options
+    import dataclasses
+
+    import torch
+
+    from epilab.tuner.total_time import spread
+
+    name = "interpreter" if options.interpret else torch.cuda.get_device_name(options.device_index)
+    shares = spread(options.deadline, [p for _, p in jobs], name, gpus=len(fleet.devices))
+    return dataclasses.replace(options, seconds_for={**options.seconds_for, **shares})
+
+
 def _run_fleet(
     store: Any, jobs: list[tuple[str, Any]], options: Any, fleet: Any, trials: int, out: Console
 ) -> tuple[list, bool]:
@@ -805,7 +838,8 @@ def _run_fleet(
                 why = printable(e.detail.strip().splitlines()[-1][:300])
                 out.print(f"[yellow]worker {printable(e.worker)} stopped[/yellow]: {why}")
 
-        report = run_fleet(store, jobs, options, fleet, trials=trials, listener=listen)
+        shared = _shared_time(options, jobs, fleet)
+        report = run_fleet(store, jobs, shared, fleet, trials=trials, listener=listen)
     for w in report.workers:
         if w.error is not None:
             raise w.error

@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +66,10 @@ class TuneOptions:
     worker_timeout_s: float = 180.0
     seed: int = 0
     warm: bool = True  # a new study starts from the records' configs (``seeds``)
+    # ``--total-time``: the run's deadline (``time.monotonic``), and each problem's seconds of
+    # search at most, its share of the time left (tuner/total_time.py)
+    deadline: float | None = None
+    seconds_for: Mapping[str, float] = field(default_factory=dict)
     remeasure_baselines: bool = False  # else a baseline this device and versions recorded is kept
 
     def __post_init__(self) -> None:
@@ -467,7 +471,7 @@ class Tuner:
                 problem, configs, study=name, holds=holds, phases=phases
             ),
             infeasible=lambda c: infeasible(problem, c, self.limits),
-            budget=self.options.budget,
+            budget=self.budget_for(problem),
             seeds=self.seeds(problem),
             on_trial=progress,
             applies=applies(problem),
@@ -508,6 +512,11 @@ class Tuner:
             for r in self.db.baselines(problem.key, self.device)
             if r.versions == self.versions and r.status == "ok" and r.median_ms
         }
+
+    def budget_for(self, problem: Problem) -> Budget:
+        """The options' budget, its seconds capped by the problem's share of a total time."""
+        budget, share = self.options.budget, self.options.seconds_for.get(problem.key)
+        return budget if share is None else dataclasses.replace(budget, seconds=min(budget.seconds, share))
 
     def roofline_ms(self, problem: Problem) -> float | None:
         """A best time that stops the search at the device's roofline (``tuner/roofline.py``)."""

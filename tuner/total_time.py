@@ -1,0 +1,54 @@
+"""A total time for a tuning run (``epilab tune --total-time 10m``), spread over its problems.
+
+Each list of problems the run tunes (a suite, or a model's pass) shares the time left until
+the run's deadline, times the number of GPUs tuning it, by each problem's share of the time:
+its floor (``roofline.floor_ms``: the fewest milliseconds its FLOPs and bytes take on the
+device; on a device or dtype without a figure, the H100's bf16 figures stand in, since only the
+ratios count). A problem that is a third of the list's time gets a third of its search time.
+The share caps the problem's ``--time-budget`` (never raises it); its ``--trials`` still apply.
+It bounds the searches, whose clocks are read between batches, not the baselines or a model's
+checks in context: a run can end a little past its deadline. A list that starts after the
+deadline gives its problems no search time (no trial is run; their baselines still are), and
+the work list counts them done, as it does a search that ran out of ``--time-budget``: a larger
+``--trials`` or ``--restart`` tunes them again.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+
+from epilab.ir.problem import Problem
+from epilab.tuner.roofline import floor_ms
+from epilab.tuner.tune import problem_bytes
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``90``, ``90s``, ``10m``, ``10min``, ``1.5h``; ValueError otherwise."""
+    found = _DURATION.match(text.lower())
+    seconds = float(found.group(1)) * _UNITS[found.group(2) or ""] if found else 0.0
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a duration: give seconds, or a number with s, m or h (10m, 1.5h)")
+    return seconds
+
+
+def weight(problem: Problem, device_name: str) -> float:
+    """A problem's share of the time, before normalising: its floor in ms on the device."""
+    flops, nbytes = problem.shape.flops(), problem_bytes(problem)
+    found = floor_ms(flops, nbytes, problem.dtype, device_name)
+    return found if found is not None else floor_ms(flops, nbytes, "bfloat16", "H100") or 0.0
+
+
+def spread(deadline: float, problems: Sequence[Problem], device_name: str, gpus: int = 1) -> dict[str, float]:
+    """Problem key -> seconds of search: the time until ``deadline`` (``time.monotonic``) on
+    ``gpus`` GPUs, by each problem's ``weight``; 0 for all once the deadline has passed."""
+    left = max(0.0, deadline - time.monotonic()) * max(gpus, 1)
+    weights = {p.key: weight(p, device_name) for p in problems}
+    total = sum(weights.values())
+    if total <= 0:
+        return {k: left / max(len(weights), 1) for k in weights}
+    return {k: left * w / total for k, w in weights.items()}
