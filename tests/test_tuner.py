@@ -20,6 +20,7 @@ from epilab.templates.conv_spec import ConvSpec
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import is_current, kind_of
 from epilab.tuner.evaluate import make_inputs
+from epilab.tuner.phases import PHASES
 from epilab.tuner.search import Budget, Outcome, make_study, search
 from epilab.tuner.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
 from epilab.tuner.suites import SUITES, load_shapes
@@ -549,6 +550,10 @@ def test_tune_a_conv_problem_in_the_interpreter(tmp_path):
             spec = ConvSpec(1, 16, 6, 5, 24, 3, 3, padding=1, epilogue="bias_residual_relu")
             result = tuner.tune(spec)
         assert result.evaluated == 3 and result.best_ms is not None
+        assert list(result.phases) == [p for p in PHASES if p in result.phases]  # in PHASES' order
+        for phase in ("worker", "reference", "feasibility", "database", "search"):  # where a trial goes
+            assert result.phases.get(phase, 0) > 0, (phase, result.phases)
+        assert sum(result.phases.values()) == pytest.approx(result.seconds, rel=0.05)
         records = db.records(spec.problem().key)
         assert [r.status for r in records] == ["ok"] * 3 and all(r.max_rel_error < 1e-2 for r in records)
         assert Problem.from_json(db.problem_json(spec.problem().key)[1]).geometry == spec.geometry()

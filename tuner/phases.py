@@ -8,8 +8,21 @@ from __future__ import annotations
 # the GPU worker's (its process started or restarted, results passed back, a hung or crashed
 # candidate's wait), a candidate's fresh inputs, its first launch (loading the compiled
 # kernel), the float64 reference and the comparison, its timing (events and CUDA graphs, with
-# the rotating input sets), the library baselines, and the rest (the sampler, the database)
-PHASES = ("compile", "worker", "inputs", "launch", "reference", "timing", "baselines", "search")
+# the rotating input sets), the library baselines, the feasibility rules over the proposals,
+# the tuning database (the problem, the study and its resume, the warm seeds' queries, each
+# trial's record), and the rest: the sampler (with the trials it adds to the stored study)
+PHASES = (
+    "compile",
+    "worker",
+    "inputs",
+    "launch",
+    "reference",
+    "timing",
+    "baselines",
+    "feasibility",
+    "database",
+    "search",
+)
 
 
 def phase_text(phases: dict[str, float]) -> str:

@@ -349,6 +349,7 @@ class Tuner:
             timing = _timing(result, flops, nbytes)
             if not holds():  # paused past its lease: the new holder measures this config
                 raise TakenOver(f"{problem_label(problem)}: the lease was lost while a trial ran")
+            recording = time.monotonic()
             self.db.record_trial(
                 problem,
                 self.device,
@@ -361,6 +362,7 @@ class Tuner:
                 trial_number=next(self._trial_numbers),
                 detail=result.get("detail"),
             )
+            phases["database"] += time.monotonic() - recording
             self.evaluated += 1
             if on_result is not None:
                 on_result(config, result)
@@ -450,14 +452,23 @@ class Tuner:
                 refused,
                 kind_of(problem).library,
             )
+        phases: Counter[str] = Counter()
+        opened = time.monotonic()
         name = study_name(problem, self.device)
         restart = self.options.restart if restart is None else restart
         study = make_study(name, self.storage, restart=restart, seed=self.options.seed)
         space = space_for(problem, self.limits)
         if exclusive:
             adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
+        seeds = self.seeds(problem)
+        phases["database"] += time.monotonic() - opened  # (and the problem's row, stored above)
         statuses: Counter[str] = Counter()
-        phases: Counter[str] = Counter()
+
+        def why_not(config: Config) -> str | None:
+            checked = time.monotonic()
+            why = infeasible(problem, config, self.limits)
+            phases["feasibility"] += time.monotonic() - checked
+            return why
 
         def progress(config: Config, outcome: Outcome, best: Config | None, best_ms: float | None) -> None:
             statuses[outcome.status] += 1
@@ -470,9 +481,9 @@ class Tuner:
             evaluate=lambda configs: self.iter_evaluate(
                 problem, configs, study=name, holds=holds, phases=phases
             ),
-            infeasible=lambda c: infeasible(problem, c, self.limits),
+            infeasible=why_not,
             budget=self.budget_for(problem),
-            seeds=self.seeds(problem),
+            seeds=seeds,
             on_trial=progress,
             applies=applies(problem),
             stop=stop,
