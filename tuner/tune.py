@@ -460,7 +460,7 @@ class Tuner:
         space = space_for(problem, self.limits)
         if exclusive:
             adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
-        seeds = self.seeds(problem)
+        seeds = [] if study.get_trials(deepcopy=False) else self.seeds(problem)  # a new study's only
         phases["database"] += time.monotonic() - opened  # (and the problem's row, stored above)
         statuses: Counter[str] = Counter()
 
