@@ -321,6 +321,15 @@ def tune(
             "recorded them (--restart does too)",
         ),
     ] = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="where the time goes: each problem's seconds by phase (render, compile and its cache "
+            "hits, feasibility, the float64 check, timing, baselines, the database) and a trial's "
+            "median; with --json, a row of each trial too",
+        ),
+    ] = False,
     seen: Annotated[
         bool,
         typer.Option(
@@ -466,6 +475,7 @@ def tune(
         warm=warm,
         remeasure_baselines=remeasure_baselines or not resume,
         deadline=deadline,
+        profile=profile,
     )
     if model is not None:
         from epilab.tuner.model import MODES, ModelOptions
@@ -498,6 +508,8 @@ def tune(
         _print_json([r.to_dict() for r in results])
     else:
         _tune_summary(results, interpret)
+        if profile:
+            _profile_summary(results)
     if interrupted:
         (err_console if json_out else console).print(
             "[yellow]interrupted[/yellow]: every trial finished so far is in the database; "
@@ -749,6 +761,8 @@ def _tune_model(
     else:
         if report.tuned:
             _tune_summary(report.tuned, tuner.options.interpret)
+            if tuner.options.profile:
+                _profile_summary(report.tuned)
         typer.echo(report.table())
     if report.interrupted:
         (err_console if json_out else console).print(
@@ -929,6 +943,38 @@ def _tune_summary(results: list, interpret: bool) -> None:
     for r in results:
         if r.refused is not None:
             console.print(f"[yellow]not tuned[/yellow] {printable(r.label)}: {printable(r.refused)}")
+
+
+def _profile_summary(results: list) -> None:
+    """``--profile``: each problem's seconds by phase, its compiles, and a trial's median."""
+    from epilab.tuner.phases import PHASES
+    from epilab.tuner.profile import median_phases
+
+    tuned = [r for r in results if r.refused is None]
+    shown = [p for p in PHASES if any(r.phases.get(p, 0) >= 0.05 for r in tuned)]
+    headers = ["problem", "trials", "wall s", *shown, "built", "cached"]
+    rows = [
+        [
+            r.label,
+            str(r.evaluated),
+            f"{r.seconds:.1f}",
+            *(f"{r.phases.get(p, 0.0):.1f}" for p in shown),
+            f"{r.compiles.get('built', 0)} ({r.compiles.get('build_s', 0.0):.0f} s)",
+            str(r.compiles.get("cache_hits", 0)),
+        ]
+        for r in tuned
+    ]
+    _print_table("epilab tune --profile: seconds by phase", headers, rows, left=1)
+    trials = [t for r in tuned for t in r.trials_profile]
+    if trials:
+        median = median_phases(trials)
+        per_trial = ", ".join(f"{k} {v:.3f} s" for k, v in median.items() if v >= 0.0005)
+        typer.echo(f"a trial's median seconds, by phase ({len(trials)} trials): {per_trial or '-'}")
+    typer.echo(
+        "compile: the wait for the compile pool (its compiles overlap the checks of the candidates "
+        "before); built: kernels Triton compiled (seconds of its own count); cached: loaded from "
+        "Triton's cache"
+    )
 
 
 def _print_table(

@@ -28,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 STATUSES = ("ok", "compile_error", "out_of_resources", "incorrect", "timeout", "crashed")
+COMPILE_FAILURES = ("compile_error", "out_of_resources")  # Triton refused to build the kernel
 # the libraries a baseline may name; the tuner times all but "eager" (kept for records of
 # plain eager torch from older databases and benchmark scripts)
 LIBRARIES = ("cublas", "cublaslt", "cudnn", "grouped_mm", "eager", "inductor", "inductor-max-autotune")

@@ -47,6 +47,7 @@ from epilab.db.fields import (
 )
 from epilab.db.keys import family_key
 from epilab.db.models import (
+    COMPILE_FAILURES,
     METHOD_LEN,
     NAME_LEN,
     STATUSES,
@@ -575,6 +576,29 @@ class TuningDB:
                 found.append(dataclasses.replace(best, via="transfer", distance=far, source_json=text))
         found.sort(key=lambda h: (h.distance, h.record.median_ms or math.inf))
         return found[:limit]
+
+    def failed_compiles(
+        self, problem: ProblemLike, device: DeviceInfo, triton_version: str, *, limit: int = 4000
+    ) -> list[tuple[str, Record]]:
+        """(problem JSON, record) of each config Triton failed to build (``compile_error``,
+        ``out_of_resources``) on ``device`` with ``triton_version`` for a problem of the same
+        template (and version) and input dtype, newest first, at most ``limit``: what
+        ``tuner.learned`` makes its feasibility rules of."""
+        d = json.loads(problem.to_json())
+        with self.session() as s:
+            rows = s.execute(
+                records_query(TrialRecord, device)
+                .where(
+                    ProblemRow.template == d["template"],
+                    ProblemRow.template_hash == d["template_hash"],
+                    ProblemRow.dtype == d["dtype"],
+                    TrialRecord.status.in_(COMPILE_FAILURES),
+                    TrialRecord.triton_version == triton_version,
+                )
+                .order_by(TrialRecord.id.desc())
+                .limit(limit)
+            ).all()
+        return [(r.ProblemRow.json, record_of(r)) for r in rows]
 
     def records(self, key: str) -> list[Record]:
         """Every trial record of a problem, fastest ok first, then failures."""

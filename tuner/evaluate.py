@@ -136,6 +136,44 @@ def _timed(events: Measured, graph: Measured | None, err: float) -> dict[str, An
     return out
 
 
+class CompileCounts:
+    """Triton's compiles in a block, through its compilation listener: how many kernels were
+    built and how many came from its on-disk cache (a binary another problem or an earlier
+    command built for the same source and specialization), and the seconds of the builds.
+    Nested or not, the listener set before is called too and put back after."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.built = 0
+        self.build_s = 0.0
+
+    def __enter__(self) -> CompileCounts:
+        from triton import knobs
+
+        self._before = knobs.compilation.listener
+
+        def listen(**kw: Any) -> None:
+            if kw.get("cache_hit"):
+                self.hits += 1
+            else:
+                self.built += 1
+                self.build_s += getattr(kw.get("times"), "total", 0) / 1e6  # microseconds
+            if self._before is not None:
+                self._before(**kw)
+
+        knobs.compilation.listener = listen
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from triton import knobs
+
+        knobs.compilation.listener = self._before
+
+    def fields(self) -> dict[str, Any]:
+        """What a task's result says of its compiles (``profile.CompileStats``)."""
+        return {"cache_hits": self.hits, "built": self.built, "build_s": round(self.build_s, 4)}
+
+
 class Phases:
     """Where a task's seconds went, phase by phase (``lap(name)`` ends the phase under way):
     what ``epilab tune`` reports as the time spent on compiles, checks and timing."""
@@ -152,7 +190,8 @@ class Phases:
 
 def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
     """Check, then time, one config; returns a result dict (status, timings, error, detail,
-    and the seconds of each phase: inputs, launch, reference, timing)."""
+    the seconds of each phase: inputs, render, launch, reference, timing, and its Triton
+    compiles: ``CompileCounts.fields``)."""
     phases = Phases()
     problem = Problem.from_json(problem_json)
     cfg = Config.from_dict(config)
@@ -161,17 +200,21 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
     a, b, operands = make_inputs(problem, device, seed)
     outs = poisoned_outputs(problem, device)
     phases.lap("inputs")
-    try:
-        bound = bind(problem, cfg, a, b, operands, out=outs)
-        bound.run()
-        if not interpreter:
-            torch.cuda.synchronize()
-    except Exception as e:
-        known = _known_failure(e)
-        if known is None:
-            raise
-        phases.lap("launch")
-        return _result(known[0], detail=_short(e), restart=known[1], phases=phases.seconds)
+    with CompileCounts() as counts:
+        try:
+            bound = bind(problem, cfg, a, b, operands, out=outs)
+            phases.lap("render")  # the template rendered and its module imported
+            bound.run()
+            if not interpreter:
+                torch.cuda.synchronize()
+        except Exception as e:
+            known = _known_failure(e)
+            if known is None:
+                raise
+            phases.lap("launch")
+            return _result(
+                known[0], detail=_short(e), restart=known[1], phases=phases.seconds, **counts.fields()
+            )
     phases.lap("launch")  # the first call: loading the kernel (compiling it if the pool did not)
     errors = output_errors(problem, outs, kind_of(problem).reference(problem, a, b, operands))
     err = max(e for e, _ in errors)
@@ -179,7 +222,11 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
     phases.lap("reference")
     if why is not None:
         return _result(
-            "incorrect", max_rel_error=err if math.isfinite(err) else None, detail=why, phases=phases.seconds
+            "incorrect",
+            max_rel_error=err if math.isfinite(err) else None,
+            detail=why,
+            phases=phases.seconds,
+            **counts.fields(),
         )
     try:
         events, graph = _measure(
@@ -192,9 +239,9 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
         if known is None:
             raise
         phases.lap("timing")
-        return _result(known[0], detail=_short(e), restart=known[1], phases=phases.seconds)
+        return _result(known[0], detail=_short(e), restart=known[1], phases=phases.seconds, **counts.fields())
     phases.lap("timing")
-    return _result("ok", **_timed(events, graph, err), phases=phases.seconds)
+    return _result("ok", **_timed(events, graph, err), phases=phases.seconds, **counts.fields())
 
 
 def vendor_serves(problem: Problem, library: str) -> bool:
@@ -326,19 +373,27 @@ def probe_device() -> dict[str, Any]:
 
 
 def compile_candidate(problem_json: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Compile (not launch) a candidate: what the parallel compile pool runs."""
+    """Compile (not launch) a candidate: what the parallel compile pool runs; with the seconds
+    of its phases in the pool's process (inputs, render, compile) and its Triton compiles."""
+    phases = Phases()
     problem = Problem.from_json(problem_json)
     cfg = Config.from_dict(config)
     device = device_for_tuning()
     a, b, operands = make_inputs(problem, device, 0)
-    try:
-        bind(problem, cfg, a, b, operands).compile()
-    except Exception as e:
-        known = _known_failure(e)
-        if known is None:
-            raise
-        return _result(known[0], detail=_short(e))
-    return _result("compiled")
+    phases.lap("inputs")
+    with CompileCounts() as counts:
+        try:
+            bound = bind(problem, cfg, a, b, operands)
+            phases.lap("render")
+            bound.compile()
+        except Exception as e:
+            known = _known_failure(e)
+            if known is None:
+                raise
+            phases.lap("compile")
+            return _result(known[0], detail=_short(e), pool_phases=phases.seconds, **counts.fields())
+    phases.lap("compile")
+    return _result("compiled", pool_phases=phases.seconds, **counts.fields())
 
 
 __all__ = ["evaluate_baseline", "evaluate_candidate", "make_inputs", "run_task", "target_for"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 # where a problem's tuning time goes, in the order a trial meets them: the wait for the
 # compile pool (a candidate's compile, less what overlapped the checks of those before it),
 # the GPU worker's (its process started or restarted, results passed back, a hung or crashed
-# candidate's wait), a candidate's fresh inputs, its first launch (loading the compiled
-# kernel), the float64 reference and the comparison, its timing (events and CUDA graphs, with
+# candidate's wait), a candidate's fresh inputs, its template rendered and imported in the
+# worker, its first launch (loading the compiled kernel, or compiling it where the pool did
+# not), the float64 reference and the comparison, its timing (events and CUDA graphs, with
 # the rotating input sets), the library baselines, the feasibility rules over the proposals,
 # the tuning database (the problem, the study and its resume, the warm seeds' queries, each
 # trial's record), and the rest: the sampler (with the trials it adds to the stored study)
@@ -15,6 +16,7 @@ PHASES = (
     "compile",
     "worker",
     "inputs",
+    "render",
     "launch",
     "reference",
     "timing",

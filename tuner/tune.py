@@ -19,18 +19,21 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
 
 from epilab.db import DeviceInfo, Record, Timing, TuningDB, Versions, comparable_ms
-from epilab.db.models import KIND_LIBRARIES, TIMED_LIBRARIES
+from epilab.db.models import COMPILE_FAILURES, KIND_LIBRARIES, TIMED_LIBRARIES
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import ProblemSpec
 from epilab.templates.kinds import kind_of
+from epilab.tuner.learned import LearnedRules
 from epilab.tuner.nearest import warm_seeds
 from epilab.tuner.phases import add_phases
+from epilab.tuner.profile import CompileStats, trial_compiles, trial_profile
 from epilab.tuner.roofline import good_enough_ms
 from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
@@ -71,6 +74,7 @@ class TuneOptions:
     deadline: float | None = None
     seconds_for: Mapping[str, float] = field(default_factory=dict)
     remeasure_baselines: bool = False  # else a baseline this device and versions recorded is kept
+    profile: bool = False  # each problem's result keeps a row of each trial (tuner/profile.py)
 
     def __post_init__(self) -> None:
         unknown = set(self.baselines) - set(TIMED_LIBRARIES)
@@ -96,6 +100,8 @@ class ProblemResult:
     # library -> (baseline ms, tuned ms, "graph" or "events"): like with like (db.comparable_ms)
     compared: dict[str, tuple[float, float, str]] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # where ``seconds`` went (phases.PHASES)
+    compiles: dict[str, float | int] = field(default_factory=dict)  # profile.CompileStats.to_dict
+    trials_profile: tuple[dict[str, Any], ...] = ()  # with TuneOptions.profile: profile.trial_profile rows
 
     @property
     def library_ms(self) -> float | None:
@@ -135,6 +141,8 @@ class ProblemResult:
             "statuses": self.statuses,
             "seconds": round(self.seconds, 3),
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
+            "compiles": self.compiles,
+            **({"trials_profile": list(self.trials_profile)} if self.trials_profile else {}),
             "refused": self.refused,
         }
 
@@ -307,6 +315,8 @@ class Tuner:
         on_result: Callable[[Config, dict], None] | None = None,
         holds: Callable[[], bool] = lambda: True,
         phases: Counter[str] | None = None,
+        compiles: CompileStats | None = None,
+        trace: list[dict[str, Any]] | None = None,
     ) -> Iterator[Outcome]:
         """``evaluate``, yielding each outcome once its trial is recorded; each candidate is
         checked as soon as its compile is done (``CompilePool.compiled``). A candidate that
@@ -314,8 +324,10 @@ class Tuner:
         still computes; otherwise DeviceLost is raised and nothing is recorded for it.
         ``holds`` says whether the problem is still this runner's (its lease): when it is
         not, the trial is dropped unrecorded and TakenOver raised. ``phases`` gathers where
-        the seconds went (``phases.PHASES``)."""
+        the seconds went (``phases.PHASES``), ``compiles`` the Triton compiles, and ``trace``
+        a row of each trial (``profile.trial_profile``)."""
         phases = Counter() if phases is None else phases
+        compiles = CompileStats() if compiles is None else compiles
         problem_json = problem.to_json()
         flops, nbytes = problem.shape.flops(), problem_bytes(problem)
         compiled = (
@@ -324,10 +336,11 @@ class Tuner:
             else iter([{"status": "compiled"}] * len(configs))
         )
         for config in configs:
+            trial: Counter[str] = Counter()  # this trial's phases
             started = time.monotonic()
             pre = next(compiled)  # the later candidates compile while this one is checked and timed
-            phases["compile"] += time.monotonic() - started
-            if pre["status"] in ("compile_error", "out_of_resources"):
+            trial["compile"] += time.monotonic() - started
+            if pre["status"] in COMPILE_FAILURES:
                 result = pre
             else:
                 result = self.worker.run(
@@ -339,7 +352,7 @@ class Tuner:
                     },
                     timeout_s=self.hang_timeout_s(),
                 )
-                _add_worker_phases(phases, result)
+                _add_worker_phases(trial, result)
                 if result["status"] not in DEATHS:
                     self.longest_s = max(self.longest_s, sum((result.get("phases") or {}).values()))
             # the search minimises the comparable time: CUDA-graph replay where measured
@@ -362,7 +375,14 @@ class Tuner:
                 trial_number=next(self._trial_numbers),
                 detail=result.get("detail"),
             )
-            phases["database"] += time.monotonic() - recording
+            trial["database"] += time.monotonic() - recording
+            phases.update(trial)
+            compiles.add(pre)
+            if result is not pre:
+                compiles.add(result)
+            if trace is not None:
+                made = trial_compiles(pre, result)
+                trace.append(trial_profile(len(trace), config, status, ms, trial, made))
             self.evaluated += 1
             if on_result is not None:
                 on_result(config, result)
@@ -453,6 +473,8 @@ class Tuner:
                 kind_of(problem).library,
             )
         phases: Counter[str] = Counter()
+        compiles = CompileStats()
+        trace: list[dict[str, Any]] | None = [] if self.options.profile else None
         opened = time.monotonic()
         name = study_name(problem, self.device)
         restart = self.options.restart if restart is None else restart
@@ -461,12 +483,13 @@ class Tuner:
         if exclusive:
             adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
         seeds = [] if study.get_trials(deepcopy=False) else self.seeds(problem)  # a new study's only
+        learned = LearnedRules(problem, self.db.failed_compiles(problem, self.device, self.versions.triton))
         phases["database"] += time.monotonic() - opened  # (and the problem's row, stored above)
         statuses: Counter[str] = Counter()
 
         def why_not(config: Config) -> str | None:
             checked = time.monotonic()
-            why = infeasible(problem, config, self.limits)
+            why = infeasible(problem, config, self.limits) or learned.why(config)
             phases["feasibility"] += time.monotonic() - checked
             return why
 
@@ -479,7 +502,7 @@ class Tuner:
             study,
             space,
             evaluate=lambda configs: self.iter_evaluate(
-                problem, configs, study=name, holds=holds, phases=phases
+                problem, configs, study=name, holds=holds, phases=phases, compiles=compiles, trace=trace
             ),
             infeasible=why_not,
             budget=self.budget_for(problem),
@@ -512,6 +535,8 @@ class Tuner:
             library=kind_of(problem).library,
             compared=compared,
             phases=add_phases({}, phases),
+            compiles={**compiles.to_dict(), "refused_as_learned": len(learned.refused)},
+            trials_profile=tuple(trace or ()),
         )
 
     def _recorded_baselines(self, problem: Problem) -> dict[str, float]:
