@@ -27,6 +27,11 @@ from epilab.templates.verify import failure, output_errors, poisoned_outputs, ra
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
 
 GRAPH_REPLAY_MS = 2.0  # a CUDA-graph replay holds about this much work (at least one call a set)
+# how long a candidate (and a baseline, alike) is timed: events over EVENT_REP_MS of L2-flushed
+# repetitions (at most EVENT_MAX_REPS) after EVENT_WARMUP_MS, then GRAPH_REPLAYS replays of a
+# graph. (Half of the 100 ms / 500 reps / 20 replays before: at 12 trials the timing was 0.10-
+# 0.26 s of each trial on an H100, a third of a problem's tuning; RESULTS.md, 2026-11-27.)
+EVENT_WARMUP_MS, EVENT_REP_MS, EVENT_MAX_REPS, GRAPH_REPLAYS = 10.0, 40.0, 200, 10
 ROTATE_L2_MULTIPLE = 3  # graph replays rotate over input sets of this many times L2 in all ...
 MAX_INPUT_SETS = 16  # ... but never more sets than this (tiny problems stay in L2: the method says so)
 # the family of each vendor baseline: a kind is timed against those of its ``library``
@@ -93,11 +98,11 @@ def _measure(
     charged host time that a template's single launch escapes, whatever their lengths."""
     if interpreter:
         return time_wall(run), None
-    events = time_cuda(run)
+    events = time_cuda(run, warmup_ms=EVENT_WARMUP_MS, rep_ms=EVENT_REP_MS, max_reps=EVENT_MAX_REPS)
     runs = [run, *more_runs()]
     rounds = max(1, min(64 // len(runs), round(GRAPH_REPLAY_MS / max(events.median_ms * len(runs), 1e-3))))
     try:
-        return events, time_graph(runs, calls=rounds)
+        return events, time_graph(runs, calls=rounds, replays=GRAPH_REPLAYS)
     except RuntimeError as e:  # code a CUDA graph cannot capture: compared by events only
         if "capture" not in str(e).lower():
             raise
@@ -105,12 +110,22 @@ def _measure(
         return events, None
 
 
+_rotating: dict[tuple[str, int, torch.device], list[InputSet]] = {}  # the last problem's only
+
+
 def _other_sets(
     problem: Problem, first: InputSet, outs: tuple[torch.Tensor, ...], seed: int
 ) -> list[InputSet]:
+    """The input sets a graph replay rotates over besides ``first``: made once per problem and
+    worker, and shared by its candidates and baselines (the same data for each, instead of new
+    random sets for every candidate)."""
     a, b, operands = first
     count = input_set_count(_set_bytes(a, b, *operands.values(), *outs), a.device)
-    return [make_inputs(problem, a.device, seed + 1 + i) for i in range(count - 1)]
+    key = (problem.key, count, a.device)
+    if key not in _rotating:
+        _rotating.clear()
+        _rotating[key] = [make_inputs(problem, a.device, seed + 1 + i) for i in range(count - 1)]
+    return _rotating[key]
 
 
 def _result(status: str, **fields: Any) -> dict[str, Any]:

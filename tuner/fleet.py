@@ -194,6 +194,7 @@ class FleetWorker:
                 stop=self._lease_lost,
                 holds=lambda: self._holds(lease),
                 restart=self.tuner.options.restart and lease.attempts == 1,
+                upcoming=self._after(lease.key),
             )
         except TakenOver as e:  # paused past the lease: the trial is dropped, the worker goes on
             self.listener(Event("end", device, label, lease.key, detail=f"{LEASE_LOST}: {e}"))
@@ -215,6 +216,13 @@ class FleetWorker:
         self.report.results.append(result)
         self.listener(Event("end", device, label, lease.key, result=result))
         return True
+
+    def _after(self, key: str, count: int = 1) -> list[Problem]:
+        """The problems of the list after ``key`` (leases are taken in the list's order): the ones
+        this worker or another likely tunes next, whose seeds compile meanwhile."""
+        keys = list(self.work)
+        at = keys.index(key) + 1 if key in self.work else len(keys)
+        return [self.work[k][1] for k in keys[at : at + count]]
 
     def _holds(self, lease: Lease) -> bool:
         """Whether this worker still holds ``lease``, asked of the database before a trial is

@@ -91,7 +91,7 @@ def _encode(space: dict[str, tuple[int, ...]], config: Config, applies: Applies)
     return params
 
 
-def _in_space(space: dict[str, tuple[int, ...]], config: Config) -> bool:
+def in_space(space: dict[str, tuple[int, ...]], config: Config) -> bool:
     """Whether every value of ``config`` is one the space has (another problem's or device's
     config may not be: a block size beyond this problem's padded dims)."""
     return all(getattr(config, name) in values for name, values in space.items())
@@ -134,7 +134,7 @@ def adopt(
     distributions = {name: optuna.distributions.IntDistribution(0, len(v) - 1) for name, v in space.items()}
     adopted = 0
     for config, outcome in recorded.items():
-        if config in have or not _in_space(space, config):
+        if config in have or not in_space(space, config):
             continue
         params = _encode(space, config, applies)
         study.add_trial(
@@ -214,7 +214,7 @@ def search(
     proposer = _proposer(study)
     if not study.trials:
         for c in seeds:
-            if _in_space(space, c) and infeasible(c) is None:
+            if in_space(space, c) and infeasible(c) is None:
                 proposer.enqueue_trial(_encode(space, c, applies), skip_if_exists=True)
     rng = random.Random(len(seen))  # the draws of a resumed study differ from the first run's
     start = clock()

@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from epilab.tuner.nearest import warm_seeds
 from epilab.tuner.phases import add_phases
 from epilab.tuner.profile import CompileStats, trial_compiles, trial_profile
 from epilab.tuner.roofline import good_enough_ms
-from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, make_study, search
+from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, in_space, make_study, search
 from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.tuner.suites import problem_label
 from epilab.tuner.worker import CompilePool, Worker
@@ -265,6 +265,8 @@ class Tuner:
             if options.jobs > 0 and not options.interpret
             else None
         )
+        if self.pool is not None:
+            self.pool.start()
         self.storage = db.optuna_storage()  # the studies, beside the records
         self._seeds = itertools.count(options.seed * 1_000_003 + 1)
         self._trial_numbers = itertools.count()
@@ -424,6 +426,21 @@ class Tuner:
         held-out half of llm + midm + conv: RESULTS.md 2026-11-27, "Warm starts".)"""
         return [*warm, *(c for c in self.own_seeds(problem) if c not in warm)]
 
+    def prefetch(self, problem: Problem) -> None:
+        """Compile the first batch of ``problem``'s seeds in the compile pool's spare time, while
+        another problem is searched (``CompilePool.warm``): its search then starts on binaries
+        Triton has cached. (At 12 trials on an H100, each problem of quick + llm waited 1-2 s
+        for its first compiles: RESULTS.md, 2026-11-27 "Tuning throughput".)"""
+        if self.pool is None or not problem.shape.is_static():
+            return
+        space = space_for(problem, self.limits)
+        first = [
+            c
+            for c in self.seeds(problem)
+            if in_space(space, c) and infeasible(problem, c, self.limits) is None
+        ]
+        self.pool.warm(problem.to_json(), [c.to_dict() for c in first[: self.options.budget.batch]])
+
     def tune(
         self, spec: ProblemSpec, on_trial: Callable[[int, Config, Outcome, float | None], None] | None = None
     ) -> ProblemResult:
@@ -440,13 +457,16 @@ class Tuner:
         stop: Callable[[], str | None] = lambda: None,
         holds: Callable[[], bool] = lambda: True,
         restart: bool | None = None,
+        upcoming: Sequence[Problem] = (),
     ) -> ProblemResult:
         """Search ``problem`` (static shape), record every trial, time the baselines.
         ``exclusive``: this process holds the problem's lease, so the study is its alone
         and is first made whole after a killed runner (``search.adopt``). ``stop`` ends the
         search early with its reason (a lost lease); ``holds``, checked before each trial is
         recorded, raises TakenOver when the problem is no longer this runner's. ``restart``
-        (default: the options') deletes the problem's study first."""
+        (default: the options') deletes the problem's study first. ``upcoming``: the problems
+        likely tuned next, whose seeds compile in the background once this search is under
+        way (``prefetch``)."""
         if not problem.shape.is_static():
             raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
         started = time.monotonic()
@@ -498,12 +518,20 @@ class Tuner:
             if on_trial is not None:
                 on_trial(sum(statuses.values()), config, outcome, best_ms)
 
+        ahead = list(upcoming)
+
+        def evaluate(configs: list[Config]) -> Iterator[Outcome]:
+            for outcome in self.iter_evaluate(
+                problem, configs, study=name, holds=holds, phases=phases, compiles=compiles, trace=trace
+            ):
+                yield outcome
+                while ahead:  # after the first trial: its batch's compiles are under way
+                    self.prefetch(ahead.pop(0))
+
         result = search(
             study,
             space,
-            evaluate=lambda configs: self.iter_evaluate(
-                problem, configs, study=name, holds=holds, phases=phases, compiles=compiles, trace=trace
-            ),
+            evaluate=evaluate,
             infeasible=why_not,
             budget=self.budget_for(problem),
             seeds=seeds,

@@ -302,6 +302,25 @@ class CompilePool:
             self._pool = self._new_pool()
             yield from ({"status": "unknown", "detail": str(e) or type(e).__name__} for _ in range(rest))
 
+    def start(self) -> None:
+        """Start the processes now (a no-op task each), so that their imports of torch and
+        Triton overlap what the caller does before its first batch (a model's compile, the
+        database), not the first problem's compiles."""
+        with main_not_reimported():
+            for _ in range(self.jobs):
+                self._pool.submit(_started)
+
+    def warm(self, problem_json: str, configs: list[dict[str, Any]]) -> None:
+        """Compile ``configs`` in the background, results unread: Triton's cache keeps the
+        binaries, so a later ``compiled`` of them (the next problem's seeds, while this one
+        is searched) loads them. Queued behind the compiles submitted before; a pool that
+        broke in the meantime drops them."""
+        if self.cancelled:
+            return
+        with main_not_reimported(), contextlib.suppress(RuntimeError):  # (a pool shut down)
+            for config in configs:
+                self._pool.submit(self.task, {"job": "compile", "problem": problem_json, "config": config})
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -318,7 +337,13 @@ class CompilePool:
 def _init_compile_worker(env: dict[str, str], device_index: int) -> None:
     os.environ.update(env)
     _ignore_interrupts()
+    import epilab.tuner.evaluate  # noqa: F401  (torch, Triton and the templates: once, at start)
+
     if device_index >= 0:
         import torch
 
         torch.cuda.set_device(device_index)
+
+
+def _started() -> None:
+    """``CompilePool.start``'s task: nothing, once the process is up."""
