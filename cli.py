@@ -321,6 +321,15 @@ def tune(
             "recorded them (--restart does too)",
         ),
     ] = False,
+    compile_server: Annotated[
+        bool,
+        typer.Option(
+            "--compile-server/--no-compile-server",
+            help="compile in the host's compile server, which later commands find warm (it leaves "
+            "after EPILAB_COMPILE_SERVER_IDLE seconds, default 300, without a command; `epilab tune "
+            "compile-server` shows or stops it), or in this command's own processes",
+        ),
+    ] = True,
     profile: Annotated[
         bool,
         typer.Option(
@@ -476,6 +485,7 @@ def tune(
         remeasure_baselines=remeasure_baselines or not resume,
         deadline=deadline,
         profile=profile,
+        compile_server=compile_server,
     )
     if model is not None:
         from epilab.tuner.model import MODES, ModelOptions
@@ -627,6 +637,46 @@ def _seen_work(store: Any, fleet: Any, only: str | None, interpret: bool) -> lis
             f"on {printable(where.name)} (its own, or of the same math)"
         )
     return work
+
+
+@tune_app.command("compile-server")
+def tune_compile_server(
+    stop_them: Annotated[
+        bool, typer.Option("--stop", help="stop them now (their compiles are lost)")
+    ] = False,
+) -> None:
+    """This user's compile servers on this host (the processes `epilab tune` compiles in, shared by
+    its commands): each one's pid, the commands connected, its processes and compiles, and when
+    it leaves if no command comes."""
+    from epilab.tuner.compile_server import servers, stop
+
+    found = servers()
+    if not found:
+        typer.echo("no compile server is running")
+        return
+    rows = []
+    for sock, status in found:
+        if status is None:
+            rows.append([sock.stem, "-", "-", "-", "-", "-", "not answering (stale)"])
+            continue
+        leaves = status["leaves_in_s"]
+        rows.append(
+            [
+                sock.stem,
+                str(status["pid"]),
+                str(status["clients"]),
+                f"{status['jobs']} x {len(status['devices'])} device(s)",
+                str(status["compiles"]),
+                f"{status['up_s']:.0f} s",
+                "with its commands" if leaves is None else f"in {leaves:.0f} s",
+            ]
+        )
+        if stop_them:
+            stop(sock)
+    headers = ["fingerprint", "pid", "commands", "processes", "compiles", "up", "leaves"]
+    _print_table("compile servers", headers, rows)
+    if stop_them:
+        typer.echo(f"stopped {sum(s is not None for _, s in found)} server(s)")
 
 
 @tune_app.command("status")

@@ -26,6 +26,10 @@ instead of ``os.environ``. Tests change knobs with ``patch(...)``:
 | EPILAB_EXACT_MATH  | exact_math  | epilogues keep their exact fp32 forms for 16-bit and fp8 |
 |                    |             | outputs too (no GPU approximations: rules.py, "Fast      |
 |                    |             | forms"); for comparisons and numerics studies            |
+| EPILAB_COMPILE_SERVER_IDLE | compile_server_idle_s | seconds the host's compile server |
+|                    |             | (tuner/compile_server.py) waits without a command before |
+|                    |             | it leaves; default 300; 0: no server, each ``tune``      |
+|                    |             | compiles in processes of its own                         |
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class Settings:
     debug_dir: Path | None
     deterministic: bool = False
     exact_math: bool = False
+    compile_server_idle_s: float = 300.0
 
     @property
     def kernel_dir(self) -> Path:
@@ -135,7 +140,24 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         debug_dir=_path("EPILAB_DEBUG_DIR", debug_dir) if debug_dir else None,
         deterministic=_parse_bool("EPILAB_DETERMINISTIC", env.get("EPILAB_DETERMINISTIC", "0")),
         exact_math=_parse_bool("EPILAB_EXACT_MATH", env.get("EPILAB_EXACT_MATH", "0")),
+        compile_server_idle_s=_seconds(
+            "EPILAB_COMPILE_SERVER_IDLE", env.get("EPILAB_COMPILE_SERVER_IDLE", "")
+        ),
     )
+
+
+def _seconds(name: str, value: str, default: float = 300.0) -> float:
+    """``value`` of variable ``name`` as seconds (0 or more; blank: ``default``)."""
+    text = value.strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise SettingsError(f"{name}={value!r} is not a number of seconds; give 0 or more (0: off)")
+    return seconds
 
 
 _current: Settings | None = None

@@ -30,6 +30,7 @@ from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import ProblemSpec
 from epilab.templates.kinds import kind_of
+from epilab.tuner.compile_server import ServerPool, compile_pool
 from epilab.tuner.learned import LearnedRules
 from epilab.tuner.nearest import warm_seeds
 from epilab.tuner.phases import add_phases
@@ -75,6 +76,7 @@ class TuneOptions:
     seconds_for: Mapping[str, float] = field(default_factory=dict)
     remeasure_baselines: bool = False  # else a baseline this device and versions recorded is kept
     profile: bool = False  # each problem's result keeps a row of each trial (tuner/profile.py)
+    compile_server: bool = True  # compile in the host's shared server (tuner/compile_server.py)
 
     def __post_init__(self) -> None:
         unknown = set(self.baselines) - set(TIMED_LIBRARIES)
@@ -260,11 +262,13 @@ class Tuner:
             device_index=-1 if options.interpret else options.device_index,
             hook=hook,
         )
-        self.pool = (
-            CompilePool(options.jobs, options.device_index)
-            if options.jobs > 0 and not options.interpret
-            else None
-        )
+        self.pool: CompilePool | ServerPool | None = None
+        if options.jobs > 0 and not options.interpret:
+            self.pool = (
+                compile_pool(options.jobs, options.device_index)
+                if options.compile_server
+                else CompilePool(options.jobs, options.device_index)
+            )
         if self.pool is not None:
             self.pool.start()
         self.storage = db.optuna_storage()  # the studies, beside the records

@@ -254,6 +254,11 @@ def _compile_task(task: dict[str, Any]) -> dict[str, Any]:
         return run_task(task)
     except Exception as e:  # a compile pool failure is re-tried by the GPU worker, which classifies it
         return {"status": "unknown", "detail": f"{type(e).__name__}: {e}"[:1500]}
+    finally:  # the candidate's inputs: not kept on the GPU by a process that outlives the command
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 class CompilePool:

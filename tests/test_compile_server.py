@@ -1,0 +1,148 @@
+"""The compile server that the tuning commands of a host share: one per fingerprint, started
+by the first command, found warm by the next, answering each batch in order, leaving when
+idle; refused where its directory is not this user's alone. Its processes run a stand-in
+compile here (a module of the test's), so no GPU is needed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import pytest
+
+from epilab import config
+from epilab.tuner import compile_server
+from epilab.tuner.compile_server import ServerPool, ServerUnavailable, compile_pool, servers, stop
+from epilab.tuner.worker import CompilePool
+
+STAND_IN = """
+import os
+import time
+
+
+def compile_task(task):
+    time.sleep(task["config"].get("sleep", 0.0))
+    return {"status": "compiled", "pid": os.getpid(), "tag": task["config"].get("tag")}
+"""
+TASK = "stand_in_server:compile_task"
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """A private temporary directory (socket paths must stay short), the stand-in importable by
+    the server and its processes, and every server stopped afterwards."""
+    root = tempfile.mkdtemp(prefix="es", dir="/tmp")
+    with open(os.path.join(root, "stand_in_server.py"), "w") as f:
+        f.write(STAND_IN)
+    monkeypatch.setattr(tempfile, "tempdir", root)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("EPILAB_COMPILE_SERVER_IDLE", "60")
+    yield root
+    for sock, _ in servers():
+        stop(sock)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _pids(results):
+    return {r["pid"] for r in results}
+
+
+def test_two_commands_share_one_warm_server(host):
+    first = ServerPool(2, -1, task=TASK)
+    try:
+        results = list(first.compiled("{}", [{"sleep": 0.3, "tag": 0}, {"tag": 1}, {"tag": 2}]))
+        assert [r["tag"] for r in results] == [0, 1, 2]  # in the batch's order
+        assert all(r["status"] == "compiled" for r in results)
+        second = ServerPool(2, -1, task=TASK)  # another command of the same fingerprint
+        try:
+            again = list(second.compiled("{}", [{"sleep": 0.2, "tag": 3}, {"sleep": 0.2, "tag": 4}]))
+        finally:
+            second.close()
+        assert _pids(again) <= _pids(results) | _pids(again) and _pids(again) & _pids(results)
+        [(sock, status)] = servers()
+        assert status is not None and status["jobs"] == 2 and status["compiles"] == 5
+        assert sock.stat().st_mode & 0o077 == 0
+    finally:
+        first.close()
+
+
+def test_a_batch_left_unread_is_not_read_as_the_next(host):
+    pool = ServerPool(2, -1, task=TASK)
+    try:
+        left = pool.compiled("{}", [{"tag": "old"}, {"sleep": 0.5, "tag": "old"}])
+        assert next(left)["tag"] == "old"  # then abandoned, as a search stopped by a lost lease
+        assert [r["tag"] for r in pool.compiled("{}", [{"tag": "new"}])] == ["new"]
+    finally:
+        pool.close()
+
+
+def test_cancel_ends_a_batch_under_way(host):
+    pool = ServerPool(1, -1, task=TASK)
+    pool.start()
+    try:
+        batch = pool.compiled("{}", [{"sleep": 30.0}])
+        threading.Timer(0.5, pool.cancel).start()
+        started = time.monotonic()
+        [result] = list(batch)
+        assert result["status"] == "unknown" and time.monotonic() - started < 15
+    finally:
+        pool.close()
+
+
+def test_the_server_leaves_once_idle(host, monkeypatch):
+    monkeypatch.setenv("EPILAB_COMPILE_SERVER_IDLE", "1")
+    pool = ServerPool(1, -1, task=TASK)
+    list(pool.compiled("{}", [{"tag": 0}]))
+    [(_, status)] = servers()
+    assert status["clients"] == 1 and status["leaves_in_s"] is None  # not while a command is connected
+    pool.close()
+    end = time.monotonic() + 30
+    while any(status is not None for _, status in servers()) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert all(status is None for _, status in servers())
+
+
+def test_a_directory_others_may_enter_is_refused(host):
+    where = compile_server.address_dir()
+    os.chmod(where, 0o755)
+    with pytest.raises(ServerUnavailable, match="only it may enter"):
+        compile_server.address_dir()
+    with config.patch(compile_server_idle_s=60.0):
+        fallback = compile_pool(1, -1)  # the command compiles in processes of its own, and says why
+    assert isinstance(fallback, CompilePool)
+    fallback.close()
+
+
+def test_no_server_when_its_idle_time_is_zero(host):
+    with config.patch(compile_server_idle_s=0.0):
+        pool = compile_pool(1, -1)
+    assert isinstance(pool, CompilePool) and servers() == []
+    pool.close()
+
+
+def test_the_cli_lists_and_stops_the_servers(host):
+    from typer.testing import CliRunner
+
+    from epilab.cli import app
+
+    runner = CliRunner()
+    pool = ServerPool(1, -1, task=TASK)
+    try:
+        list(pool.compiled("{}", [{"tag": 0}]))
+        [(_, status)] = servers()
+        shown = runner.invoke(app, ["tune", "compile-server"])
+        assert shown.exit_code == 0 and str(status["pid"]) in shown.output
+        assert "with its commands" in shown.output
+        stopped = runner.invoke(app, ["tune", "compile-server", "--stop"])
+        assert stopped.exit_code == 0 and "stopped 1 server(s)" in stopped.output
+        end = time.monotonic() + 15
+        while any(s is not None for _, s in servers()) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert all(s is None for _, s in servers())
+        assert [r["status"] for r in pool.compiled("{}", [{"tag": 1}])] == ["unknown"]  # its server left
+    finally:
+        pool.close()
+    assert runner.invoke(app, ["tune", "compile-server"]).output.count("stale") <= 1

@@ -1,0 +1,450 @@
+"""The compile server the tuning commands of a host share.
+
+Each ``epilab tune`` used to start compile processes of its own (``worker.CompilePool``: 8 per
+GPU, each importing torch and Triton and creating its CUDA context), and its first problem
+waited 9-11 s for them on an H100, in every command. The first command now starts this
+server, detached; the later commands of the same user, epilab, Python, torch, Triton and
+settings connect to it and find its processes warm. It leaves once no command has been
+connected for ``settings().compile_server_idle_s`` (default 300 s; 0: no server). While it
+lives, each of its processes holds a CUDA context (about 0.5 GB of GPU memory).
+
+Where: ``<tmp>/epilab-<uid>/<fingerprint>.sock``, in a directory only this user may enter,
+with a key beside it for ``multiprocessing.connection``'s HMAC handshake, so that nobody else
+can hand it work. The fingerprint covers what a compile depends on: epilab's own files, the
+Python, torch, Triton and the ``EPILAB_*``, ``TRITON_*`` and ``CUDA_VISIBLE_DEVICES``
+settings; a changed tree gets a server of its own (the old one leaves when idle). A lock
+file keeps one server per fingerprint when two commands start at once.
+
+The protocol, pickled tuples over the connection:
+
+    ("compile", id, device, problem JSON, configs)  ->  ("result", id, i, result) per config,
+        in order, each as soon as it and those before it are done (``CompilePool.compiled``)
+    ("warm", device, problem JSON, configs)          ->  nothing: compiled in the background
+    ("start", device)                                ->  nothing: the device's processes start
+    ("ping",)                                        ->  ("pong", {pid, clients, jobs, ...})
+    ("stop",)                                        ->  the server leaves
+
+The server keeps one process pool per device, ``jobs`` processes pinned to it, as a command's
+own pool would be; a compile that takes a process down breaks that pool, whose unfinished
+compiles come back ``unknown`` (the GPU worker decides), and a new pool takes the next ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from epilab.tuner.worker import Cancelled, CompilePool, _compile_task, _init_compile_worker, _started
+
+START_TIMEOUT_S = 60.0  # a server that does not answer by then is given up: the command compiles itself
+# the parts of the package a compile runs (renders, builds, checks), fingerprinted by name, size and mtime
+COMPILED_FROM = ("__init__.py", "config.py", "files.py", "ir", "templates", "tuner")
+
+
+class ServerUnavailable(RuntimeError):
+    """No compile server could be reached or started: the command compiles in its own pool."""
+
+
+def address_dir() -> Path:
+    """``<tmp>/epilab-<uid>``, made if missing; refused unless this user owns it and nobody else
+    may enter it (another user's socket there could be handed our tasks, or hand us results)."""
+    where = Path(tempfile.gettempdir()) / f"epilab-{os.getuid()}"
+    where.mkdir(mode=0o700, exist_ok=True)
+    st = where.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ServerUnavailable(
+            f"{where} is not a directory of this user's that only it may enter (mode "
+            f"{stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}); remove it, or set "
+            "EPILAB_COMPILE_SERVER_IDLE=0"
+        )
+    return where
+
+
+def fingerprint() -> str:
+    """What must match for a server's compiles to be this command's (see the module doc)."""
+    import torch
+    import triton
+
+    h = hashlib.sha256(f"{sys.executable}\0{torch.__version__}\0{triton.__version__}".encode())
+    for key in sorted(os.environ):
+        if key.startswith(("EPILAB_", "TRITON_")) or key == "CUDA_VISIBLE_DEVICES":
+            h.update(f"\0{key}={os.environ[key]}".encode())
+    root = Path(__file__).resolve().parent.parent
+    for part in COMPILED_FROM:
+        files = [root / part] if (root / part).is_file() else sorted((root / part).rglob("*"))
+        for f in files:
+            if f.suffix in (".py", ".jinja") and f.is_file():
+                st = f.stat()
+                h.update(f"\0{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def _paths(where: Path, print_: str) -> dict[str, Path]:
+    return {ext: where / f"{print_}.{ext}" for ext in ("sock", "key", "lock", "log")}
+
+
+def _try_connect(sock: Path, key_file: Path) -> Connection | None:
+    try:
+        key = key_file.read_bytes()
+        return Client(str(sock), family="AF_UNIX", authkey=key)
+    except (OSError, EOFError, mp.AuthenticationError):  # not up yet, gone, or another's key
+        return None
+
+
+def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIMEOUT_S) -> Connection:
+    """A connection to this host's compile server for this command's fingerprint, started
+    (detached) when none answers. ``task``: MODULE:FUNCTION its processes run instead of
+    compiling (tests)."""
+    paths = _paths(address_dir(), fingerprint())
+    conn = _try_connect(paths["sock"], paths["key"])
+    if conn is not None:
+        return conn
+    command = [sys.executable, "-m", "epilab.tuner.compile_server", "--address", str(paths["sock"])]
+    command += ["--jobs", str(jobs), *(["--task", task] if task else [])]
+    with open(paths["log"], "ab") as log:
+        subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        conn = _try_connect(paths["sock"], paths["key"])
+        if conn is not None:
+            return conn
+        time.sleep(0.05)
+    raise ServerUnavailable(
+        f"the compile server did not answer within {timeout_s:.0f} s (log: {paths['log']})"
+    )
+
+
+class ServerPool:
+    """A command's handle on the host's compile server, with ``CompilePool``'s interface; where
+    the server goes away, the command goes on in a pool of its own."""
+
+    def __init__(self, jobs: int, device_index: int, *, task: str | None = None) -> None:
+        self.jobs = jobs
+        self.device_index = device_index
+        self.cancelled = False
+        self._conn: Connection | None = connect(jobs, task=task)
+        self._ids = itertools.count()
+        self._local: CompilePool | None = None
+
+    def _send(self, message: tuple) -> bool:
+        if self._conn is None:
+            return False
+        try:
+            self._conn.send(message)
+            return True
+        except (OSError, ValueError):  # the server left (or this handle was closed)
+            self._lost()
+            return False
+
+    def _lost(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(OSError, ValueError):  # wakes a thread blocked reading it
+                socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM).shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _own_pool(self) -> CompilePool:
+        if self._local is None:
+            self._local = CompilePool(self.jobs, self.device_index)
+        return self._local
+
+    def start(self) -> None:
+        self._send(("start", self.device_index))
+
+    def compiled(self, problem_json: str, configs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Each config's compile result in order, as ``CompilePool.compiled`` gives them."""
+        if self.cancelled:
+            raise Cancelled("the compile pool was cancelled")
+        request = next(self._ids)
+        if not self._send(("compile", request, self.device_index, problem_json, configs)):
+            yield from self._own_pool().compiled(problem_json, configs)
+            return
+        done = 0
+        while done < len(configs):
+            try:
+                message = self._conn.recv()  # type: ignore[union-attr]
+            except (EOFError, OSError, AttributeError):  # the server left, or cancel() closed it
+                self._lost()
+                why = "cancelled" if self.cancelled else "the compile server went away"
+                yield from ({"status": "unknown", "detail": why} for _ in range(len(configs) - done))
+                return
+            if message[0] == "result" and message[1] == request:  # (not a batch left unread)
+                done += 1
+                yield message[3]
+
+    def warm(self, problem_json: str, configs: list[dict[str, Any]]) -> None:
+        if not self.cancelled and configs:
+            self._send(("warm", self.device_index, problem_json, configs))
+
+    def close(self) -> None:
+        self._lost()
+        if self._local is not None:
+            self._local.close()
+
+    def cancel(self) -> None:
+        """From another thread: the batch under way comes back ``unknown`` (its connection
+        closed); the server cancels what this command had queued."""
+        self.cancelled = True
+        self._lost()
+        if self._local is not None:
+            self._local.cancel()
+
+
+def compile_pool(jobs: int, device_index: int) -> ServerPool | CompilePool:
+    """The host's compile server where it can be reached or started (and
+    ``EPILAB_COMPILE_SERVER_IDLE`` is not 0), else a pool of this command's own."""
+    from epilab.config import settings
+
+    if settings().compile_server_idle_s > 0:
+        try:
+            return ServerPool(jobs, device_index)
+        except ServerUnavailable as e:
+            logging.getLogger("epilab").warning("compiling in this command's own processes: %s", e)
+    return CompilePool(jobs, device_index)
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, jobs: int, idle_s: float, task: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.jobs = jobs
+        self.idle_s = idle_s
+        self.task = task
+        self.pools: dict[int, ProcessPoolExecutor] = {}
+        self.lock = threading.Lock()
+        self.clients = 0
+        self.served = 0
+        self.last_seen = time.monotonic()
+        self.started = time.time()
+
+    def pool(self, device: int) -> ProcessPoolExecutor:
+        with self.lock:
+            pool = self.pools.get(device)
+            if pool is None:
+                pool = self.pools[device] = ProcessPoolExecutor(
+                    max_workers=self.jobs,
+                    mp_context=mp.get_context("spawn"),
+                    initializer=_init_compile_worker,
+                    initargs=(_server_env(), device),
+                )
+            return pool
+
+    def renew(self, device: int, broken: ProcessPoolExecutor) -> None:
+        with self.lock:
+            if self.pools.get(device) is broken:
+                broken.shutdown(wait=False, cancel_futures=True)
+                del self.pools[device]
+
+    def submit(self, device: int, problem_json: str, configs: list[dict[str, Any]]) -> list[Future]:
+        tasks = [{"job": "compile", "problem": problem_json, "config": c} for c in configs]
+        for attempt in range(2):
+            pool = self.pool(device)
+            try:
+                return [pool.submit(self.task, t) for t in tasks]
+            except (BrokenProcessPool, RuntimeError):  # broken (or shut down) by an earlier compile
+                self.renew(device, pool)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def serve(self, listener: Listener) -> None:
+        threading.Thread(target=self._watch, daemon=True, name="idle watch").start()
+        while True:
+            try:
+                conn = listener.accept()
+            except (OSError, EOFError, mp.AuthenticationError):  # a client that failed the handshake
+                continue
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, max(0.05, self.idle_s / 4)))
+            with self.lock:
+                idle = self.clients == 0 and time.monotonic() - self.last_seen > self.idle_s
+            if idle:
+                self.leave()
+
+    def leave(self) -> None:
+        """End the server and its processes now."""
+        for pool in list(self.pools.values()):
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):  # no public handle
+                with contextlib.suppress(Exception):
+                    proc.kill()
+        os._exit(0)
+
+    def _handle(self, conn: Connection) -> None:
+        """One connection's messages; it counts as a client (keeps the server up) from its first
+        request for work on, not while it only asks the status."""
+        send = threading.Lock()
+        queued: list[Future] = []
+        counted = False
+        try:
+            while True:
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    return
+                kind = message[0]
+                if kind in ("compile", "warm", "start"):
+                    with self.lock:
+                        self.clients += 0 if counted else 1
+                        counted, self.last_seen = True, time.monotonic()
+                if kind == "compile":
+                    _, request, device, problem_json, configs = message
+                    futures = self.submit(device, problem_json, configs)
+                    queued = [f for f in queued if not f.done()] + futures
+                    args = (conn, send, request, device, futures)
+                    threading.Thread(target=self._answer, args=args, daemon=True).start()
+                elif kind == "warm":
+                    _, device, problem_json, configs = message
+                    queued = [f for f in queued if not f.done()] + self.submit(device, problem_json, configs)
+                elif kind == "start":
+                    pool = self.pool(message[1])
+                    queued += [pool.submit(_started) for _ in range(self.jobs)]
+                elif kind == "ping":
+                    with send:
+                        conn.send(("pong", self.status()))
+                elif kind == "stop":
+                    self.leave()
+        finally:
+            for f in queued:  # what this command queued and did not wait for: nobody will read it
+                f.cancel()
+            if counted:
+                with self.lock:
+                    self.clients -= 1
+                    self.last_seen = time.monotonic()
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _answer(
+        self, conn: Connection, send: threading.Lock, request: int, device: int, futures: list
+    ) -> None:
+        for i, future in enumerate(futures):
+            try:
+                result = future.result()
+            except BrokenProcessPool as e:
+                self.renew(device, self.pools.get(device))  # type: ignore[arg-type]
+                result = {"status": "unknown", "detail": str(e) or type(e).__name__}
+            except Exception as e:  # cancelled, or the task raised: the GPU worker decides
+                result = {"status": "unknown", "detail": f"{type(e).__name__}: {e}"[:1500]}
+            self.served += 1
+            try:
+                with send:
+                    conn.send(("result", request, i, result))
+            except (OSError, ValueError):  # the command left
+                return
+
+    def status(self) -> dict[str, Any]:
+        """What ``epilab tune compile-server`` shows."""
+        with self.lock:
+            clients = self.clients
+            idle = time.monotonic() - self.last_seen
+            return {
+                "pid": os.getpid(),
+                "clients": clients,
+                "jobs": self.jobs,
+                "devices": sorted(self.pools),
+                "compiles": self.served,
+                "up_s": round(time.time() - self.started, 1),
+                "leaves_in_s": None if clients else round(max(0.0, self.idle_s - idle), 1),
+            }
+
+
+def _server_env() -> dict[str, str]:
+    from epilab.tuner.worker import _env
+
+    return _env()
+
+
+def servers() -> list[tuple[Path, dict[str, Any] | None]]:
+    """This user's compile servers on this host: each socket with its server's status (None: it
+    did not answer, a stale socket)."""
+    try:
+        where = address_dir()
+    except ServerUnavailable:
+        return []
+    found = []
+    for sock in sorted(where.glob("*.sock")):
+        conn = _try_connect(sock, sock.with_suffix(".key"))
+        status = None
+        if conn is not None:
+            with contextlib.suppress(OSError, EOFError), conn:
+                conn.send(("ping",))
+                if conn.poll(5):
+                    status = conn.recv()[1]
+        found.append((sock, status))
+    return found
+
+
+def stop(sock: Path) -> bool:
+    """Ask the server at ``sock`` to leave now; False where none answered."""
+    conn = _try_connect(sock, sock.with_suffix(".key"))
+    if conn is None:
+        return False
+    with contextlib.suppress(OSError, EOFError), conn:
+        conn.send(("stop",))
+        conn.poll(5)
+    return True
+
+
+def _load_task(spec: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    if not spec:
+        return _compile_task
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import fcntl
+
+    from epilab.config import settings
+
+    parser = argparse.ArgumentParser(description="epilab's compile server (started by epilab tune)")
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--task", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    sock = Path(args.address)
+    lock = os.open(sock.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another server of this fingerprint is up (or starting): it serves
+        return
+    sock.unlink(missing_ok=True)  # a killed server's
+    key = os.urandom(32)
+    tmp = sock.with_suffix(f".key.{os.getpid()}")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    listener = Listener(str(sock), family="AF_UNIX", authkey=key)
+    os.chmod(sock, 0o600)
+    os.replace(tmp, sock.with_suffix(".key"))
+    print(f"compile server {os.getpid()} at {sock}: {args.jobs} processes a device", flush=True)
+    Server(max(1, args.jobs), settings().compile_server_idle_s, _load_task(args.task)).serve(listener)
+
+
+if __name__ == "__main__":
+    main()
