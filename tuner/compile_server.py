@@ -55,6 +55,7 @@ from typing import Any
 
 from epilab.tuner.worker import Cancelled, CompilePool, _compile_task, _init_compile_worker, _started
 
+MAX_LOG_BYTES = 1 << 20  # the servers' log beside the socket starts again past this size
 START_TIMEOUT_S = 60.0  # a server that does not answer by then is given up: the command compiles itself
 # the parts of the package a compile runs (renders, builds, checks), fingerprinted by name, size and mtime
 COMPILED_FROM = ("__init__.py", "config.py", "files.py", "ir", "templates", "tuner")
@@ -120,7 +121,9 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
         return conn
     command = [sys.executable, "-m", "epilab.tuner.compile_server", "--address", str(paths["sock"])]
     command += ["--jobs", str(jobs), *(["--task", task] if task else [])]
-    with open(paths["log"], "ab") as log:
+    log_file = paths["log"]
+    fresh = not log_file.exists() or log_file.stat().st_size > MAX_LOG_BYTES  # (a server's lines each)
+    with open(log_file, "wb" if fresh else "ab") as log:
         subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
         )
