@@ -146,3 +146,18 @@ def test_the_cli_lists_and_stops_the_servers(host):
     finally:
         pool.close()
     assert runner.invoke(app, ["tune", "compile-server"]).output.count("stale") <= 1
+
+
+def test_a_server_that_cannot_start_is_given_up_at_once(host):
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailable, match="exited with 1"):
+        ServerPool(1, -1, task="no_such_module_here:compile_task")
+    assert time.monotonic() - started < compile_server.START_TIMEOUT_S / 2
+
+
+def test_a_socket_path_too_long_for_unix_is_refused_before_anything_starts(host, monkeypatch):
+    deep = os.path.join(host, "d" * 90)
+    os.mkdir(deep)
+    monkeypatch.setattr(tempfile, "tempdir", deep)
+    with pytest.raises(ServerUnavailable, match="too long for a Unix socket"):
+        ServerPool(1, -1, task=TASK)

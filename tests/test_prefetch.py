@@ -77,3 +77,20 @@ def test_the_next_problems_first_seeds_are_warmed_after_the_first_trial(tmp_path
     warmed = [Config.from_dict(c) for c in pool.warmed]
     assert all(infeasible(upcoming, c, tuner.limits) is None for c in warmed)
     assert warmed == [c for c in seeds if infeasible(upcoming, c, tuner.limits) is None][:2]
+
+
+def test_a_prefetch_that_fails_never_fails_the_search(tmp_path, monkeypatch):
+    options = TuneOptions(budget=Budget(trials=2, batch=2), interpret=True, jobs=0, baselines=())
+    here, upcoming = problem(m=32, n=32, k=32), problem(m=48, n=32, k=32, residual=True)
+    with TuningDB.open(tmp_path / "p.db") as db, Tuner(db, options) as tuner:
+        tuner.pool = pool = RecordingPool()
+        own = tuner.seeds
+
+        def seeds(p):
+            if p == upcoming:
+                raise ValueError("a problem whose seeds cannot be made")
+            return own(p)
+
+        monkeypatch.setattr(tuner, "seeds", seeds)
+        result = tuner.tune_problem(here, "here", upcoming=[upcoming])
+    assert result.evaluated == 2 and [c[0] for c in pool.calls] == ["compiled"]

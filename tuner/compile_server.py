@@ -55,6 +55,7 @@ from typing import Any
 
 from epilab.tuner.worker import Cancelled, CompilePool, _compile_task, _init_compile_worker, _started
 
+MAX_SOCKET_PATH = 100  # bytes: a Unix socket's address holds 107 on Linux (and 103 on macOS)
 MAX_LOG_BYTES = 1 << 20  # the servers' log beside the socket starts again past this size
 START_TIMEOUT_S = 60.0  # a server that does not answer by then is given up: the command compiles itself
 # the parts of the package a compile runs (renders, builds, checks), fingerprinted by name, size and mtime
@@ -116,6 +117,10 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
     (detached) when none answers. ``task``: MODULE:FUNCTION its processes run instead of
     compiling (tests)."""
     paths = _paths(address_dir(), fingerprint())
+    if len(os.fsencode(paths["sock"])) > MAX_SOCKET_PATH:
+        raise ServerUnavailable(
+            f"{paths['sock']} is too long for a Unix socket's address; set TMPDIR to a shorter directory"
+        )
     conn = _try_connect(paths["sock"], paths["key"])
     if conn is not None:
         return conn
@@ -124,7 +129,7 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
     log_file = paths["log"]
     fresh = not log_file.exists() or log_file.stat().st_size > MAX_LOG_BYTES  # (a server's lines each)
     with open(log_file, "wb" if fresh else "ab") as log:
-        subprocess.Popen(
+        server = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
         )
     deadline = time.monotonic() + timeout_s
@@ -132,10 +137,14 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
         conn = _try_connect(paths["sock"], paths["key"])
         if conn is not None:
             return conn
+        code = server.poll()  # 0: another server of this fingerprint held the lock, and serves
+        if code not in (None, 0):
+            last = log_file.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise ServerUnavailable(
+                f"the compile server exited with {code}: {last[0][:300]} (log: {log_file})"
+            )
         time.sleep(0.05)
-    raise ServerUnavailable(
-        f"the compile server did not answer within {timeout_s:.0f} s (log: {paths['log']})"
-    )
+    raise ServerUnavailable(f"the compile server did not answer within {timeout_s:.0f} s (log: {log_file})")
 
 
 class ServerPool:
@@ -430,6 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--task", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    task = _load_task(args.task)  # before listening: a server that cannot run is seen to exit
     sock = Path(args.address)
     lock = os.open(sock.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
     try:
@@ -446,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     os.chmod(sock, 0o600)
     os.replace(tmp, sock.with_suffix(".key"))
     print(f"compile server {os.getpid()} at {sock}: {args.jobs} processes a device", flush=True)
-    Server(max(1, args.jobs), settings().compile_server_idle_s, _load_task(args.task)).serve(listener)
+    Server(max(1, args.jobs), settings().compile_server_idle_s, task).serve(listener)
 
 
 if __name__ == "__main__":

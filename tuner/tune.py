@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import re
@@ -437,12 +438,13 @@ class Tuner:
         for its first compiles: RESULTS.md, 2026-11-27 "Tuning throughput".)"""
         if self.pool is None or not problem.shape.is_static():
             return
-        space = space_for(problem, self.limits)
-        first = [
-            c
-            for c in self.seeds(problem)
-            if in_space(space, c) and infeasible(problem, c, self.limits) is None
-        ]
+        try:
+            space = space_for(problem, self.limits)
+            seeds = self.seeds(problem)
+            first = [c for c in seeds if in_space(space, c) and infeasible(problem, c, self.limits) is None]
+        except Exception as e:  # a guess that failed: never the current search's failure
+            logging.getLogger("epilab").debug("no prefetch for %s: %s", problem_label(problem), e)
+            return
         self.pool.warm(problem.to_json(), [c.to_dict() for c in first[: self.options.budget.batch]])
 
     def tune(
