@@ -53,7 +53,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from epilab.tuner.worker import Cancelled, CompilePool, _compile_task, _init_compile_worker, _started
+from epilab.tuner.worker import Cancelled, CompilePool, _compile_task, _env, _init_compile_worker, _started
 
 MAX_SOCKET_PATH = 100  # bytes: a Unix socket's address holds 107 on Linux (and 103 on macOS)
 MAX_LOG_BYTES = 1 << 20  # the servers' log beside the socket starts again past this size
@@ -172,8 +172,10 @@ class ServerPool:
     def _lost(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(OSError, ValueError):  # wakes a thread blocked reading it
-                socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM).shutdown(socket.SHUT_RDWR)
+            # a dup of its socket, shut down, wakes a thread blocked reading it
+            unix = (socket.AF_UNIX, socket.SOCK_STREAM)
+            with contextlib.suppress(OSError), socket.fromfd(conn.fileno(), *unix) as dup:
+                dup.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 conn.close()
 
@@ -260,7 +262,7 @@ class Server:
                     max_workers=self.jobs,
                     mp_context=mp.get_context("spawn"),
                     initializer=_init_compile_worker,
-                    initargs=(_server_env(), device),
+                    initargs=(_env(), device),
                 )
             return pool
 
@@ -383,12 +385,6 @@ class Server:
                 "up_s": round(time.time() - self.started, 1),
                 "leaves_in_s": None if clients else round(max(0.0, self.idle_s - idle), 1),
             }
-
-
-def _server_env() -> dict[str, str]:
-    from epilab.tuner.worker import _env
-
-    return _env()
 
 
 def servers() -> list[tuple[Path, dict[str, Any] | None]]:

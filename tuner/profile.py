@@ -11,6 +11,7 @@ binaries), with the seconds the compile pool's process spent rendering and compi
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,9 +49,10 @@ class CompileStats:
             "pool_compile_s": round(self.pool_compile_s, 3),
         }
 
-    def text(self) -> str:
-        """``12 built (31 s), 40 from cache``."""
-        return f"{self.built} built ({self.build_s:.0f} s), {self.cache_hits} from cache"
+    def merge(self, other: CompileStats) -> None:
+        """Add ``other``'s counts and seconds (a trial's, to its problem's)."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 def trial_profile(
@@ -73,14 +75,14 @@ def trial_profile(
     }
 
 
-def trial_compiles(pre: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's compiles: the pool's (``pre``) and the worker's (``result``) added up, with the
-    pool process's render and compile seconds."""
+def trial_compiles(pre: Mapping[str, Any], result: Mapping[str, Any]) -> CompileStats:
+    """A trial's compiles: the pool's (``pre``) and the worker's (``result``; the same dict where
+    the pool's compile failed and the worker never ran it)."""
     stats = CompileStats()
     stats.add(pre)
     if result is not pre:
         stats.add(result)
-    return stats.to_dict()
+    return stats
 
 
 def median_phases(trials: list[dict[str, Any]]) -> dict[str, float]:

@@ -265,12 +265,8 @@ class Tuner:
         )
         self.pool: CompilePool | ServerPool | None = None
         if options.jobs > 0 and not options.interpret:
-            self.pool = (
-                compile_pool(options.jobs, options.device_index)
-                if options.compile_server
-                else CompilePool(options.jobs, options.device_index)
-            )
-        if self.pool is not None:
+            shared = options.compile_server
+            self.pool = (compile_pool if shared else CompilePool)(options.jobs, options.device_index)
             self.pool.start()
         self.storage = db.optuna_storage()  # the studies, beside the records
         self._seeds = itertools.count(options.seed * 1_000_003 + 1)
@@ -384,12 +380,10 @@ class Tuner:
             )
             trial["database"] += time.monotonic() - recording
             phases.update(trial)
-            compiles.add(pre)
-            if result is not pre:
-                compiles.add(result)
+            made = trial_compiles(pre, result)
+            compiles.merge(made)
             if trace is not None:
-                made = trial_compiles(pre, result)
-                trace.append(trial_profile(len(trace), config, status, ms, trial, made))
+                trace.append(trial_profile(len(trace), config, status, ms, trial, made.to_dict()))
             self.evaluated += 1
             if on_result is not None:
                 on_result(config, result)
