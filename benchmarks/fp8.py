@@ -17,7 +17,8 @@ interleaved rounds: median of the rounds' medians, spread = min..max. Calls unde
 are also timed by CUDA-graph replay (``*``), the time compared for them; where epilab's
 kernel is that short, every side of the problem is replayed too (like with like). ``--fast-accum``
 makes every side accumulate fast (use_fast_accum=True; Triton's default fp8 dot on sm_90);
-without it the template adds each K block's products in fp32 and cuBLASLt runs its default.
+without it the template adds the products of PROMOTE K blocks in fp32 (every 256 elements of
+K at most) and cuBLASLt runs its default (every 128, measured: RESULTS.md, issue 44).
 """
 
 from __future__ import annotations
@@ -62,18 +63,25 @@ FP8_SWEEP = tuple(  # the winners at 8192^3 on an H100 first (RESULTS.md, issue 
         (64, 128, 256, 8, 4, 3, "tma", 1, 0),
     )
 )
+EXACT_SWEEP = (  # exact accumulation: promotion every 256 elements of K (issue 44), feasible only there
+    Config(128, 128, 256, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
+    Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, PROMOTE=2),
+    Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", PROMOTE=2),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=4, variant="tma_persistent", FLATTEN=1, PROMOTE=2),
+    Config(128, 256, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, PROMOTE=2),
+)
 
 
 def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
-    """The default config, the kind's fp8 seeds, its split-K and stream-K seeds, and
-    FP8_SWEEP: those feasible on this device."""
+    """The default config, the kind's fp8 seeds, its split-K and stream-K seeds, FP8_SWEEP
+    and EXACT_SWEEP: those feasible on this device."""
     out = [default_config(problem, sm_count=limits.sm_count)]
     kind = kind_of(problem)
     seeds = [
         *(c for c in kind.seeds_for(problem) if c not in kind.seeds),
         *(c for c in kind.seeds if c.SPLIT_K > 1 or c.variant in STREAM_K_VARIANTS),
     ]
-    for c in (*seeds, *FP8_SWEEP):
+    for c in (*seeds, *FP8_SWEEP, *EXACT_SWEEP):
         if c not in out and infeasible(problem, c, limits) is None:
             out.append(c)
     return out

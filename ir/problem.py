@@ -27,9 +27,10 @@ from epilab.ir.epilogue import MALFORMED, Epilogue
 from epilab.ir.patterns import identity_with_names
 
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
-# how a dot accumulates: ieee (fp32; fp8 products of each K block summed by the tensor cores,
-# then added in fp32), tf32 (float32 inputs rounded to tf32), fast (fp8 only: the tensor cores'
-# accumulator carries the whole K loop, as torch._scaled_mm(use_fast_accum=True))
+# how a dot accumulates: ieee (fp32; fp8 products of PROMOTE K blocks summed by the tensor
+# cores, then added in fp32: templates/matmul.py's EXACT_PROMOTION_MAX_K bounds the interval),
+# tf32 (float32 inputs rounded to tf32), fast (fp8 only: the tensor cores' accumulator carries
+# the whole K loop, as torch._scaled_mm(use_fast_accum=True))
 PRECISIONS = ("ieee", "tf32", "fast")
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
 DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): two GEMMs of one A (templates/dual_matmul.py)
@@ -71,6 +72,9 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "TMA_STORE": (0, 1),
     # depthwise: output rows a program walks down (BLOCK_M pixels: a strip BLOCK_M / TILE_H wide)
     "TILE_H": (1, 2, 4, 8, 16, 32, 64),
+    # fp8 matmul, exact accumulation: K blocks whose products the tensor cores sum before the
+    # sum is added in fp32 (promotion every PROMOTE * BLOCK_K elements of K)
+    "PROMOTE": (1, 2, 4),
 }
 
 Dim = int | sympy.Expr
@@ -93,6 +97,7 @@ class Config:
     WARP_SPECIALIZE: int = 0
     TMA_STORE: int = 0
     TILE_H: int = 1
+    PROMOTE: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -140,7 +145,7 @@ def config_text(config: Config | Mapping[str, Any] | None) -> str:
     """The one shorthand of a config, in every table, log and report: tile MxNxK, ``g`` group,
     ``w`` warps, ``st`` stages, then only what differs from the default: ``split`` split-K,
     the variant, ``sub`` epilogue slices, programs ``/sm``, ``flat``, ``ws``, ``tma-store``, and
-    a pixel tile's ``rows``."""
+    a pixel tile's ``rows`` and fp8's ``promote`` interval in K blocks."""
     if not config:
         return ""
     c = config.to_dict() if isinstance(config, Config) else config
@@ -155,6 +160,7 @@ def config_text(config: Config | Mapping[str, Any] | None) -> str:
         "ws" if c.get("WARP_SPECIALIZE") else "",
         "tma-store" if c.get("TMA_STORE") else "",
         f"rows{c['TILE_H']}" if c.get("TILE_H", 1) != 1 else "",
+        f"promote{c['PROMOTE']}" if c.get("PROMOTE", 1) != 1 else "",
     ]
     return " ".join(filter(None, parts))
 

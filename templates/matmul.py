@@ -63,10 +63,18 @@ TMA_VARIANTS = ("tma", "tma_persistent", "tma_stream_k")
 PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
 STREAM_K_VARIANTS = ("stream_k", "tma_stream_k")
 SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.jinja)
-HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE")
+# the matmul's own knobs (the other kinds leave them at their defaults)
+HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE", "PROMOTE")
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
 FP8_MIN_BLOCK_K = 32  # an fp8 MMA instruction takes 32 K elements
+# fp8 exact accumulation (precision "ieee", use_fast_accum=False): the tensor cores sum at most
+# this many K elements before the sum is added in fp32 (PROMOTE x BLOCK_K). Measured against
+# float64 on an H100 (benchmarks/fp8_promotion.py, RESULTS.md): an interval of 128 gives exactly
+# cuBLASLt's use_fast_accum=False error; 256 gives 1.7x it on signed data and 3.4x on same-sign
+# data, still 15-100x below the whole-K accumulation of use_fast_accum=True at K = 16384
+EXACT_PROMOTION_MAX_K = 256
+PROMOTE_VARIANTS = ("default", "tma", "persistent", "tma_persistent")  # K loops over the whole of K
 
 
 def hopper_knobs_error(config: Config) -> str | None:
@@ -91,6 +99,9 @@ def loop_error(problem: Problem, config: Config) -> str | None:
         return matmul_sm90.config_error(problem, config)
     if problem.dtype in dtypes.FP8_DTYPES and config.BLOCK_K < FP8_MIN_BLOCK_K:
         return f"fp8 dots take K blocks of {FP8_MIN_BLOCK_K} or more, not BLOCK_K={config.BLOCK_K}"
+    why = promote_error(problem, config)
+    if why is not None:
+        return why
     if config.SPLIT_K > 1:
         if config.variant not in SPLIT_K_VARIANTS:
             return f"split-K runs on the {' and '.join(SPLIT_K_VARIANTS)} loops, not {config.variant!r}"
@@ -131,6 +142,41 @@ def loop_error(problem: Problem, config: Config) -> str | None:
     return None
 
 
+def promotes(problem: Problem) -> bool:
+    """Whether ``problem``'s dots promote partial sums (fp8 inputs, exact accumulation)."""
+    return problem.dtype in dtypes.FP8_DTYPES and problem.precision == "ieee"
+
+
+def promote_error(problem: Problem, config: Config) -> str | None:
+    """Why ``config``'s promotion interval does not fit ``problem`` (None when it does): PROMOTE
+    > 1 is for exact fp8 accumulation on the loops over the whole of K, within the bound."""
+    if config.PROMOTE == 1:
+        return None
+    if not promotes(problem):
+        inputs = f"{problem.dtype} ({problem.precision})"
+        return f"PROMOTE applies to fp8 inputs with exact accumulation, not {inputs}"
+    if config.variant not in PROMOTE_VARIANTS or config.SPLIT_K > 1:
+        return f"PROMOTE > 1 runs on the {', '.join(PROMOTE_VARIANTS)} loops without split-K"
+    return None
+
+
+def exact_promotion_error(problem: Problem, config: Config) -> str | None:
+    """The tuner's rule for exact fp8 accumulation: the tensor cores sum at most
+    ``EXACT_PROMOTION_MAX_K`` elements of K before the fp32 add (the documented error bound)."""
+    if promotes(problem) and config.PROMOTE * config.BLOCK_K > EXACT_PROMOTION_MAX_K:
+        return (
+            f"exact fp8 accumulation promotes every {EXACT_PROMOTION_MAX_K} elements of K at most; "
+            f"PROMOTE={config.PROMOTE} x BLOCK_K={config.BLOCK_K} is {config.PROMOTE * config.BLOCK_K}"
+        )
+    return None
+
+
+def promote_space(problem: Problem, space: Mapping[str, tuple]) -> Mapping[str, tuple]:
+    """The matmul's space for ``problem``: PROMOTE only where the dots promote (elsewhere it
+    keeps its default, and the search draws from the space it had before the knob)."""
+    return space if promotes(problem) else {k: v for k, v in space.items() if k != "PROMOTE"}
+
+
 def applies(name: str, chosen: Mapping[str, object]) -> bool:
     """Whether search dimension ``name`` means anything given the values chosen before it:
     the persistent loop's knobs for the persistent variants, TMA_STORE for the tma ones, and
@@ -153,6 +199,8 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
         return chosen.get("SPLIT_K", 1) == 1 and variant not in matmul_sm90.VARIANTS
     if name == "SPLIT_K":
         return variant in SPLIT_K_VARIANTS
+    if name == "PROMOTE":
+        return variant in PROMOTE_VARIANTS and chosen.get("SPLIT_K", 1) == 1
     return True
 
 
@@ -538,6 +586,7 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "FLATTEN": (0, 1),
     "WARP_SPECIALIZE": (0, 1),
     "TMA_STORE": (0, 1),
+    "PROMOTE": (1, 2, 4),  # after the variant and SPLIT_K; fp8 exact accumulation only
 }
 
 SEEDS = [  # seeds enqueued in every new study (when feasible), after the default config
@@ -588,6 +637,10 @@ FP8_SEEDS = (
     Config(128, 128, 128, 8, num_warps=8, num_stages=4, variant="tma"),
     Config(64, 128, 128, 8, num_warps=4, num_stages=5, variant="tma"),
     Config(16, 64, 128, 8, num_warps=4, num_stages=4),
+    # exact accumulation (promotion every 256 elements of K): the best of benchmarks/fp8.py at
+    # 8192^3 on an H100, 0.79x _scaled_mm(use_fast_accum=False) (RESULTS.md, issue 44)
+    Config(128, 128, 256, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
+    Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, PROMOTE=2),
 )
 
 MIN_ACC_PER_THREAD = 4  # fewer accumulator elements per thread wastes warps
@@ -623,9 +676,11 @@ def warp_specialize_error(config: Config) -> str | None:
 
 
 def matmul_search_error(problem: Problem, config: Config) -> str | None:
-    """The tuner's rules for the matmul kinds: idle threads, and warp specialization only where
-    Triton does it."""
-    return idle_threads_error(config) or warp_specialize_error(config)
+    """The tuner's rules for the matmul kinds: idle threads, warp specialization only where
+    Triton does it, and exact fp8 accumulation within its error bound."""
+    return (
+        idle_threads_error(config) or warp_specialize_error(config) or exact_promotion_error(problem, config)
+    )
 
 
 def output_shape(problem: Problem) -> tuple[int, ...]:
@@ -779,6 +834,7 @@ KIND = TemplateKind(
     input_elements=matmul_input_elements,
     search_error=matmul_search_error,
     applies=applies,
+    narrow=promote_space,
     split_k_underfilled=True,
     input_dtypes=dtypes.INPUT_DTYPES,
     reductions=True,

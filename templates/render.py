@@ -237,7 +237,8 @@ def render(
         dtype=problem.dtype,
         precision=problem.precision,
         epilogue_text=problem.epilogue.text(),
-        even_k=divides(config.BLOCK_K, problem.shape.k),
+        even_k=divides(config.BLOCK_K * config.PROMOTE, problem.shape.k),
+        promote=config.PROMOTE,  # fp8 exact accumulation: K blocks summed before each fp32 add
         upcast_dot=target == "interpreter" and problem.dtype == "bfloat16",
         index_64=index_64,
         interpret=target == "interpreter",

@@ -24,10 +24,10 @@ from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import default_config, kind_of, twins, untuned_choice
-from epilab.templates.matmul import TRITON_VARIANTS, make_problem, scaled_mm_prefix
+from epilab.templates.matmul import PROMOTE_VARIANTS, TRITON_VARIANTS, make_problem, scaled_mm_prefix
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import HOPPER, infeasible
+from epilab.tuner.space import HOPPER, infeasible, space_for
 from epilab.tuner.suites import suite
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -233,6 +233,43 @@ def test_fp8_suite_specs_make_scaled_problems_that_round_trip():
         Spec(64, 64, 64, scales="tensor")
 
 
+@pytest.mark.parametrize("layout", ["NT", "NN"])
+def test_exact_accumulation_promotes_every_few_k_blocks(layout):
+    """PROMOTE K blocks summed before each fp32 add, on every loop over the whole of K, with a
+    K that leaves a partial group of blocks (and a partial block): fp32 outputs match float64."""
+    m, n, k = 40, 48, 6 * 32 + 16  # 6.5 K blocks: TMA rows stay 16-byte aligned
+    torch.manual_seed(k)
+    a = fp8_tensor(m, k, FP8["e4m3"], False)
+    b = fp8_tensor(k, n, FP8["e4m3"], layout[1] == "T")
+    sc = scales("row", m, n)
+    x = acc() * operand("scale_a", "col") * operand("scale_b", "row")
+    problem = make_problem(a, b, Epilogue.build([(x, "float32")]), sc)
+    for variant in PROMOTE_VARIANTS:
+        for promote in (2, 4):
+            config = Config(32, 16, 32, 4, num_warps=4, num_stages=2, variant=variant, PROMOTE=promote)
+            assert f"promote{promote}" in config.short()
+            checked_launch(problem, config, a, b, sc)
+
+
+def test_promote_applies_to_exact_fp8_on_whole_k_loops_within_the_bound():
+    fp8 = Spec(4096, 4096, 4096, dtype="float8_e4m3fn").problem()
+    fast = dataclasses.replace(fp8, precision="fast")
+    bf16 = Spec(4096, 4096, 4096).problem()
+    two = Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", PROMOTE=2)
+    assert infeasible(fp8, two, HOPPER) is None
+    for problem, says in ((bf16, "not bfloat16"), (fast, "exact accumulation")):
+        assert says in kind_of(problem).config_error(problem, two)
+    for bad in (dataclasses.replace(two, variant="tma_stream_k"), dataclasses.replace(two, SPLIT_K=2)):
+        assert "without split-K" in kind_of(fp8).config_error(fp8, bad)
+    # the tuner keeps exact accumulation within its bound: at most 256 elements of K a promotion
+    assert "every 256 elements of K at most" in infeasible(fp8, dataclasses.replace(two, PROMOTE=4), HOPPER)
+    assert infeasible(fp8, Config(128, 128, 256, 8, num_warps=8, num_stages=2, variant="tma"), HOPPER) is None
+    assert space_for(fp8)["PROMOTE"] == (1, 2, 4)
+    assert "PROMOTE" not in space_for(bf16) and "PROMOTE" not in space_for(fast)
+    with pytest.raises(ValueError, match="PROMOTE=3"):
+        Config(16, 16, 32, PROMOTE=3)
+
+
 def test_fp8_feasibility_counts_one_byte_an_element():
     """A 128x256x128 tile in 3 stages fits the H100's shared memory in fp8 (147 KiB), not in
     bf16 (294 KiB); BLOCK_K=16 is infeasible for fp8."""
@@ -338,6 +375,32 @@ def test_gpu_matches_torch_scaled_mm(scaling, fast):
     ref = reference(a, b, sc, bias)
     assert_close(ours, ref, "float8_e4m3fn", "bfloat16", "fast" if fast else "ieee")
     assert rel_error(ours, theirs.double()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("same_sign", [False, True], ids=["signed", "same-sign"])
+def test_gpu_exact_accumulation_within_its_bound(same_sign):
+    """fp32 outputs of exact accumulation against float64: promotion every 128 elements of K
+    is as exact as torch._scaled_mm(use_fast_accum=False); every 256 (the bound) within 4x
+    of it; fast accumulation is far worse on same-sign data (docs/design.md, issue 44)."""
+    _fp8_gpu()
+    m, n, k = 1024, 1024, 8192
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x, y = (torch.randn(r, k, device="cuda", generator=gen) for r in (m, n))
+    x, y = (t.abs() if same_sign else t for t in (x, y))
+    a, b = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    ref = a.double() @ b.double()
+    cublas = torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False)
+    bound = rel_error(cublas, ref)
+    problem = make_problem(a, b, Epilogue.build([(acc(), "float32")]), {})
+    errors = {}
+    for block_k, promote in ((128, 1), (64, 2), (128, 2), (256, 1)):
+        config = Config(128, 128, block_k, 8, num_warps=8, num_stages=2, variant="tma", PROMOTE=promote)
+        (out,) = checked_launch(problem, config, a, b, {}).outs
+        errors[block_k * promote] = max(errors.get(block_k * promote, 0.0), rel_error(out, ref))
+    assert errors[128] <= 1.01 * bound, (errors, bound)
+    assert errors[256] <= 4 * bound, (errors, bound)
 
 
 @pytest.mark.gpu

@@ -621,5 +621,6 @@ def test_space_definition_is_the_documented_one():
         "FLATTEN": (0, 1),
         "WARP_SPECIALIZE": (0, 1),
         "TMA_STORE": (0, 1),
+        "PROMOTE": (1, 2, 4),
     }
     json.dumps({name: dict(kind_of(name).space) for name in ("matmul", "gemv", "conv2d")})
