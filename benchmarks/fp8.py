@@ -3,6 +3,10 @@ eager epilogue, _scaled_mm alone, Inductor and Inductor max-autotune, in one pro
 
     python3 benchmarks/fp8.py [--suite fp8] [--only 0-4] [--epilogue none] [--fast-accum] \
         [--rounds 3] [--max-autotune] [--json out.json]
+    python3 benchmarks/fp8.py --suite fp8-block [--only 40-45]
+
+Block-scaled problems (suite ``fp8-block``) are compared with _scaled_mm's block scaling
+(cuBLASLt, the one block-scaled GEMM installable here: DeepGEMM and FlashInfer are not).
 
 Method. FLOPs = 2 x MNK; bytes = A + B (one byte an element) + scales, bias + outputs. For
 each problem a fixed sweep — the default config, the matmul kind's feasible seeds and
@@ -41,7 +45,8 @@ from rounds import (
 from split_k import sweep
 
 from epilab.ir import dtypes
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
+from epilab.templates.block_scaled import scaled_mm_blocks
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
 from epilab.templates.verify import random_inputs
@@ -88,7 +93,9 @@ def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
 
 
 def scaled_mm_alone(problem: Problem, a, b, ops):
-    """_scaled_mm with the epilogue's scales, bf16 out, nothing else."""
+    """_scaled_mm with the epilogue's scales (or the block scales), bf16 out, nothing else."""
+    if problem.op == BLOCK_SCALED_OP:
+        return lambda: scaled_mm_blocks(a, b, ops)
     prefix = scaled_mm_prefix(problem.epilogue)
     scale_a, scale_b = prefix.scale_a, prefix.scale_b
     one = torch.ones((), device=a.device)

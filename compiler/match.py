@@ -75,6 +75,7 @@ from epilab.ir.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand,
 from epilab.ir.patterns import canonical_order
 from epilab.ir.problem import (
     BATCHED_OPS,
+    BLOCK_SCALED_OP,
     DUAL_OP,
     MATRIX_OPS,
     Dim,
@@ -203,6 +204,7 @@ class _Grower(ABC):
         self.operands: dict[tuple[fx.Node, tuple[int, ...] | None], Operand] = {}
         self.order: list[fx.Node] = []
         self.precision: str | None = None  # the anchor's own (a scaled mm's fast accumulation)
+        self.block_scaled = False  # a scaled mm of block scales: its scales are the extra inputs
         self.reduced: dict[fx.Node, tuple[Expr, str]] = {}  # statistics: (value, reduction)
         # a value whose dims are the output's permuted (dim i is the output's dim perm[i]):
         # a conv output's channels-last view; absent: the output's own order
@@ -451,6 +453,23 @@ class _Grower(ABC):
             self.desc.add(node)
 
 
+def _block_scales(
+    av: torch.Tensor, bv: torch.Tensor, sa: torch.Tensor | None, sb: torch.Tensor | None
+) -> bool:
+    """Whether a scaled mm's scales are block scales: A's [M, ceil(K/128)] and B's
+    [ceil(K/128), ceil(N/128)] (``torch._scaled_mm``'s), not rowwise or tensorwise ones (shapes
+    that read both ways, K and N of at most 128, are read as those: the same product)."""
+    if sa is None or sb is None or sa.dim() != 2 or sb.dim() != 2:
+        return False
+    m, k, n = av.shape[-2], av.shape[-1], bv.shape[-1]
+    if not _static([k, n]):
+        return False
+    groups, columns = -(-int(expr_of(k)) // 128), -(-int(expr_of(n)) // 128)
+    block_a = same(sa.shape[0], m) and same(sa.shape[1], groups)
+    block_b = same(sb.shape[0], groups) and same(sb.shape[1], columns)
+    return block_a and block_b and (groups > 1 or columns > 1)
+
+
 class _MatmulGrower(_Grower):
     """mm, addmm, bmm, baddbmm: operands of the output's shape or broadcast along its rows or
     columns; views that split or merge rows join."""
@@ -522,6 +541,12 @@ class _MatmulGrower(_Grower):
             "scale_b": ("scalar", "row"),
             "bias": ("row",),
         }
+        if _block_scales(av, bv, val(given["scale_a"]), val(given["scale_b"])):
+            # DeepSeek-V3's scales: A's [M, K/128], B's [K/128, N/128], multiplied in the K loop
+            if av.dim() != 2 or not _static(bv.shape):
+                raise NoGroup("a block-scaled mm of 2-D A and a static B")
+            self.block_scaled, self.extra = True, [given["scale_a"], given["scale_b"]]
+            accepted = {"bias": ("row",)}
         for name, broadcasts in accepted.items():
             if given.get(name) is None:
                 continue
@@ -600,7 +625,7 @@ class _MatmulGrower(_Grower):
     def problem(
         self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
     ) -> Problem:
-        op = "mm" if self.op == "scaled_mm" else self.op
+        op = BLOCK_SCALED_OP if self.block_scaled else "mm" if self.op == "scaled_mm" else self.op
         av, bv = val(a), val(b)
         assert av is not None and bv is not None
         if op in GROUPED_OPS:

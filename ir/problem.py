@@ -34,7 +34,10 @@ LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the 
 PRECISIONS = ("ieee", "tf32", "fast")
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
 DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): two GEMMs of one A (templates/dual_matmul.py)
-MATRIX_OPS = ("mm", "addmm", DUAL_OP)  # 2-D: no batch at all
+# ep(sum over 128-K groups of scale_a * scale_b * the group's A @ B): fp8 with block scales, A's
+# per row and 128 of K, B's per 128x128 block (DeepSeek-V3's; templates/block_scaled.py)
+BLOCK_SCALED_OP = "block_scaled_mm"
+MATRIX_OPS = ("mm", "addmm", DUAL_OP, BLOCK_SCALED_OP)  # 2-D: no batch at all
 _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
 
 # The values a Config may hold (the tuner's search space draws from these).

@@ -4,7 +4,9 @@ suites (every kind of the family names this module: matmul, gemv, dual_matmul, d
 A spec takes optional ``batch`` (a batched bmm), ``dtype`` (float16, bfloat16, float32,
 float8_e4m3fn, float8_e5m2; default bfloat16), ``scales`` (fp8 only: ``row``, the default,
 scales per row of A and per column of B, ``tensor`` one each, ``none``: the epilogue starts
-with ``acc * scale_a * scale_b``, float32 operands, as ``torch._scaled_mm`` applies them; an
+with ``acc * scale_a * scale_b``, float32 operands, as ``torch._scaled_mm`` applies them;
+``block``: DeepSeek-V3's block scales, A's per row and 128 of K, B's per 128x128 block,
+multiplied inside the K loop, a 2-D problem of the block_scaled_matmul template; an
 fp8 spec's other operands and its outputs default to bfloat16), ``layout`` (NN, NT, TN, TT:
 whether A and B are stored transposed; default NT, the layout of ``x @ W.T`` in a linear
 layer), ``epilogue`` (``ir/spec.py``) and ``template`` (matmul, the default, or gemv for M or
@@ -27,6 +29,11 @@ Built-in suites:
 - ``fp8``: rowwise-scaled float8_e4m3fn -> bf16 with bias + gelu(tanh): cubes 1024 to 8192
   and M in {16, 128, 512, 2048, 8192} x Llama-3-8B's projections (N, K) in {(4096, 4096),
   (14336, 4096), (4096, 14336)} (the matmul template; sm_89 or newer);
+- ``fp8-block``: block-scaled float8_e4m3fn -> bf16, no epilogue, M in {16, 128, 2048, 8192}
+  x Llama-3-8B's projections (N, K) in {(6144, 4096) fused QKV, (4096, 4096), (28672, 4096)
+  fused gate and up, (4096, 14336)} and DeepSeek-V3's dense projections (DeepGEMM's table:
+  (2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)),
+  the DeepSeek-V3 ones at M = 4096 too (DeepGEMM's reported size);
 - ``gemv``: decode-sized bf16 matmuls for the gemv template, M in {1, 4, 8, 16} x
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096)},
   nn.Linear layout, no epilogue;
@@ -49,7 +56,7 @@ from dataclasses import dataclass
 from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES
 from epilab.ir.epilogue import Epilogue, Expr, acc, operand
 from epilab.ir.patterns import canonical_order, swap_accumulators
-from epilab.ir.problem import DUAL_OP, OperandSpec, Problem, Shape
+from epilab.ir.problem import BLOCK_SCALED_OP, DUAL_OP, OperandSpec, Problem, Shape
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.runtime import layout_of
@@ -69,6 +76,7 @@ SCALINGS = {  # an fp8 spec's scales, as torch._scaled_mm takes them: (scale_a, 
     "row": ("col", "row"),  # per row of A and per column of B (rowwise)
     "tensor": ("scalar", "scalar"),  # one each (tensorwise)
     "none": None,  # the epilogue as written (it may read scales of its own)
+    "block": None,  # block scales in the K loop (the block_scaled_matmul template), not the epilogue
 }
 
 
@@ -117,6 +125,11 @@ class Spec:
                 raise ValueError("a dual GEMM (an epilogue that reads acc2) is 2-D: leave out batch")
             if self.template == "matmul":
                 object.__setattr__(self, "template", default_template(DUAL_OP))
+        if self.scales == "block":
+            if self.batch is not None:
+                raise ValueError("a block-scaled GEMM is 2-D: leave out batch")
+            if self.template == "matmul":
+                object.__setattr__(self, "template", default_template(BLOCK_SCALED_OP))
         if self.template not in KINDS:
             raise ValueError(f"template {self.template!r} is not one of {sorted(KINDS)}")
         if self.template == default_template("mm"):
@@ -144,7 +157,9 @@ class Spec:
         if ep.accumulators == 2:  # in the order the compiler names a graph's two projections
             op, ep = DUAL_OP, ep if canonical_order(ep) else swap_accumulators(ep)
         fp8 = self.dtype in FP8_DTYPES
-        if fp8:  # the compiler's scaled mm: an mm whose scales (float32) start the epilogue
+        if fp8 and self.scales == "block":  # the scales multiply inside the K loop
+            op = BLOCK_SCALED_OP
+        elif fp8:  # the compiler's scaled mm: an mm whose scales (float32) start the epilogue
             op, ep = ("bmm" if self.batch else "mm"), scaled(ep, self.scales)
         operands = tuple(
             OperandSpec(name, _operand_dtype(name, self.dtype), OPERAND_LAYOUTS.get(broadcast, "row"))
@@ -169,8 +184,9 @@ class Spec:
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
         dual = spec_epilogue(self.epilogue, self.dtype).accumulators == 2
-        suffix = "" if self.template == default_template(DUAL_OP if dual else "mm") else f" [{self.template}]"
-        scales = {"row": " row-scaled", "tensor": " tensor-scaled", "none": " unscaled"}[self.scales]
+        own = default_template(DUAL_OP if dual else BLOCK_SCALED_OP if self.scales == "block" else "mm")
+        suffix = "" if self.template == own else f" [{self.template}]"
+        scales = f" {self.scales}-scaled" if self.scales != "none" else " unscaled"
         scales = scales if self.dtype in FP8_DTYPES else ""
         return f"{shape} {self.dtype}{scales} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
 
@@ -216,6 +232,11 @@ _GATED_MLPS = (
     (3072, 24576, "gelu_tanh(acc) * acc2"),
 )
 
+# block-scaled fp8 projections (N, K): Llama-3-8B's (QKV and gate+up fused) and DeepSeek-V3's
+# dense ones as DeepGEMM's performance table lists them
+_LLAMA3_8B_FP8 = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+_DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+
 SUITES: dict[str, list[Spec]] = {
     "smoke": [
         Spec(64, 64, 64, dtype="float32"),
@@ -252,6 +273,14 @@ SUITES: dict[str, list[Spec]] = {
             for m in (16, 128, 512, 2048, 8192)
             for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))
         ),
+    ],
+    "fp8-block": [
+        *(
+            Spec(m, n, k, dtype="float8_e4m3fn", scales="block")
+            for m in (16, 128, 2048, 8192)
+            for n, k in (*_LLAMA3_8B_FP8, *_DEEPSEEK_V3_DENSE)
+        ),
+        *(Spec(4096, n, k, dtype="float8_e4m3fn", scales="block") for n, k in _DEEPSEEK_V3_DENSE),
     ],
     "gemv-fused": [
         *(

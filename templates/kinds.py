@@ -20,6 +20,7 @@ from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem, register_templates
 from epilab.ir.spec import SpecFormat
 from epilab.templates import (
+    block_scaled,
     conv2d,
     depthwise,
     dual_gemv,
@@ -45,6 +46,7 @@ KINDS: dict[str, TemplateKind] = {
         dual_gemv.KIND,
         grouped_matmul.KIND,
         dual_grouped_matmul.KIND,
+        block_scaled.KIND,
     )
 }
 register_templates(KINDS)

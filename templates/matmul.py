@@ -356,10 +356,12 @@ def bind_matmul(
     out: tuple[torch.Tensor, ...] | None = None,
     *,
     kind: TemplateKind | None = None,
+    loop_args: Mapping[str, object] | None = None,
 ) -> Bound:
     """Everything a launch of the matmul template does up to the launch itself (``kind``:
     a kind that renders this template under its own name and rules; the matmul's). The
-    kind's extra inputs (a dual GEMM's B2) come in ``operands`` and are read as B is."""
+    kind's extra inputs (a dual GEMM's B2) come in ``operands`` and are read as B is;
+    ``loop_args`` are the main loop's other arguments (a block-scaled kind's scales)."""
     kind = KIND if kind is None else kind
     extra = {name: operands[name] for name in kind.extra_inputs}
     operands = {name: t for name, t in operands.items() if name not in extra}
@@ -392,6 +394,7 @@ def bind_matmul(
         "stride_bk": bt.b[1][1],
         "stride_bn": bt.b[1][2],
         **{f"{name}_ptr": t for name, t in extra.items()},
+        **(loop_args or {}),
     }
     ep_args = epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n))
     args.update(ep_args)

@@ -18,6 +18,7 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.templates.block_scaled import A_SCALES, B_SCALES, make_block_problem, scale_shapes
 from epilab.templates.dual_matmul import B2, make_dual_problem
 from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
 from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
@@ -66,8 +67,13 @@ def matmul(
     Scaled matmuls, as ``torch._scaled_mm``: ``scale_a`` is float32 of one element (per
     tensor) or [M, 1] (per row of a), ``scale_b`` of one element or [1, N] / [N] (per
     column of b); ``scale_result`` multiplies the result before its cast (an fp8 output's
-    quantization scale). fp8 dots add each K block's products in fp32 unless
-    ``use_fast_accum`` (the tensor cores' own accumulator over all of K: faster, less exact).
+    quantization scale). fp8 dots add the products of one or a few K blocks (256 elements of
+    K at most) in fp32 unless ``use_fast_accum`` (the tensor cores' own accumulator over all
+    of K: faster, less exact). Block scales (DeepSeek-V3's; 2-D fp8 only): ``scale_a`` of
+    [M, ceil(K/128)] (per row and 128 of K: per-token-group activations) and ``scale_b`` of
+    [ceil(N/128), ceil(K/128)] (per 128x128 block of the weight, b being the weight's [N, K]
+    transposed); each group of 128 elements of K is scaled inside the K loop, then added in
+    fp32.
 
     For any other epilogue pass ``epilogue`` (an ``Epilogue``) and the tensors
     it reads as ``operands``; the result is one tensor per epilogue output.
@@ -96,6 +102,27 @@ def matmul(
                 "alpha/beta/out_dtype/scale_a/scale_b/scale_result, not both"
             )
         tensors = dict(operands or {})
+    elif block_scales(a, b, scale_a, scale_b):
+        if use_fast_accum:
+            raise ValueError(
+                "block scales accumulate exactly (each group of 128 elements of K is scaled, then "
+                "added in fp32): use_fast_accum does not apply"
+            )
+        if operands:
+            raise ValueError("operands= is only used together with epilogue=")
+        epilogue, tensors = simple_epilogue(
+            a,
+            b,
+            bias=bias,
+            activation=activation,
+            residual=residual,
+            alpha=alpha,
+            beta=beta,
+            out_dtype=out_dtype,
+            scale_result=scale_result,
+        )
+        tensors.update({A_SCALES: scale_a, B_SCALES: scale_b.t()})  # type: ignore[union-attr]
+        return _run(make_block_problem(a, b, epilogue, tensors), config, a, b, tensors)
     else:
         if operands:
             raise ValueError("operands= is only used together with epilogue=")
@@ -117,6 +144,23 @@ def matmul(
     precision = "fast" if use_fast_accum else "tf32" if allow_tf32 else "ieee"
     problem = make_problem(a, b, epilogue, tensors, op=op, precision=precision)
     return _run(problem, config, a, b, tensors)
+
+
+def block_scales(a: torch.Tensor, b: torch.Tensor, scale_a: object, scale_b: object) -> bool:
+    """Whether ``scale_a`` and ``scale_b`` are block scales of 2-D fp8 ``a`` and ``b``: [M,
+    ceil(K/128)] and [ceil(N/128), ceil(K/128)] (the weight's [N, K] in blocks of 128x128), and
+    not also the rowwise or tensorwise scales they would read as otherwise (shapes that fit
+    both, K and N of at most 128, mean the same product either way)."""
+    if not (isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)):
+        return False
+    if a.dim() != 2 or b.dim() != 2 or dtypes.name_of(a.dtype) not in dtypes.FP8_DTYPES:
+        return False
+    (m, k), n = a.shape, b.shape[1]
+    shapes = scale_shapes(m, n, k)
+    block = tuple(scale_a.shape) == shapes[A_SCALES] and tuple(scale_b.shape) == shapes[B_SCALES][::-1]
+    rowwise_a = scale_a.numel() == 1 or tuple(scale_a.shape) == (m, 1)
+    rowwise_b = scale_b.numel() == 1 or tuple(scale_b.shape) in ((1, n), (n,))
+    return block and not (rowwise_a and rowwise_b)
 
 
 def matmul_problem(
@@ -254,8 +298,16 @@ def simple_epilogue(
 
 
 _SCALE_SHAPES = {  # the operand broadcasts each scale may take, and the shape it then has
-    "scale_a": ("one element (per tensor) or [M, 1] (per row of a)", ("scalar", "col")),
-    "scale_b": ("one element (per tensor) or [1, N] or [N] (per column of b)", ("scalar", "row")),
+    "scale_a": (
+        "one element (per tensor) or [M, 1] (per row of a); with 2-D fp8 a and b also "
+        "[M, ceil(K/128)] (block scales, with scale_b [ceil(N/128), ceil(K/128)])",
+        ("scalar", "col"),
+    ),
+    "scale_b": (
+        "one element (per tensor) or [1, N] or [N] (per column of b); with 2-D fp8 a and b also "
+        "[ceil(N/128), ceil(K/128)] (block scales, with scale_a [M, ceil(K/128)])",
+        ("scalar", "row"),
+    ),
     "scale_result": ("one element", ("scalar",)),
 }
 

@@ -1,0 +1,233 @@
+"""Block-scaled fp8 matmuls (DeepSeek-V3's scales: A's per row and 128 of K, B's per 128x128
+block): the block_scaled_matmul kind on every Triton loop against float64, the API, the
+config rules, the spec and suite, the compiler's anchor, and on the GPU against
+torch._scaled_mm's block scaling (cuBLASLt)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import epilab
+from epilab.ir.check import rel_error, tolerance
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config, Problem
+from epilab.templates.block_scaled import (
+    A_SCALES,
+    B_SCALES,
+    KIND,
+    dequantized,
+    make_block_problem,
+    scale_shapes,
+)
+from epilab.templates.gemm_spec import Spec
+from epilab.templates.kinds import kind_of
+from epilab.templates.matmul import TRITON_VARIANTS
+from epilab.templates.matmul_api import block_scales
+from epilab.templates.verify import checked_launch
+from epilab.tuner.space import HOPPER, infeasible, space_for
+from epilab.tuner.suites import suite
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def fp8_tensor(rows: int, cols: int, dtype: torch.dtype, transposed: bool = False, device: str = "cpu"):
+    t = (torch.randn((cols, rows) if transposed else (rows, cols), device=device) * 4).to(dtype)
+    return t.t() if transposed else t
+
+
+def block_tensors(m: int, n: int, k: int, dtype: torch.dtype, layout_b: str = "col", device: str = "cpu"):
+    """A [M, K], B [K, N] (column-major: a weight's [N, K] transposed, or row-major) and their
+    scales, positive and different per group."""
+    a = fp8_tensor(m, k, dtype, device=device)
+    b = fp8_tensor(k, n, dtype, layout_b == "col", device)
+    scales = {name: torch.rand(shape, device=device) + 0.1 for name, shape in scale_shapes(m, n, k).items()}
+    return a, b, scales
+
+
+def reference(a, b, scales, bias=None, act=None):
+    a64, b64 = dequantized(a, b, scales, torch.float64)
+    y = a64 @ b64
+    y = y if bias is None else y + bias.double()
+    return y if act is None else act(y)
+
+
+# ------------------------------------------------------------------ CPU (interpreter)
+
+
+@pytest.mark.parametrize("variant", TRITON_VARIANTS)
+def test_every_loop_matches_float64_with_partial_groups(variant):
+    """N = 200 and K = 304 leave a partial block of B's scales and a partial group of K; a
+    tile of 256 columns spans two of B's groups; bf16 and fp8 outputs of bias + GELU."""
+    m, n, k = 37, 200, 304
+    torch.manual_seed(k)
+    a, b, scales = block_tensors(m, n, k, FP8["e4m3"])
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    x = ops.gelu_tanh(acc() + operand("bias", "row"))
+    ep = Epilogue.build([(x, "bfloat16"), (x * 0.5, "float8_e4m3fn")])  # within e4m3's range
+    tensors = {**scales, "bias": bias}
+    problem = make_block_problem(a, b, ep, tensors)
+    assert (problem.op, problem.template) == ("block_scaled_mm", "block_scaled_matmul")
+    for config in (
+        Config(32, 64, 64, 4, num_warps=4, num_stages=2, variant=variant),
+        Config(16, 256, 32, 4, num_warps=4, num_stages=2, variant=variant),
+    ):
+        checked_launch(problem, config, a, b, tensors)
+
+
+@pytest.mark.parametrize("fp8", list(FP8))
+@pytest.mark.parametrize("layout_b", ["col", "row"])
+def test_promotion_and_split_k_keep_each_group_scaled(fp8, layout_b):
+    m, n, k = 20, 144, 512  # N: a partial block of B's scales, rows 16-byte aligned for TMA
+    torch.manual_seed(7)
+    a, b, scales = block_tensors(m, n, k, FP8[fp8], layout_b)
+    problem = make_block_problem(a, b, Epilogue.build([(acc(), "float32")]), scales)
+    for config in (
+        Config(16, 32, 32, 4, num_warps=4, num_stages=2, variant="tma", PROMOTE=4),
+        Config(16, 32, 64, 4, 4, num_warps=4, num_stages=2),  # split-K: four shares of K
+    ):
+        (out,) = checked_launch(problem, config, a, b, scales).outs
+        assert rel_error(out, reference(a, b, scales)) <= tolerance(problem.dtype, "ieee", "float32")
+
+
+def test_a_wrong_scale_is_seen():
+    """The check is not blind to the scales: one group's scale changed moves the result."""
+    m, n, k = 16, 128, 256
+    a, b, scales = block_tensors(m, n, k, FP8["e4m3"])
+    problem = make_block_problem(a, b, Epilogue.build([(acc(), "float32")]), scales)
+    (out,) = checked_launch(problem, Config(16, 32, 64, 4, num_warps=4, num_stages=1), a, b, scales).outs
+    other = dict(scales, b_scales=scales[B_SCALES].clone())
+    other[B_SCALES][1, 0] *= 2
+    assert rel_error(out, reference(a, b, other)) > 0.05
+
+
+def test_api_takes_block_scales_as_a_weight_stores_them():
+    """``epilab.matmul(x8, w8.t(), scale_a=[M, K/128], scale_b=[N/128, K/128])``."""
+    m, n, k = 33, 160, 384
+    torch.manual_seed(3)
+    x, w = fp8_tensor(m, k, FP8["e4m3"]), fp8_tensor(n, k, FP8["e4m3"])
+    sx, sw = torch.rand(m, 3) + 0.1, torch.rand(2, 3) + 0.1
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    out = epilab.matmul(x, w.t(), scale_a=sx, scale_b=sw, bias=bias, activation="silu")
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    ref = reference(x, w.t(), {A_SCALES: sx, B_SCALES: sw.t()}, bias, F.silu)
+    assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+    assert block_scales(x, w.t(), sx, sw)
+
+
+def test_rowwise_reading_wins_where_both_mean_the_same():
+    """K, N <= 128: [M, 1] and [1, 1] are rowwise and tensorwise scales, the same product as
+    a single block's; [M, 1] with [1, N] stays rowwise."""
+    x, w = fp8_tensor(8, 128, FP8["e4m3"]), fp8_tensor(96, 128, FP8["e4m3"])
+    assert not block_scales(x, w.t(), torch.ones(8, 1), torch.ones(1, 1))
+    assert not block_scales(x, w.t(), torch.ones(8, 1), torch.ones(1, 96))
+    wide = fp8_tensor(256, 128, FP8["e4m3"])
+    assert block_scales(x, wide.t(), torch.ones(8, 1), torch.ones(2, 1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"scale_b": torch.ones(2, 2)}, ValueError, "ceil(N/128), ceil(K/128)"),
+        ({"use_fast_accum": True}, ValueError, "use_fast_accum does not apply"),
+        ({"scale_a": torch.ones(8, 3, dtype=torch.float64)}, TypeError, "float32"),
+    ],
+)
+def test_bad_block_scales_are_refused_clearly(kwargs, error, message):
+    x, w = fp8_tensor(8, 384, FP8["e4m3"]), fp8_tensor(256, 384, FP8["e4m3"])
+    given = {"scale_a": torch.ones(8, 3), "scale_b": torch.ones(2, 3), **kwargs}
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        epilab.matmul(x, w.t(), **given)
+
+
+def test_problem_rules_and_config_rules():
+    a, b, scales = block_tensors(64, 256, 512, FP8["e4m3"])
+    problem = make_block_problem(a, b, Epilogue.identity("bfloat16"), scales)
+    assert Problem.from_json(problem.to_json()) == problem
+    with pytest.raises(ValueError, match="exact accumulation"):
+        Problem.from_dict({**problem.to_dict(), "precision": "fast"})
+    with pytest.raises(TypeError, match="fp8 inputs"):
+        make_block_problem(
+            a.float().to(torch.bfloat16), b.float().to(torch.bfloat16), problem.epilogue, scales
+        )
+    with pytest.raises(ValueError, match=r"b_scales must be float32 of shape \[4, 2\]"):
+        make_block_problem(a, b, problem.epilogue, {**scales, B_SCALES: torch.ones(2, 4)})
+    fits = Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma")
+    assert KIND.config_error(problem, fits) is None
+    too_long = Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", PROMOTE=2)
+    assert "must divide 128" in KIND.config_error(problem, too_long)
+    assert "must divide 128" in KIND.config_error(problem, Config(64, 64, 256, 8, num_warps=4))
+    gluon = Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_pingpong")
+    assert "Triton loops" in KIND.config_error(problem, gluon)
+
+
+def test_fp8_block_suite_specs_make_block_problems_the_tuner_can_search():
+    specs = suite("fp8-block")
+    assert len(specs) == 46 and all(s.scales == "block" for s in specs)
+    assert {(s.n, s.k) for s in specs if s.m == 4096} == {
+        (2112, 7168),
+        (24576, 1536),
+        (32768, 512),
+        (7168, 16384),
+        (4096, 7168),
+        (7168, 2048),
+    }
+    problem = specs[0].problem()
+    assert problem.template == "block_scaled_matmul" and "block-scaled" in specs[0].label()
+    assert kind_of(problem) is KIND and problem.operands == ()
+    feasible = [
+        c
+        for c in KIND.seeds_for(problem)
+        if infeasible(problem, c, HOPPER) is None and KIND.config_error(problem, c) is None
+    ]
+    assert feasible and space_for(problem)["PROMOTE"] == (1, 2, 4)
+    with pytest.raises(ValueError, match="2-D"):
+        Spec(64, 256, 256, batch=2, dtype="float8_e4m3fn", scales="block")
+
+
+def test_compiler_anchors_a_block_scaled_mm(tmp_path, fresh_compiler):
+    """torch._scaled_mm with block scales (its own shapes: [M, K/128], [K/128, N/128]) and a
+    GELU after it: one block-scaled group."""
+    torch._inductor.config.force_disable_caches = True
+
+    def f(x, w, sx, sw):
+        y = torch._scaled_mm(x, w.t(), sx, sw, out_dtype=torch.bfloat16)
+        return F.gelu(y, approximate="tanh")
+
+    m, n, k = 24, 256, 384
+    x, w = fp8_tensor(m, k, FP8["e4m3"]), fp8_tensor(n, k, FP8["e4m3"])
+    sx = (torch.rand(3, m) + 0.5).t()  # M-major, as cuBLASLt takes it
+    sw = (torch.rand(2, 3) + 0.5).t()  # [K/128, N/128] with stride (1, K/128)
+    g = torch.compile(f, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})
+    out = g(x, w, sx, sw)
+    ref = F.gelu(reference(x, w.t(), {A_SCALES: sx, B_SCALES: sw}), approximate="tanh")
+    assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert decision.anchor == "aten.scaled_mm" and decision.template == "block_scaled_matmul"
+    assert "scale_a" not in decision.epilogue and "tanh" in decision.epilogue
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", TRITON_VARIANTS)
+def test_gpu_every_loop_matches_float64_and_the_baseline(variant):
+    """N = 2112 (16.5 blocks of B's scales), K of 16 groups (cuBLASLt's block scaling) and of 13
+    (where torch 2.11's is wrong and the baseline dequantizes to bf16 instead)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuBLASLt's block scaling (torch._scaled_mm) needs sm_90")
+    for k in (2048, 1664):
+        torch.manual_seed(k)
+        a, b, scales = block_tensors(1000, 2112, k, FP8["e4m3"], device="cuda")
+        problem = make_block_problem(a, b, Epilogue.identity("bfloat16"), scales)
+        ref = reference(a, b, scales)
+        baseline = rel_error(KIND.baseline(problem, a, b, scales)[0], ref)
+        assert baseline <= tolerance("float8_e4m3fn", "ieee", "bfloat16"), (k, baseline)
+        for config in (
+            Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant=variant),
+            Config(64, 256, 64, 8, num_warps=8, num_stages=3, variant=variant),
+        ):
+            (out,) = checked_launch(problem, config, a, b, scales).outs
+            assert rel_error(out, ref) <= 1.5 * max(baseline, 1e-3), (k, config.short())
