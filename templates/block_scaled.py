@@ -31,7 +31,6 @@ from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
 from epilab.templates import matmul, matmul_sm90
-from epilab.templates.bound import Bound
 from epilab.templates.matmul import FILES, bind_matmul, make_problem, matmul_inputs
 from epilab.templates.render import Target
 
@@ -78,7 +77,7 @@ def make_block_problem(
     """The block-scaled problem of these tensors (checks them all): ``operands`` hold the
     scales and the epilogue's operands."""
     check_scales(a, b, operands)
-    rest = {name: t for name, t in operands.items() if name not in SCALES}
+    rest = epilogue_operands(operands)
     if set(SCALES) & {name for name, _ in epilogue.operands}:
         raise ValueError(f"an epilogue operand may not be named {A_SCALES!r} or {B_SCALES!r} here")
     return make_problem(a, b, epilogue, rest, op=OP, template=KIND_NAME, files=FILES)
@@ -127,17 +126,9 @@ def loop_args(operands: Mapping[str, torch.Tensor]) -> dict[str, object]:
     }
 
 
-def bind(
-    problem: Problem,
-    config: Config,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    operands: Mapping[str, torch.Tensor],
-    out: tuple[torch.Tensor, ...] | None = None,
-) -> Bound:
-    """The matmul's launch, the scales as its main loop's arguments."""
-    rest = {name: t for name, t in operands.items() if name not in SCALES}
-    return bind_matmul(problem, config, a, b, rest, out, kind=KIND, loop_args=loop_args(operands))
+def epilogue_operands(operands: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A call's operands less the scales."""
+    return {name: t for name, t in operands.items() if name not in SCALES}
 
 
 def block_inputs(
@@ -167,7 +158,7 @@ def block_reference(
 ) -> tuple[torch.Tensor, ...]:
     """The outputs in float64 (the dequantized inputs are exact there), before output rounding."""
     a64, b64 = dequantized(a, b, operands, torch.float64)
-    rest = {name: t.double() for name, t in operands.items() if name not in SCALES}
+    rest = {name: t.double() for name, t in epilogue_operands(operands).items()}
     return problem.epilogue.evaluate(a64 @ b64, rest)
 
 
@@ -192,8 +183,7 @@ def eager_block_scaled(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """``scaled_mm_blocks``, then the epilogue in eager torch."""
-    rest = {name: t for name, t in operands.items() if name not in SCALES}
-    return tuple(problem.epilogue.evaluate(scaled_mm_blocks(a, b, operands), rest))
+    return tuple(problem.epilogue.evaluate(scaled_mm_blocks(a, b, operands), epilogue_operands(operands)))
 
 
 def block_input_elements(problem: Problem) -> tuple[int, int]:
@@ -238,7 +228,9 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; it
     problem_error=problem_error,
     default_config=default_block_config,
     problem_of=problem_of,
-    bind=bind,
+    bind=lambda problem, config, a, b, operands, out=None: bind_matmul(
+        problem, config, a, b, epilogue_operands(operands), out, kind=KIND, loop_args=loop_args(operands)
+    ),
     inputs=block_inputs,
     reference=block_reference,
     baseline=eager_block_scaled,

@@ -102,14 +102,15 @@ def matmul(
                 "alpha/beta/out_dtype/scale_a/scale_b/scale_result, not both"
             )
         tensors = dict(operands or {})
-    elif block_scales(a, b, scale_a, scale_b):
-        if use_fast_accum:
+    else:
+        if operands:
+            raise ValueError("operands= is only used together with epilogue=")
+        block = block_scales(a, b, scale_a, scale_b)  # multiplied in the K loop, not the epilogue
+        if block and use_fast_accum:
             raise ValueError(
                 "block scales accumulate exactly (each group of 128 elements of K is scaled, then "
                 "added in fp32): use_fast_accum does not apply"
             )
-        if operands:
-            raise ValueError("operands= is only used together with epilogue=")
         epilogue, tensors = simple_epilogue(
             a,
             b,
@@ -119,26 +120,13 @@ def matmul(
             alpha=alpha,
             beta=beta,
             out_dtype=out_dtype,
+            scale_a=None if block else scale_a,
+            scale_b=None if block else scale_b,
             scale_result=scale_result,
         )
-        tensors.update({A_SCALES: scale_a, B_SCALES: scale_b.t()})  # type: ignore[union-attr]
-        return _run(make_block_problem(a, b, epilogue, tensors), config, a, b, tensors)
-    else:
-        if operands:
-            raise ValueError("operands= is only used together with epilogue=")
-        epilogue, tensors = simple_epilogue(
-            a,
-            b,
-            bias=bias,
-            activation=activation,
-            residual=residual,
-            alpha=alpha,
-            beta=beta,
-            out_dtype=out_dtype,
-            scale_a=scale_a,
-            scale_b=scale_b,
-            scale_result=scale_result,
-        )
+        if block:
+            tensors.update({A_SCALES: scale_a, B_SCALES: scale_b.t()})  # type: ignore[union-attr]
+            return _run(make_block_problem(a, b, epilogue, tensors), config, a, b, tensors)
     batched = a.dim() == 3 or b.dim() == 3
     op = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
     precision = "fast" if use_fast_accum else "tf32" if allow_tf32 else "ieee"
