@@ -253,7 +253,7 @@ def test_filters_and_a_clear_error_for_an_unknown_device(db, tmp_path):
     run = CliRunner().invoke(
         app, ["report", "--db", db.url, "--out", str(tmp_path / "r.html"), "--op", "conv"]
     )
-    assert run.exit_code != 0 and "is not one of addmm, baddbmm, bmm, conv2d" in run.output
+    assert run.exit_code != 0 and "is not one of addmm, baddbmm, block_scaled_mm, bmm, conv2d" in run.output
     run = CliRunner().invoke(
         app, ["report", "--db", db.url, "--out", str(tmp_path / "r.html"), "--suite", "nope"]
     )

@@ -446,14 +446,18 @@ def test_builtin_suites_build_valid_problems():
         "depthwise": 66,
         "mlp": 25,
         "fp8": 19,
+        "fp8-block": 46,
         "moe": 24,
         "moe-routed": 18,
     }
     for name, specs in SUITES.items():
         for spec in specs:
-            want = {"conv": "conv2d", "depthwise": "conv2d", "mlp": "dual_matmul"}.get(
-                name, "gemv" if name.startswith("gemv") else "matmul"
-            )
+            want = {
+                "conv": "conv2d",
+                "depthwise": "conv2d",
+                "mlp": "dual_matmul",
+                "fp8-block": "block_scaled_matmul",
+            }.get(name, "gemv" if name.startswith("gemv") else "matmul")
             if name.startswith("moe"):  # the gate and up projections (dual), the down projection
                 want = "dual_grouped_matmul" if spec.problem().op == "dual_grouped_mm" else "grouped_matmul"
             assert spec.problem().template == want
