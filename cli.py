@@ -246,7 +246,8 @@ def tune(
     suite: Annotated[
         str | None,
         typer.Option(
-            help=f"built-in suite, e.g. {', '.join(SUITE_EXAMPLES)} (a name that is not one lists them all)"
+            help=f"built-in suite, e.g. {', '.join(SUITE_EXAMPLES)}, or several: quick,llm (each problem "
+            "once; a name that is not one lists them all)"
         ),
     ] = None,
     shapes: Annotated[

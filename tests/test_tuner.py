@@ -563,6 +563,18 @@ def test_tune_a_conv_problem_in_the_interpreter(tmp_path):
         assert Problem.from_json(db.problem_json(spec.problem().key)[1]).geometry == spec.geometry()
 
 
+def test_several_suites_are_one_list_with_each_problem_once():
+    from epilab.tuner.suites import suite
+
+    keys = [s.problem().key for s in suite("quick,llm,conv")]
+    alone = [s.problem().key for name in ("quick", "llm", "conv") for s in suite(name)]
+    assert len(keys) == len(set(keys)) == len(set(alone)) < len(alone)  # quick and llm share problems
+    assert keys == list(dict.fromkeys(alone))  # in the suites' order, each the first time it comes
+    assert [s.problem().key for s in suite(" llm ")] == [s.problem().key for s in SUITES["llm"]]
+    with pytest.raises(ValueError, match=r"unknown suite 'huge'.*built-in suites"):
+        suite("quick,huge")
+
+
 def test_tune_refuses_without_cuda_and_explains(tmp_path):
     import torch
 

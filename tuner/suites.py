@@ -81,10 +81,20 @@ SUITES: Mapping[str, Sequence[ProblemSpec]] = _Suites()
 
 
 def suite(name: str) -> Sequence[ProblemSpec]:
+    """A built-in suite's specs; ``"quick,llm,conv"`` is those suites' in that order, each
+    problem once (one command tunes them all, paying its start-up once)."""
     found = builtin_suites()
-    if name not in found:
-        raise ValueError(f"unknown suite {name!r}; built-in suites: {sorted(found)}")
-    return found[name]
+    names = [part.strip() for part in name.split(",")]
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise ValueError(f"unknown suite {', '.join(map(repr, unknown))}; built-in suites: {sorted(found)}")
+    if len(names) == 1:
+        return found[names[0]]
+    specs: dict[str, ProblemSpec] = {}
+    for n in names:
+        for spec in found[n]:
+            specs.setdefault(spec.problem().key, spec)
+    return list(specs.values())
 
 
 def spec_from_dict(d: Any) -> ProblemSpec:
