@@ -69,6 +69,60 @@ def test_two_commands_share_one_warm_server(host):
         first.close()
 
 
+def test_a_candidate_is_compiled_once_for_every_command_and_device_of_one_target(host):
+    first, second = ServerPool(1, -1, task=TASK), ServerPool(1, -1, task=TASK)
+    try:
+        first.warm("{}", [{"sleep": 0.5, "tag": "next"}])  # a worker warming the next problem ...
+        time.sleep(0.2)  # (the server reads each connection in a thread of its own)
+        [shared] = list(second.compiled("{}", [{"sleep": 0.5, "tag": "next"}]))  # ... the other tunes
+        [mine] = list(first.compiled("{}", [{"sleep": 0.5, "tag": "next"}]))  # and later, once more
+        assert shared["status"] == mine["status"] == "compiled" and shared["shared"] and mine["shared"]
+        assert shared["pid"] == mine["pid"]  # one process compiled it, once
+        second.target = "another GPU sm80"  # another model: its own compile
+        [other] = list(second.compiled("{}", [{"tag": "next"}]))
+        assert other["status"] == "compiled" and "shared" not in other
+        [(_, status)] = servers()
+        assert status["shared"] == 2 and status["compiles"] == 3
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_shared_compile_counts_as_a_cache_hit_for_the_later_request():
+    first = {
+        "status": "compiled",
+        "built": 2,
+        "cache_hits": 1,
+        "build_s": 1.5,
+        "pool_phases": {"compile": 2.0},
+    }
+    later = compile_server.as_shared(first)
+    assert later == {
+        "status": "compiled",
+        "built": 0,
+        "cache_hits": 3,
+        "build_s": 0.0,
+        "pool_phases": {},
+        "shared": True,
+    }
+
+
+def test_a_command_that_leaves_cancels_no_compile_another_waits_on(host):
+    first, second = ServerPool(1, -1, task=TASK), ServerPool(1, -1, task=TASK)
+    try:
+        busy = first.compiled("{}", [{"sleep": 1.0, "tag": "busy"}])  # the one process is busy ...
+        first.warm("{}", [{"tag": "queued"}])  # ... so this one waits in the queue
+        time.sleep(0.2)
+        waiting = second.compiled("{}", [{"tag": "queued"}])
+        threading.Timer(0.3, first.close).start()  # the first command ends: its queue is dropped
+        [result] = list(waiting)
+        assert result["status"] == "compiled" and result["tag"] == "queued"  # not cancelled under it
+        del busy
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_batch_left_unread_is_not_read_as_the_next(host):
     pool = ServerPool(2, -1, task=TASK)
     try:

@@ -17,9 +17,9 @@ file keeps one server per fingerprint when two commands start at once.
 
 The protocol, pickled tuples over the connection:
 
-    ("compile", id, device, problem JSON, configs)  ->  ("result", id, i, result) per config,
-        in order, each as soon as it and those before it are done (``CompilePool.compiled``)
-    ("warm", device, problem JSON, configs)          ->  nothing: compiled in the background
+    ("compile", id, device, target, problem JSON, configs)  ->  ("result", id, i, result) per
+        config, in order, each as soon as it and those before it are done (``CompilePool.compiled``)
+    ("warm", device, target, problem JSON, configs)  ->  nothing: compiled in the background
     ("start", device)                                ->  nothing: the device's processes start
     ("ping",)                                        ->  ("pong", {pid, clients, jobs, ...})
     ("stop",)                                        ->  the server leaves
@@ -27,6 +27,13 @@ The protocol, pickled tuples over the connection:
 The server keeps one process pool per device, ``jobs`` processes pinned to it, as a command's
 own pool would be; a compile that takes a process down breaks that pool, whose unfinished
 compiles come back ``unknown`` (the GPU worker decides), and a new pool takes the next ones.
+
+A candidate is compiled once for a target (the device's name and compute capability): a request
+for one that is being compiled, or was, shares that compile, whichever command or device of the
+same model asked first. With two GPUs tuning one list, each worker warmed the next problem of
+the list while the other worker was already compiling it: the 2-GPU run built 427 kernels where
+one GPU built 327, and its problems waited 40% longer for compiles (RESULTS.md, 2026-11-28).
+A shared result counts as a cache hit for the later requester (its build is the first's).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import contextlib
 import hashlib
 import importlib
 import itertools
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -46,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -55,6 +64,7 @@ from typing import Any
 
 from epilab.tuner.worker import Cancelled, CompilePool, _compile_task, _env, _init_compile_worker, _started
 
+SHARED_COMPILES = 8192  # candidates whose compiles a later request may share (the newest kept)
 MAX_SOCKET_PATH = 100  # bytes: a Unix socket's address holds 107 on Linux (and 103 on macOS)
 MAX_LOG_BYTES = 1 << 20  # the servers' log beside the socket starts again past this size
 START_TIMEOUT_S = 60.0  # a server that does not answer by then is given up: the command compiles itself
@@ -147,6 +157,29 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
     raise ServerUnavailable(f"the compile server did not answer within {timeout_s:.0f} s (log: {log_file})")
 
 
+def device_target(device_index: int) -> str:
+    """What a compile for ``device_index`` is built for (-1: the interpreter): devices of one
+    name and compute capability share their compiles."""
+    if device_index < 0:
+        return "interpreter"
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    return f"{props.name} sm{props.major}{props.minor}"
+
+
+def candidate_key(target: str, problem_json: str, config: dict[str, Any]) -> str:
+    text = f"{target}\0{problem_json}\0{json.dumps(config, sort_keys=True)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def as_shared(result: dict[str, Any]) -> dict[str, Any]:
+    """A compile's result for a later request that shared it: its binaries were Triton's cache
+    hits to this requester, and the seconds the first request's."""
+    hits = int(result.get("cache_hits", 0)) + int(result.get("built", 0))
+    return {**result, "cache_hits": hits, "built": 0, "build_s": 0.0, "pool_phases": {}, "shared": True}
+
+
 class ServerPool:
     """A command's handle on the host's compile server, with ``CompilePool``'s interface; where
     the server goes away, the command goes on in a pool of its own."""
@@ -154,6 +187,7 @@ class ServerPool:
     def __init__(self, jobs: int, device_index: int, *, task: str | None = None) -> None:
         self.jobs = jobs
         self.device_index = device_index
+        self.target = device_target(device_index)
         self.cancelled = False
         self._conn: Connection | None = connect(jobs, task=task)
         self._ids = itertools.count()
@@ -192,7 +226,7 @@ class ServerPool:
         if self.cancelled:
             raise Cancelled("the compile pool was cancelled")
         request = next(self._ids)
-        if not self._send(("compile", request, self.device_index, problem_json, configs)):
+        if not self._send(("compile", request, self.device_index, self.target, problem_json, configs)):
             yield from self._own_pool().compiled(problem_json, configs)
             return
         done = 0
@@ -210,7 +244,7 @@ class ServerPool:
 
     def warm(self, problem_json: str, configs: list[dict[str, Any]]) -> None:
         if not self.cancelled and configs:
-            self._send(("warm", self.device_index, problem_json, configs))
+            self._send(("warm", self.device_index, self.target, problem_json, configs))
 
     def close(self) -> None:
         self._lost()
@@ -251,6 +285,9 @@ class Server:
         self.lock = threading.Lock()
         self.clients = 0
         self.served = 0
+        self.shared = 0  # requests that shared another's compile
+        self.compiles: OrderedDict[str, Future] = OrderedDict()  # candidate_key -> compile, newest last
+        self.users: Counter[Future] = Counter()  # connections waiting on an unfinished compile
         self.last_seen = time.monotonic()
         self.started = time.time()
 
@@ -272,17 +309,70 @@ class Server:
                 broken.shutdown(wait=False, cancel_futures=True)
                 del self.pools[device]
 
-    def submit(self, device: int, problem_json: str, configs: list[dict[str, Any]]) -> list[Future]:
+    def submit(
+        self, device: int, target: str, problem_json: str, configs: list[dict[str, Any]]
+    ) -> list[tuple[Future, bool]]:
+        """Each config's compile and whether it is shared: the one under way or done for the same
+        candidate and target where there is one (see the module doc), else a new one on
+        ``device``'s processes."""
+        keys = [candidate_key(target, problem_json, c) for c in configs]
+        found: dict[int, Future] = {}
+        with self.lock:
+            for i, key in enumerate(keys):
+                future = self.compiles.get(key)
+                if future is not None and _shareable(future):
+                    self.compiles.move_to_end(key)
+                    found[i] = future
+        fresh = self._submit_new(device, problem_json, [c for i, c in enumerate(configs) if i not in found])
+        for future in fresh:  # (outside the lock: a future already done calls it at once)
+            future.add_done_callback(self._finished)
+        new = iter(fresh)
+        out: list[tuple[Future, bool]] = []
+        with self.lock:
+            for i, key in enumerate(keys):
+                future = found.get(i) or next(new)
+                if i not in found:
+                    self.compiles[key] = future
+                else:
+                    self.shared += 1
+                if not future.done():
+                    self.users[future] += 1
+                out.append((future, i in found))
+            while len(self.compiles) > SHARED_COMPILES:
+                self.compiles.popitem(last=False)
+        return out
+
+    def _submit_new(self, device: int, problem_json: str, configs: list[dict[str, Any]]) -> list[Future]:
         tasks = [{"job": "compile", "problem": problem_json, "config": c} for c in configs]
         for attempt in range(2):
             pool = self.pool(device)
             try:
-                return [pool.submit(self.task, t) for t in tasks]
+                futures = [pool.submit(self.task, t) for t in tasks]
             except (BrokenProcessPool, RuntimeError):  # broken (or shut down) by an earlier compile
                 self.renew(device, pool)
                 if attempt:
                     raise
+                continue
+            for future in futures:  # the pool to renew if it breaks (a shared one may be another device's)
+                future.epilab_pool = (device, pool)  # type: ignore[attr-defined]
+            return futures
         raise AssertionError("unreachable")
+
+    def _finished(self, future: Future) -> None:
+        with self.lock:
+            self.users.pop(future, None)
+
+    def release(self, future: Future) -> None:
+        """A connection that queued ``future`` ended: the compile is cancelled once no other
+        connection waits on it."""
+        with self.lock:
+            if future.done() or future not in self.users:
+                return
+            self.users[future] -= 1
+            if self.users[future] > 0:
+                return
+            del self.users[future]
+        future.cancel()
 
     def serve(self, listener: Listener) -> None:
         threading.Thread(target=self._watch, daemon=True, name="idle watch").start()
@@ -327,17 +417,23 @@ class Server:
                         self.clients += 0 if counted else 1
                         counted, self.last_seen = True, time.monotonic()
                 if kind == "compile":
-                    _, request, device, problem_json, configs = message
-                    futures = self.submit(device, problem_json, configs)
-                    queued = [f for f in queued if not f.done()] + futures
+                    _, request, device, target, problem_json, configs = message
+                    futures = self.submit(device, target, problem_json, configs)
+                    queued = [f for f in queued if not f.done()] + [f for f, _ in futures]
                     args = (conn, send, request, device, futures)
                     threading.Thread(target=self._answer, args=args, daemon=True).start()
                 elif kind == "warm":
-                    _, device, problem_json, configs = message
-                    queued = [f for f in queued if not f.done()] + self.submit(device, problem_json, configs)
+                    _, device, target, problem_json, configs = message
+                    warmed = [f for f, _ in self.submit(device, target, problem_json, configs)]
+                    queued = [f for f in queued if not f.done()] + warmed
                 elif kind == "start":
                     pool = self.pool(message[1])
-                    queued += [pool.submit(_started) for _ in range(self.jobs)]
+                    pool_starts = [pool.submit(_started) for _ in range(self.jobs)]
+                    for f in pool_starts:
+                        f.add_done_callback(self._finished)
+                    with self.lock:
+                        self.users.update(f for f in pool_starts if not f.done())
+                    queued += pool_starts
                 elif kind == "ping":
                     with send:
                         conn.send(("pong", self.status()))
@@ -345,7 +441,7 @@ class Server:
                     self.leave()
         finally:
             for f in queued:  # what this command queued and did not wait for: nobody will read it
-                f.cancel()
+                self.release(f)
             if counted:
                 with self.lock:
                     self.clients -= 1
@@ -356,11 +452,11 @@ class Server:
     def _answer(
         self, conn: Connection, send: threading.Lock, request: int, device: int, futures: list
     ) -> None:
-        for i, future in enumerate(futures):
+        for i, (future, shared) in enumerate(futures):
             try:
-                result = future.result()
+                result = as_shared(future.result()) if shared else future.result()
             except BrokenProcessPool as e:
-                self.renew(device, self.pools.get(device))  # type: ignore[arg-type]
+                self.renew(*getattr(future, "epilab_pool", (device, self.pools.get(device))))
                 result = {"status": "unknown", "detail": str(e) or type(e).__name__}
             except Exception as e:  # cancelled, or the task raised: the GPU worker decides
                 result = {"status": "unknown", "detail": f"{type(e).__name__}: {e}"[:1500]}
@@ -382,6 +478,7 @@ class Server:
                 "jobs": self.jobs,
                 "devices": sorted(self.pools),
                 "compiles": self.served,
+                "shared": self.shared,
                 "up_s": round(time.time() - self.started, 1),
                 "leaves_in_s": None if clients else round(max(0.0, self.idle_s - idle), 1),
             }
@@ -416,6 +513,16 @@ def stop(sock: Path) -> bool:
         conn.send(("stop",))
         conn.poll(5)
     return True
+
+
+def _shareable(future: Future) -> bool:
+    """A compile a later request may share: under way, or done with a result (not cancelled,
+    not broken, not ``unknown``: those are compiled again)."""
+    if future.cancelled():
+        return False
+    if not future.done():
+        return True
+    return future.exception() is None and future.result().get("status") != "unknown"
 
 
 def _load_task(spec: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
