@@ -110,14 +110,13 @@ def test_a_shared_compile_counts_as_a_cache_hit_for_the_later_request():
 def test_a_command_that_leaves_cancels_no_compile_another_waits_on(host):
     first, second = ServerPool(1, -1, task=TASK), ServerPool(1, -1, task=TASK)
     try:
-        busy = first.compiled("{}", [{"sleep": 1.0, "tag": "busy"}])  # the one process is busy ...
+        busy = [{"sleep": 1.0, "tag": "busy"}, {"tag": 1}, {"tag": 2}]  # (a process pool runs two ahead)
+        first.warm("{}", busy)  # the one process is busy ...
         first.warm("{}", [{"tag": "queued"}])  # ... so this one waits in the queue
         time.sleep(0.2)
-        waiting = second.compiled("{}", [{"tag": "queued"}])
-        threading.Timer(0.3, first.close).start()  # the first command ends: its queue is dropped
-        [result] = list(waiting)
+        threading.Timer(0.4, first.close).start()  # the first command ends: its queue is dropped
+        [result] = list(second.compiled("{}", [{"tag": "queued"}]))
         assert result["status"] == "compiled" and result["tag"] == "queued"  # not cancelled under it
-        del busy
     finally:
         first.close()
         second.close()
