@@ -6,6 +6,7 @@ best configs agree, and two processes on one PostgreSQL database with one of the
     python3 benchmarks/fleet_scaling.py run --gpus 1 --devices 1 --name 1b --out DIR
     python3 benchmarks/fleet_scaling.py compare DIR --runs 1,2,1b        # the tables
     python3 benchmarks/fleet_scaling.py hosts --out DIR                  # PostgreSQL, one killed
+    python3 benchmarks/fleet_scaling.py hosts --out DIR --db DIR/p.db --one-host --kill-after -1 --name 2p
 
 ``run`` tunes the suites (default ``quick,llm,conv``) with one ``epilab tune --suite
 quick,llm,conv --devices ...`` command into a new SQLite database ``DIR/fleet-NAME.db``, from
@@ -26,6 +27,9 @@ caches of its own as two hosts would have. Once the second has finished some pro
 another, it is killed with SIGKILL (its GPU worker too), and started again later. The check,
 from the database: every problem done once, none left held, none lost; the killed problem taken
 over (attempts 2) and no problem with more trials recorded than its budget and the killed trial.
+The second ``hosts`` line above runs the two GPUs as two processes of one host (one SQLite file,
+one compile server, nobody killed), written as run ``2p``: beside run ``2`` (one process, a
+worker thread per GPU), it shows what one process's interpreter lock costs.
 """
 
 from __future__ import annotations
@@ -285,7 +289,8 @@ def hosts(args: argparse.Namespace) -> None:
 
 def _hosts(args: argparse.Namespace, out: Path, url: str) -> None:
     devices = args.devices.split(",")
-    envs = [_cold_env(Path(f"/tmp/fleet-hosts-cache-{d}")) for d in devices]
+    caches = ["one" if args.one_host else d for d in devices]  # one host: one compile server and cache
+    envs = [_cold_env(Path(f"/tmp/fleet-hosts-cache-{c}")) for c in caches]
     ttl = ["--lease-ttl", str(args.lease_ttl)]
     cmds = [[*_tune_command(args.suites, d, args.trials, args.jobs, url, args), *ttl] for d in devices]
     since = datetime.now(timezone.utc)
@@ -302,7 +307,7 @@ def _hosts(args: argparse.Namespace, out: Path, url: str) -> None:
     victim = procs[f"host{len(devices) - 1}"]
     killed_at = None
     with TuningDB.open(url) as db:
-        while killed_at is None and victim.poll() is None:
+        while args.kill_after >= 0 and killed_at is None and victim.poll() is None:
             finished, holds = _owned(db, victim.pid)
             if finished >= args.kill_after and holds:
                 time.sleep(args.kill_delay)  # into the problem's trials
@@ -323,10 +328,22 @@ def _hosts(args: argparse.Namespace, out: Path, url: str) -> None:
     report = {"url": url.rsplit("@", 1)[-1], "commands": [" ".join(c[1:]) for c in cmds], "events": events}
     report |= {"seconds": wall, "killed_at_s": killed_at, "check": check, "leases": timeline(url, since)}
     (out / "hosts.json").write_text(json.dumps(report, indent=1, default=str))
+    if args.name:  # the processes' results as one run, for ``compare``
+        results = [r for tag in procs for r in _json_list(out / f"hosts-{tag}.json")]
+        (out / f"results-{args.name}.json").write_text(json.dumps(results))
+        meta = {"name": args.name, "gpus": len(devices), "devices": args.devices, "trials": args.trials}
+        meta |= {"suites": args.suites, "seconds": wall, "rc": max(rcs.values(), default=0)}
+        meta |= {"command": report["commands"], "leases": report["leases"]}
+        (out / f"run-{args.name}.json").write_text(json.dumps(meta, indent=1, default=str))
     print("\n".join(events))
     print("\n| check | value |\n|---|---|")
     for k, v in check.items():
         print(f"| {k} | {v} |")
+
+
+def _json_list(path: Path) -> list[dict]:
+    text = path.read_text() if path.exists() else ""
+    return json.loads(text) if text.strip() else []  # (a killed process printed nothing)
 
 
 def hosts_check(url: str, trials: int) -> dict[str, object]:
@@ -381,11 +398,20 @@ def main() -> None:
     c.add_argument("--rows", type=int, default=12, help="problems listed per pair, the farthest from 1 first")
     h = sub.add_parser("hosts", parents=[common], help="two processes on one PostgreSQL database, one killed")
     h.add_argument("--devices", default="0,1", help="one process per GPU named; the last one is killed")
-    h.add_argument("--db", help="a PostgreSQL URL to use instead of starting a server")
+    h.add_argument("--db", help="a database to use instead of starting a PostgreSQL server (a URL or path)")
+    h.add_argument(
+        "--one-host",
+        action="store_true",
+        help="the processes share caches and a compile server, as processes of one host do",
+    )
+    h.add_argument("--name", help="also write the processes' results as run NAME, for compare")
     h.add_argument("--port", type=int, default=54329)
     h.add_argument("--lease-ttl", type=float, default=20.0)
     h.add_argument(
-        "--kill-after", type=int, default=8, help="problems the victim finishes before it is killed"
+        "--kill-after",
+        type=int,
+        default=8,
+        help="problems the last process finishes before it is killed (<0: none is killed)",
     )
     h.add_argument("--kill-delay", type=float, default=1.0, help="seconds into its next problem")
     h.add_argument(
