@@ -153,9 +153,7 @@ def _load(out: Path, name: str) -> tuple[dict, dict[str, dict]]:
     meta = json.loads((out / f"run-{name}.json").read_text())
     if meta["rc"] != 0:
         print(f"note: run {name} ended with status {meta['rc']}")
-    text = (out / f"results-{name}.json").read_text()
-    results = {r["key"]: r for r in (json.loads(text) if text.strip() else [])}
-    return meta, results
+    return meta, {r["key"]: r for r in _json_list(out / f"results-{name}.json")}
 
 
 def where_time_went(meta: dict) -> dict[str, float]:
