@@ -18,6 +18,11 @@ from epilab.db.schema import (
 )
 
 BUSY_TIMEOUT_MS = 60_000
+# PostgreSQL ends a session left idle inside a transaction this long: a process stopped
+# between a statement and its commit (SIGSTOP, a paused VM, a stalled host) would hold its
+# row locks for ever, and every worker would skip or wait on its lease. Ours last
+# milliseconds; the default lease time is 60 s.
+STALLED_TRANSACTION_MS = 30_000
 
 
 def resolve_url(target: str | Path | None) -> tuple[URL, Path | None]:
@@ -117,7 +122,24 @@ def make_engine(url: URL, *, readonly: bool = False) -> Engine:
             write = conn.get_execution_options().get("epilab_write", False)
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write and not readonly else "BEGIN")
 
+    elif url.get_backend_name() == "postgresql":
+        end_stalled_transactions(engine)
     return engine
+
+
+def end_stalled_transactions(engine: Engine) -> None:
+    """Have the server end this engine's sessions left idle inside a transaction for
+    ``STALLED_TRANSACTION_MS`` (their locks released; the stalled process gets an error when
+    it wakes). Set per session, committed: the pool's rollback would undo it otherwise; not a
+    startup option, which connection poolers refuse."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, record_of: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET idle_in_transaction_session_timeout = {int(STALLED_TRANSACTION_MS)}")
+        dbapi_conn.commit()
+
+    engine.dispose()  # connections made before this (optuna's, at its start) get it too
 
 
 def make_parent(path: Path) -> None:

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from epilab.db.engine import (
     connect_args,
+    end_stalled_transactions,
     is_busy,
     is_race,
     is_readonly,
@@ -133,11 +134,14 @@ class TuningDB:
 
         for attempt in range(6):
             try:
-                return optuna.storages.RDBStorage(
+                storage = optuna.storages.RDBStorage(
                     self.storage_url,
                     engine_kwargs={"connect_args": connect_args(self.full_url)},
                     skip_table_creation=not create,
                 )
+                if self.full_url.get_backend_name() == "postgresql":
+                    end_stalled_transactions(storage.engine)
+                return storage
             except RuntimeError as e:  # its tables were set up by another optuna version
                 if "compatible with the table schema" not in str(e):
                     raise

@@ -81,3 +81,12 @@ def db_target(request, tmp_path) -> str:
         _reset_postgres(PG_URL)
         return PG_URL
     return str(tmp_path / "tuning.db")
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
+def pg_target() -> str:
+    """The PostgreSQL server's database, emptied: for what only PostgreSQL does."""
+    if not PG_URL:
+        pytest.skip("set EPILAB_TEST_POSTGRES_URL to run against PostgreSQL")
+    _reset_postgres(PG_URL)
+    return PG_URL

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
+from epilab.db import engine as db_engine
 from epilab.db.leases import LeaseBoard, fleet_status
 from epilab.db.models import LeaseRecord, WorkerRecord
 from epilab.ir.problem import Config
@@ -97,6 +98,35 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_loses_it(db_target, t
     assert not a.renew("a", first)  # a learns it lost the lease ...
     assert not a.finish(first, "a", "done")  # ... and cannot end it
     assert b.finish(second, "b", "done")
+
+
+def test_a_renewal_stopped_before_its_commit_is_ended_and_the_lease_taken_over(
+    pg_target, tmp_path, monkeypatch
+):
+    """A worker stopped between its renewal's UPDATE and the commit held the lease row's lock
+    for ever: every other worker skipped the row and waited (the likely cause of the SIGSTOP
+    test below hanging for 600 s in CI once). The server ends the stalled session; its owner's
+    commit fails, and it has lost the lease."""
+    monkeypatch.setattr(db_engine, "STALLED_TRANSACTION_MS", 1000)
+    items = _work(tmp_path, 1)
+    a, b = _board(pg_target, items, ttl=0.5), _board(pg_target, items, ttl=0.5)
+    first = a.take("a")
+    stalled = a.db.session(write=True)
+    session = stalled.__enter__()
+    session.execute(
+        sa.update(LeaseRecord).where(a._held(first, "a")).values(expires_at=sa.func.now())
+    )  # the row is locked until a commit that does not come
+    deadline = time.monotonic() + 30
+    while (second := b.take("b")) is None:
+        assert time.monotonic() < deadline, "the stalled transaction still locks the lease"
+        time.sleep(0.2)
+    assert second.taken_over and second.previous_owner == "a"
+    with pytest.raises(sa.exc.DBAPIError, match="idle-in-transaction"):
+        stalled.__exit__(None, None, None)
+    assert not a.renew("a", first)
+    assert b.finish(second, "b", "done")
+    with a.db.optuna_storage().engine.connect() as conn:  # optuna's sessions, in the same database
+        assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "1s"
 
 
 def test_released_failed_and_smaller_budget_leases_open_again(db_target, tmp_path):
