@@ -4,9 +4,15 @@ eager epilogue, _scaled_mm alone, Inductor and Inductor max-autotune, in one pro
     python3 benchmarks/fp8.py [--suite fp8] [--only 0-4] [--epilogue none] [--fast-accum] \
         [--rounds 3] [--max-autotune] [--json out.json]
     python3 benchmarks/fp8.py --suite fp8-block [--only 40-45]
+    python3 benchmarks/fp8.py --suite fp8-weight
 
 Block-scaled problems (suite ``fp8-block``) are compared with _scaled_mm's block scaling
 (cuBLASLt, the one block-scaled GEMM installable here: DeepGEMM and FlashInfer are not).
+Weight-only problems (suite ``fp8-weight``: bf16 activations, an e4m3 weight) are compared
+with their baseline, the weight converted to bf16 then cuBLAS then the eager epilogue
+("dequantize + cuBLAS + eager", what the unfused graph runs), and with cuBLAS on a bf16 weight
+converted beforehand ("cuBLAS, bf16 weight": the model without fp8 weights, which reads twice
+the bytes); Inductor compiles the baseline (its dequantize kernel and cuBLAS).
 
 Method. FLOPs = 2 x MNK; bytes = A + B (one byte an element) + scales, bias + outputs. For
 each problem a fixed sweep — the default config, the matmul kind's feasible seeds and
@@ -45,7 +51,7 @@ from rounds import (
 from split_k import sweep
 
 from epilab.ir import dtypes
-from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
+from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OP, Config, Problem
 from epilab.templates.block_scaled import scaled_mm_blocks
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
@@ -77,13 +83,25 @@ EXACT_SWEEP = (  # exact accumulation: promotion every 256 elements of K (issue 
 )
 
 
+# the two library sides of a problem: (its kind's baseline, the library's GEMM alone)
+SIDES = {
+    "scaled": ("scaled_mm + eager", "scaled_mm alone"),
+    "weight": ("dequantize + cuBLAS + eager", "cuBLAS, bf16 weight"),
+}
+
+
+def sides(problem: Problem) -> tuple[str, str]:
+    return SIDES["weight" if problem.op == WEIGHT_ONLY_OP else "scaled"]
+
+
 def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
-    """The default config, the kind's fp8 seeds, its split-K and stream-K seeds, FP8_SWEEP
-    and EXACT_SWEEP: those feasible on this device."""
+    """The default config, the kind's fp8 seeds (a weight-only kind's every seed: its decode
+    tiles), its split-K and stream-K seeds, FP8_SWEEP and EXACT_SWEEP: those feasible on this
+    device."""
     out = [default_config(problem, sm_count=limits.sm_count)]
     kind = kind_of(problem)
     seeds = [
-        *(c for c in kind.seeds_for(problem) if c not in kind.seeds),
+        *(c for c in kind.seeds_for(problem) if c not in kind.seeds or problem.op == WEIGHT_ONLY_OP),
         *(c for c in kind.seeds if c.SPLIT_K > 1 or c.variant in STREAM_K_VARIANTS),
     ]
     for c in (*seeds, *FP8_SWEEP, *EXACT_SWEEP):
@@ -93,7 +111,11 @@ def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
 
 
 def scaled_mm_alone(problem: Problem, a, b, ops):
-    """_scaled_mm with the epilogue's scales (or the block scales), bf16 out, nothing else."""
+    """_scaled_mm with the epilogue's scales (or the block scales), bf16 out, nothing else; for
+    a weight-only problem cuBLAS on the weight converted to bf16 beforehand."""
+    if problem.op == WEIGHT_ONLY_OP:
+        wide = b.to(a.dtype)
+        return lambda: a @ wide
     if problem.op == BLOCK_SCALED_OP:
         return lambda: scaled_mm_blocks(a, b, ops)
     prefix = scaled_mm_prefix(problem.epilogue)
@@ -116,8 +138,9 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
         best = min(ok, key=comparable_ms)
         variants["epilab"] = bind(problem, best["obj"], a, b, ops).run
     eager = baseline_fn(problem, "cublas")
-    variants["scaled_mm + eager"] = lambda: eager(a, b, ops)
-    variants["scaled_mm alone"] = scaled_mm_alone(problem, a, b, ops)
+    baseline, alone = sides(problem)
+    variants[baseline] = lambda: eager(a, b, ops)
+    variants[alone] = scaled_mm_alone(problem, a, b, ops)
     errors = {}
     for name, library in (("inductor", "inductor"), ("max-autotune", "inductor-max-autotune")):
         if name == "max-autotune" and not args.max_autotune:
@@ -144,7 +167,8 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
         "k": k,
         "precision": problem.precision,
         "flops": 2 * m * n * k,
-        "bytes": m * k + k * n + sum(t.numel() * t.element_size() for t in ops.values()) + out_bytes,
+        "sides": [baseline, alone],
+        "bytes": sum(t.numel() * t.element_size() for t in (a, b, *ops.values())) + out_bytes,
         "chosen": best["config"] if ok else None,
         "sweep": [{k: v for k, v in r.items() if k != "obj"} for r in swept],
         "times": times,
@@ -153,7 +177,7 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
 
 
 def table(results: list[dict]) -> str:
-    names = ["scaled_mm + eager", "scaled_mm alone", "inductor", "max-autotune"]
+    names = [*results[0].get("sides", SIDES["scaled"]), "inductor", "max-autotune"]
     lines = [
         "| problem | epilab ms (TFLOP/s) | config | "
         + " | ".join(f"{n} ms" for n in names)

@@ -78,6 +78,7 @@ from epilab.ir.problem import (
     BLOCK_SCALED_OP,
     DUAL_OP,
     MATRIX_OPS,
+    WEIGHT_ONLY_OP,
     Dim,
     OperandSpec,
     Problem,
@@ -87,7 +88,9 @@ from epilab.ir.problem import (
 from epilab.templates.conv_geometry import ConvGeometry, conv_problem
 from epilab.templates.grouped_geometry import GroupedGeometry
 from epilab.templates.kinds import default_template, row_error, template_hash
+from epilab.templates.matmul import WEIGHT_ONLY_DTYPES
 from epilab.templates.runtime import layout_of, operand_layout
+from epilab.templates.weight_only import WEIGHT_SCALE, WeightGeometry
 
 # meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the
 # kernel keeps its accumulator unrounded (the aten op, where it stays, rounds as ATen does)
@@ -97,6 +100,8 @@ PAIRED = {"mm": DUAL_OP, "addmm": DUAL_OP, "grouped_mm": "dual_grouped_mm"}  # a
 ANCHOR_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.WIDE_INPUT_DTYPES)
 FP8_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.FP8_DTYPES)
 OPERAND_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.OPERAND_DTYPES)
+aten = torch.ops.aten
+CONVERT = torch.ops.prims.convert_element_type.default
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class Group:
     uses: list[Use]  # members used outside the group, and which kernel output replaces each
     problem: Problem
     extra: list[fx.Node] = dataclasses.field(default_factory=list)  # the kind's extra inputs (B2)
+    b_permute: tuple[int, ...] | None = None  # the kernel's B is ``b`` permuted so (an fp8 weight's [N, K])
 
     @property
     def shape_text(self) -> str:
@@ -215,6 +221,7 @@ class _Grower(ABC):
         self.pairs: dict[fx.Node, tuple[Expr, Expr]] = {}  # a var_mean's (variance, mean)
         self.extra: list[fx.Node] = []  # the kind's extra inputs, in its order (offsets, B2)
         self.routing: dict[str, object] = {}  # a grouped group's routing (``_route``)
+        self.b_permute: tuple[int, ...] | None = None  # B is the node ``b`` permuted so
         self.rows: object = None  # its grouped rows T where A's rows are gathered
 
     # -- the anchor family's part
@@ -470,9 +477,69 @@ def _block_scales(
     return block_a and block_b and (groups > 1 or columns > 1)
 
 
+@dataclass(frozen=True)
+class DequantizedWeight:
+    """An mm's B that is an fp8 weight converted to A's dtype and scaled along K:
+    ``(w8.to(dtype) * scale)`` (torchao's weight-only fp8; the scale one per output channel or
+    one element, or none), maybe transposed (a linear layer's [N, K] weight)."""
+
+    weight: fx.Node  # the fp8 tensor
+    scale: fx.Node | None
+    permute: tuple[int, ...] | None  # (1, 0): B is the weight transposed
+
+
+def _call(node: object, *targets: object) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _from_fp8(node: object) -> bool:
+    """Whether ``node`` converts an fp8 tensor to another dtype."""
+    if not _call(node, CONVERT) or not isinstance(node.args[0], fx.Node):  # type: ignore[union-attr]
+        return False
+    source, out = val(node.args[0]), val(node)  # type: ignore[union-attr]
+    return source is not None and out is not None and source.dtype in FP8_DTYPES
+
+
+def dequantized_weight(b: fx.Node) -> DequantizedWeight | None:
+    """``b`` as a dequantized fp8 weight: ``[permute](w8.to(dtype) * scale [.to(dtype)])``
+    (the scale's dtype any; the product in any float dtype), or None."""
+    node, permute = b, None
+    if (_call(node, aten.permute.default) and list(node.args[1]) == [1, 0]) or _call(node, aten.t.default):
+        node, permute = node.args[0], (1, 0)
+    if _call(node, CONVERT) and _call(node.args[0], aten.mul.Tensor):
+        node = node.args[0]  # the product rounded to A's dtype
+    scale = None
+    if _call(node, aten.mul.Tensor):
+        x, y = node.args[:2]
+        node, scale = (x, y) if _from_fp8(x) else (y, x)
+    if not _from_fp8(node):
+        return None
+    weight = node.args[0]
+    wv = val(weight)
+    if wv is None or wv.dim() != 2 or not val(node).dtype.is_floating_point:  # type: ignore[union-attr]
+        return None
+    if scale is not None:
+        sv = val(scale) if isinstance(scale, fx.Node) else None
+        if sv is None or sv.dtype not in OPERAND_DTYPES or sv.device != wv.device:
+            return None
+        # along K: one per output channel (N: the weight's first dim when it is [N, K]), or one
+        n_dim = 0 if permute else 1
+        shape = [1] * (2 - sv.dim()) + list(sv.shape) if sv.dim() <= 2 else None
+        one = shape is not None and all(same(d, 1) for d in shape)
+        per_n = shape is not None and same(shape[n_dim], wv.shape[n_dim]) and same(shape[1 - n_dim], 1)
+        if not (one or per_n):
+            return None
+    return DequantizedWeight(weight, scale, permute)
+
+
 class _MatmulGrower(_Grower):
     """mm, addmm, bmm, baddbmm: operands of the output's shape or broadcast along its rows or
-    columns; views that split or merge rows join."""
+    columns; views that split or merge rows join. An mm whose B is a dequantized fp8 weight
+    (``dequantized_weight``) reads the fp8 weight, its scale an epilogue operand per column
+    (the weight-only kind)."""
+
+    dequantizes = True  # an mm's B dequantized from fp8 is read as fp8 (weight-only)
+    weight_only = False
 
     def start(self) -> tuple[fx.Node, fx.Node]:
         a, b, value = self.take_anchor(self.anchor, acc(), "bias")
@@ -508,13 +575,30 @@ class _MatmulGrower(_Grower):
         for name, x in (("alpha", alpha), ("beta", beta)):
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 raise NoGroup(f"{name}={x!r} is not a number")
-        value: Expr = leaf if alpha == 1 else leaf * float(alpha)
+        value: Expr = leaf
+        found = dequantized_weight(b) if self.dequantizes and op in ("mm", "addmm") else None
+        if found is not None and dtypes.name_of(av.dtype) in WEIGHT_ONLY_DTYPES:
+            b, self.b_permute, self.weight_only = found.weight, found.permute, True
+            if found.scale is not None:
+                value = value * self.weight_scale(found.scale)
+        value = value if alpha == 1 else value * float(alpha)
         if bias is not None and beta != 0:
             bias_expr = self.operand(bias, self.O, bias_name)
             value = value + (bias_expr if beta == 1 else bias_expr * float(beta))
         if av.dtype != torch.float32 and not node.meta.get(UNROUNDED):
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
         return a, b, value  # type: ignore[return-value]
+
+    def weight_scale(self, scale: fx.Node) -> Expr:
+        """A dequantized weight's scale as an operand of the output's columns (or one element),
+        passed flat."""
+        sv = val(scale)
+        assert sv is not None
+        broadcast = "scalar" if sv.numel() == 1 else "row"
+        key = (scale, (-1,))
+        if key not in self.operands:
+            self.operands[key] = Operand(WEIGHT_SCALE, scale, broadcast, (-1,))
+        return operand(self.operands[key].name, broadcast)
 
     def take_scaled_mm(self, node: fx.Node, leaf: Expr) -> tuple[fx.Node, fx.Node, Expr]:
         """``torch._scaled_mm``: ``acc * scale_a * scale_b (+ bias)``, rounded
@@ -626,8 +710,12 @@ class _MatmulGrower(_Grower):
         self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
     ) -> Problem:
         op = BLOCK_SCALED_OP if self.block_scaled else "mm" if self.op == "scaled_mm" else self.op
+        op = WEIGHT_ONLY_OP if self.weight_only else op
         av, bv = val(a), val(b)
         assert av is not None and bv is not None
+        if self.b_permute is not None:
+            with fake_mode_of(bv):
+                bv = torch.ops.aten.permute.default(bv, list(self.b_permute))
         if op in GROUPED_OPS:
             return self.grouped_problem(av, bv, operands, epilogue)
         batched = op in BATCHED_OPS
@@ -649,6 +737,7 @@ class _MatmulGrower(_Grower):
             epilogue=epilogue,
             shape=shape,
             precision=applied_precision(dtypes.name_of(av.dtype), self.precision or precision),
+            geometry=WeightGeometry(dtypes.name_of(bv.dtype)) if self.weight_only else None,
         )
         return _storable(problem)
 
@@ -899,6 +988,7 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         uses=uses,
         problem=g.problem(a, b, operands, epilogue, precision),
         extra=list(g.extra),
+        b_permute=g.b_permute,
     )
 
 
@@ -1015,7 +1105,10 @@ def fake_mode_of(v: torch.Tensor | None) -> object:
 class _DualGrower(_MatmulGrower):
     """Two mm/addmm anchors that read the same A (a gated MLP's gate and up projections):
     the first is ``acc``, the second ``acc2``; their B nodes have one shape, dtype and set of
-    strides. The group grows over the nodes after the first anchor, as one group of both."""
+    strides. The group grows over the nodes after the first anchor, as one group of both.
+    Its Bs are read as the graph has them (a dequantized fp8 weight as its 16-bit values)."""
+
+    dequantizes = False
 
     def __init__(self, anchor: fx.Node, second: fx.Node, swap: bool = False, gather: bool = True) -> None:
         super().__init__(anchor, gather=gather)

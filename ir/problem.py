@@ -37,7 +37,10 @@ DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): two GEMMs of one A (templates/dual_mat
 # ep(sum over 128-K groups of scale_a * scale_b * the group's A @ B): fp8 with block scales, A's
 # per row and 128 of K, B's per 128x128 block (DeepSeek-V3's; templates/block_scaled.py)
 BLOCK_SCALED_OP = "block_scaled_mm"
-MATRIX_OPS = ("mm", "addmm", DUAL_OP, BLOCK_SCALED_OP)  # 2-D: no batch at all
+# ep(A @ B) of a float16 / bfloat16 A and an fp8 B (a weight stored in fp8, its scales in the
+# epilogue), B converted to A's dtype in the K loop (templates/weight_only.py)
+WEIGHT_ONLY_OP = "weight_only_mm"
+MATRIX_OPS = ("mm", "addmm", DUAL_OP, BLOCK_SCALED_OP, WEIGHT_ONLY_OP)  # 2-D: no batch at all
 _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
 
 # The values a Config may hold (the tuner's search space draws from these).

@@ -7,7 +7,10 @@ scales per row of A and per column of B, ``tensor`` one each, ``none``: the epil
 with ``acc * scale_a * scale_b``, float32 operands, as ``torch._scaled_mm`` applies them;
 ``block``: DeepSeek-V3's block scales, A's per row and 128 of K, B's per 128x128 block,
 multiplied inside the K loop, a 2-D problem of the block_scaled_matmul template; an
-fp8 spec's other operands and its outputs default to bfloat16), ``layout`` (NN, NT, TN, TT:
+fp8 spec's other operands and its outputs default to bfloat16), ``weight`` (an fp8 dtype: B is
+a weight stored in it and A is ``dtype``, float16 or bfloat16: a 2-D problem of the
+weight_only_matmul template whose epilogue starts with ``acc * weight_scale``, float32 per
+column, as the compiler reads a dequantized weight), ``layout`` (NN, NT, TN, TT:
 whether A and B are stored transposed; default NT, the layout of ``x @ W.T`` in a linear
 layer), ``epilogue`` (``ir/spec.py``) and ``template`` (matmul, the default, or gemv for M or
 N <= 16). An epilogue that reads ``acc2`` makes a dual GEMM (``ep(A @ B, A @ B2)``, 2-D): its
@@ -34,6 +37,8 @@ Built-in suites:
   fused gate and up, (4096, 14336)} and DeepSeek-V3's dense projections (DeepGEMM's table:
   (2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)),
   the DeepSeek-V3 ones at M = 4096 too (DeepGEMM's reported size);
+- ``fp8-weight``: weight-only float8_e4m3fn weights with bf16 activations, no epilogue beyond
+  the weight's scales, M in {1, 16, 128, 2048} x Llama-3-8B's projections as ``fp8-block``;
 - ``gemv``: decode-sized bf16 matmuls for the gemv template, M in {1, 4, 8, 16} x
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096)},
   nn.Linear layout, no epilogue;
@@ -56,13 +61,15 @@ from dataclasses import dataclass
 from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES
 from epilab.ir.epilogue import Epilogue, Expr, acc, operand
 from epilab.ir.patterns import canonical_order, swap_accumulators
-from epilab.ir.problem import BLOCK_SCALED_OP, DUAL_OP, OperandSpec, Problem, Shape
+from epilab.ir.problem import BLOCK_SCALED_OP, DUAL_OP, WEIGHT_ONLY_OP, OperandSpec, Problem, Shape
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
+from epilab.templates.matmul import WEIGHT_ONLY_DTYPES
 from epilab.templates.runtime import layout_of
+from epilab.templates.weight_only import WEIGHT_SCALE, WeightGeometry
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
-KEYS = frozenset({"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales"})
+KEYS = frozenset({"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales", "weight"})
 
 
 def _layout(sizes: tuple[int, int], letter: str) -> str:
@@ -85,10 +92,20 @@ def scaled(ep: Epilogue, scaling: str) -> Epilogue:
     broadcasts = SCALINGS[scaling]
     if broadcasts is None:
         return ep
+    return _acc_replaced(ep, acc() * operand("scale_a", broadcasts[0]) * operand("scale_b", broadcasts[1]))
+
+
+def weight_scaled(ep: Epilogue) -> Epilogue:
+    """``ep`` with its accumulator scaled by an fp8 weight's scales first, one per output
+    channel (as the compiler reads a dequantized weight's)."""
+    return _acc_replaced(ep, acc() * operand(WEIGHT_SCALE, "row"))
+
+
+def _acc_replaced(ep: Epilogue, value: Expr) -> Epilogue:
     built: list[Expr] = []
     for node in ep.nodes:
         if node.op == "acc":
-            built.append(acc() * operand("scale_a", broadcasts[0]) * operand("scale_b", broadcasts[1]))
+            built.append(value)
         else:
             built.append(Expr(node.op, tuple(built[i] for i in node.args), node.attrs))
     return ep.rebuilt([built[o.node] for o in ep.outputs])
@@ -105,8 +122,19 @@ class Spec:
     epilogue: EpilogueSpec = "none"
     template: str = "matmul"
     scales: str = "row"  # fp8 only: ``SCALINGS``
+    weight: str | None = None  # an fp8 dtype: B is a weight stored so (weight-only; A is ``dtype``)
 
     def __post_init__(self) -> None:
+        if self.weight is not None:
+            if self.weight not in FP8_DTYPES or self.dtype not in WEIGHT_ONLY_DTYPES:
+                raise ValueError(
+                    f"weight (weight-only fp8) is one of {FP8_DTYPES} with a dtype of {WEIGHT_ONLY_DTYPES}, "
+                    f"got {self.weight!r:.40} with {self.dtype!r:.40}"
+                )
+            if self.batch is not None:
+                raise ValueError("a weight-only GEMM is 2-D: leave out batch")
+            if self.template == "matmul":
+                object.__setattr__(self, "template", default_template(WEIGHT_ONLY_OP))
         if self.scales not in SCALINGS:
             raise ValueError(f"scales {self.scales!r} is not one of {sorted(SCALINGS)}")
         if self.scales != "row" and self.dtype not in FP8_DTYPES:
@@ -161,6 +189,8 @@ class Spec:
             op = BLOCK_SCALED_OP
         elif fp8:  # the compiler's scaled mm: an mm whose scales (float32) start the epilogue
             op, ep = ("bmm" if self.batch else "mm"), scaled(ep, self.scales)
+        if self.weight is not None:  # the compiler's dequantized weight: its scales start the epilogue
+            op, ep = WEIGHT_ONLY_OP, weight_scaled(ep)
         operands = tuple(
             OperandSpec(name, _operand_dtype(name, self.dtype), OPERAND_LAYOUTS.get(broadcast, "row"))
             for name, broadcast in ep.operands
@@ -175,6 +205,7 @@ class Spec:
             operands=operands,
             epilogue=ep,
             shape=Shape(self.batch or 1, self.m, self.n, self.k),
+            geometry=None if self.weight is None else WeightGeometry(self.weight),
         )
 
     def label(self) -> str:
@@ -184,10 +215,11 @@ class Spec:
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
         dual = spec_epilogue(self.epilogue, self.dtype).accumulators == 2
-        own = default_template(DUAL_OP if dual else BLOCK_SCALED_OP if self.scales == "block" else "mm")
+        op = WEIGHT_ONLY_OP if self.weight else BLOCK_SCALED_OP if self.scales == "block" else "mm"
+        own = default_template(DUAL_OP if dual else op)
         suffix = "" if self.template == own else f" [{self.template}]"
         scales = f" {self.scales}-scaled" if self.scales != "none" else " unscaled"
-        scales = scales if self.dtype in FP8_DTYPES else ""
+        scales = scales if self.dtype in FP8_DTYPES else f" x {self.weight} weight" if self.weight else ""
         return f"{shape} {self.dtype}{scales} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
 
     def flops(self) -> int:
@@ -196,7 +228,9 @@ class Spec:
 
 def _operand_dtype(name: str, dtype: str) -> str:
     """An operand's dtype in a spec of ``dtype`` inputs: theirs; with fp8 inputs float32 for
-    scales (``scale*``), else bfloat16."""
+    scales (``scale*``), else bfloat16; a weight's scales (``WEIGHT_SCALE``) float32."""
+    if name == WEIGHT_SCALE:
+        return "float32"
     if dtype not in FP8_DTYPES:
         return dtype
     return "float32" if name.startswith("scale") else "bfloat16"
@@ -281,6 +315,9 @@ SUITES: dict[str, list[Spec]] = {
             for n, k in (*_LLAMA3_8B_FP8, *_DEEPSEEK_V3_DENSE)
         ),
         *(Spec(4096, n, k, dtype="float8_e4m3fn", scales="block") for n, k in _DEEPSEEK_V3_DENSE),
+    ],
+    "fp8-weight": [  # weight-only e4m3 with bf16 activations: Llama-3-8B's projections, decode to prefill
+        Spec(m, n, k, weight="float8_e4m3fn") for m in (1, 16, 128, 2048) for n, k in _LLAMA3_8B_FP8
     ],
     "gemv-fused": [
         *(

@@ -29,6 +29,7 @@ from epilab.templates import (
     gemv,
     grouped_matmul,
     matmul,
+    weight_only,
 )
 from epilab.templates.bound import Bound
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
@@ -47,6 +48,7 @@ KINDS: dict[str, TemplateKind] = {
         grouped_matmul.KIND,
         dual_grouped_matmul.KIND,
         block_scaled.KIND,
+        weight_only.KIND,
     )
 }
 register_templates(KINDS)

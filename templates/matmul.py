@@ -22,7 +22,9 @@ from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import (
     BATCHED_OPS,
+    WEIGHT_ONLY_OP,
     Config,
+    Geometry,
     Problem,
     Shape,
     applied_precision,
@@ -67,6 +69,7 @@ SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.
 HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE", "PROMOTE")
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
+WEIGHT_ONLY_DTYPES = ("bfloat16", "float16")  # A's dtypes of a weight-only matmul (B fp8)
 FP8_MIN_BLOCK_K = 32  # an fp8 MMA instruction takes 32 K elements
 # fp8 exact accumulation (precision "ieee", use_fast_accum=False): the tensor cores sum at most
 # this many K elements before the sum is added in fp32 (PROMOTE x BLOCK_K). Measured against
@@ -221,7 +224,9 @@ def _as_3d(t: torch.Tensor, batch: int) -> tuple[tuple[int, int, int], tuple[int
     return (batch, t.shape[1], t.shape[2]), (stride_b, t.stride(1), t.stride(2))
 
 
-def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
+def check_inputs(a: torch.Tensor, b: torch.Tensor, *, weight_only: bool = False) -> _Batched:
+    """A and B's shapes, strides and batch, checked: one dtype, or (``weight_only``) a 2-D
+    float16 or bfloat16 A and a 2-D fp8 B (``templates/weight_only.py``)."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -229,9 +234,15 @@ def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
             raise ValueError(f"{name} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
         if dtypes.name_or_none(t.dtype) not in dtypes.INPUT_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; supported input dtypes: {dtypes.INPUT_DTYPES}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
-    if dtypes.name_of(a.dtype) in dtypes.FP8_DTYPES and a.is_cuda:
+    if weight_only:
+        check_weight_only(a, b)
+    elif a.dtype != b.dtype:
+        raise TypeError(
+            f"a and b must have the same dtype (or a {' or '.join(WEIGHT_ONLY_DTYPES)} a with a 2-D fp8 b: "
+            f"a weight-only matmul), got {a.dtype} and {b.dtype}"
+        )
+    fp8 = b if weight_only else a
+    if dtypes.name_of(fp8.dtype) in dtypes.FP8_DTYPES and fp8.is_cuda:
         cc = torch.cuda.get_device_capability(a.device)
         if cc < dtypes.FP8_CAPABILITY:
             raise TypeError(
@@ -255,6 +266,16 @@ def check_inputs(a: torch.Tensor, b: torch.Tensor) -> _Batched:
     return _Batched(_as_3d(a, batch), _as_3d(b, batch), out_shape, batch)
 
 
+def check_weight_only(a: torch.Tensor, b: torch.Tensor) -> None:
+    """A weight-only matmul's inputs: 2-D float16 or bfloat16 A, 2-D fp8 B."""
+    wide, fp8 = dtypes.name_of(a.dtype), dtypes.name_of(b.dtype)
+    if a.dim() != 2 or b.dim() != 2 or wide not in WEIGHT_ONLY_DTYPES or fp8 not in dtypes.FP8_DTYPES:
+        raise TypeError(
+            f"a weight-only matmul takes a 2-D {' or '.join(WEIGHT_ONLY_DTYPES)} a and a 2-D fp8 b "
+            f"({', '.join(dtypes.FP8_DTYPES)}), got {a.dtype} {tuple(a.shape)} and {b.dtype} {tuple(b.shape)}"
+        )
+
+
 def make_problem(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -265,10 +286,12 @@ def make_problem(
     precision: str = "ieee",
     template: str = "matmul",
     files: tuple[str, ...] = FILES,
+    geometry: Geometry | None = None,
 ) -> Problem:
     """The Problem that ``launch`` would run for these tensors (checks them all), for
-    ``template`` (whose files are ``files``: a dual GEMM's kinds make theirs here too)."""
-    bt = check_inputs(a, b)
+    ``template`` (whose files are ``files``: a dual GEMM's kinds make theirs here too; a
+    weight-only one's ``geometry`` holds B's dtype)."""
+    bt = check_inputs(a, b, weight_only=op == WEIGHT_ONLY_OP)
     target_for(a.device)
     specs = checked_operands(epilogue, operands, a.device, bt.out_shape)
     (batch, m, k), a_strides = bt.a
@@ -284,6 +307,7 @@ def make_problem(
         epilogue=epilogue,
         shape=Shape(batch, m, n, k),
         precision=applied_precision(dtypes.name_of(a.dtype), precision),
+        geometry=geometry,
     )
 
 
@@ -365,7 +389,7 @@ def bind_matmul(
     kind = KIND if kind is None else kind
     extra = {name: operands[name] for name in kind.extra_inputs}
     operands = {name: t for name, t in operands.items() if name not in extra}
-    bt = check_inputs(a, b)
+    bt = check_inputs(a, b, weight_only=problem.op == WEIGHT_ONLY_OP)
     why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)
@@ -548,15 +572,16 @@ def random_tensor(
 
 
 def matmul_inputs(
-    problem: Problem, device: torch.device, gen: torch.Generator
+    problem: Problem, device: torch.device, gen: torch.Generator, *, b_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Random A, B and operands with exactly the problem's shapes, dtypes and layouts."""
+    """Random A, B and operands with exactly the problem's shapes, dtypes and layouts (B of
+    ``b_dtype`` where given: a weight-only problem's)."""
     s = problem.shape
     dtype = dtypes.torch_dtype(problem.dtype)
     batch = int(s.batch) if problem.op in BATCHED_OPS or s.batch != 1 else None
     m, n, k = int(s.m), int(s.n), int(s.k)
     a = random_tensor(m, k, batch, problem.layout_a, dtype, device, gen)
-    b = random_tensor(k, n, batch, problem.layout_b, dtype, device, gen)
+    b = random_tensor(k, n, batch, problem.layout_b, b_dtype or dtype, device, gen)
     broadcasts = dict(problem.epilogue.operands)
     operands = {}
     for spec in problem.operands:

@@ -21,8 +21,9 @@ from epilab.ir.problem import Config, Problem
 from epilab.templates.block_scaled import A_SCALES, B_SCALES, make_block_problem, scale_shapes
 from epilab.templates.dual_matmul import B2, make_dual_problem
 from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
-from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
+from epilab.templates.matmul import H100_SMS, WEIGHT_ONLY_DTYPES, check_inputs, make_problem
 from epilab.templates.runtime import target_for
+from epilab.templates.weight_only import make_weight_only_problem
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
@@ -57,7 +58,9 @@ def matmul(
 
     ``a``: [M, K] or [batch, M, K]; ``b``: [K, N] or [batch, K, N]; fp16, bf16, fp32
     (fp32 dots are IEEE unless ``allow_tf32``), or fp8 (float8_e4m3fn or float8_e5m2, both
-    the same; a GPU of compute capability 8.9 or newer). ``bias`` broadcasts to the
+    the same; a GPU of compute capability 8.9 or newer). Weight-only fp8: a 2-D fp16 / bf16
+    ``a`` and a 2-D fp8 ``b`` (a weight's [N, K] in fp8, transposed): B is converted to a's
+    dtype in the K loop; its scales are ``scale_b`` (per column or per tensor). ``bias`` broadcasts to the
     output ([N] per column, [M, 1] per row, [M, N], or one element); ``residual``
     too. ``activation`` is one of relu, gelu, gelu_tanh, silu, sigmoid, tanh.
     The output dtype is ``out_dtype``, else the inputs' dtype (bfloat16 for fp8 inputs); an
@@ -83,7 +86,8 @@ def matmul(
     result would silently stop the gradient). To train, compile the model with
     ``torch.compile(model, backend="epilab")``, which differentiates it as Inductor does.
     """
-    check_inputs(a, b)
+    weight_only = weight_only_inputs(a, b)
+    check_inputs(a, b, weight_only=weight_only)
     _refuse_grad("matmul", {"a": a, "b": b, "bias": bias, "residual": residual, **(operands or {})})
     if epilogue is not None:
         if (
@@ -103,6 +107,11 @@ def matmul(
             )
         tensors = dict(operands or {})
     else:
+        if weight_only and scale_a is not None:
+            raise ValueError(
+                "a weight-only matmul (16-bit a, fp8 b) scales the weight only: scale_b per column "
+                "of b or per tensor; scale_a does not apply"
+            )
         if operands:
             raise ValueError("operands= is only used together with epilogue=")
         block = block_scales(a, b, scale_a, scale_b)  # multiplied in the K loop, not the epilogue
@@ -127,11 +136,28 @@ def matmul(
         if block:
             tensors.update({A_SCALES: scale_a, B_SCALES: scale_b.t()})  # type: ignore[union-attr]
             return _run(make_block_problem(a, b, epilogue, tensors), config, a, b, tensors)
+    if weight_only:
+        if use_fast_accum or allow_tf32:
+            raise ValueError(
+                "a weight-only matmul's 16-bit dots add in fp32: use_fast_accum and allow_tf32 do not apply"
+            )
+        return _run(make_weight_only_problem(a, b, epilogue, tensors), config, a, b, tensors)
     batched = a.dim() == 3 or b.dim() == 3
     op = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
     precision = "fast" if use_fast_accum else "tf32" if allow_tf32 else "ieee"
     problem = make_problem(a, b, epilogue, tensors, op=op, precision=precision)
     return _run(problem, config, a, b, tensors)
+
+
+def weight_only_inputs(a: object, b: object) -> bool:
+    """Whether ``a`` is float16 / bfloat16 and ``b`` fp8: a weight stored in fp8
+    (``templates/weight_only.py``)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    return (
+        dtypes.name_or_none(a.dtype) in WEIGHT_ONLY_DTYPES
+        and dtypes.name_or_none(b.dtype) in dtypes.FP8_DTYPES
+    )
 
 
 def block_scales(a: torch.Tensor, b: torch.Tensor, scale_a: object, scale_b: object) -> bool:
@@ -253,7 +279,7 @@ def simple_epilogue(
     scale_result: torch.Tensor | float | None = None,
 ) -> tuple[Epilogue, dict[str, torch.Tensor]]:
     """The epilogue ``matmul(a, b, bias=..., ...)`` runs, and its operand tensors."""
-    out_shape = check_inputs(a, b).out_shape
+    out_shape = check_inputs(a, b, weight_only=weight_only_inputs(a, b)).out_shape
     if isinstance(scale_result, (int, float)) and not isinstance(scale_result, bool):
         scale_result = torch.tensor(float(scale_result), device=a.device)
     scales = {"scale_a": scale_a, "scale_b": scale_b, "scale_result": scale_result}

@@ -447,6 +447,7 @@ def test_builtin_suites_build_valid_problems():
         "mlp": 25,
         "fp8": 19,
         "fp8-block": 46,
+        "fp8-weight": 16,
         "moe": 24,
         "moe-routed": 18,
     }
@@ -457,6 +458,7 @@ def test_builtin_suites_build_valid_problems():
                 "depthwise": "conv2d",
                 "mlp": "dual_matmul",
                 "fp8-block": "block_scaled_matmul",
+                "fp8-weight": "weight_only_matmul",
             }.get(name, "gemv" if name.startswith("gemv") else "matmul")
             if name.startswith("moe"):  # the gate and up projections (dual), the down projection
                 want = "dual_grouped_matmul" if spec.problem().op == "dual_grouped_mm" else "grouped_matmul"

@@ -14,8 +14,8 @@ Lines (one object per line); its errors name the line, and for an epilogue's syn
 line and column.
 
 The built-in suites are the formats' own (``SpecFormat.suites``): smoke, quick, llm, square,
-midm, fp8, fp8-block, gemv, gemv-fused and mlp of the matmul family, conv of the conv2d kind. A spec's
-problem is tuned with each of its twins (the same computation on another template:
+midm, fp8, fp8-block, fp8-weight, gemv, gemv-fused and mlp of the matmul family, conv of the
+conv2d kind. A spec's problem is tuned with each of its twins (the same computation on another template:
 ``kinds.twins``).
 """
 

@@ -1,0 +1,164 @@
+"""The weight-only fp8 matmul: a float16 or bfloat16 A times an fp8 B (a weight stored in fp8).
+
+    C[m, n] = epilogue(sum_k A[m, k] * float(B[k, n]))
+
+A [M, K] is float16 or bfloat16 (activations), B [K, N] float8_e4m3fn or float8_e5m2 (a
+linear layer's [N, K] weight transposed, any strides). The K loop loads B's fp8 tile (half
+the bytes of a 16-bit weight: what decode-time GEMMs, bound by reading the weight, gain) and
+converts it to A's dtype, which is exact for both fp8 formats, before a 16-bit dot that adds
+into fp32. The weight's scales (one per output channel, or one for the tensor) are epilogue
+operands as every other: ``acc * scale[n]``, then bias, activation, residual, casts.
+
+This is what ``mm(x, (w8.to(dtype) * scale).t())`` computes (torchao's weight-only fp8,
+``FineGrainedFP8Config`` with per-channel scales): the compiler rewrites that graph to this
+problem (``compiler/match.py``). The graph rounds each dequantized weight to A's dtype before
+the GEMM; the kernel scales the fp32 sum instead, which is nearer the float64 product of the
+dequantized weight. The problem's ``dtype`` is A's; its ``WeightGeometry`` holds B's. The
+baseline converts B to A's dtype (one pointwise kernel) and runs cuBLAS, then the epilogue in
+eager torch: what the graph runs unfused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue
+from epilab.ir.problem import WEIGHT_ONLY_OP, Config, Problem
+from epilab.templates import matmul, matmul_sm90
+from epilab.templates.matmul import FILES, WEIGHT_ONLY_DTYPES, bind_matmul, make_problem, matmul_inputs
+
+OP = WEIGHT_ONLY_OP
+KIND_NAME = "weight_only_matmul"
+WEIGHT_SCALE = "weight_scale"  # the weight's scales as an epilogue operand (compiler, specs)
+
+
+@dataclass(frozen=True)
+class WeightGeometry:
+    """B's dtype (fp8), which differs from the problem's (A's)."""
+
+    KEY: ClassVar[str] = "weight"  # its place in the problem's JSON
+
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in dtypes.FP8_DTYPES:
+            raise ValueError(
+                f"a weight-only problem's weight is one of {dtypes.FP8_DTYPES}, got {self.dtype!r:.40}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WeightGeometry:
+        if not isinstance(d, Mapping) or set(d) != {"dtype"}:
+            raise ValueError(f"a weight geometry is {{'dtype': ...}}, got {d!r:.80}")
+        return cls(d["dtype"])
+
+
+def make_weight_only_problem(
+    a: torch.Tensor, b: torch.Tensor, epilogue: Epilogue, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    """The weight-only problem of these tensors (checks them all)."""
+    geometry = WeightGeometry(dtypes.name_of(b.dtype))
+    return make_problem(a, b, epilogue, operands, op=OP, template=KIND_NAME, files=FILES, geometry=geometry)
+
+
+def problem_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    return make_weight_only_problem(a, b, problem.epilogue, operands)
+
+
+def weight_dtype(problem: Problem) -> str:
+    assert isinstance(problem.geometry, WeightGeometry)
+    return problem.geometry.dtype
+
+
+def problem_error(problem: Problem) -> str | None:
+    if problem.dtype not in WEIGHT_ONLY_DTYPES or problem.precision != "ieee":
+        return (
+            f"a weight-only problem's A is {' or '.join(WEIGHT_ONLY_DTYPES)} (its dots add in fp32), "
+            f"not {problem.dtype} ({problem.precision})"
+        )
+    return None
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    """The matmul's Triton loops, 2-D; TMA rows of B 16-byte aligned in fp8."""
+    s = problem.shape
+    if problem.op != OP or s.batch != 1:
+        return f"the weight-only template takes 2-D {OP} problems, got a {problem.op} of batch {s.batch}"
+    if config.variant in matmul_sm90.VARIANTS:
+        return (
+            f"the {config.variant} variant reads A and B of one dtype; weight-only runs on the Triton loops"
+        )
+    if config.variant in matmul.TMA_VARIANTS:
+        rows = s.n if problem.layout_b == "row" else s.k
+        if isinstance(rows, int) and rows * dtypes.itemsize(weight_dtype(problem)) % matmul.TMA_ALIGN_BYTES:
+            return f"the tma variants need 16-byte aligned rows; B's rows of {rows} fp8 elements are not"
+    return matmul.loop_error(problem, config)
+
+
+def weight_only_inputs(
+    problem: Problem, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Random A, fp8 B (normal values, rounded) and operands of the problem."""
+    return matmul_inputs(problem, device, gen, b_dtype=dtypes.torch_dtype(weight_dtype(problem)))
+
+
+def eager_weight_only(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """B converted to A's dtype, cuBLAS, then the epilogue in eager torch."""
+    return tuple(problem.epilogue.evaluate(a @ b.to(a.dtype), dict(operands)))
+
+
+def weight_only_input_elements(problem: Problem) -> tuple[int, int]:
+    """A's elements; B's bytes in elements of A's size (fp8: half its elements)."""
+    s = problem.shape
+    m, n, k = int(s.m), int(s.n), int(s.k)
+    ratio = dtypes.itemsize(weight_dtype(problem)) / dtypes.itemsize(problem.dtype)
+    return m * k, -(-int(k * n * ratio) // 1)
+
+
+def render_vars(problem: Problem, config: Config) -> dict[str, object]:
+    """B's tile converted to A's Triton type after each load."""
+    return {"b_convert": dtypes.TABLE[problem.dtype].triton}
+
+
+SEEDS = [  # decode (a few rows: the weight's bytes bound it), then prefill tiles of the 16-bit loops
+    Config(16, 64, 256, 1, num_warps=4, num_stages=4),
+    Config(16, 128, 128, 1, num_warps=4, num_stages=4),
+    Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
+    Config(32, 64, 128, 1, num_warps=4, num_stages=4, variant="tma"),
+    *(c for c in matmul.SEEDS if c.variant not in matmul_sm90.VARIANTS),
+]
+
+KIND = dataclasses.replace(  # the matmul's space, output layout and applies; B in fp8
+    matmul.KIND,
+    name=KIND_NAME,
+    ops=(OP,),
+    seeds=tuple(SEEDS),
+    dtype_seeds=(),
+    check=config_error,
+    problem_error=problem_error,
+    problem_of=problem_of,
+    bind=lambda problem, config, a, b, operands, out=None: bind_matmul(
+        problem, config, a, b, operands, out, kind=KIND
+    ),
+    inputs=weight_only_inputs,
+    baseline=eager_weight_only,
+    input_elements=weight_only_input_elements,
+    render_vars=render_vars,
+    source=lambda config: None,
+    input_dtypes=WEIGHT_ONLY_DTYPES,
+    geometry=WeightGeometry,
+    reductions=True,
+)

@@ -1,0 +1,351 @@
+"""Weight-only fp8 matmuls (a float16 / bfloat16 A, an fp8 weight converted in the K loop, its
+scales in the epilogue): the weight_only_matmul kind on every Triton loop against float64, the
+API, the config rules and the problem's identity, the compiler's rewrite of dequantize-then-mm
+graphs (torchao's weight-only fp8), and on the GPU against the baseline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import epilab
+from epilab.compiler.aten_ops import ANCHORS
+from epilab.compiler.match import match
+from epilab.ir.check import rel_error, tolerance
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config, Problem
+from epilab.templates.gemm_spec import Spec
+from epilab.templates.kinds import kind_of, twins
+from epilab.templates.matmul import TRITON_VARIANTS
+from epilab.templates.verify import checked_launch
+from epilab.templates.weight_only import KIND, WeightGeometry, make_weight_only_problem
+from epilab.tuner.suites import suite
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+WIDE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def weight(n: int, k: int, fp8: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """A linear layer's fp8 weight [N, K] (values of a few units: every exponent of e4m3 used)."""
+    return (torch.randn(n, k, device=device) * 4).to(fp8)
+
+
+def tensors(m, n, k, wide, fp8, layout_b="col", device="cpu"):
+    """A [M, K], B [K, N] (the weight transposed, or a row-major [K, N]), per-column scales
+    float32 [N] and a bias of A's dtype."""
+    a = torch.randn(m, k, device=device).to(wide)
+    b = weight(n, k, fp8, device).t() if layout_b == "col" else weight(k, n, fp8, device)
+    scale = torch.rand(n, device=device) / 8 + 0.01
+    bias = torch.randn(n, device=device).to(wide)
+    return a, b, scale, bias
+
+
+def scaled_gelu(dtype: str, extra: bool = False) -> Epilogue:
+    x = ops.gelu_tanh(acc() * operand("scale", "row") + operand("bias", "row"))
+    outs = [(x, dtype)] + ([(x * 2.0, "float32")] if extra else [])
+    return Epilogue.build(outs)
+
+
+# ------------------------------------------------------------------ CPU (interpreter)
+
+
+@pytest.mark.parametrize("variant", TRITON_VARIANTS)
+def test_every_loop_matches_float64(variant):
+    """Partial tiles in M, N and K (37 x 72 x 80), a bf16 and an fp32 output of the scaled,
+    biased GELU: each loop reads the fp8 tile and converts it."""
+    m, n, k = 37, 72, 80
+    torch.manual_seed(5)
+    a, b, scale, bias = tensors(m, n, k, torch.bfloat16, FP8["e4m3"])
+    ops_ = {"scale": scale, "bias": bias}
+    problem = make_weight_only_problem(a, b, scaled_gelu("bfloat16", extra=True), ops_)
+    assert (problem.op, problem.template, problem.dtype) == (
+        "weight_only_mm",
+        "weight_only_matmul",
+        "bfloat16",
+    )
+    assert problem.geometry == WeightGeometry("float8_e4m3fn") and problem.layout_b == "col"
+    checked_launch(problem, Config(32, 32, 32, 4, num_warps=4, num_stages=2, variant=variant), a, b, ops_)
+
+
+@pytest.mark.parametrize("wide", list(WIDE))
+@pytest.mark.parametrize("fp8", list(FP8))
+@pytest.mark.parametrize("layout_b", ["col", "row"])
+def test_dtypes_layouts_and_split_k(wide, fp8, layout_b):
+    m, n, k = 9, 48, 96
+    torch.manual_seed(11)
+    a, b, scale, bias = tensors(m, n, k, WIDE[wide], FP8[fp8], layout_b)
+    ops_ = {"scale": scale, "bias": bias}
+    problem = make_weight_only_problem(a, b, scaled_gelu(str(WIDE[wide]).split(".")[1]), ops_)
+    for config in (
+        Config(16, 32, 32, 1, num_warps=4, num_stages=2),
+        Config(16, 16, 16, 1, 4, num_warps=2, num_stages=2),  # split-K: four uneven shares of K
+    ):
+        checked_launch(problem, config, a, b, ops_)
+
+
+def test_the_weight_is_read_not_its_rounding():
+    """The check sees the weight: one changed element moves the result past the tolerance."""
+    m, n, k = 16, 32, 64
+    torch.manual_seed(2)
+    a, b, _, _ = tensors(m, n, k, torch.bfloat16, FP8["e4m3"])
+    problem = make_weight_only_problem(a, b, Epilogue.build([(acc(), "float32")]), {})
+    (out,) = checked_launch(problem, Config(16, 32, 32, 1, num_warps=4, num_stages=1), a, b, {}).outs
+    other = b.float().clone()
+    other[:, 3] += 64
+    assert rel_error(out, a.double() @ other.double()) > 0.05
+
+
+def test_api_reads_an_fp8_weight_with_per_column_or_tensor_scales():
+    """``epilab.matmul(x, w8.t(), scale_b=s, bias=b, activation="silu")``: x bf16, w8 fp8."""
+    m, n, k = 33, 40, 64
+    torch.manual_seed(3)
+    x, w = torch.randn(m, k, dtype=torch.bfloat16), weight(n, k, FP8["e4m3"])
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    for scale in (torch.rand(n) / 8, torch.tensor(0.05)):
+        out = epilab.matmul(x, w.t(), scale_b=scale, bias=bias, activation="silu")
+        assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+        ref = F.silu(x.double() @ w.double().t() * scale.double() + bias.double())
+        assert rel_error(out, ref) <= tolerance("bfloat16", "ieee", "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"scale_a": torch.ones(8, 1)}, ValueError, "scale_a does not apply"),
+        ({"use_fast_accum": True}, ValueError, "use_fast_accum and allow_tf32 do not apply"),
+        ({"allow_tf32": True}, ValueError, "use_fast_accum and allow_tf32 do not apply"),
+        ({"scale_b": torch.ones(64, dtype=torch.float64)}, TypeError, "float32"),
+    ],
+)
+def test_bad_weight_only_calls_are_refused_clearly(kwargs, error, message):
+    x, w = torch.randn(8, 64, dtype=torch.bfloat16), weight(32, 64, FP8["e4m3"])
+    with pytest.raises(error, match=message):
+        epilab.matmul(x, w.t(), **kwargs)
+
+
+def test_inputs_that_are_not_weight_only_are_refused_clearly():
+    w = weight(32, 64, FP8["e4m3"])
+    with pytest.raises(TypeError, match="weight-only matmul"):
+        epilab.matmul(torch.randn(8, 64), w.t())  # float32 A
+    with pytest.raises(TypeError, match="takes a 2-D"):
+        epilab.matmul(torch.randn(2, 8, 64, dtype=torch.bfloat16), w.t())  # batched A
+
+
+def test_config_rules_and_the_problems_identity():
+    m, n, k = 16, 48, 24  # B's rows (the weight's) of 24 bytes: not 16-byte aligned for TMA
+    a, b, scale, bias = tensors(m, n, k, torch.bfloat16, FP8["e4m3"])
+    problem = make_weight_only_problem(a, b, scaled_gelu("bfloat16"), {"scale": scale, "bias": bias})
+    assert "Triton loops" in KIND.config_error(problem, Config(64, 64, 64, 8, variant="sm90_pingpong"))
+    assert "fp8 elements" in KIND.config_error(problem, Config(16, 16, 16, 1, variant="tma"))
+    assert KIND.config_error(problem, Config(16, 16, 16, 1)) is None
+    assert Problem.from_json(problem.to_json()) == problem and '"weight"' in problem.to_json()
+    e5m2 = make_weight_only_problem(a, b.to(FP8["e5m2"]), problem.epilogue, {"scale": scale, "bias": bias})
+    assert e5m2.key != problem.key  # the weight's dtype is part of the problem
+    assert twins(problem) == [problem]  # no GEMV reads an fp8 weight
+    assert KIND.seeds_for(problem)[0].BLOCK_M == 16  # decode tiles first
+    assert kind_of(problem).input_elements(problem) == (m * k, k * n // 2)  # B: one byte an element
+    with pytest.raises(ValueError, match="weight-only problem's A"):
+        Problem.from_json(problem.to_json().replace('"bfloat16"', '"float32"'))
+    with pytest.raises(ValueError, match="weight is one of"):
+        Problem.from_json(problem.to_json().replace('"float8_e4m3fn"', '"bfloat16"'))
+
+
+# ------------------------------------------------------------------ the compiler's rewrite
+
+
+class DequantLinear(nn.Module):
+    """torchao's weight-only fp8 (``Float8WeightOnlyConfig``): the weight dequantized in
+    float32 with a per-channel scale, rounded to the activations' dtype, then ``linear``."""
+
+    def __init__(self, n: int, k: int, *, bias: bool = True, per_tensor: bool = False) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight(n, k, FP8["e4m3"]))
+        self.register_buffer("scale", torch.rand(1 if per_tensor else n, 1) / 8 + 0.01)
+        self.register_buffer("bias", torch.randn(n).bfloat16() if bias else None)
+
+    def dequantized(self) -> torch.Tensor:
+        return (self.weight.to(torch.float32) * self.scale).to(torch.bfloat16)
+
+    def forward(self, x):
+        return F.gelu(F.linear(x, self.dequantized(), self.bias))
+
+    def reference(self, x):
+        w = self.weight.double() * self.scale.double()
+        y = x.double() @ w.t() + (0 if self.bias is None else self.bias.double())
+        return F.gelu(y)
+
+
+def _groups(f, *args) -> list:
+    """The groups ``match`` makes of each anchor of ``f``'s post-grad graph (Inductor compiles it)."""
+    found = []
+
+    class Capture(CustomGraphPass):
+        def __call__(self, graph):
+            nodes = list(graph.nodes)
+            for i, node in enumerate(nodes):
+                if node.op == "call_function" and node.target in ANCHORS:
+                    found.append(match(node, nodes[i + 1 :], precision="ieee"))
+
+        def uuid(self):
+            return None
+
+    with torch._inductor.config.patch(post_grad_custom_post_pass=Capture(), force_disable_caches=True):
+        torch.compile(f)(*args)
+    return found
+
+
+def _compiled(model, tmp_path):
+    return torch.compile(model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})
+
+
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_compiler_reads_a_dequantized_weight_as_fp8(tmp_path, fresh_compiler, per_tensor):
+    """linear(x, (w8.float() * s).bf16()) with its bias and a GELU: one weight-only group whose
+    epilogue scales, adds the bias and runs the GELU; the dequantized weight is never made."""
+    model = DequantLinear(40, 64, per_tensor=per_tensor)
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = _compiled(model, tmp_path)(x)
+    assert rel_error(out, model.reference(x)) <= tolerance("bfloat16", "ieee", "bfloat16")
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert decision.template == "weight_only_matmul" and decision.anchor == "aten.addmm"
+    broadcast = "scalar" if per_tensor else "row"
+    assert f"operand[broadcast={broadcast},name=weight_scale]" in decision.epilogue
+    assert "erf" in decision.epilogue
+
+
+def test_compiler_reads_a_bf16_dequantization_without_a_transpose(tmp_path, fresh_compiler):
+    """x @ (w8.bf16() * s.bf16()) of a [K, N] weight with a [N] scale (rounded to bf16 first,
+    which the kernel reads as the graph rounded it)."""
+    k, n = 48, 32
+    w, s = weight(k, n, FP8["e5m2"]), torch.rand(n) / 8 + 0.01
+
+    def f(x, w, s):
+        return torch.relu(x @ (w.to(torch.bfloat16) * s.to(torch.bfloat16)))
+
+    x = torch.randn(20, k, dtype=torch.bfloat16)
+    out = _compiled(f, tmp_path)(x, w, s)
+    ref = torch.relu(x.double() @ (w.double() * s.bfloat16().double()))
+    assert rel_error(out, ref) <= tolerance("bfloat16", "ieee", "bfloat16")
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert decision.template == "weight_only_matmul" and "weight_scale" in decision.epilogue
+
+
+@pytest.mark.parametrize("epilogue", ["none", "bias"])
+def test_compiled_problem_is_the_specs_so_offline_records_serve_it(tmp_path, fresh_compiler, epilogue):
+    """``Spec(M, N, K, weight="float8_e4m3fn")`` is the problem the compiler makes of torchao's
+    weight-only linear (float32 scales), so ``epilab tune --suite fp8-weight`` tunes for models."""
+    m, n, k = 20, 40, 64
+    w, s = weight(n, k, FP8["e4m3"]), torch.rand(n, 1) / 8 + 0.01
+    bias = torch.randn(n, dtype=torch.bfloat16) if epilogue == "bias" else None
+
+    def f(x, w, s):
+        return F.linear(x, (w.to(torch.float32) * s).to(torch.bfloat16), bias)
+
+    (group,) = _groups(f, torch.randn(m, k, dtype=torch.bfloat16), w, s)
+    spec = Spec(m, n, k, weight="float8_e4m3fn", epilogue=epilogue)
+    assert group.problem.identity_key == spec.problem().identity_key
+    assert spec.label() == f"{m}x{n}x{k} bfloat16 x float8_e4m3fn weight NT {epilogue}"
+
+
+@pytest.mark.parametrize(
+    "dequantize, template",
+    [
+        (lambda w, s: (s.float() * w.float()).bfloat16().t(), "weight_only_matmul"),  # scale first
+        (lambda w, s: w.bfloat16().t(), "weight_only_matmul"),  # no scale
+        (lambda w, s: (w.float() * s.float().t()).bfloat16().t(), "matmul"),  # per input channel
+        (lambda w, s: (w.float() * w.float()).bfloat16().t(), "matmul"),  # not a scale
+    ],
+)
+def test_which_dequantizations_are_read_as_fp8(dequantize, template):
+    n, k = 32, 32  # square: a scale along the wrong dim has the right length
+    w, s = weight(n, k, FP8["e4m3"]), torch.rand(n, 1, dtype=torch.bfloat16)
+    (group,) = _groups(lambda x, w, s: x @ dequantize(w, s), torch.randn(8, k, dtype=torch.bfloat16), w, s)
+    assert group.problem.template == template
+
+
+def test_fp8_weight_suite_and_bad_specs():
+    problems = suite("fp8-weight")
+    assert len(problems) == 16 and {p.problem().template for p in problems} == {"weight_only_matmul"}
+    with pytest.raises(ValueError, match="weight-only fp8"):
+        Spec(16, 64, 64, dtype="float32", weight="float8_e4m3fn")
+    with pytest.raises(ValueError, match="weight-only fp8"):
+        Spec(16, 64, 64, weight="bfloat16")
+    with pytest.raises(ValueError, match="2-D"):
+        Spec(16, 64, 64, batch=2, weight="float8_e5m2")
+
+
+def test_compiler_leaves_scales_along_k_to_the_graph(tmp_path, fresh_compiler):
+    """A scale per input channel (along K) is not an epilogue scale: the mm reads the
+    dequantized 16-bit weight as before (the matmul template)."""
+    n, k = 32, 48
+    w, s = weight(n, k, FP8["e4m3"]), torch.rand(1, k) / 8 + 0.01
+
+    def f(x, w, s):
+        return torch.relu(x @ (w.to(torch.float32) * s).to(torch.bfloat16).t())
+
+    x = torch.randn(20, k, dtype=torch.bfloat16)
+    out = _compiled(f, tmp_path)(x, w, s)
+    ref = torch.relu(x.double() @ (w.double() * s.double()).t())
+    assert rel_error(out, ref) <= tolerance("bfloat16", "ieee", "bfloat16")
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert decision.template == "matmul" and "weight_scale" not in decision.epilogue
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout_b", ["col", "row"])
+@pytest.mark.parametrize("variant", TRITON_VARIANTS)
+def test_gpu_every_loop_matches_float64_and_the_baseline(variant, layout_b):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 weights need compute capability 8.9 or newer")
+    m, n, k = 300, 520, 1040
+    torch.manual_seed(1)
+    a, b, scale, bias = tensors(m, n, k, torch.bfloat16, FP8["e4m3"], layout_b, "cuda")
+    ops_ = {"scale": scale, "bias": bias}
+    problem = make_weight_only_problem(a, b, scaled_gelu("bfloat16"), ops_)
+    for config in (
+        Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant),
+        Config(16, 64, 256, 1, num_warps=4, num_stages=4, variant=variant),
+    ):
+        (out,) = checked_launch(problem, config, a, b, ops_).outs
+        (base,) = KIND.baseline(problem, a, b, ops_)
+        assert rel_error(out, base.to(out.dtype)) <= 2 * tolerance("bfloat16", "ieee", "bfloat16")
+
+
+@pytest.mark.gpu
+def test_gpu_compiler_reads_a_dequantized_weight_as_fp8(tmp_path, fresh_compiler):
+    model = DequantLinear(1024, 512).cuda()
+    x = torch.randn(4, 16, 512, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        out = _compiled(model, tmp_path)(x)
+    assert rel_error(out, model.reference(x)) <= tolerance("bfloat16", "ieee", "bfloat16")
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert decision.template == "weight_only_matmul"
+
+
+def test_tuner_searches_a_weight_only_spec_in_the_interpreter(tmp_path):
+    """A shapes-file spec with ``weight`` tuned end to end: fp8 B made, every trial checked
+    against float64 and recorded under the spec's problem."""
+    from epilab.db import TuningDB
+    from epilab.tuner.search import Budget
+    from epilab.tuner.tune import TuneOptions, Tuner
+
+    spec = Spec(24, 48, 64, weight="float8_e5m2", epilogue="bias_gelu_tanh")
+    with TuningDB.open(tmp_path / "t.db") as db:
+        options = TuneOptions(
+            budget=Budget(trials=3, seconds=600, batch=3), interpret=True, jobs=0, baselines=()
+        )
+        with Tuner(db, options) as tuner:
+            result = tuner.tune(spec)
+        assert result.evaluated == 3 and result.best_ms is not None
+        records = db.records(spec.problem().key)
+        assert [r.status for r in records] == ["ok"] * 3
+        assert Problem.from_json(db.problem_json(spec.problem().key)[1]).geometry == WeightGeometry(
+            "float8_e5m2"
+        )
