@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class Fp8Linear(nn.Module):
@@ -21,3 +22,33 @@ class Fp8Linear(nn.Module):
         xs = x.abs().amax(dim=-1, keepdim=True).float() / 448
         xq = (x / xs).to(torch.float8_e4m3fn)
         return torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale, out_dtype=torch.bfloat16)
+
+
+class Fp8WeightLinear(nn.Module):
+    """Weight-only fp8, as torchao's ``Float8WeightOnlyConfig`` runs it: the weight stored in
+    e4m3 with one scale per output channel, dequantized in float32 and rounded to the
+    activations' dtype before ``linear``. The fp8 weight is kept as its bytes (uint8), so a
+    model's ``.to(dtype)`` leaves it as it is (the scale and bias follow the model's dtype)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448
+        self.register_buffer("weight_bytes", (w / scale).to(torch.float8_e4m3fn).view(torch.uint8))
+        self.register_buffer("scale", scale)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x):
+        w8 = self.weight_bytes.view(torch.float8_e4m3fn)
+        w = (w8.to(torch.float32) * self.scale).to(x.dtype)
+        return F.linear(x, w, self.bias)
+
+
+def fp8_weights(model: nn.Module) -> nn.Module:
+    """``model`` with every ``nn.Linear`` made an ``Fp8WeightLinear`` (quantized from it)."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(model, name, Fp8WeightLinear(child))
+        else:
+            fp8_weights(child)
+    return model
