@@ -344,11 +344,15 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
         return node
 
     with graph.inserting_after(last):
-        b = group.b
-        if group.b_permute is not None:  # a weight-only group's fp8 weight, [N, K]: B is its transpose
+        a, b = group.a, group.b
+        if group.b_permute is not None:  # a dequantized group's fp8 weight, [N, K]: B is its transpose
             with fake:
                 moved = torch.ops.aten.permute.default(val(b), list(group.b_permute))
             b = add(torch.ops.aten.permute.default, (b, list(group.b_permute)), moved)
+        if group.a_reshape is not None:  # its fp8 activation [..., K]: A is its rows
+            with fake:
+                moved = torch.ops.aten.reshape.default(val(a), group.a_reshape)
+            a = add(torch.ops.aten.reshape.default, (a, group.a_reshape), moved)
         args = list(group.extra)  # the kind's extra inputs (a dual GEMM's B2) come first
         for o in operands:
             if o.reshape is None:
@@ -358,10 +362,10 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
                     moved = torch.ops.aten.reshape.default(val(o.node), list(o.reshape))
                 args.append(add(torch.ops.aten.reshape.default, (o.node, list(o.reshape)), moved))
         problem_json, plan_json = problem.to_json(), plan.to_json()
-        fake_args = (problem_json, plan_json, val(group.a), val(b), [val(a) for a in args])
+        fake_args = (problem_json, plan_json, val(a), val(b), [val(x) for x in args])
         with fake:
             outs = TEMPLATE_CALL(*fake_args)
-        call = add(TEMPLATE_CALL, (problem_json, plan_json, group.a, b, args), outs)
+        call = add(TEMPLATE_CALL, (problem_json, plan_json, a, b, args), outs)
         # The strides the problem was made for: Inductor holds the call's inputs to exactly these
         # (the op's needs_exact_strides tag reads them here; without them it may re-layout them)
         call.meta["eager_input_vals"] = (fake_args, {})

@@ -139,6 +139,7 @@ class Group:
     problem: Problem
     extra: list[fx.Node] = dataclasses.field(default_factory=list)  # the kind's extra inputs (B2)
     b_permute: tuple[int, ...] | None = None  # the kernel's B is ``b`` permuted so (an fp8 weight's [N, K])
+    a_reshape: list[object] | None = None  # the kernel's A is ``a`` reshaped so (an fp8 activation's rows)
 
     @property
     def shape_text(self) -> str:
@@ -222,6 +223,7 @@ class _Grower(ABC):
         self.extra: list[fx.Node] = []  # the kind's extra inputs, in its order (offsets, B2)
         self.routing: dict[str, object] = {}  # a grouped group's routing (``_route``)
         self.b_permute: tuple[int, ...] | None = None  # B is the node ``b`` permuted so
+        self.a_reshape: list[object] | None = None  # A is the node ``a`` reshaped so
         self.rows: object = None  # its grouped rows T where A's rows are gathered
 
     # -- the anchor family's part
@@ -478,14 +480,15 @@ def _block_scales(
 
 
 @dataclass(frozen=True)
-class DequantizedWeight:
-    """An mm's B that is an fp8 weight converted to A's dtype and scaled along K:
-    ``(w8.to(dtype) * scale)`` (torchao's weight-only fp8; the scale one per output channel or
-    one element, or none), maybe transposed (a linear layer's [N, K] weight)."""
+class Dequantized:
+    """An mm input that is an fp8 tensor converted to a wider dtype and scaled:
+    ``(x8.to(dtype) * scale)`` (a weight's scale one per output channel, an activation's one per
+    row, or one element; or none), maybe transposed (a linear layer's [N, K] weight)."""
 
-    weight: fx.Node  # the fp8 tensor
+    source: fx.Node  # the fp8 tensor
     scale: fx.Node | None
-    permute: tuple[int, ...] | None  # (1, 0): B is the weight transposed
+    permute: tuple[int, ...] | None  # (1, 0): the input is the source transposed
+    reshape: list[object] | None = None  # the input is the source reshaped so (an activation's rows)
 
 
 def _call(node: object, *targets: object) -> bool:
@@ -493,50 +496,65 @@ def _call(node: object, *targets: object) -> bool:
 
 
 def _from_fp8(node: object) -> bool:
-    """Whether ``node`` converts an fp8 tensor to another dtype."""
+    """Whether ``node`` converts an fp8 tensor to a floating dtype."""
     if not _call(node, CONVERT) or not isinstance(node.args[0], fx.Node):  # type: ignore[union-attr]
         return False
     source, out = val(node.args[0]), val(node)  # type: ignore[union-attr]
-    return source is not None and out is not None and source.dtype in FP8_DTYPES
+    return (
+        source is not None and out is not None and source.dtype in FP8_DTYPES and out.dtype.is_floating_point
+    )
 
 
-def dequantized_weight(b: fx.Node) -> DequantizedWeight | None:
-    """``b`` as a dequantized fp8 weight: ``[permute](w8.to(dtype) * scale [.to(dtype)])``
-    (the scale's dtype any; the product in any float dtype), or None."""
-    node, permute = b, None
-    if (_call(node, aten.permute.default) and list(node.args[1]) == [1, 0]) or _call(node, aten.t.default):
-        node, permute = node.args[0], (1, 0)
-    if _call(node, CONVERT) and _call(node.args[0], aten.mul.Tensor):
-        node = node.args[0]  # the product rounded to A's dtype
+def dequantized(node: fx.Node, per: str) -> Dequantized | None:
+    """``node`` as a dequantized 2-D fp8 tensor, ``[permute](x8.to(dtype) * scale
+    [.to(dtype)])`` (the scale's dtype any; the product in any float dtype), whose scale is one
+    element or one per column of the product (``per`` "column": a weight's output channels)
+    or per row (``per`` "row": an activation's tokens, [..., K] flattened to rows by a view
+    after the dequantization, as ``linear`` does; no permute); else None."""
+    source, permute, reshape = node, None, None
+    if per == "row" and _call(source, *VIEWS) and len(source.args) > 1:
+        flat, whole = val(source), val(source.args[0])
+        if flat is None or whole is None or flat.dim() != 2 or not same(flat.shape[-1], whole.shape[-1]):
+            return None
+        source, reshape = source.args[0], list(source.args[1])
+    if (_call(source, aten.permute.default) and list(source.args[1]) == [1, 0]) or _call(
+        source, aten.t.default
+    ):
+        source, permute = source.args[0], (1, 0)
+    if _call(source, CONVERT) and _call(source.args[0], aten.mul.Tensor):
+        source = source.args[0]  # the product rounded to the GEMM's dtype
     scale = None
-    if _call(node, aten.mul.Tensor):
-        x, y = node.args[:2]
-        node, scale = (x, y) if _from_fp8(x) else (y, x)
-    if not _from_fp8(node):
+    if _call(source, aten.mul.Tensor):
+        x, y = source.args[:2]
+        source, scale = (x, y) if _from_fp8(x) else (y, x)
+    if not _from_fp8(source) or (permute and per == "row"):
         return None
-    weight = node.args[0]
-    wv = val(weight)
-    if wv is None or wv.dim() != 2 or not val(node).dtype.is_floating_point:  # type: ignore[union-attr]
+    x8 = source.args[0]
+    xv = val(x8)
+    if xv is None or xv.dim() != (2 if reshape is None else val(source).dim()):  # type: ignore[union-attr]
         return None
     if scale is not None:
         sv = val(scale) if isinstance(scale, fx.Node) else None
-        if sv is None or sv.dtype not in OPERAND_DTYPES or sv.device != wv.device:
+        if sv is None or sv.dtype not in OPERAND_DTYPES or sv.device != xv.device or sv.dim() > xv.dim():
             return None
-        # along K: one per output channel (N: the weight's first dim when it is [N, K]), or one
-        n_dim = 0 if permute else 1
-        shape = [1] * (2 - sv.dim()) + list(sv.shape) if sv.dim() <= 2 else None
-        one = shape is not None and all(same(d, 1) for d in shape)
-        per_n = shape is not None and same(shape[n_dim], wv.shape[n_dim]) and same(shape[1 - n_dim], 1)
-        if not (one or per_n):
+        shape = [1] * (xv.dim() - sv.dim()) + list(sv.shape)  # as it broadcasts against x8
+        one = all(same(d, 1) for d in shape)
+        if per == "row":  # one per row: every dim but the last (K) x8's
+            along = all(same(d, x) for d, x in zip(shape[:-1], xv.shape[:-1], strict=True))
+            along = along and same(shape[-1], 1)
+        else:  # one per column of the product: x8's rows if it is transposed (a weight's [N, K])
+            n_dim = 0 if permute else 1
+            along = same(shape[n_dim], xv.shape[n_dim]) and same(shape[1 - n_dim], 1)
+        if not (one or along):
             return None
-    return DequantizedWeight(weight, scale, permute)
+    return Dequantized(x8, scale, permute, reshape)
 
 
 class _MatmulGrower(_Grower):
     """mm, addmm, bmm, baddbmm: operands of the output's shape or broadcast along its rows or
     columns; views that split or merge rows join. An mm whose B is a dequantized fp8 weight
-    (``dequantized_weight``) reads the fp8 weight, its scale an epilogue operand per column
-    (the weight-only kind)."""
+    (``dequantized``) reads the fp8 weight, its scale an epilogue operand per column: the
+    weight-only kind, or with an A dequantized from fp8 too, the fp8 scaled mm of both."""
 
     dequantizes = True  # an mm's B dequantized from fp8 is read as fp8 (weight-only)
     weight_only = False
@@ -576,11 +594,9 @@ class _MatmulGrower(_Grower):
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 raise NoGroup(f"{name}={x!r} is not a number")
         value: Expr = leaf
-        found = dequantized_weight(b) if self.dequantizes and op in ("mm", "addmm") else None
-        if found is not None and dtypes.name_of(av.dtype) in WEIGHT_ONLY_DTYPES:
-            b, self.b_permute, self.weight_only = found.weight, found.permute, True
-            if found.scale is not None:
-                value = value * self.weight_scale(found.scale)
+        weight = dequantized(b, "column") if self.dequantizes and op in ("mm", "addmm") else None
+        if weight is not None and dtypes.name_of(av.dtype) in WEIGHT_ONLY_DTYPES:
+            a, b, value = self.take_dequantized(a, weight, value)
         value = value if alpha == 1 else value * float(alpha)
         if bias is not None and beta != 0:
             bias_expr = self.operand(bias, self.O, bias_name)
@@ -589,16 +605,38 @@ class _MatmulGrower(_Grower):
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
         return a, b, value  # type: ignore[return-value]
 
-    def weight_scale(self, scale: fx.Node) -> Expr:
-        """A dequantized weight's scale as an operand of the output's columns (or one element),
-        passed flat."""
-        sv = val(scale)
-        assert sv is not None
-        broadcast = "scalar" if sv.numel() == 1 else "row"
-        key = (scale, (-1,))
-        if key not in self.operands:
-            self.operands[key] = Operand(WEIGHT_SCALE, scale, broadcast, (-1,))
-        return operand(self.operands[key].name, broadcast)
+    def take_dequantized(self, a: fx.Node, weight: Dequantized, value: Expr) -> tuple[fx.Node, fx.Node, Expr]:
+        """An mm of a dequantized fp8 weight: read as fp8, its scale in the epilogue (per column,
+        passed flat). Where A is dequantized from the same fp8 dtype too (per row), the group is
+        the fp8 scaled mm of both (``acc * scale_a * scale_b``, as ``torch._scaled_mm``); else
+        the weight-only mm of the 16-bit A."""
+        activation = dequantized(a, "row")
+        xv, wv = (val(activation.source) if activation else None), val(weight.source)
+        both = activation is not None and xv is not None and wv is not None and xv.dtype == wv.dtype
+        if both:
+            assert activation is not None
+            a, self.a_reshape = activation.source, activation.reshape
+            if activation.scale is not None:  # per row, passed as [M, 1] (or one element)
+                sv = val(activation.scale)
+                assert sv is not None
+                broadcast, shape = ("scalar", (-1,)) if sv.numel() == 1 else ("col", (-1, 1))
+                key = (activation.scale, shape)
+                if key not in self.operands:
+                    self.operands[key] = Operand("scale_a", activation.scale, broadcast, shape)
+                value = value * operand(self.operands[key].name, broadcast)
+        else:
+            self.weight_only = True
+        self.b_permute = weight.permute
+        if weight.scale is not None:
+            sv = val(weight.scale)
+            assert sv is not None
+            broadcast = "scalar" if sv.numel() == 1 else "row"
+            key = (weight.scale, (-1,))
+            if key not in self.operands:
+                name = "scale_b" if both else WEIGHT_SCALE
+                self.operands[key] = Operand(name, weight.scale, broadcast, (-1,))
+            value = value * operand(self.operands[key].name, broadcast)
+        return a, weight.source, value
 
     def take_scaled_mm(self, node: fx.Node, leaf: Expr) -> tuple[fx.Node, fx.Node, Expr]:
         """``torch._scaled_mm``: ``acc * scale_a * scale_b (+ bias)``, rounded
@@ -716,6 +754,9 @@ class _MatmulGrower(_Grower):
         if self.b_permute is not None:
             with fake_mode_of(bv):
                 bv = torch.ops.aten.permute.default(bv, list(self.b_permute))
+        if self.a_reshape is not None:
+            with fake_mode_of(av):
+                av = torch.ops.aten.reshape.default(av, self.a_reshape)
         if op in GROUPED_OPS:
             return self.grouped_problem(av, bv, operands, epilogue)
         batched = op in BATCHED_OPS
@@ -989,6 +1030,7 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         problem=g.problem(a, b, operands, epilogue, precision),
         extra=list(g.extra),
         b_permute=g.b_permute,
+        a_reshape=g.a_reshape,
     )
 
 

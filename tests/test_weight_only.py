@@ -267,6 +267,49 @@ def test_which_dequantizations_are_read_as_fp8(dequantize, template):
     assert group.problem.template == template
 
 
+def _quantized_rows(x: torch.Tensor, fp8: torch.dtype = FP8["e4m3"]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-row quantization: x8 and its float32 scale [..., 1]."""
+    sx = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 448
+    return (x / sx).to(fp8), sx
+
+
+def _dequantized_mm(x, w8, sw, fp8=FP8["e4m3"]):
+    """The dynamic-activation graph written out: x quantized per row, both dequantized, mm."""
+    x8, sx = _quantized_rows(x, fp8)
+    return F.linear((x8.float() * sx).bfloat16(), (w8.float() * sw).bfloat16())
+
+
+def test_an_mm_of_two_dequantized_fp8_tensors_is_the_fp8_scaled_mm(tmp_path, fresh_compiler):
+    """``linear(dequant(x8, sx), dequant(w8, sw))`` of a 3-D x quantized per row in the graph:
+    one fp8 group on the matmul template (A the rows of x8, ``acc * scale_a * scale_b``), the
+    problem the fp8 suite's rowwise spec names; against float64 of the dequantized inputs."""
+    n, k = 40, 64
+    w8, sw = weight(n, k, FP8["e4m3"]), torch.rand(n, 1) / 8 + 0.01
+    x = torch.randn(3, 5, k, dtype=torch.bfloat16)
+    (group,) = _groups(_dequantized_mm, x, w8, sw)
+    assert (group.problem.template, group.problem.dtype) == ("matmul", "float8_e4m3fn")
+    assert group.a_reshape is not None and group.b_permute == (1, 0)
+    spec = Spec(15, n, k, dtype="float8_e4m3fn", scales="row", epilogue="none")
+    assert group.problem.identity_key == spec.problem().identity_key
+    torch._dynamo.reset()
+    out = _compiled(lambda x: torch.relu(_dequantized_mm(x, w8, sw)), tmp_path)(x)
+    x8, sx = _quantized_rows(x)
+    ref = torch.relu((x8.double() * sx.double()) @ (w8.double() * sw.double()).t())
+    assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert decision.template == "matmul" and "broadcast=col,name=scale_a" in decision.epilogue
+
+
+def test_dequantized_inputs_of_two_fp8_dtypes_read_only_the_weight():
+    """An e5m2 activation with an e4m3 weight: no fp8 dot takes both, so the weight alone is
+    read as fp8 (weight-only), the activation as the graph dequantized it."""
+    n, k = 32, 64
+    w8, sw = weight(n, k, FP8["e4m3"]), torch.rand(n, 1) / 8 + 0.01
+    x = torch.randn(8, k, dtype=torch.bfloat16)
+    (group,) = _groups(lambda x, w8, sw: _dequantized_mm(x, w8, sw, FP8["e5m2"]), x, w8, sw)
+    assert group.problem.template == "weight_only_matmul" and group.a_reshape is None
+
+
 def test_fp8_weight_suite_and_bad_specs():
     problems = suite("fp8-weight")
     assert len(problems) == 16 and {p.problem().template for p in problems} == {"weight_only_matmul"}
