@@ -35,8 +35,8 @@ def _layouts(model: str) -> list[bool]:
 SAMPLED = ("mbconv", "convnext")
 FULL = tuple(m for m in MODELS if m not in SAMPLED)
 # torch._grouped_mm takes bf16 only (its meta function refuses fp32 and fp16): no fp32 case;
-# weight-only fp8 reads 16-bit activations (in fp32 the mm reads the dequantized weight as before)
-BF16_ONLY = ("moe_grouped", "llama_fp8w")
+# the fp8 models quantize 16-bit activations (weight-only in fp32 would read the dequantized weight)
+BF16_ONLY = ("moe_grouped", "llama_fp8w", "llama_fp8")
 
 
 def _dtypes(model: str) -> tuple[torch.dtype, ...]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from zoo.convnets import VGG, ConvNeXtStage, MBConvStage, MobileNet, ResNetStage, UNet
-from zoo.quantized import fp8_weights
+from zoo.quantized import Fp8RowwiseLinear, fp8_weights
 from zoo.transformers import GPT2, Bert, GroupedMoE, LlamaBlock, MoE, ViT
 
 
@@ -44,6 +44,11 @@ ZOO: dict[str, dict[str, Spec]] = {
         Spec("gpt2", lambda: GPT2(d=32, heads=2, layers=2, vocab=40), (3, 8, 32)),
         Spec("llama", lambda: LlamaBlock(d=32, heads=4, kv_heads=2, f=48, max_seq=8), (3, 8, 32)),
         Spec("llama_fp8w", lambda: fp8_weights(LlamaBlock(d=32, heads=4, kv_heads=2, f=48, max_seq=8)), (3, 8, 32)),
+        Spec(
+            "llama_fp8",
+            lambda: fp8_weights(LlamaBlock(d=32, heads=4, kv_heads=2, f=48, max_seq=8), Fp8RowwiseLinear),
+            (3, 8, 32),
+        ),
         Spec("bert", lambda: Bert(d=32, heads=2, f=64, layers=1), (3, 8, 32)),
         Spec("moe", lambda: MoE(d=32, f=24, experts=4, top_k=2), (3, 8, 32)),
         Spec("moe_grouped", lambda: GroupedMoE(d=32, f=24, experts=4, top_k=2), (3, 8, 32)),
@@ -62,6 +67,11 @@ ZOO: dict[str, dict[str, Spec]] = {
             "llama_fp8w",
             lambda: fp8_weights(LlamaBlock(d=4096, heads=32, kv_heads=8, f=14336, max_seq=1)),
             (8, 1, 4096),
+        ),
+        Spec(  # rowwise fp8 weights and activations (torchao's dynamic-activation config), prefill
+            "llama_fp8",
+            lambda: fp8_weights(LlamaBlock(d=4096, heads=32, kv_heads=8, f=14336, max_seq=512), Fp8RowwiseLinear),
+            (4, 512, 4096),
         ),
         Spec("bert", lambda: Bert(d=768, heads=12, f=3072, layers=2), (8, 128, 768)),
         Spec("moe", lambda: MoE(d=1024, f=1024, experts=8, top_k=2), (2, 256, 1024)),

@@ -44,11 +44,35 @@ class Fp8WeightLinear(nn.Module):
         return F.linear(x, w, self.bias)
 
 
-def fp8_weights(model: nn.Module) -> nn.Module:
-    """``model`` with every ``nn.Linear`` made an ``Fp8WeightLinear`` (quantized from it)."""
+class Fp8RowwiseLinear(nn.Module):
+    """torchao's ``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``: the
+    weight in e4m3 with one scale per output channel, each token's activations quantized on the
+    fly with one scale per row, then ``torch._scaled_mm`` (exact accumulation). The weight kept
+    as its bytes, as in ``Fp8WeightLinear``; the scales are made float32 where they are used."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448
+        self.register_buffer("weight_bytes", (w / scale).to(torch.float8_e4m3fn).view(torch.uint8))
+        self.register_buffer("scale", scale.t().contiguous())  # [1, N]
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x):
+        rows = x.reshape(-1, x.shape[-1])
+        sx = rows.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / 448
+        x8 = (rows / sx).to(torch.float8_e4m3fn)
+        w8 = self.weight_bytes.view(torch.float8_e4m3fn)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=self.scale.float(), out_dtype=x.dtype)
+        y = y if self.bias is None else y + self.bias
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def fp8_weights(model: nn.Module, linear: type[nn.Module] = Fp8WeightLinear) -> nn.Module:
+    """``model`` with every ``nn.Linear`` made a ``linear`` (quantized from it)."""
     for name, child in model.named_children():
         if isinstance(child, nn.Linear):
-            setattr(model, name, Fp8WeightLinear(child))
+            setattr(model, name, linear(child))
         else:
-            fp8_weights(child)
+            fp8_weights(child, linear)
     return model
