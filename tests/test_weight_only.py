@@ -392,3 +392,52 @@ def test_tuner_searches_a_weight_only_spec_in_the_interpreter(tmp_path):
         assert Problem.from_json(db.problem_json(spec.problem().key)[1]).geometry == WeightGeometry(
             "float8_e5m2"
         )
+
+
+def test_tune_model_finds_tunes_and_checks_the_weight_only_gemms(tmp_path, monkeypatch, fresh_compiler):
+    """``epilab tune --model`` of an MLP of weight-only fp8 linears: both GEMMs found as
+    weight-only problems, tuned and checked in the compiled model."""
+    import json
+    import sys
+    import textwrap
+
+    from typer.testing import CliRunner
+
+    from epilab.cli import app
+
+    (tmp_path / "fp8w_zoo_for_test.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import torch.nn as nn
+            import torch.nn.functional as F
+            from zoo.quantized import Fp8WeightLinear
+
+            class Mlp(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.up = Fp8WeightLinear(nn.Linear(32, 64))
+                    self.down = Fp8WeightLinear(nn.Linear(64, 32))
+
+                def forward(self, x):
+                    return self.down(F.gelu(self.up(x)))
+
+            def build():
+                return Mlp(), (torch.randn(16, 32).to(torch.bfloat16),)
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out_file = tmp_path / "report.json"
+    args = ["tune", "--model", "fp8w_zoo_for_test:build", "--interpret", "--db", str(tmp_path / "t.db")]
+    args += ["--trials", "1", "--rounds", "6", "--max-rounds", "6", "--out", str(out_file)]
+    out = CliRunner().invoke(app, args)
+    sys.modules.pop("fp8w_zoo_for_test", None)
+    assert out.exit_code == 0, out.output
+    report = json.loads(out_file.read_text())
+    assert len(report["tuned"]) == 2, report["tuned"]
+    with epilab.db.TuningDB.open(tmp_path / "t.db") as db:
+        problems = [Problem.from_json(db.problem_json(r["key"])[1]) for r in report["tuned"]]
+    assert {p.template for p in problems} == {"weight_only_matmul"}
+    assert len(report["verdicts"]) == 2
