@@ -50,6 +50,7 @@ from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible
 from epilab.tuner.suites import suite
+from epilab.tuner.tune import input_bytes
 
 NO_SPLIT_SEEDS = 6  # the first feasible seeds without split-K (the Hopper loops come first)
 
@@ -144,7 +145,6 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
     s = problem.shape
     batch, m, n, k = int(s.batch), int(s.m), int(s.n), int(s.k)
     esize = a.element_size()
-    input_elements = kind_of(problem).input_elements(problem)  # A and B as stored
     result = {
         "index": index,
         "problem": label,
@@ -152,7 +152,7 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
         "n": n,
         "k": k,
         "flops": 2 * batch * m * n * k,
-        "bytes": sum(input_elements) * esize
+        "bytes": input_bytes(problem)
         + sum(t.numel() * t.element_size() for t in ops.values())
         + batch * m * n * esize,
         "chosen": chosen,

@@ -117,6 +117,10 @@ def _no_twin_call(problem: Problem, a: Tensor, b: Tensor) -> TwinCall | None:
     return None
 
 
+def _a_dtype(problem: Problem) -> str:
+    return problem.dtype
+
+
 @dataclass(frozen=True, eq=False)
 class TemplateKind:
     """A template and everything epilab asks of it (functions take the problem first)."""
@@ -197,6 +201,9 @@ class TemplateKind:
     # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``tuner/space``)
     split_k_underfilled: bool = False
     input_dtypes: tuple[str, ...] = WIDE_INPUT_DTYPES  # the A and B dtypes its main loops take
+    # B's dtype as its kernels read it: the problem's (A's), except where the kind stores B in
+    # another (weight-only: fp8); shared memory, bytes moved and the device's dtypes count it
+    b_dtype: Callable[[Problem], str] = _a_dtype
     # whether its epilogue may have reduction outputs (row / column statistics: ``REDUCTIONS``)
     reductions: bool = False
     # why its programs cannot hold every column of ``problem``'s output rows, which an

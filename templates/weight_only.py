@@ -120,14 +120,6 @@ def eager_weight_only(
     return tuple(problem.epilogue.evaluate(a @ b.to(a.dtype), dict(operands)))
 
 
-def weight_only_input_elements(problem: Problem) -> tuple[int, int]:
-    """A's elements; B's bytes in elements of A's size (fp8: half its elements)."""
-    s = problem.shape
-    m, n, k = int(s.m), int(s.n), int(s.k)
-    ratio = dtypes.itemsize(weight_dtype(problem)) / dtypes.itemsize(problem.dtype)
-    return m * k, -(-int(k * n * ratio) // 1)
-
-
 def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     """B's tile converted to A's Triton type after each load."""
     return {"b_convert": dtypes.TABLE[problem.dtype].triton}
@@ -155,7 +147,7 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; B 
     ),
     inputs=weight_only_inputs,
     baseline=eager_weight_only,
-    input_elements=weight_only_input_elements,
+    b_dtype=weight_dtype,
     render_vars=render_vars,
     source=lambda config: None,
     input_dtypes=WEIGHT_ONLY_DTYPES,

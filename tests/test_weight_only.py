@@ -5,6 +5,8 @@ graphs (torchao's weight-only fp8), and on the GPU against the baseline."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -18,11 +20,13 @@ from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
 from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import kind_of, twins
+from epilab.templates.kinds import twins
 from epilab.templates.matmul import TRITON_VARIANTS
 from epilab.templates.verify import checked_launch
 from epilab.templates.weight_only import KIND, WeightGeometry, make_weight_only_problem
+from epilab.tuner.space import HOPPER, infeasible, smem_bytes
 from epilab.tuner.suites import suite
+from epilab.tuner.tune import input_bytes
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 WIDE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -146,7 +150,10 @@ def test_config_rules_and_the_problems_identity():
     assert e5m2.key != problem.key  # the weight's dtype is part of the problem
     assert twins(problem) == [problem]  # no GEMV reads an fp8 weight
     assert KIND.seeds_for(problem)[0].BLOCK_M == 16  # decode tiles first
-    assert kind_of(problem).input_elements(problem) == (m * k, k * n // 2)  # B: one byte an element
+    assert input_bytes(problem) == 2 * m * k + k * n  # B: one byte an element
+    assert smem_bytes(problem, Config(16, 32, 64, 1, num_stages=2)) == 2 * (16 * 64 * 2 + 64 * 32)
+    a100 = dataclasses.replace(HOPPER, capability="8.0", name="A100")
+    assert "compute capability 8.9" in infeasible(problem, Config(16, 16, 16, 1), a100)
     with pytest.raises(ValueError, match="weight-only problem's A"):
         Problem.from_json(problem.to_json().replace('"bfloat16"', '"float32"'))
     with pytest.raises(ValueError, match="weight is one of"):

@@ -121,8 +121,9 @@ def _device_error(kind: TemplateKind, variant: str, limits: DeviceLimits) -> str
 
 
 def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
-    """fp8 dots need sm_89 or newer (the interpreter runs them anywhere)."""
-    if problem.dtype not in FP8_DTYPES:
+    """fp8 inputs (A, or B where the kind reads it in fp8) need sm_89 or newer (the interpreter
+    runs them anywhere)."""
+    if problem.dtype not in FP8_DTYPES and kind_of(problem).b_dtype(problem) not in FP8_DTYPES:
         return None
     try:
         capability = tuple(int(x) for x in limits.capability.split("."))
@@ -139,9 +140,9 @@ def smem_bytes(problem: Problem, config: Config) -> int:
     GEMM stages two B tiles), and the staging of TMA-stored outputs."""
     kind = kind_of(problem)
     accs = kind.accumulators
-    esize = itemsize(problem.dtype)
-    stage = config.BLOCK_M * config.BLOCK_K + accs * config.BLOCK_K * config.BLOCK_N
-    smem = config.num_stages * stage * esize
+    a_bytes = config.BLOCK_M * config.BLOCK_K * itemsize(problem.dtype)
+    b_bytes = accs * config.BLOCK_K * config.BLOCK_N * itemsize(kind.b_dtype(problem))
+    smem = config.num_stages * (a_bytes + b_bytes)
     if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
         out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
         copies = kind.output_staging(config)  # the ping-pong's consumers have one each

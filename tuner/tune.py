@@ -166,12 +166,19 @@ def like_with_like(best: Record, baselines: list[Record]) -> dict[str, tuple[flo
     return out
 
 
+def input_bytes(problem: Problem) -> int:
+    """A and B as stored, each in its dtype (a weight-only B in fp8)."""
+    kind = kind_of(problem)
+    a, b = kind.input_elements(problem)
+    return itemsize(problem.dtype) * a + itemsize(kind.b_dtype(problem)) * b
+
+
 def problem_bytes(problem: Problem) -> int:
     """Fewest bytes a kernel must move: A and B read (as stored: a convolution's input and
     weight, not its im2col matrix), operands read, outputs written."""
     s = problem.shape
     batch, m, n = int(s.batch), int(s.m), int(s.n)
-    total = itemsize(problem.dtype) * sum(kind_of(problem).input_elements(problem))
+    total = input_bytes(problem)
     broadcasts = dict(problem.epilogue.operands)
     for spec in problem.operands:
         count = {"row": n, "col": m, "scalar": 1}.get(broadcasts[spec.name], batch * m * n)
