@@ -9,9 +9,9 @@ converts it to A's dtype, which is exact for both fp8 formats, before a 16-bit d
 into fp32. The weight's scales (one per output channel, or one for the tensor) are epilogue
 operands as every other: ``acc * scale[n]``, then bias, activation, residual, casts.
 
-This is what ``mm(x, (w8.to(dtype) * scale).t())`` computes (torchao's weight-only fp8,
-``FineGrainedFP8Config`` with per-channel scales): the compiler rewrites that graph to this
-problem (``compiler/match.py``). The graph rounds each dequantized weight to A's dtype before
+This is what ``mm(x, (w8.to(dtype) * scale).t())`` computes (torchao's
+``Float8WeightOnlyConfig``): the compiler rewrites that graph to this problem
+(``compiler/match.py``). The graph rounds each dequantized weight to A's dtype before
 the GEMM; the kernel scales the fp32 sum instead, which is nearer the float64 product of the
 dequantized weight. The problem's ``dtype`` is A's; its ``WeightGeometry`` holds B's. The
 baseline converts B to A's dtype (one pointwise kernel) and runs cuBLAS, then the epilogue in
