@@ -448,3 +448,19 @@ def test_tune_model_finds_tunes_and_checks_the_weight_only_gemms(tmp_path, monke
         problems = [Problem.from_json(db.problem_json(r["key"])[1]) for r in report["tuned"]]
     assert {p.template for p in problems} == {"weight_only_matmul"}
     assert len(report["verdicts"]) == 2
+
+
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_backward_through_a_dequantized_weight(tmp_path, fresh_compiler, per_tensor):
+    """Training through a frozen fp8 weight: the forward reads it as fp8; the input's gradient
+    (grad_y @ dequant(w8), where a per-channel scale runs along K and is no epilogue scale) reads
+    the 16-bit weight the graph keeps. The gradient matches float64."""
+    model = DequantLinear(40, 64, per_tensor=per_tensor)
+    x = torch.randn(12, 64, dtype=torch.bfloat16, requires_grad=True)
+    out = _compiled(model, tmp_path)(x)
+    out.float().square().sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    model.reference(x64).square().sum().backward()
+    assert rel_error(x.grad, x64.grad) <= 4 * tolerance("bfloat16", "ieee", "bfloat16")
+    forward, backward = [d for d in epilab.explain() if d.template]
+    assert forward.template == "weight_only_matmul" and backward.template != "weight_only_matmul"
