@@ -354,6 +354,13 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
                 moved = torch.ops.aten.reshape.default(val(a), group.a_reshape)
             a = add(torch.ops.aten.reshape.default, (a, group.a_reshape), moved)
         args = list(group.extra)  # the kind's extra inputs (a dual GEMM's B2) come first
+        if group.b_permute is not None:  # a dual weight-only group's B2 is permuted as B
+            permuted = []
+            for x in args:
+                with fake:
+                    moved = torch.ops.aten.permute.default(val(x), list(group.b_permute))
+                permuted.append(add(torch.ops.aten.permute.default, (x, list(group.b_permute)), moved))
+            args = permuted
         for o in operands:
             if o.reshape is None:
                 args.append(o.node)

@@ -77,6 +77,7 @@ from epilab.ir.problem import (
     BATCHED_OPS,
     BLOCK_SCALED_OP,
     DUAL_OP,
+    DUAL_WEIGHT_ONLY_OP,
     MATRIX_OPS,
     WEIGHT_ONLY_OP,
     Dim,
@@ -505,6 +506,13 @@ def _from_fp8(node: object) -> bool:
     )
 
 
+def _b_arg(anchor: fx.Node) -> fx.Node | None:
+    """The B node of an mm or addmm anchor (None for the other anchors)."""
+    op = ANCHORS.get(anchor.target)  # type: ignore[arg-type]
+    b = anchor.args[1] if op == "mm" else anchor.args[2] if op == "addmm" else None
+    return b if isinstance(b, fx.Node) else None
+
+
 def dequantized(node: fx.Node, per: str) -> Dequantized | None:
     """``node`` as a dequantized 2-D fp8 tensor, ``[permute](x8.to(dtype) * scale
     [.to(dtype)])`` (the scale's dtype any; the product in any float dtype), whose scale is one
@@ -557,6 +565,7 @@ class _MatmulGrower(_Grower):
     weight-only kind, or with an A dequantized from fp8 too, the fp8 scaled mm of both."""
 
     dequantizes = True  # an mm's B dequantized from fp8 is read as fp8 (weight-only)
+    reads_fp8_activations = True  # ... and with its A dequantized too, the fp8 scaled mm
     weight_only = False
 
     def start(self) -> tuple[fx.Node, fx.Node]:
@@ -596,7 +605,7 @@ class _MatmulGrower(_Grower):
         value: Expr = leaf
         weight = dequantized(b, "column") if self.dequantizes and op in ("mm", "addmm") else None
         if weight is not None and dtypes.name_of(av.dtype) in WEIGHT_ONLY_DTYPES:
-            a, b, value = self.take_dequantized(a, weight, value)
+            a, b, value = self.take_dequantized(a, weight, value, bias_name.removeprefix("bias"))
         value = value if alpha == 1 else value * float(alpha)
         if bias is not None and beta != 0:
             bias_expr = self.operand(bias, self.O, bias_name)
@@ -605,12 +614,15 @@ class _MatmulGrower(_Grower):
             value = Expr("cast", (value,), (("dtype", dtypes.name_of(av.dtype)),))
         return a, b, value  # type: ignore[return-value]
 
-    def take_dequantized(self, a: fx.Node, weight: Dequantized, value: Expr) -> tuple[fx.Node, fx.Node, Expr]:
+    def take_dequantized(
+        self, a: fx.Node, weight: Dequantized, value: Expr, suffix: str = ""
+    ) -> tuple[fx.Node, fx.Node, Expr]:
         """An mm of a dequantized fp8 weight: read as fp8, its scale in the epilogue (per column,
-        passed flat). Where A is dequantized from the same fp8 dtype too (per row), the group is
-        the fp8 scaled mm of both (``acc * scale_a * scale_b``, as ``torch._scaled_mm``); else
-        the weight-only mm of the 16-bit A."""
-        activation = dequantized(a, "row")
+        passed flat; ``weight_scale`` + ``suffix``: a dual group's second is ``weight_scale2``).
+        Where A is dequantized from the same fp8 dtype too (per row), the group is the fp8
+        scaled mm of both (``acc * scale_a * scale_b``, as ``torch._scaled_mm``); else the
+        weight-only mm of the 16-bit A."""
+        activation = dequantized(a, "row") if self.reads_fp8_activations else None
         xv, wv = (val(activation.source) if activation else None), val(weight.source)
         both = activation is not None and xv is not None and wv is not None and xv.dtype == wv.dtype
         if both:
@@ -633,7 +645,7 @@ class _MatmulGrower(_Grower):
             broadcast = "scalar" if sv.numel() == 1 else "row"
             key = (weight.scale, (-1,))
             if key not in self.operands:
-                name = "scale_b" if both else WEIGHT_SCALE
+                name = "scale_b" if both else WEIGHT_SCALE + suffix
                 self.operands[key] = Operand(name, weight.scale, broadcast, (-1,))
             value = value * operand(self.operands[key].name, broadcast)
         return a, weight.source, value
@@ -748,7 +760,8 @@ class _MatmulGrower(_Grower):
         self, a: fx.Node, b: fx.Node, operands: list[Operand], epilogue: Epilogue, precision: str
     ) -> Problem:
         op = BLOCK_SCALED_OP if self.block_scaled else "mm" if self.op == "scaled_mm" else self.op
-        op = WEIGHT_ONLY_OP if self.weight_only else op
+        if self.weight_only:
+            op = DUAL_WEIGHT_ONLY_OP if op == DUAL_OP else WEIGHT_ONLY_OP
         av, bv = val(a), val(b)
         assert av is not None and bv is not None
         if self.b_permute is not None:
@@ -1148,9 +1161,11 @@ class _DualGrower(_MatmulGrower):
     """Two mm/addmm anchors that read the same A (a gated MLP's gate and up projections):
     the first is ``acc``, the second ``acc2``; their B nodes have one shape, dtype and set of
     strides. The group grows over the nodes after the first anchor, as one group of both.
-    Its Bs are read as the graph has them (a dequantized fp8 weight as its 16-bit values)."""
+    Where both Bs are fp8 weights dequantized alike (``dequantized``: one fp8 dtype, both
+    transposed or neither) the pair reads them as fp8, each scale in the epilogue (the dual
+    weight-only kind); else both Bs as the graph has them."""
 
-    dequantizes = False
+    reads_fp8_activations = False  # no dual template takes fp8 A
 
     def __init__(self, anchor: fx.Node, second: fx.Node, swap: bool = False, gather: bool = True) -> None:
         super().__init__(anchor, gather=gather)
@@ -1161,6 +1176,14 @@ class _DualGrower(_MatmulGrower):
     def start(self) -> tuple[fx.Node, fx.Node]:
         leaves, names = (
             ((acc2(), acc()), ("bias2", "bias")) if self.swap else ((acc(), acc2()), ("bias", "bias2"))
+        )
+        bs = [_b_arg(node) for node in (self.anchor, self.second)]
+        weights = [dequantized(b, "column") if b is not None else None for b in bs]
+        sources = [val(w.source) if w is not None else None for w in weights]
+        self.dequantizes = (
+            all(w is not None for w in weights)
+            and len({s.dtype for s in sources if s is not None}) == 1
+            and len({w.permute for w in weights if w is not None}) == 1
         )
         a, b, value = self.take_anchor(self.anchor, leaves[0], names[0])
         a2, b2, value2 = self.take_anchor(self.second, leaves[1], names[1])

@@ -40,7 +40,9 @@ BLOCK_SCALED_OP = "block_scaled_mm"
 # ep(A @ B) of a float16 / bfloat16 A and an fp8 B (a weight stored in fp8, its scales in the
 # epilogue), B converted to A's dtype in the K loop (templates/weight_only.py)
 WEIGHT_ONLY_OP = "weight_only_mm"
-MATRIX_OPS = ("mm", "addmm", DUAL_OP, BLOCK_SCALED_OP, WEIGHT_ONLY_OP)  # 2-D: no batch at all
+DUAL_WEIGHT_ONLY_OP = "dual_weight_only_mm"  # ep(A @ B, A @ B2) of two fp8 weights (a gated MLP's)
+WEIGHT_ONLY_OPS = (WEIGHT_ONLY_OP, DUAL_WEIGHT_ONLY_OP)
+MATRIX_OPS = ("mm", "addmm", DUAL_OP, BLOCK_SCALED_OP, *WEIGHT_ONLY_OPS)  # 2-D: no batch at all
 _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
 
 # The values a Config may hold (the tuner's search space draws from these).

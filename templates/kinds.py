@@ -26,6 +26,7 @@ from epilab.templates import (
     dual_gemv,
     dual_grouped_matmul,
     dual_matmul,
+    dual_weight_only,
     gemv,
     grouped_matmul,
     matmul,
@@ -49,6 +50,7 @@ KINDS: dict[str, TemplateKind] = {
         dual_grouped_matmul.KIND,
         block_scaled.KIND,
         weight_only.KIND,
+        dual_weight_only.KIND,
     )
 }
 register_templates(KINDS)

@@ -22,7 +22,7 @@ from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import (
     BATCHED_OPS,
-    WEIGHT_ONLY_OP,
+    WEIGHT_ONLY_OPS,
     Config,
     Geometry,
     Problem,
@@ -291,7 +291,7 @@ def make_problem(
     """The Problem that ``launch`` would run for these tensors (checks them all), for
     ``template`` (whose files are ``files``: a dual GEMM's kinds make theirs here too; a
     weight-only one's ``geometry`` holds B's dtype)."""
-    bt = check_inputs(a, b, weight_only=op == WEIGHT_ONLY_OP)
+    bt = check_inputs(a, b, weight_only=op in WEIGHT_ONLY_OPS)
     target_for(a.device)
     specs = checked_operands(epilogue, operands, a.device, bt.out_shape)
     (batch, m, k), a_strides = bt.a
@@ -389,7 +389,7 @@ def bind_matmul(
     kind = KIND if kind is None else kind
     extra = {name: operands[name] for name in kind.extra_inputs}
     operands = {name: t for name, t in operands.items() if name not in extra}
-    bt = check_inputs(a, b, weight_only=problem.op == WEIGHT_ONLY_OP)
+    bt = check_inputs(a, b, weight_only=problem.op in WEIGHT_ONLY_OPS)
     why = kind.config_error(problem, config)
     if why is not None:
         raise ValueError(why)

@@ -95,6 +95,13 @@ def config_error(problem: Problem, config: Config) -> str | None:
     s = problem.shape
     if problem.op != OP or s.batch != 1:
         return f"the weight-only template takes 2-D {OP} problems, got a {problem.op} of batch {s.batch}"
+    return weight_error(problem, config) or matmul.loop_error(problem, config)
+
+
+def weight_error(problem: Problem, config: Config) -> str | None:
+    """What an fp8 B asks of a config: a Triton loop (the Gluon variants read one dtype), TMA
+    rows 16-byte aligned in fp8."""
+    s = problem.shape
     if config.variant in matmul_sm90.VARIANTS:
         return (
             f"the {config.variant} variant reads A and B of one dtype; weight-only runs on the Triton loops"
@@ -103,7 +110,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
         rows = s.n if problem.layout_b == "row" else s.k
         if isinstance(rows, int) and rows * dtypes.itemsize(weight_dtype(problem)) % matmul.TMA_ALIGN_BYTES:
             return f"the tma variants need 16-byte aligned rows; B's rows of {rows} fp8 elements are not"
-    return matmul.loop_error(problem, config)
+    return None
 
 
 def weight_only_inputs(

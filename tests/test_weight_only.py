@@ -15,10 +15,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import epilab
 from epilab.compiler.aten_ops import ANCHORS
-from epilab.compiler.match import match
+from epilab.compiler.match import match, match_dual
 from epilab.ir.check import rel_error, tolerance
-from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.templates.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import twins
 from epilab.templates.matmul import TRITON_VARIANTS
@@ -88,6 +89,30 @@ def test_dtypes_layouts_and_split_k(wide, fp8, layout_b):
         Config(16, 16, 16, 1, 4, num_warps=2, num_stages=2),  # split-K: four uneven shares of K
     ):
         checked_launch(problem, config, a, b, ops_)
+
+
+def swiglu_of_scaled(dtype: str = "bfloat16") -> Epilogue:
+    gate = acc() * operand("weight_scale", "row")
+    up = acc2() * operand("weight_scale2", "row")
+    return Epilogue.build([(ops.silu(gate) * up, dtype)])
+
+
+@pytest.mark.parametrize("variant", TRITON_VARIANTS)
+def test_dual_weight_only_every_loop_matches_float64(variant):
+    """A SwiGLU of two fp8 weights in one kernel: both tiles converted after their loads."""
+    m, n, k = 37, 72, 80
+    torch.manual_seed(9)
+    a = torch.randn(m, k, dtype=torch.bfloat16)
+    w1, w3 = weight(n, k, FP8["e4m3"]), weight(n, k, FP8["e4m3"])
+    ops_ = {"weight_scale": torch.rand(n) / 8 + 0.01, "weight_scale2": torch.rand(n) / 8 + 0.01}
+    problem = make_dual_weight_only_problem(a, w1.t(), w3.t(), swiglu_of_scaled(), ops_)
+    assert (problem.op, problem.template) == ("dual_weight_only_mm", "dual_weight_only_matmul")
+    assert Problem.from_json(problem.to_json()) == problem and twins(problem) == [problem]
+    assert input_bytes(problem) == 2 * m * k + 2 * k * n
+    config = Config(32, 32, 32, 4, num_warps=4, num_stages=2, variant=variant)
+    checked_launch(problem, config, a, w1.t(), {"b2": w3.t(), **ops_})
+    with pytest.raises(ValueError, match="b2 is"):
+        make_dual_weight_only_problem(a, w1.t(), w3.to(FP8["e5m2"]).t(), swiglu_of_scaled(), ops_)
 
 
 def test_the_weight_is_read_not_its_rounding():
@@ -185,16 +210,20 @@ class DequantLinear(nn.Module):
         return F.gelu(y)
 
 
-def _groups(f, *args) -> list:
-    """The groups ``match`` makes of each anchor of ``f``'s post-grad graph (Inductor compiles it)."""
+def _groups(f, *args, pairs: bool = False) -> list:
+    """The groups ``match`` makes of each anchor of ``f``'s post-grad graph (Inductor compiles
+    it); with ``pairs``, the dual group of its first two anchors first."""
     found = []
 
     class Capture(CustomGraphPass):
         def __call__(self, graph):
             nodes = list(graph.nodes)
-            for i, node in enumerate(nodes):
-                if node.op == "call_function" and node.target in ANCHORS:
-                    found.append(match(node, nodes[i + 1 :], precision="ieee"))
+            anchors = [i for i, n in enumerate(nodes) if n.op == "call_function" and n.target in ANCHORS]
+            if pairs:
+                first, second = anchors[:2]
+                found.append(match_dual(nodes[first], nodes[second], nodes[first + 1 :], precision="ieee"))
+            for i in anchors:
+                found.append(match(nodes[i], nodes[i + 1 :], precision="ieee"))
 
         def uuid(self):
             return None
@@ -317,6 +346,54 @@ def test_dequantized_inputs_of_two_fp8_dtypes_read_only_the_weight():
     assert group.problem.template == "weight_only_matmul" and group.a_reshape is None
 
 
+class GatedMlp(nn.Module):
+    """Llama's MLP of torchao weight-only fp8 linears (``zoo.quantized.Fp8WeightLinear``)."""
+
+    def __init__(self, d: int = 64, f: int = 48, up_dtype: torch.dtype = FP8["e4m3"]) -> None:
+        from zoo.quantized import Fp8WeightLinear
+
+        super().__init__()
+        self.gate = Fp8WeightLinear(nn.Linear(d, f, bias=False))
+        self.up = Fp8WeightLinear(nn.Linear(d, f, bias=False))
+        self.up.weight_bytes = self.up.weight_bytes.view(FP8["e4m3"]).float().to(up_dtype).view(torch.uint8)
+        self.up_dtype = up_dtype
+        self.down = Fp8WeightLinear(nn.Linear(f, d, bias=False))
+
+    def forward(self, x):
+        up = self.up
+        w_up = (up.weight_bytes.view(self.up_dtype).to(torch.float32) * up.scale).to(x.dtype)
+        return self.down(F.silu(self.gate(x)) * F.linear(x, w_up))
+
+    def reference(self, x):
+        def dq(layer, dtype=FP8["e4m3"]):
+            return layer.weight_bytes.view(dtype).double() * layer.scale.double()
+
+        x = x.double()
+        return (F.silu(x @ dq(self.gate).t()) * (x @ dq(self.up, self.up_dtype).t())) @ dq(self.down).t()
+
+
+def test_compiler_reads_a_gated_mlps_two_fp8_weights_in_one_kernel(tmp_path, fresh_compiler):
+    """gate and up of weight-only linears: one dual weight-only group (each weight's scale in
+    the epilogue), the down projection weight-only; against float64 of the dequantized weights."""
+    model = GatedMlp().to(torch.bfloat16)
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = _compiled(model, tmp_path)(x)
+    assert rel_error(out, model.reference(x)) <= tolerance("bfloat16", "ieee", "bfloat16")
+    templates = [d.template for d in epilab.explain() if d.template]
+    assert templates == ["dual_weight_only_matmul", "weight_only_matmul"]
+    (dual,) = [d for d in epilab.explain() if d.template == "dual_weight_only_matmul"]
+    assert "name=weight_scale]" in dual.epilogue and "name=weight_scale2]" in dual.epilogue
+
+
+def test_a_gated_pair_of_two_fp8_dtypes_reads_its_16_bit_weights():
+    """An e5m2 up weight beside an e4m3 gate: no kernel reads the two dtypes, so the pair is the
+    dual GEMM of the dequantized 16-bit weights, as before; each alone is weight-only."""
+    model = GatedMlp(up_dtype=FP8["e5m2"]).to(torch.bfloat16)
+    groups = _groups(model, torch.randn(8, 64, dtype=torch.bfloat16), pairs=True)
+    assert [g.problem.template for g in groups] == ["dual_matmul", *["weight_only_matmul"] * 3]
+
+
 def test_fp8_weight_suite_and_bad_specs():
     problems = suite("fp8-weight")
     assert len(problems) == 16 and {p.problem().template for p in problems} == {"weight_only_matmul"}
@@ -366,6 +443,25 @@ def test_gpu_every_loop_matches_float64_and_the_baseline(variant, layout_b):
         (out,) = checked_launch(problem, config, a, b, ops_).outs
         (base,) = KIND.baseline(problem, a, b, ops_)
         assert rel_error(out, base.to(out.dtype)) <= 2 * tolerance("bfloat16", "ieee", "bfloat16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", TRITON_VARIANTS)
+def test_gpu_dual_weight_only_every_loop(variant):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 weights need compute capability 8.9 or newer")
+    m, n, k = 300, 520, 1040
+    torch.manual_seed(2)
+    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    w1, w3 = weight(n, k, FP8["e4m3"], "cuda"), weight(n, k, FP8["e4m3"], "cuda")
+    scales = [torch.rand(n, device="cuda") / 8 + 0.01 for _ in range(2)]
+    ops_ = {"weight_scale": scales[0], "weight_scale2": scales[1]}
+    problem = make_dual_weight_only_problem(a, w1.t(), w3.t(), swiglu_of_scaled(), ops_)
+    for config in (
+        Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant),
+        Config(16, 64, 256, 1, num_warps=4, num_stages=4, variant=variant),
+    ):
+        checked_launch(problem, config, a, w1.t(), {"b2": w3.t(), **ops_})
 
 
 @pytest.mark.gpu

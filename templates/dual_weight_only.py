@@ -1,0 +1,110 @@
+"""The dual weight-only fp8 matmul: a gated MLP's gate and up projections of fp8 weights.
+
+    C[m, n] = epilogue(sum_k A[m, k] * float(B[k, n]), sum_k A[m, k] * float(B2[k, n]))
+
+The dual template (``dual_matmul.py``: each A tile loaded once for both dots) with the
+weight-only kind's main loop (``weight_only.py``): A float16 or bfloat16, B and B2 fp8 of one
+dtype, shape and strides, each fp8 tile converted to A's dtype after its load. The weights'
+scales are epilogue operands (``acc * weight_scale[n]``, ``acc2 * weight_scale2[n]``), so a
+SwiGLU of torchao weight-only linears, ``silu(x @ dq(w1).T) * (x @ dq(w3).T)``, is one kernel
+that reads each weight's bytes once and writes no 16-bit weight. Problem op
+``dual_weight_only_mm``, 2-D; calls pass B2 in ``operands`` under ``"b2"``. The baseline
+converts both weights, runs cuBLAS twice and the join in eager torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+from epilab.ir import dtypes
+from epilab.ir.epilogue import Epilogue
+from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config, Problem
+from epilab.templates import dual_matmul, matmul, weight_only
+from epilab.templates.dual_matmul import B2, check_b2
+from epilab.templates.matmul import FILES, WEIGHT_ONLY_DTYPES, bind_matmul, make_problem, random_tensor
+from epilab.templates.weight_only import WeightGeometry, weight_dtype, weight_error
+
+OP = DUAL_WEIGHT_ONLY_OP
+KIND_NAME = "dual_weight_only_matmul"
+
+
+def make_dual_weight_only_problem(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    b2: torch.Tensor,
+    epilogue: Epilogue,
+    operands: Mapping[str, torch.Tensor],
+) -> Problem:
+    """The problem of these tensors (checks them all); ``operands`` are the epilogue's."""
+    if B2 in operands:
+        raise ValueError(f"an epilogue operand may not be named {B2!r} in a dual GEMM (its second weight is)")
+    check_b2(a, b, b2)
+    geometry = WeightGeometry(dtypes.name_of(b.dtype))
+    return make_problem(a, b, epilogue, operands, op=OP, template=KIND_NAME, files=FILES, geometry=geometry)
+
+
+def problem_of(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> Problem:
+    if B2 not in operands:
+        raise ValueError(f"a dual GEMM's call passes its second weight as operands[{B2!r}]")
+    rest = {name: t for name, t in operands.items() if name != B2}
+    return make_dual_weight_only_problem(a, b, operands[B2], problem.epilogue, rest)
+
+
+def config_error(problem: Problem, config: Config) -> str | None:
+    s = problem.shape
+    if problem.op != OP or s.batch != 1:
+        return f"the dual weight-only template takes 2-D {OP} problems, got a {problem.op} of batch {s.batch}"
+    return weight_error(problem, config) or matmul.loop_error(problem, config)
+
+
+def inputs(
+    problem: Problem, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Random A, fp8 B and B2 (B2 strided as B, in ``operands``) and the epilogue's operands."""
+    fp8 = dtypes.torch_dtype(weight_dtype(problem))
+    a, b, operands = matmul.matmul_inputs(problem, device, gen, b_dtype=fp8)
+    s = problem.shape
+    b2 = random_tensor(int(s.k), int(s.n), None, problem.layout_b, fp8, device, gen)
+    if b2.stride() != b.stride():  # a 1-wide dim's stride is free: make B2 B's exact twin
+        b2 = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device=device).copy_(b2)
+    return a, b, {B2: b2, **operands}
+
+
+def eager(
+    problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """Both weights converted to A's dtype, cuBLAS twice, the join in eager torch."""
+    rest = {name: t for name, t in operands.items() if name != B2}
+    return tuple(problem.epilogue.evaluate(a @ b.to(a.dtype), rest, acc2=a @ operands[B2].to(a.dtype)))
+
+
+SEEDS = [  # decode tiles first (the two weights' bytes bound it), then the dual's own
+    Config(16, 64, 256, 1, num_warps=4, num_stages=4),
+    Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
+    *dual_matmul.SEEDS,
+]
+
+KIND = dataclasses.replace(  # the dual's tensors and space, weight-only's main loop
+    dual_matmul.KIND,
+    name=KIND_NAME,
+    ops=(OP,),
+    seeds=tuple(SEEDS),
+    check=config_error,
+    problem_of=problem_of,
+    bind=lambda problem, config, a, b, operands, out=None: bind_matmul(
+        problem, config, a, b, operands, out, kind=KIND
+    ),
+    inputs=inputs,
+    baseline=eager,
+    twins=lambda problem: (),
+    render_vars=weight_only.render_vars,
+    input_dtypes=WEIGHT_ONLY_DTYPES,
+    geometry=WeightGeometry,
+    problem_error=weight_only.problem_error,
+    b_dtype=weight_dtype,
+)
