@@ -38,7 +38,8 @@ Built-in suites:
   (2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)),
   the DeepSeek-V3 ones at M = 4096 too (DeepGEMM's reported size);
 - ``fp8-weight``: weight-only float8_e4m3fn weights with bf16 activations, no epilogue beyond
-  the weight's scales, M in {1, 16, 128, 2048} x Llama-3-8B's projections as ``fp8-block``;
+  the weight's scales, M in {1, 16, 128, 2048} x Llama-3-8B's projections as ``fp8-block``, and
+  its gate and up projections (14336, 4096) as one dual GEMM (``silu(acc) * acc2``);
 - ``gemv``: decode-sized bf16 matmuls for the gemv template, M in {1, 4, 8, 16} x
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128256, 4096)},
   nn.Linear layout, no epilogue;
@@ -59,9 +60,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES
-from epilab.ir.epilogue import Epilogue, Expr, acc, operand
+from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, operand
 from epilab.ir.patterns import canonical_order, swap_accumulators
-from epilab.ir.problem import BLOCK_SCALED_OP, DUAL_OP, WEIGHT_ONLY_OP, OperandSpec, Problem, Shape
+from epilab.ir.problem import (
+    BLOCK_SCALED_OP,
+    DUAL_OP,
+    DUAL_WEIGHT_ONLY_OP,
+    WEIGHT_ONLY_OP,
+    OperandSpec,
+    Problem,
+    Shape,
+)
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.matmul import WEIGHT_ONLY_DTYPES
@@ -96,16 +105,25 @@ def scaled(ep: Epilogue, scaling: str) -> Epilogue:
 
 
 def weight_scaled(ep: Epilogue) -> Epilogue:
-    """``ep`` with its accumulator scaled by an fp8 weight's scales first, one per output
-    channel (as the compiler reads a dequantized weight's)."""
-    return _acc_replaced(ep, acc() * operand(WEIGHT_SCALE, "row"))
+    """``ep`` with its accumulators scaled by their fp8 weights' scales first, one per output
+    channel (as the compiler reads dequantized weights': ``weight_scale``, ``weight_scale2``)."""
+    return _acc_replaced(
+        ep, acc() * operand(WEIGHT_SCALE, "row"), acc2() * operand(WEIGHT_SCALE + "2", "row")
+    )
 
 
-def _acc_replaced(ep: Epilogue, value: Expr) -> Epilogue:
+def weight_op(ep: Epilogue) -> str:
+    """The op of a weight-only spec of epilogue ``ep``: dual where it reads two accumulators."""
+    return DUAL_WEIGHT_ONLY_OP if ep.accumulators == 2 else WEIGHT_ONLY_OP
+
+
+def _acc_replaced(ep: Epilogue, value: Expr, value2: Expr | None = None) -> Epilogue:
     built: list[Expr] = []
     for node in ep.nodes:
         if node.op == "acc":
             built.append(value)
+        elif node.op == "acc2" and value2 is not None:
+            built.append(value2)
         else:
             built.append(Expr(node.op, tuple(built[i] for i in node.args), node.attrs))
     return ep.rebuilt([built[o.node] for o in ep.outputs])
@@ -134,7 +152,8 @@ class Spec:
             if self.batch is not None:
                 raise ValueError("a weight-only GEMM is 2-D: leave out batch")
             if self.template == "matmul":
-                object.__setattr__(self, "template", default_template(WEIGHT_ONLY_OP))
+                op = weight_op(spec_epilogue(self.epilogue, self.dtype))
+                object.__setattr__(self, "template", default_template(op))
         if self.scales not in SCALINGS:
             raise ValueError(f"scales {self.scales!r} is not one of {sorted(SCALINGS)}")
         if self.scales != "row" and self.dtype not in FP8_DTYPES:
@@ -190,7 +209,7 @@ class Spec:
         elif fp8:  # the compiler's scaled mm: an mm whose scales (float32) start the epilogue
             op, ep = ("bmm" if self.batch else "mm"), scaled(ep, self.scales)
         if self.weight is not None:  # the compiler's dequantized weight: its scales start the epilogue
-            op, ep = WEIGHT_ONLY_OP, weight_scaled(ep)
+            op, ep = weight_op(ep), weight_scaled(ep)
         operands = tuple(
             OperandSpec(name, _operand_dtype(name, self.dtype), OPERAND_LAYOUTS.get(broadcast, "row"))
             for name, broadcast in ep.operands
@@ -214,9 +233,9 @@ class Spec:
             if self.batch is None
             else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         )
-        dual = spec_epilogue(self.epilogue, self.dtype).accumulators == 2
-        op = WEIGHT_ONLY_OP if self.weight else BLOCK_SCALED_OP if self.scales == "block" else "mm"
-        own = default_template(DUAL_OP if dual else op)
+        ep = spec_epilogue(self.epilogue, self.dtype)
+        op = BLOCK_SCALED_OP if self.scales == "block" else DUAL_OP if ep.accumulators == 2 else "mm"
+        own = default_template(weight_op(ep) if self.weight else op)
         suffix = "" if self.template == own else f" [{self.template}]"
         scales = f" {self.scales}-scaled" if self.scales != "none" else " unscaled"
         scales = scales if self.dtype in FP8_DTYPES else f" x {self.weight} weight" if self.weight else ""
@@ -229,7 +248,7 @@ class Spec:
 def _operand_dtype(name: str, dtype: str) -> str:
     """An operand's dtype in a spec of ``dtype`` inputs: theirs; with fp8 inputs float32 for
     scales (``scale*``), else bfloat16; a weight's scales (``WEIGHT_SCALE``) float32."""
-    if name == WEIGHT_SCALE:
+    if name.startswith(WEIGHT_SCALE):
         return "float32"
     if dtype not in FP8_DTYPES:
         return dtype
@@ -317,7 +336,11 @@ SUITES: dict[str, list[Spec]] = {
         *(Spec(4096, n, k, dtype="float8_e4m3fn", scales="block") for n, k in _DEEPSEEK_V3_DENSE),
     ],
     "fp8-weight": [  # weight-only e4m3 with bf16 activations: Llama-3-8B's projections, decode to prefill
-        Spec(m, n, k, weight="float8_e4m3fn") for m in (1, 16, 128, 2048) for n, k in _LLAMA3_8B_FP8
+        *(Spec(m, n, k, weight="float8_e4m3fn") for m in (1, 16, 128, 2048) for n, k in _LLAMA3_8B_FP8),
+        *(  # and its gate and up projections as one dual GEMM
+            Spec(m, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2")
+            for m in (1, 16, 128, 2048)
+        ),
     ],
     "gemv-fused": [
         *(

@@ -372,6 +372,24 @@ class GatedMlp(nn.Module):
         return (F.silu(x @ dq(self.gate).t()) * (x @ dq(self.up, self.up_dtype).t())) @ dq(self.down).t()
 
 
+def test_a_gated_pairs_spec_is_the_compilers_problem():
+    """``Spec(M, F, d, weight=..., epilogue="silu(acc) * acc2")`` is the dual group the compiler
+    makes of two torchao weight-only linears (float32 scales) joined by SwiGLU."""
+    m, f, d = 8, 48, 64
+    gate, up = weight(f, d, FP8["e4m3"]), weight(f, d, FP8["e4m3"])
+    s1, s2 = torch.rand(f, 1) / 8 + 0.01, torch.rand(f, 1) / 8 + 0.01
+
+    def swiglu(x, gate, up, s1, s2):
+        dq = lambda w, s: (w.to(torch.float32) * s).to(torch.bfloat16)  # noqa: E731
+        return F.silu(F.linear(x, dq(gate, s1))) * F.linear(x, dq(up, s2))
+
+    x = torch.randn(m, d, dtype=torch.bfloat16)
+    dual = _groups(swiglu, x, gate, up, s1, s2, pairs=True)[0]
+    spec = Spec(m, f, d, weight="float8_e4m3fn", epilogue="silu(acc) * acc2")
+    assert dual.problem.identity_key == spec.problem().identity_key
+    assert spec.problem().template == "dual_weight_only_matmul"
+
+
 def test_compiler_reads_a_gated_mlps_two_fp8_weights_in_one_kernel(tmp_path, fresh_compiler):
     """gate and up of weight-only linears: one dual weight-only group (each weight's scale in
     the epilogue), the down projection weight-only; against float64 of the dequantized weights."""
@@ -396,7 +414,8 @@ def test_a_gated_pair_of_two_fp8_dtypes_reads_its_16_bit_weights():
 
 def test_fp8_weight_suite_and_bad_specs():
     problems = suite("fp8-weight")
-    assert len(problems) == 16 and {p.problem().template for p in problems} == {"weight_only_matmul"}
+    templates = {p.problem().template for p in problems}
+    assert len(problems) == 20 and templates == {"weight_only_matmul", "dual_weight_only_matmul"}
     with pytest.raises(ValueError, match="weight-only fp8"):
         Spec(16, 64, 64, dtype="float32", weight="float8_e4m3fn")
     with pytest.raises(ValueError, match="weight-only fp8"):
