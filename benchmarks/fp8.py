@@ -8,7 +8,7 @@ eager epilogue, _scaled_mm alone, Inductor and Inductor max-autotune, in one pro
 
 Block-scaled problems (suite ``fp8-block``) are compared with _scaled_mm's block scaling
 (cuBLASLt, the one block-scaled GEMM installable here: DeepGEMM and FlashInfer are not).
-Weight-only problems (suite ``fp8-weight``: bf16 activations, an e4m3 weight) are compared
+Weight-only problems (suite ``fp8-weight``: bf16 activations, e4m3 weights) are compared
 with their baseline, the weight converted to bf16 then cuBLAS then the eager epilogue
 ("dequantize + cuBLAS + eager", what the unfused graph runs), and with cuBLAS on a bf16 weight
 converted beforehand ("cuBLAS, bf16 weight": the model without fp8 weights, which reads twice
@@ -51,7 +51,7 @@ from rounds import (
 from split_k import sweep
 
 from epilab.ir import dtypes
-from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OP, Config, Problem
+from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS, Config, Problem
 from epilab.templates.block_scaled import scaled_mm_blocks
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
@@ -91,7 +91,7 @@ SIDES = {
 
 
 def sides(problem: Problem) -> tuple[str, str]:
-    return SIDES["weight" if problem.op == WEIGHT_ONLY_OP else "scaled"]
+    return SIDES["weight" if problem.op in WEIGHT_ONLY_OPS else "scaled"]
 
 
 def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
@@ -101,7 +101,7 @@ def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
     out = [default_config(problem, sm_count=limits.sm_count)]
     kind = kind_of(problem)
     seeds = [
-        *(c for c in kind.seeds_for(problem) if c not in kind.seeds or problem.op == WEIGHT_ONLY_OP),
+        *(c for c in kind.seeds_for(problem) if c not in kind.seeds or problem.op in WEIGHT_ONLY_OPS),
         *(c for c in kind.seeds if c.SPLIT_K > 1 or c.variant in STREAM_K_VARIANTS),
     ]
     for c in (*seeds, *FP8_SWEEP, *EXACT_SWEEP):
@@ -113,9 +113,9 @@ def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
 def scaled_mm_alone(problem: Problem, a, b, ops):
     """_scaled_mm with the epilogue's scales (or the block scales), bf16 out, nothing else; for
     a weight-only problem cuBLAS on the weight converted to bf16 beforehand."""
-    if problem.op == WEIGHT_ONLY_OP:
-        wide = b.to(a.dtype)
-        return lambda: a @ wide
+    if problem.op in WEIGHT_ONLY_OPS:  # a dual problem's second weight too (two GEMMs)
+        wides = [w.to(a.dtype) for w in (b, ops.get("b2")) if w is not None]
+        return lambda: [a @ w for w in wides]
     if problem.op == BLOCK_SCALED_OP:
         return lambda: scaled_mm_blocks(a, b, ops)
     prefix = scaled_mm_prefix(problem.epilogue)
