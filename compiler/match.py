@@ -89,9 +89,8 @@ from epilab.ir.problem import (
 from epilab.templates.conv_geometry import ConvGeometry, conv_problem
 from epilab.templates.grouped_geometry import GroupedGeometry
 from epilab.templates.kinds import default_template, row_error, template_hash
-from epilab.templates.matmul import WEIGHT_ONLY_DTYPES
 from epilab.templates.runtime import layout_of, operand_layout
-from epilab.templates.weight_only import WEIGHT_SCALE, WeightGeometry
+from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
 
 # meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the
 # kernel keeps its accumulator unrounded (the aten op, where it stays, rounds as ATen does)

@@ -24,8 +24,9 @@ from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config, Problem
 from epilab.templates import dual_matmul, matmul, weight_only
 from epilab.templates.dual_matmul import B2, check_b2
-from epilab.templates.matmul import FILES, WEIGHT_ONLY_DTYPES, bind_matmul, make_problem, random_tensor
-from epilab.templates.weight_only import WeightGeometry, weight_dtype, weight_error
+from epilab.templates.matmul import FILES, bind_matmul, make_problem, random_tensor
+from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
+from epilab.templates.weight_only import weight_error
 
 OP = DUAL_WEIGHT_ONLY_OP
 KIND_NAME = "dual_weight_only_matmul"

@@ -73,9 +73,8 @@ from epilab.ir.problem import (
 )
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
-from epilab.templates.matmul import WEIGHT_ONLY_DTYPES
 from epilab.templates.runtime import layout_of
-from epilab.templates.weight_only import WEIGHT_SCALE, WeightGeometry
+from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
 KEYS = frozenset({"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales", "weight"})

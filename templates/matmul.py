@@ -47,6 +47,7 @@ from epilab.templates.runtime import (
     target_for,
     tma_readable,
 )
+from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES
 
 _GRID_Y_MAX = 65535
 
@@ -69,7 +70,6 @@ SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.
 HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE", "PROMOTE")
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
-WEIGHT_ONLY_DTYPES = ("bfloat16", "float16")  # A's dtypes of a weight-only matmul (B fp8)
 FP8_MIN_BLOCK_K = 32  # an fp8 MMA instruction takes 32 K elements
 # fp8 exact accumulation (precision "ieee", use_fast_accum=False): the tensor cores sum at most
 # this many K elements before the sum is added in fp32 (PROMOTE x BLOCK_K). Measured against

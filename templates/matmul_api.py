@@ -21,8 +21,9 @@ from epilab.ir.problem import Config, Problem
 from epilab.templates.block_scaled import A_SCALES, B_SCALES, make_block_problem, scale_shapes
 from epilab.templates.dual_matmul import B2, make_dual_problem
 from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
-from epilab.templates.matmul import H100_SMS, WEIGHT_ONLY_DTYPES, check_inputs, make_problem
+from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
 from epilab.templates.runtime import target_for
+from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES
 from epilab.templates.weight_only import make_weight_only_problem
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
 
 import torch
 
@@ -31,35 +29,11 @@ from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import WEIGHT_ONLY_OP, Config, Problem
 from epilab.templates import matmul, matmul_sm90
-from epilab.templates.matmul import FILES, WEIGHT_ONLY_DTYPES, bind_matmul, make_problem, matmul_inputs
+from epilab.templates.matmul import FILES, bind_matmul, make_problem, matmul_inputs
+from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
 
 OP = WEIGHT_ONLY_OP
 KIND_NAME = "weight_only_matmul"
-WEIGHT_SCALE = "weight_scale"  # the weight's scales as an epilogue operand (compiler, specs)
-
-
-@dataclass(frozen=True)
-class WeightGeometry:
-    """B's dtype (fp8), which differs from the problem's (A's)."""
-
-    KEY: ClassVar[str] = "weight"  # its place in the problem's JSON
-
-    dtype: str
-
-    def __post_init__(self) -> None:
-        if self.dtype not in dtypes.FP8_DTYPES:
-            raise ValueError(
-                f"a weight-only problem's weight is one of {dtypes.FP8_DTYPES}, got {self.dtype!r:.40}"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> WeightGeometry:
-        if not isinstance(d, Mapping) or set(d) != {"dtype"}:
-            raise ValueError(f"a weight geometry is {{'dtype': ...}}, got {d!r:.80}")
-        return cls(d["dtype"])
 
 
 def make_weight_only_problem(
@@ -74,11 +48,6 @@ def problem_of(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> Problem:
     return make_weight_only_problem(a, b, problem.epilogue, operands)
-
-
-def weight_dtype(problem: Problem) -> str:
-    assert isinstance(problem.geometry, WeightGeometry)
-    return problem.geometry.dtype
 
 
 def problem_error(problem: Problem) -> str | None:

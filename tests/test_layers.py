@@ -76,12 +76,14 @@ def test_no_module_imports_itself_through_others():
 
 # Who may import a kind module (one defining ``KIND``) besides the registry and the kinds
 # themselves: the user functions (``epilab.matmul``, ``epilab.gated_matmul``,
-# ``epilab.grouped_matmul``) are the matmul (dual, block-scaled) and grouped kinds' own API. The compiler, the tuner, the suites and the CLI ask the registry.
+# ``epilab.grouped_matmul``) are the matmul (dual, block-scaled, weight-only) and grouped kinds'
+# own API. The compiler, the tuner, the suites and the CLI ask the registry.
 KIND_IMPORTERS = {
     "epilab.templates.matmul_api": {
         "epilab.templates.matmul",
         "epilab.templates.dual_matmul",
         "epilab.templates.block_scaled",
+        "epilab.templates.weight_only",
     },
     "epilab.templates.grouped_api": {
         "epilab.templates.grouped_matmul",

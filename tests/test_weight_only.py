@@ -24,7 +24,8 @@ from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import twins
 from epilab.templates.matmul import TRITON_VARIANTS
 from epilab.templates.verify import checked_launch
-from epilab.templates.weight_only import KIND, WeightGeometry, make_weight_only_problem
+from epilab.templates.weight_geometry import WeightGeometry
+from epilab.templates.weight_only import KIND, make_weight_only_problem
 from epilab.tuner.space import HOPPER, infeasible, smem_bytes
 from epilab.tuner.suites import suite
 from epilab.tuner.tune import input_bytes
