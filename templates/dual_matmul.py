@@ -138,14 +138,13 @@ def default_dual_config(
 
 
 def dual_inputs(
-    problem: Problem, device: torch.device, gen: torch.Generator
+    problem: Problem, device: torch.device, gen: torch.Generator, *, b_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Random A, B, operands of the problem, and B2 (in ``operands``) strided as B."""
-    a, b, operands = matmul_inputs(problem, device, gen)
+    """Random A, B, operands of the problem, and B2 (in ``operands``) strided as B (B and B2 of
+    ``b_dtype`` where given: a weight-only problem's fp8)."""
+    a, b, operands = matmul_inputs(problem, device, gen, b_dtype=b_dtype)
     s = problem.shape
-    b2 = random_tensor(
-        int(s.k), int(s.n), None, problem.layout_b, dtypes.torch_dtype(problem.dtype), device, gen
-    )
+    b2 = random_tensor(int(s.k), int(s.n), None, problem.layout_b, b.dtype, device, gen)
     if b2.stride() != b.stride():  # a 1-wide dim's stride is free: make B2 B's exact twin
         b2 = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device=device).copy_(b2)
     return a, b, {B2: b2, **operands}

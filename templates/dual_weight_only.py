@@ -24,7 +24,7 @@ from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config, Problem
 from epilab.templates import dual_matmul, matmul, weight_only
 from epilab.templates.dual_matmul import B2, check_b2
-from epilab.templates.matmul import FILES, bind_matmul, make_problem, random_tensor
+from epilab.templates.matmul import FILES, bind_matmul, make_problem
 from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
 from epilab.templates.weight_only import weight_error
 
@@ -67,13 +67,7 @@ def inputs(
     problem: Problem, device: torch.device, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Random A, fp8 B and B2 (B2 strided as B, in ``operands``) and the epilogue's operands."""
-    fp8 = dtypes.torch_dtype(weight_dtype(problem))
-    a, b, operands = matmul.matmul_inputs(problem, device, gen, b_dtype=fp8)
-    s = problem.shape
-    b2 = random_tensor(int(s.k), int(s.n), None, problem.layout_b, fp8, device, gen)
-    if b2.stride() != b.stride():  # a 1-wide dim's stride is free: make B2 B's exact twin
-        b2 = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device=device).copy_(b2)
-    return a, b, {B2: b2, **operands}
+    return dual_matmul.dual_inputs(problem, device, gen, b_dtype=dtypes.torch_dtype(weight_dtype(problem)))
 
 
 def eager(
