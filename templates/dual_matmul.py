@@ -84,6 +84,13 @@ def make_dual_problem(
     return make_problem(a, b, epilogue, operands, op=OP, precision=precision, template=template, files=files)
 
 
+def split_b2(operands: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A dual call's second weight (``operands[B2]``) and the other operands."""
+    if B2 not in operands:
+        raise ValueError(f"a dual GEMM's call passes its second weight as operands[{B2!r}]")
+    return operands[B2], {name: t for name, t in operands.items() if name != B2}
+
+
 def problem_of_on(template: str, files: tuple[str, ...]) -> Callable[..., Problem]:
     """A dual kind's ``problem_of``: the problem tensors make on ``template`` (whose files
     are ``files``), B2 in ``operands``."""
@@ -91,13 +98,11 @@ def problem_of_on(template: str, files: tuple[str, ...]) -> Callable[..., Proble
     def problem_of(
         problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
     ) -> Problem:
-        if B2 not in operands:
-            raise ValueError(f"a dual GEMM's call passes its second weight as operands[{B2!r}]")
-        rest = {name: t for name, t in operands.items() if name != B2}
+        b2, rest = split_b2(operands)
         return make_dual_problem(
             a,
             b,
-            operands[B2],
+            b2,
             problem.epilogue,
             rest,
             precision=problem.precision,
@@ -163,8 +168,8 @@ def eager_dual(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """The unfused baseline: cuBLAS twice, then the join in eager torch."""
-    rest = {name: t for name, t in operands.items() if name != B2}
-    return tuple(problem.epilogue.evaluate(a @ b, rest, acc2=a @ operands[B2]))
+    b2, rest = split_b2(operands)
+    return tuple(problem.epilogue.evaluate(a @ b, rest, acc2=a @ b2))
 
 
 def dual_input_elements(problem: Problem) -> tuple[int, int]:

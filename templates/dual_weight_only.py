@@ -50,10 +50,8 @@ def make_dual_weight_only_problem(
 def problem_of(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> Problem:
-    if B2 not in operands:
-        raise ValueError(f"a dual GEMM's call passes its second weight as operands[{B2!r}]")
-    rest = {name: t for name, t in operands.items() if name != B2}
-    return make_dual_weight_only_problem(a, b, operands[B2], problem.epilogue, rest)
+    b2, rest = dual_matmul.split_b2(operands)
+    return make_dual_weight_only_problem(a, b, b2, problem.epilogue, rest)
 
 
 def config_error(problem: Problem, config: Config) -> str | None:
@@ -74,8 +72,8 @@ def eager(
     problem: Problem, a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
     """Both weights converted to A's dtype, cuBLAS twice, the join in eager torch."""
-    rest = {name: t for name, t in operands.items() if name != B2}
-    return tuple(problem.epilogue.evaluate(a @ b.to(a.dtype), rest, acc2=a @ operands[B2].to(a.dtype)))
+    b2, rest = dual_matmul.split_b2(operands)
+    return tuple(problem.epilogue.evaluate(a @ b.to(a.dtype), rest, acc2=a @ b2.to(a.dtype)))
 
 
 SEEDS = [  # decode tiles first (the two weights' bytes bound it), then the dual's own
