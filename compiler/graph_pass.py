@@ -327,6 +327,9 @@ def _shape(anchor: fx.Node) -> str:
     return "x".join(str(d) for d in v.shape) if v is not None else "?"
 
 
+VIEW_STEPS = {"reshape": torch.ops.aten.reshape.default, "permute": torch.ops.aten.permute.default}
+
+
 def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> None:
     """Replace the group's nodes by one call of ``problem``'s template (the group's
     problem, or the same problem for another template) and views of its outputs."""
@@ -343,24 +346,21 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
         node.meta["val"] = value
         return node
 
+    def viewed(node: fx.Node, steps: tuple[tuple[str, list[object]], ...]) -> fx.Node:
+        """``node`` reshaped and permuted by ``steps`` (new nodes, in order)."""
+        for step, arg in steps:
+            target = VIEW_STEPS[step]
+            with fake:
+                moved = target(val(node), list(arg))
+            node = add(target, (node, list(arg)), moved)
+        return node
+
     with graph.inserting_after(last):
-        a, b = group.a, group.b
-        if group.b_permute is not None:  # a dequantized group's fp8 weight, [N, K]: B is its transpose
-            with fake:
-                moved = torch.ops.aten.permute.default(val(b), list(group.b_permute))
-            b = add(torch.ops.aten.permute.default, (b, list(group.b_permute)), moved)
-        if group.a_reshape is not None:  # its fp8 activation [..., K]: A is its rows
-            with fake:
-                moved = torch.ops.aten.reshape.default(val(a), group.a_reshape)
-            a = add(torch.ops.aten.reshape.default, (a, group.a_reshape), moved)
-        args = list(group.extra)  # the kind's extra inputs (a dual GEMM's B2) come first
-        if group.b_permute is not None:  # a dual weight-only group's B2 is permuted as B
-            permuted = []
-            for x in args:
-                with fake:
-                    moved = torch.ops.aten.permute.default(val(x), list(group.b_permute))
-                permuted.append(add(torch.ops.aten.permute.default, (x, list(group.b_permute)), moved))
-            args = permuted
+        # a dequantized group's fp8 weight [N, K]: B is its transpose; its fp8 activation: A is its rows
+        b = viewed(group.b, (("permute", list(group.b_permute)),) if group.b_permute is not None else ())
+        a = viewed(group.a, (("reshape", group.a_reshape),) if group.a_reshape is not None else ())
+        # the kind's extra inputs (a dual GEMM's B2, block scales) first, each viewed as the kind reads it
+        args = [viewed(x, group.extra_views.get(i, ())) for i, x in enumerate(group.extra)]
         for o in operands:
             if o.reshape is None:
                 args.append(o.node)

@@ -102,6 +102,8 @@ FP8_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.FP8_DTYPES)
 OPERAND_DTYPES = tuple(dtypes.torch_dtype(d) for d in dtypes.OPERAND_DTYPES)
 aten = torch.ops.aten
 CONVERT = torch.ops.prims.convert_element_type.default
+# How the kernel's input is made of a graph node: ("reshape", shape) and ("permute", dims) steps
+ViewSteps = tuple[tuple[str, list[object]], ...]
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class Group:
     extra: list[fx.Node] = dataclasses.field(default_factory=list)  # the kind's extra inputs (B2)
     b_permute: tuple[int, ...] | None = None  # the kernel's B is ``b`` permuted so (an fp8 weight's [N, K])
     a_reshape: list[object] | None = None  # the kernel's A is ``a`` reshaped so (an fp8 activation's rows)
+    extra_views: dict[int, ViewSteps] = dataclasses.field(default_factory=dict)  # extra[i] viewed so
 
     @property
     def shape_text(self) -> str:
@@ -224,6 +227,7 @@ class _Grower(ABC):
         self.routing: dict[str, object] = {}  # a grouped group's routing (``_route``)
         self.b_permute: tuple[int, ...] | None = None  # B is the node ``b`` permuted so
         self.a_reshape: list[object] | None = None  # A is the node ``a`` reshaped so
+        self.extra_views: dict[int, ViewSteps] = {}  # extra[i] is viewed so (a block scale's shape)
         self.rows: object = None  # its grouped rows T where A's rows are gathered
 
     # -- the anchor family's part
@@ -557,6 +561,87 @@ def dequantized(node: fx.Node, per: str) -> Dequantized | None:
     return Dequantized(x8, scale, permute, reshape)
 
 
+BLOCK = 128  # the side of a block scale's group (DeepSeek-V3's, torch._scaled_mm's)
+
+
+@dataclass(frozen=True)
+class BlockDequantized:
+    """An mm input dequantized from fp8 by block scales: a weight [N, K] by one float32 scale a
+    128x128 block (``(w8.float().view(N/128, 128, K/128, 128) * s[:, None, :, None]).view(N,
+    K)``, then transposed), or an activation by one a row and 128 of K (``x8.float().view(...,
+    K/128, 128) * s[..., None]``, flattened to rows): DeepSeek-V3's scaling, as a model without a
+    block-scaled GEMM writes it."""
+
+    source: fx.Node  # the fp8 tensor
+    scale: fx.Node  # its scales, float32, in the shape the product broadcast them
+    scale_shape: list[object]  # the scales as the kernel reads them: [N/128, K/128] or [-1, K/128]
+    permute: tuple[int, ...] | None = None  # (1, 0): the input is the weight transposed
+    reshape: list[object] | None = None  # the input is the activation reshaped so (its rows)
+
+
+def _strip_views(node: object) -> object:
+    """``node`` past reshapes and conversions between floating dtypes (not from fp8)."""
+    while _call(node, *VIEWS) or (_call(node, CONVERT) and not _from_fp8(node)):
+        node = node.args[0]  # type: ignore[union-attr]
+    return node
+
+
+def _grouped_fp8(node: object) -> fx.Node | None:
+    """The fp8 tensor of ``x8.to(float)`` viewed in groups, the view before the conversion or
+    after it, or none (the tensor quantized in its groups); else None."""
+    if _call(node, *VIEWS) and _from_fp8(node.args[0]):  # type: ignore[union-attr]
+        return node.args[0].args[0]  # type: ignore[union-attr]
+    if _from_fp8(node):
+        inner = node.args[0]  # type: ignore[union-attr]
+        return inner.args[0] if _call(inner, *VIEWS) else inner  # type: ignore[union-attr]
+    return None
+
+
+def block_dequantized(node: fx.Node, per: str) -> BlockDequantized | None:
+    """``node`` as an fp8 tensor dequantized by block scales (``BlockDequantized``): ``per``
+    "column" a linear layer's weight, transposed ([K, N] of an [N, K] weight, static, N and K
+    multiples of 128); "row" an activation's rows ([M, K], K a static multiple of 128); else
+    None."""
+    top = node
+    if per == "column":
+        transposed = _call(top, aten.permute.default) and list(top.args[1]) == [1, 0]  # type: ignore[union-attr]
+        if not (transposed or _call(top, aten.t.default)):
+            return None
+        top = top.args[0]  # type: ignore[assignment]
+    product = _strip_views(top)
+    tv, pv = val(top), val(product)
+    if not _call(product, aten.mul.Tensor) or tv is None or pv is None or tv.dim() != 2:
+        return None
+    k = tv.shape[-1]
+    if not _static([k]) or int(expr_of(k)) % BLOCK or pv.dim() < 2 or not same(pv.shape[-1], BLOCK):
+        return None
+    x, y = product.args[:2]  # type: ignore[union-attr]
+    source = _grouped_fp8(x)
+    scale = y
+    if source is None:
+        source, scale = _grouped_fp8(y), x
+    sv, xv = (val(scale) if isinstance(scale, fx.Node) else None), val(source) if source is not None else None
+    if source is None or xv is None or sv is None or sv.dtype != torch.float32 or sv.dim() > pv.dim():
+        return None
+    groups = int(expr_of(k)) // BLOCK
+    shape = [1] * (pv.dim() - sv.dim()) + list(sv.shape)  # as it broadcasts against the product
+    if per == "column":
+        n = tv.shape[0]
+        if not _static([n]) or int(expr_of(n)) % BLOCK or xv.dim() != 2 or not same_shape(xv.shape, tv.shape):
+            return None
+        rows = int(expr_of(n)) // BLOCK
+        blocks = [rows, BLOCK, groups, BLOCK]
+        if not same_shape(pv.shape, blocks) or not same_shape(shape, [rows, 1, groups, 1]):
+            return None
+        return BlockDequantized(source, scale, [rows, groups], permute=(1, 0))
+    lead = pv.shape[:-2]
+    if not same(pv.shape[-2], groups) or not same_shape(shape, [*lead, groups, 1]):
+        return None
+    if not (same_shape(xv.shape, pv.shape) or same_shape(xv.shape, [*lead, groups * BLOCK])):
+        return None
+    return BlockDequantized(source, scale, [-1, groups], reshape=[-1, groups * BLOCK])
+
+
 class _MatmulGrower(_Grower):
     """mm, addmm, bmm, baddbmm: operands of the output's shape or broadcast along its rows or
     columns; views that split or merge rows join. An mm whose B is a dequantized fp8 weight
@@ -564,6 +649,7 @@ class _MatmulGrower(_Grower):
     weight-only kind, or with an A dequantized from fp8 too, the fp8 scaled mm of both."""
 
     dequantizes = True  # an mm's B dequantized from fp8 is read as fp8 (weight-only)
+    block_dequantizes = True  # ... and an mm of two block-dequantized fp8 inputs, block-scaled
     reads_fp8_activations = True  # ... and with its A dequantized too, the fp8 scaled mm
     weight_only = False
 
@@ -602,8 +688,13 @@ class _MatmulGrower(_Grower):
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 raise NoGroup(f"{name}={x!r} is not a number")
         value: Expr = leaf
+        blocks = self.block_dequantizes and op in ("mm", "addmm")
+        weight_blocks = block_dequantized(b, "column") if blocks else None
+        activation_blocks = block_dequantized(a, "row") if weight_blocks is not None else None
         weight = dequantized(b, "column") if self.dequantizes and op in ("mm", "addmm") else None
-        if weight is not None and dtypes.name_of(av.dtype) in WEIGHT_ONLY_DTYPES:
+        if weight_blocks is not None and activation_blocks is not None:
+            a, b = self.take_block_dequantized(activation_blocks, weight_blocks)
+        elif weight is not None and dtypes.name_of(av.dtype) in WEIGHT_ONLY_DTYPES:
             a, b, value = self.take_dequantized(a, weight, value, bias_name.removeprefix("bias"))
         value = value if alpha == 1 else value * float(alpha)
         if bias is not None and beta != 0:
@@ -648,6 +739,19 @@ class _MatmulGrower(_Grower):
                 self.operands[key] = Operand(name, weight.scale, broadcast, (-1,))
             value = value * operand(self.operands[key].name, broadcast)
         return a, weight.source, value
+
+    def take_block_dequantized(self, x: BlockDequantized, w: BlockDequantized) -> tuple[fx.Node, fx.Node]:
+        """An mm of an activation and a weight both dequantized by block scales (one fp8
+        dtype): the block-scaled mm of the fp8 tensors, A's scales [M, K/128] and B's
+        [K/128, N/128] (the weight's [N/128, K/128] transposed) its extra inputs."""
+        self.block_scaled, self.precision = True, "ieee"
+        self.a_reshape, self.b_permute = x.reshape, w.permute
+        self.extra = [x.scale, w.scale]
+        self.extra_views = {
+            0: (("reshape", x.scale_shape),),
+            1: (("reshape", w.scale_shape), ("permute", [1, 0])),
+        }
+        return x.source, w.source
 
     def take_scaled_mm(self, node: fx.Node, leaf: Expr) -> tuple[fx.Node, fx.Node, Expr]:
         """``torch._scaled_mm``: ``acc * scale_a * scale_b (+ bias)``, rounded
@@ -1043,6 +1147,7 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         extra=list(g.extra),
         b_permute=g.b_permute,
         a_reshape=g.a_reshape,
+        extra_views=dict(g.extra_views),
     )
 
 
@@ -1165,6 +1270,7 @@ class _DualGrower(_MatmulGrower):
     weight-only kind); else both Bs as the graph has them."""
 
     reads_fp8_activations = False  # no dual template takes fp8 A
+    block_dequantizes = False
 
     def __init__(self, anchor: fx.Node, second: fx.Node, swap: bool = False, gather: bool = True) -> None:
         super().__init__(anchor, gather=gather)
@@ -1177,6 +1283,8 @@ class _DualGrower(_MatmulGrower):
             ((acc2(), acc()), ("bias2", "bias")) if self.swap else ((acc(), acc2()), ("bias", "bias2"))
         )
         bs = [_b_arg(node) for node in (self.anchor, self.second)]
+        if any(b is not None and block_dequantized(b, "column") is not None for b in bs):
+            raise NoGroup("block-scaled fp8 weights: each mm is a block-scaled group of its own")
         weights = [dequantized(b, "column") if b is not None else None for b in bs]
         sources = [val(w.source) if w is not None else None for w in weights]
         self.dequantizes = (
@@ -1207,6 +1315,8 @@ class _DualGrower(_MatmulGrower):
         # the kernel's B and B2: the B of the acc anchor, and of the acc2 anchor
         kernel_b, self.b2 = (b2, b) if self.swap else (b, b2)
         self.extra = [*self.extra, self.b2]  # a grouped pair's offsets first
+        if self.b_permute is not None:  # a dual weight-only pair's B2 is permuted as B
+            self.extra_views[len(self.extra) - 1] = (("permute", list(self.b_permute)),)
         return a, kernel_b
 
     def joins(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from zoo.quantized import Fp8BlockLinear
 
 import epilab
 from epilab.ir.check import rel_error, tolerance
@@ -206,6 +207,74 @@ def test_compiler_anchors_a_block_scaled_mm(tmp_path, fresh_compiler):
     (decision,) = [d for d in epilab.explain() if d.template]
     assert decision.anchor == "aten.scaled_mm" and decision.template == "block_scaled_matmul"
     assert "scale_a" not in decision.epilogue and "tanh" in decision.epilogue
+
+
+class BlockLinear(torch.nn.Module):
+    """A linear layer in DeepSeek-V3's fp8 written in torch ops (the zoo's ``Fp8BlockLinear``),
+    with a bias and a GELU after it."""
+
+    def __init__(self, n: int, k: int) -> None:
+        super().__init__()
+        self.linear = Fp8BlockLinear(torch.nn.Linear(k, n)).to(torch.bfloat16)  # the scales too, as a model's
+
+    def forward(self, x):
+        return F.gelu(self.linear(x), approximate="tanh")
+
+    def reference(self, x):
+        """float64 of what the layer means: x quantized per token group as forward does, both
+        dequantized exactly, the bias, the GELU."""
+        groups = x.unflatten(-1, (-1, 128)).float()
+        sx = groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448
+        xd = ((groups / sx).to(FP8["e4m3"]).double() * sx.double()).flatten(-2)
+        w8, s = self.linear.weight_bytes.view(FP8["e4m3"]), self.linear.scale
+        (n, k) = w8.shape
+        w = (w8.double().view(n // 128, 128, k // 128, 128) * s.double()[:, None, :, None]).view(n, k)
+        return F.gelu(xd @ w.t() + self.linear.bias.double(), approximate="tanh")
+
+
+def test_compiler_reads_block_dequantized_inputs_as_a_block_scaled_mm(tmp_path, fresh_compiler):
+    """linear(dequant(x8, sx), dequant(w8, sw)) of a 3-D activation quantized per token group
+    and a weight per 128x128 block (both in torch ops, the form a model without a block-scaled
+    GEMM takes), with its bias and a GELU: one block-scaled group reading the fp8 tensors, their
+    scales viewed as the kind takes them; neither 16-bit tensor is made for the GEMM."""
+    torch._inductor.config.force_disable_caches = True
+    torch.manual_seed(3)
+    model = BlockLinear(256, 384)
+    x = torch.randn(2, 5, 384, dtype=torch.bfloat16)
+    g = torch.compile(model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})
+    with torch.no_grad():
+        out = g(x)
+    assert rel_error(out, model.reference(x)) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert decision.anchor == "aten.addmm" and decision.template == "block_scaled_matmul"
+    assert "tanh" in decision.epilogue and "scale" not in decision.epilogue
+
+
+def test_block_dequantized_mm_needs_both_inputs_in_blocks(tmp_path, fresh_compiler):
+    """A block-dequantized weight under a 16-bit activation, and a weight in blocks of 64: the mm
+    reads the dequantized 16-bit weight, as the graph has it (the matmul template)."""
+    torch._inductor.config.force_disable_caches = True
+    torch.manual_seed(4)
+    w8 = fp8_tensor(256, 256, FP8["e4m3"])
+    sw = torch.rand(2, 2) + 0.5
+    sw64 = torch.rand(4, 4) + 0.5
+
+    def weight_only(x):
+        return x @ (w8.float().view(2, 128, 2, 128) * sw[:, None, :, None]).view(256, 256).bfloat16().t()
+
+    def blocks_of_64(x):
+        groups = x.unflatten(-1, (-1, 64)).float()
+        sx = groups.abs().amax(dim=-1, keepdim=True) / 448
+        xd = ((groups / sx).to(FP8["e4m3"]).float() * sx).flatten(-2).bfloat16()
+        return xd @ (w8.float().view(4, 64, 4, 64) * sw64[:, None, :, None]).view(256, 256).bfloat16().t()
+
+    x = torch.randn(40, 256, dtype=torch.bfloat16)
+    for f in (weight_only, blocks_of_64):
+        epilab.explain(clear=True)
+        g = torch.compile(f, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})
+        assert rel_error(g(x), f(x)) <= tolerance("bfloat16", "ieee", "bfloat16")
+        templates = {d.template for d in epilab.explain() if d.template}
+        assert "block_scaled_matmul" not in templates and "matmul" in templates, (f.__name__, templates)
 
 
 # ------------------------------------------------------------------ GPU

@@ -36,7 +36,7 @@ SAMPLED = ("mbconv", "convnext")
 FULL = tuple(m for m in MODELS if m not in SAMPLED)
 # torch._grouped_mm takes bf16 only (its meta function refuses fp32 and fp16): no fp32 case;
 # the fp8 models quantize 16-bit activations (weight-only in fp32 would read the dequantized weight)
-BF16_ONLY = ("moe_grouped", "llama_fp8w", "llama_fp8")
+BF16_ONLY = ("moe_grouped", "llama_fp8w", "llama_fp8", "llama_fp8b")
 
 
 def _dtypes(model: str) -> tuple[torch.dtype, ...]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from zoo.convnets import VGG, ConvNeXtStage, MBConvStage, MobileNet, ResNetStage, UNet
-from zoo.quantized import Fp8RowwiseLinear, fp8_weights
+from zoo.quantized import Fp8BlockLinear, Fp8RowwiseLinear, fp8_weights
 from zoo.transformers import GPT2, Bert, GroupedMoE, LlamaBlock, MoE, ViT
 
 
@@ -49,6 +49,11 @@ ZOO: dict[str, dict[str, Spec]] = {
             lambda: fp8_weights(LlamaBlock(d=32, heads=4, kv_heads=2, f=48, max_seq=8), Fp8RowwiseLinear),
             (3, 8, 32),
         ),
+        Spec(  # block scales need 128-multiples: every projection 128 or 256 wide
+            "llama_fp8b",
+            lambda: fp8_weights(LlamaBlock(d=128, heads=4, kv_heads=4, f=256, max_seq=8), Fp8BlockLinear),
+            (2, 8, 128),
+        ),
         Spec("bert", lambda: Bert(d=32, heads=2, f=64, layers=1), (3, 8, 32)),
         Spec("moe", lambda: MoE(d=32, f=24, experts=4, top_k=2), (3, 8, 32)),
         Spec("moe_grouped", lambda: GroupedMoE(d=32, f=24, experts=4, top_k=2), (3, 8, 32)),
@@ -72,6 +77,11 @@ ZOO: dict[str, dict[str, Spec]] = {
             "llama_fp8",
             lambda: fp8_weights(LlamaBlock(d=4096, heads=32, kv_heads=8, f=14336, max_seq=512), Fp8RowwiseLinear),
             (4, 512, 4096),
+        ),
+        Spec(  # block-scaled fp8 (DeepSeek-V3's scaling, dequantized in torch ops) at decode
+            "llama_fp8b",
+            lambda: fp8_weights(LlamaBlock(d=4096, heads=32, kv_heads=8, f=14336, max_seq=1), Fp8BlockLinear),
+            (8, 1, 4096),
         ),
         Spec("bert", lambda: Bert(d=768, heads=12, f=3072, layers=2), (8, 128, 768)),
         Spec("moe", lambda: MoE(d=1024, f=1024, experts=8, top_k=2), (2, 256, 1024)),

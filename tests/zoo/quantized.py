@@ -68,6 +68,38 @@ class Fp8RowwiseLinear(nn.Module):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+class Fp8BlockLinear(nn.Module):
+    """DeepSeek-V3's fp8 (transformers' ``FineGrainedFP8Config``) as a model without a
+    block-scaled GEMM writes it: the weight in e4m3 with one scale a 128x128 block, each
+    token's activations quantized per 128 channels on the fly, both dequantized in float32 and
+    rounded to the activations' dtype before ``linear``. The weight kept as its bytes, as in
+    ``Fp8WeightLinear``; its scales [N/128, K/128] made float32 where they are used."""
+
+    BLOCK = 128
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        n, k = linear.weight.shape
+        if n % self.BLOCK or k % self.BLOCK:
+            raise ValueError(f"block-scaled fp8 needs multiples of {self.BLOCK}, got a {n}x{k} weight")
+        blocks = linear.weight.detach().float().view(n // self.BLOCK, self.BLOCK, k // self.BLOCK, self.BLOCK)
+        scale = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-12) / 448
+        w8 = (blocks / scale).to(torch.float8_e4m3fn).view(n, k)
+        self.register_buffer("weight_bytes", w8.view(torch.uint8))
+        self.register_buffer("scale", scale.view(n // self.BLOCK, k // self.BLOCK))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x):
+        groups = x.unflatten(-1, (-1, self.BLOCK)).float()
+        sx = groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448
+        x8 = (groups / sx).to(torch.float8_e4m3fn)
+        xd = (x8.to(torch.float32) * sx).flatten(-2).to(x.dtype)
+        w8 = self.weight_bytes.view(torch.float8_e4m3fn)
+        (n, k), b = w8.shape, self.BLOCK
+        w = w8.to(torch.float32).view(n // b, b, k // b, b) * self.scale.float()[:, None, :, None]
+        return F.linear(xd, w.view(n, k).to(x.dtype), self.bias)
+
+
 def fp8_weights(model: nn.Module, linear: type[nn.Module] = Fp8WeightLinear) -> nn.Module:
     """``model`` with every ``nn.Linear`` made a ``linear`` (quantized from it)."""
     for name, child in model.named_children():
