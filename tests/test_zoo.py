@@ -75,7 +75,8 @@ GPU_CASES = [
 
 class Table:
     """The outcomes so far as a markdown table, rewritten after each case (a run cut short
-    still leaves its rows) to ``$EPILAB_ARTIFACT_DIR/zoo-<cpu|gpu>.md``."""
+    still leaves its rows) to ``$EPILAB_ARTIFACT_DIR/zoo-<cpu|gpu>.md``; under pytest-xdist
+    one table a worker (``zoo-gpu-gw3.md``), so no worker overwrites another's rows."""
 
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []
@@ -85,7 +86,8 @@ class Table:
         folder = Path(os.environ.get("EPILAB_ARTIFACT_DIR", "test-artifacts"))
         folder.mkdir(parents=True, exist_ok=True)
         device = "gpu" if o.device.startswith("NVIDIA") else "cpu"
-        (folder / f"zoo-{device}.md").write_text(self.text())
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        (folder / f"zoo-{device}{'-' + worker if worker else ''}.md").write_text(self.text())
 
     def text(self) -> str:
         first = self.outcomes[0]

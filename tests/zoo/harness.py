@@ -254,8 +254,11 @@ def _scratch() -> str:
 
 def mix_records(spec: Spec, case: Case, device: str, db: str) -> list[str]:
     """Compile once with policy auto (the backend records every problem it sees), then
-    record, anchor by anchor in graph order: a winning template, a template slower than its
-    baseline, a winning template, nothing. Returns what each anchor got."""
+    record, problem by problem in the graph order of their first anchors: a winning
+    template, a template slower than its baseline, a winning template, nothing. An anchor
+    whose problem came before gets that problem's fate (records are per problem: a Llama
+    block's q and o projections are one problem, so fates given anchor by anchor would be
+    overruled by the other's record). Returns what each anchor got."""
     torch._dynamo.reset()
     epilab.explain(clear=True)
     model, x = make(spec, case, device)
@@ -267,8 +270,15 @@ def mix_records(spec: Spec, case: Case, device: str, db: str) -> list[str]:
     fates = []
     with TuningDB.open(db) as store:
         texts = [store.problem_json(d.problem_key) if d.problem_key else None for d in decisions]
-    for i, text in enumerate(texts):
-        fate = ("wins", "loses", "wins", "missing")[i % 4] if text is not None else "unmatched"
+    given: dict[str, str] = {}  # a problem's fate, by its key
+    for text in texts:
+        if text is None:
+            fates.append("unmatched")
+            continue
+        if text[0] in given:
+            fates.append(given[text[0]])
+            continue
+        fate = given[text[0]] = ("wins", "loses", "wins", "missing")[len(given) % 4]
         fates.append(fate)
         if fate in ("wins", "loses"):
             problem = Problem.from_json(text[1])
