@@ -691,6 +691,10 @@ class _MatmulGrower(_Grower):
         blocks = self.block_dequantizes and op in ("mm", "addmm")
         weight_blocks = block_dequantized(b, "column") if blocks else None
         activation_blocks = block_dequantized(a, "row") if weight_blocks is not None else None
+        if activation_blocks is not None and weight_blocks is not None:  # one fp8 dtype, as the kind reads
+            xv, wv = val(activation_blocks.source), val(weight_blocks.source)
+            if xv is None or wv is None or xv.dtype != wv.dtype:
+                activation_blocks = None
         weight = dequantized(b, "column") if self.dequantizes and op in ("mm", "addmm") else None
         if weight_blocks is not None and activation_blocks is not None:
             a, b = self.take_block_dequantized(activation_blocks, weight_blocks)

@@ -99,7 +99,7 @@ def eager_weight_only(
 def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     """The Triton types B's fp8 tile is converted through after each load, ending at A's: a
     bf16 A's through fp16, which holds every e4m3 and e5m2 value (NaN and inf too) and whose
-    conversion to bf16 is exact; the direct fp8-to-bf16 conversion ran the main loop 15-20%
+    conversion to bf16 is exact; the direct fp8-to-bf16 conversion ran the main loop 14-21%
     slower (H200, RESULTS.md)."""
     via = ["tl.float16"] if problem.dtype == "bfloat16" else []
     return {"b_convert": "".join(f".to({t})" for t in (*via, dtypes.TABLE[problem.dtype].triton))}

@@ -251,8 +251,9 @@ def test_compiler_reads_block_dequantized_inputs_as_a_block_scaled_mm(tmp_path, 
 
 
 def test_block_dequantized_mm_needs_both_inputs_in_blocks(tmp_path, fresh_compiler):
-    """A block-dequantized weight under a 16-bit activation, and a weight in blocks of 64: the mm
-    reads the dequantized 16-bit weight, as the graph has it (the matmul template)."""
+    """A block-dequantized weight under a 16-bit activation, blocks of 64, and an e5m2 activation
+    with an e4m3 weight: the mm reads the dequantized 16-bit tensors, as the graph has them (the
+    matmul template)."""
     torch._inductor.config.force_disable_caches = True
     torch.manual_seed(4)
     w8 = fp8_tensor(256, 256, FP8["e4m3"])
@@ -268,8 +269,14 @@ def test_block_dequantized_mm_needs_both_inputs_in_blocks(tmp_path, fresh_compil
         xd = ((groups / sx).to(FP8["e4m3"]).float() * sx).flatten(-2).bfloat16()
         return xd @ (w8.float().view(4, 64, 4, 64) * sw64[:, None, :, None]).view(256, 256).bfloat16().t()
 
+    def two_dtypes(x):  # e5m2 activations, e4m3 weights: the kind reads one fp8 dtype
+        groups = x.unflatten(-1, (-1, 128)).float()
+        sx = groups.abs().amax(dim=-1, keepdim=True) / 57344
+        xd = ((groups / sx).to(FP8["e5m2"]).float() * sx).flatten(-2).bfloat16()
+        return xd @ (w8.float().view(2, 128, 2, 128) * sw[:, None, :, None]).view(256, 256).bfloat16().t()
+
     x = torch.randn(40, 256, dtype=torch.bfloat16)
-    for f in (weight_only, blocks_of_64):
+    for f in (weight_only, blocks_of_64, two_dtypes):
         epilab.explain(clear=True)
         g = torch.compile(f, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})
         assert rel_error(g(x), f(x)) <= tolerance("bfloat16", "ieee", "bfloat16")
