@@ -879,6 +879,8 @@ class _MatmulGrower(_Grower):
                 av = torch.ops.aten.reshape.default(av, self.a_reshape)
         if op in GROUPED_OPS:
             return self.grouped_problem(av, bv, operands, epilogue)
+        if not self.weight_only and av.dtype != bv.dtype:  # else the kind's bind refuses it at run time
+            raise NoGroup(f"A of {av.dtype} and B of {bv.dtype}: the {op} kinds read one dtype")
         batched = op in BATCHED_OPS
         if av.dim() != (3 if batched else 2) or bv.dim() != av.dim():
             raise NoGroup(f"{op} inputs of {av.dim()} and {bv.dim()} dims")
