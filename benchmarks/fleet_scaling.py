@@ -205,8 +205,24 @@ def compare(args: argparse.Namespace) -> None:
                 f"| {n} | {w['startup_s']:.1f} | {w['span_s']:.1f} | {w['end_s']:.1f} | {w['busy_s']:.1f} "
                 f"| {w['tail_idle_s']:.1f} | {w['longest_problem_s']:.1f} |"
             )
+    _phase_sums(runs)
     for n in names[1:]:
         _best_ratios(names[0], base, n, runs[n][1], args.rows)
+
+
+def _phase_sums(runs: dict[str, tuple[dict, dict[str, dict]]]) -> None:
+    """Each run's problems' own seconds, summed, and where they went: what more workers add per
+    problem (the same problems should cost the same seconds however many GPUs share them)."""
+    shown = ("compile", "launch", "timing", "search", "baselines", "database")
+    print("\n| run | problems' seconds, summed | " + " | ".join(shown) + " | other | kernels built |")
+    print("|---|---:|" + "---:|" * (len(shown) + 2))
+    for n, (_, results) in runs.items():
+        total = sum(r["seconds"] for r in results.values())
+        phases = {k: sum(r["phases"].get(k, 0.0) for r in results.values()) for k in shown}
+        other = sum(sum(r["phases"].values()) for r in results.values()) - sum(phases.values())
+        built = sum(int(r["compiles"].get("built", 0)) for r in results.values())
+        cells = " | ".join(f"{phases[k]:.1f}" for k in shown)
+        print(f"| {n} | {total:.1f} | {cells} | {other:.1f} | {built} |")
 
 
 def _best_ratios(base_name: str, base: dict, name: str, other: dict, rows: int) -> None:

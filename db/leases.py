@@ -16,12 +16,21 @@ is one host's worth of workers. A row is free when ``pending``, or when ``leased
 holder stopped renewing it (``expires_at`` passed: the process was killed, its host died):
 the next taker takes it over, and ``attempts`` counts the takes.
 
+Which free row: problems that differ only in their sizes (a *family*: one template, dtype,
+layouts, epilogue and geometry) build the same kernels, and a finished one gives the next its
+warm seeds. A worker therefore takes, in the list's order, the first free problem of the family
+it tuned last; else the first of a family no other worker is tuning; else the first free one.
+Two GPUs tuning two of one family at once each built the family's kernels and neither started
+from the other's record (RESULTS.md, 2026-11-28: 380 kernels built against 322 on one GPU).
+
 Times come from one clock: the database server's on PostgreSQL (hosts' clocks may
 disagree), the host's on SQLite (one host).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 from collections.abc import Sequence
@@ -60,6 +69,14 @@ def worker_name(device_label: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{device_label}"[:NAME_LEN]
 
 
+def family(problem: ProblemLike) -> str:
+    """The problem without its sizes (``shape``): problems of one family build the same kernels
+    (Triton specialises on a size only through its divisibility) and seed each other's studies."""
+    spec = json.loads(problem.to_json())
+    spec.pop("shape", None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def db_now(s: Session) -> datetime:
     """The one clock of the leases (see the module doc)."""
     if s.get_bind().dialect.name == "postgresql":
@@ -80,6 +97,8 @@ class LeaseBoard:
         self._ids: list[int] = []  # the work list's problem ids, in order
         self._device_id = -1  # the device's row, known once enqueue() ran
         self._problems: dict[str, ProblemLike] = {}
+        self._family: dict[int, str] = {}  # problem id -> its family (see the module doc)
+        self._key_family: dict[str, str] = {}
 
     # ------------------------------------------------------------ the list
     def enqueue(
@@ -129,6 +148,8 @@ class LeaseBoard:
             return device_id, ids
 
         self._device_id, self._ids = self.db.write(run)
+        self._key_family = {p.key: family(p) for _, p in items}
+        self._family = {pid: self._key_family[p.key] for pid, (_, p) in zip(self._ids, items, strict=True)}
 
     def restart(self, since: datetime) -> int:
         """``--restart``: open again the list's leases finished before ``since``, and count
@@ -160,23 +181,42 @@ class LeaseBoard:
         return self._problems[key]
 
     # ------------------------------------------------------------ one lease
-    def take(self, owner: str) -> Lease | None:
-        """The first free problem of the list, now leased to ``owner``; None when none is free."""
+    def take(self, owner: str, *, after: str | None = None) -> Lease | None:
+        """A free problem of the list, now leased to ``owner`` (``after``: the key of the problem
+        it tuned last), chosen as the module doc says; None when none is free."""
+        last = self._key_family.get(after) if after is not None else None
 
         def run(s: Session) -> Lease | None:
             now = db_now(s)
             free = (LeaseRecord.state == "pending") | (
                 (LeaseRecord.state == "leased") & (LeaseRecord.expires_at < now)
             )
-            row = s.execute(
-                select(LeaseRecord, ProblemRow.key)
-                .join(ProblemRow, LeaseRecord.problem_id == ProblemRow.id)
-                .where(self._mine(self._device_id, self._ids), free)
-                .order_by(LeaseRecord.id)
-                .limit(1)
-                .with_for_update(skip_locked=True, of=LeaseRecord)
-            ).first()
-            if row is None:
+            held = s.scalars(
+                select(LeaseRecord.problem_id).where(
+                    self._mine(self._device_id, self._ids),
+                    LeaseRecord.state == "leased",
+                    LeaseRecord.expires_at >= now,
+                    LeaseRecord.owner != owner,
+                )
+            ).all()
+            busy = {self._family.get(pid) for pid in held}
+            choices = [
+                [pid for pid, f in self._family.items() if f == last],
+                [pid for pid, f in self._family.items() if f not in busy],
+                self._ids,
+            ]
+            for ids in (ids for ids in choices if ids):
+                row = s.execute(
+                    select(LeaseRecord, ProblemRow.key)
+                    .join(ProblemRow, LeaseRecord.problem_id == ProblemRow.id)
+                    .where(self._mine(self._device_id, ids), free)
+                    .order_by(LeaseRecord.id)
+                    .limit(1)
+                    .with_for_update(skip_locked=True, of=LeaseRecord)
+                ).first()
+                if row is not None:
+                    break
+            else:
                 return None
             lease, key = row
             previous = lease.owner if lease.state == "leased" else None

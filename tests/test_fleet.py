@@ -145,6 +145,50 @@ def test_released_failed_and_smaller_budget_leases_open_again(db_target, tmp_pat
     assert more.take("d").key == leases[2].key
 
 
+def _families(tmp_path: Path, order: str, n: int = 24) -> tuple[list, dict[str, str]]:
+    """Problems of two families (A: no epilogue, B: relu), m 24 and 32 each, listed in ``order``
+    ("A1 A2 B1 B2"); returns the work and the name of each key."""
+    rows = {
+        f"{f}{i}": {"m": 16 + 8 * i, "n": n, "k": 16, "dtype": "float32", "epilogue": ep}
+        for f, ep in (("A", "none"), ("B", "relu(acc)"))
+        for i in (1, 2)
+    }
+    path = tmp_path / "families.jsonl"
+    path.write_text("".join(json.dumps(rows[name]) + "\n" for name in order.split()))
+    work = [(spec.label(), spec.problem()) for spec in load_shapes(str(path))]
+    return work, {p.key: name for name, (_, p) in zip(order.split(), work, strict=True)}
+
+
+def test_a_worker_takes_its_family_next_and_leaves_a_family_another_is_tuning(db_target, tmp_path):
+    """Problems that differ only in size build the same kernels: two workers tuning two of them
+    at once each built them (db/leases.py's module doc)."""
+    items, name = _families(tmp_path, "A1 A2 B1 B2")
+    a, b = _board(db_target, items), _board(db_target, items)
+    first = a.take("a")
+    assert name[first.key] == "A1"
+    other = b.take("b")
+    assert name[other.key] == "B1"  # not A2: a is tuning family A
+    a.finish(first, "a", "done")
+    second = a.take("a", after=first.key)
+    assert name[second.key] == "A2"
+    b.finish(other, "b", "done")
+    assert name[b.take("b", after=other.key).key] == "B2"
+    a.finish(second, "a", "done")
+    assert a.take("a", after=second.key) is None
+
+    items, name = _families(tmp_path, "A1 B1 A2", n=32)
+    solo, last, order = _board(db_target, items), None, []
+    while (lease := solo.take("solo", after=last)) is not None:
+        order.append(name[lease.key])
+        solo.finish(lease, "solo", "done")
+        last = lease.key
+    assert order == ["A1", "A2", "B1"]  # its family first, then the list's order
+
+    items, name = _families(tmp_path, "B1 B2", n=40)  # one family: the second worker still works
+    c, d = _board(db_target, items), _board(db_target, items)
+    assert {name[c.take("c").key], name[d.take("d").key]} == {"B1", "B2"}
+
+
 def test_workers_racing_for_leases_take_each_problem_once(db_target, tmp_path):
     items = _work(tmp_path, 24)
     boards = [_board(db_target, items) for _ in range(4)]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from epilab.db import TuningDB
-from epilab.db.leases import Lease, LeaseBoard, worker_name
+from epilab.db.leases import Lease, LeaseBoard, family, worker_name
 from epilab.ir.problem import Config, Problem
 from epilab.tuner.search import Outcome, TakenOver
 from epilab.tuner.tune import DeviceLost, ProblemResult, TuneOptions, Tuner
@@ -117,6 +117,8 @@ class FleetWorker:
         self.poll_s = poll_s
         self.name = worker_name(tuner.device_label)
         self.report = WorkerReport(self.name, tuner.device_label)
+        self._families = {key: family(p) for key, (_, p) in work.items()}
+        self._last: str | None = None  # the key of the problem it tuned last (the board prefers its family)
         self._lease: Lease | None = None
         self._lost: Lease | None = None
         self._lock = threading.Lock()
@@ -148,7 +150,7 @@ class FleetWorker:
 
     def _loop(self) -> None:
         while not self.stop.is_set():
-            lease = self.board.take(self.name)
+            lease = self.board.take(self.name, after=self._last)
             if lease is None:
                 wait = self.board.held_elsewhere(self.name)
                 if wait is None:
@@ -159,6 +161,7 @@ class FleetWorker:
                 continue
             with self._lock:
                 self._lease, self._lost = lease, None
+            self._last = lease.key
             try:
                 if self.stop.is_set():
                     self.board.release(lease, self.name, "interrupted before it started")
@@ -218,11 +221,12 @@ class FleetWorker:
         return True
 
     def _after(self, key: str, count: int = 1) -> list[Problem]:
-        """The problems of the list after ``key`` (leases are taken in the list's order): the ones
-        this worker or another likely tunes next, whose seeds compile meanwhile."""
+        """The problems this worker likely tunes after ``key``, whose seeds compile meanwhile: the
+        later ones of its family (the board gives it those first), else the next of the list."""
         keys = list(self.work)
-        at = keys.index(key) + 1 if key in self.work else len(keys)
-        return [self.work[k][1] for k in keys[at : at + count]]
+        later = keys[keys.index(key) + 1 :] if key in self.work else []
+        same = [k for k in later if self._families[k] == self._families[key]]
+        return [self.work[k][1] for k in (same or later)[:count]]
 
     def _holds(self, lease: Lease) -> bool:
         """Whether this worker still holds ``lease``, asked of the database before a trial is
