@@ -469,6 +469,9 @@ def tune(
     if ctx.invoked_subcommand is not None:
         return
     _check_tune_flags(suite, shapes, seen, model, inputs, train, freezing, dtype, rounds, max_rounds)
+    early = _start_compile_server(device, devices, jobs, interpret, compile_server)
+    if early is not None:
+        ctx.call_on_close(early.close)
     deadline = None if total_time is None else time.monotonic() + _duration(total_time, "--total-time")
     device_index, fleet = _tune_devices(device, devices, lease_ttl, interpret)
     from epilab.tuner.search import Budget
@@ -575,6 +578,41 @@ def _check_tune_flags(
             f"--max-rounds {max_rounds} is below --rounds {rounds}: give at least as many",
             param_hint="--max-rounds",
         )
+
+
+def _start_compile_server(device: str, devices: str | None, jobs: int, interpret: bool, shared: bool) -> Any:
+    """The host's compile server and its processes for this command's GPUs, started now from a
+    thread so that their imports overlap this command's (``compile_server.EarlyStart``); only
+    where the GPUs can be named without importing torch. None where nothing was started."""
+    from epilab.config import settings
+
+    if interpret or jobs <= 0 or not shared or settings().compile_server_idle_s <= 0:
+        return None
+    count = _gpus_without_torch()
+    named = devices if devices is not None else device.removeprefix("cuda").removeprefix(":") or "0"
+    if named.strip() == "all":
+        indices = list(range(count))
+    else:
+        parts = [p.strip().removeprefix("cuda:") for p in named.split(",")]
+        if not all(p.isdigit() for p in parts):
+            return None
+        indices = [int(p) for p in parts]
+    if not indices or any(i >= count for i in indices) or len(set(indices)) != len(indices):
+        return None  # no GPU here, or one the command refuses: it says so
+    from epilab.tuner.compile_server import EarlyStart
+
+    return EarlyStart(jobs, tuple(indices))
+
+
+def _gpus_without_torch() -> int:
+    """How many GPUs this process may use, from CUDA_VISIBLE_DEVICES or the NVIDIA device files
+    (0 where neither says: a guess that only decides whether to start compiles early)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip()])
+    if not os.path.isdir("/dev"):
+        return 0
+    return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
 
 
 def _tune_devices(device: str, devices: str | None, lease_ttl: float, interpret: bool) -> tuple[int, Any]:

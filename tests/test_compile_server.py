@@ -158,6 +158,57 @@ def test_the_server_leaves_once_idle(host, monkeypatch):
     assert all(status is None for _, status in servers())
 
 
+def test_a_command_starts_the_server_and_its_processes_before_it_needs_them(host):
+    """``epilab tune`` starts them from a thread first thing (compile_server.EarlyStart), so that
+    the processes' imports overlap the command's own; its tuners connect later and find them."""
+    early = compile_server.EarlyStart(2, (-1,), task=TASK)
+    end = time.monotonic() + 30
+    while not any(s is not None and s["devices"] == [-1] for _, s in servers()):
+        assert time.monotonic() < end, "the early start started no processes"
+        time.sleep(0.1)
+    pool = ServerPool(2, -1, task=TASK)  # the command's tuner
+    try:
+        assert [r["status"] for r in pool.compiled("{}", [{"tag": 0}])] == ["compiled"]
+        [(_, status)] = servers()
+        assert status["clients"] == 2
+        early.close()
+        [(_, status)] = servers()
+        assert status["clients"] == 1
+    finally:
+        pool.close()
+        early.close()  # twice: nothing more
+
+
+def test_the_early_start_names_only_gpus_it_can_count_without_torch(monkeypatch):
+    from epilab import cli
+
+    started = []
+    monkeypatch.setattr(compile_server, "EarlyStart", lambda jobs, devices: started.append(devices) or "ok")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
+    with config.patch(compile_server_idle_s=60.0):
+        assert cli._start_compile_server("cuda", "all", 8, False, True) == "ok"
+        assert cli._start_compile_server("cuda", "0,cuda:1", 8, False, True) == "ok"
+        assert cli._start_compile_server("cuda:1", None, 8, False, True) == "ok"
+        assert cli._start_compile_server("cuda", None, 8, False, True) == "ok"
+        assert started == [(0, 1), (0, 1), (1,), (0,)]
+        refused = [
+            ("cuda", "0,2", 8, False, True),  # a GPU that is not there: the command says so
+            ("cuda", "0,0", 8, False, True),
+            ("cuda", "first", 8, False, True),
+            ("cpu", None, 8, False, True),
+            ("cuda", "0,1", 8, True, True),  # the interpreter
+            ("cuda", "0,1", 0, False, True),  # no compile processes
+            ("cuda", "0,1", 8, False, False),  # --no-compile-server
+        ]
+        assert [cli._start_compile_server(*args) for args in refused] == [None] * len(refused)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert cli._start_compile_server("cuda", "all", 8, False, True) is None  # no GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with config.patch(compile_server_idle_s=0.0):  # no server at all
+        assert cli._start_compile_server("cuda", None, 8, False, True) is None
+    assert len(started) == 4
+
+
 def test_a_directory_others_may_enter_is_refused(host):
     where = compile_server.address_dir()
     os.chmod(where, 0o755)

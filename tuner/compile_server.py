@@ -92,11 +92,12 @@ def address_dir() -> Path:
 
 
 def fingerprint() -> str:
-    """What must match for a server's compiles to be this command's (see the module doc)."""
-    import torch
-    import triton
+    """What must match for a server's compiles to be this command's (see the module doc). The
+    versions are the installed distributions' (torch and Triton are not imported for them: a
+    command starts its server before it imports torch, ``start_early``)."""
+    from importlib.metadata import version
 
-    h = hashlib.sha256(f"{sys.executable}\0{torch.__version__}\0{triton.__version__}".encode())
+    h = hashlib.sha256(f"{sys.executable}\0{version('torch')}\0{version('triton')}".encode())
     for key in sorted(os.environ):
         if key.startswith(("EPILAB_", "TRITON_")) or key == "CUDA_VISIBLE_DEVICES":
             h.update(f"\0{key}={os.environ[key]}".encode())
@@ -155,6 +156,36 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
             )
         time.sleep(0.05)
     raise ServerUnavailable(f"the compile server did not answer within {timeout_s:.0f} s (log: {log_file})")
+
+
+class EarlyStart:
+    """The server found or started, and its processes for ``devices`` asked to start, from a
+    thread, while the command imports torch and opens its database: each process's imports and
+    CUDA context took 5-10 s at the start of every command's first problem (RESULTS.md,
+    2026-11-28, issue 45), now they overlap the command's own start-up. Nothing is reported
+    here: a server that cannot start is the command's own connection's to report
+    (``compile_pool`` warns and compiles in the command's processes). ``close`` when the
+    command's tuners have connected."""
+
+    def __init__(self, jobs: int, devices: tuple[int, ...], *, task: str | None = None) -> None:
+        self._conn: Connection | None = None
+        self._thread = threading.Thread(
+            target=self._start, args=(jobs, devices, task), daemon=True, name="epilab compile server start"
+        )
+        self._thread.start()
+
+    def _start(self, jobs: int, devices: tuple[int, ...], task: str | None) -> None:
+        with contextlib.suppress(Exception):
+            conn = connect(jobs, task=task)
+            for device in devices:
+                conn.send(("start", device))
+            self._conn = conn
+
+    def close(self) -> None:
+        self._thread.join(timeout=START_TIMEOUT_S)
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
 
 
 def device_target(device_index: int) -> str:
