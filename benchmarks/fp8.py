@@ -15,7 +15,8 @@ converted beforehand ("cuBLAS, bf16 weight": the model without fp8 weights, whic
 the bytes); Inductor compiles the baseline (its dequantize kernel and cuBLAS).
 
 Method. FLOPs = 2 x MNK; bytes = A + B (one byte an element) + scales, bias + outputs. For
-each problem a fixed sweep — the default config, the matmul kind's feasible seeds and
+each problem (and a weight-only problem's GEMV twin at M <= 16, ``weight_only_gemv``: the same
+tensors on the gemv kernel) a fixed sweep — the default config, the kind's feasible seeds and
 ``FP8_SWEEP`` — is checked against the float64 reference (inputs dequantized exactly) and
 timed once (CUDA events, L2 flushed before each repetition). Then the best config,
 _scaled_mm with the epilogue's scales and bias + the rest of the epilogue in eager torch
@@ -53,7 +54,7 @@ from split_k import sweep
 from epilab.ir import dtypes
 from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS, Config, Problem
 from epilab.templates.block_scaled import scaled_mm_blocks
-from epilab.templates.kinds import bind, default_config, kind_of
+from epilab.templates.kinds import bind, default_config, kind_of, twins
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
 from epilab.templates.verify import random_inputs
 from epilab.tuner.evaluate import baseline_fn
@@ -130,13 +131,19 @@ def scaled_mm_alone(problem: Problem, a, b, ops):
 def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespace, limits) -> dict:
     a, b, ops = random_inputs(problem, "cuda", index)
     refs = kind_of(problem).reference(problem, a, b, ops)
-    swept = sweep(problem, candidates(problem, limits), a, b, ops, refs)
+    swept = []
+    for p in twins(problem):  # a decode-time weight-only problem's GEMV twin too (same tensors)
+        for r in sweep(p, candidates(p, limits), a, b, ops, refs):
+            r["template"], r["run_as"] = p.template, p
+            if p is not problem:
+                r["config"] = f"{p.template} {r['config']}"
+            swept.append(r)
     del refs
     ok = [r for r in swept if "ms" in r]
     variants = {}
     if ok:
         best = min(ok, key=comparable_ms)
-        variants["epilab"] = bind(problem, best["obj"], a, b, ops).run
+        variants["epilab"] = bind(best["run_as"], best["obj"], a, b, ops).run
     eager = baseline_fn(problem, "cublas")
     baseline, alone = sides(problem)
     variants[baseline] = lambda: eager(a, b, ops)
@@ -170,7 +177,7 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
         "sides": [baseline, alone],
         "bytes": sum(t.numel() * t.element_size() for t in (a, b, *ops.values())) + out_bytes,
         "chosen": best["config"] if ok else None,
-        "sweep": [{k: v for k, v in r.items() if k != "obj"} for r in swept],
+        "sweep": [{k: v for k, v in r.items() if k not in ("obj", "run_as")} for r in swept],
         "times": times,
         "errors": errors,
     }

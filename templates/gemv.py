@@ -25,7 +25,7 @@ import triton
 
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Node, Output
-from epilab.ir.problem import Config, Problem, Shape
+from epilab.ir.problem import WEIGHT_ONLY_OPS, Config, Problem, Shape
 from epilab.templates import matmul
 from epilab.templates.bound import Bound
 from epilab.templates.kind import TemplateKind
@@ -158,7 +158,7 @@ def bind_gemv(
     kind = KIND if kind is None else kind
     extra = {name: operands[name] for name in kind.extra_inputs}
     operands = {name: t for name, t in operands.items() if name not in extra}
-    bt = check_inputs(a, b)
+    bt = check_inputs(a, b, weight_only=problem.op in WEIGHT_ONLY_OPS)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"the gemv template takes 2-D inputs, got {tuple(a.shape)} and {tuple(b.shape)}")
     why = kind.config_error(problem, config)

@@ -31,6 +31,7 @@ from epilab.templates import (
     grouped_matmul,
     matmul,
     weight_only,
+    weight_only_gemv,
 )
 from epilab.templates.bound import Bound
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
@@ -51,6 +52,8 @@ KINDS: dict[str, TemplateKind] = {
         block_scaled.KIND,
         weight_only.KIND,
         dual_weight_only.KIND,
+        weight_only_gemv.KIND,
+        weight_only_gemv.DUAL_KIND,
     )
 }
 register_templates(KINDS)

@@ -199,7 +199,7 @@ def test_config_rules_and_the_problems_identity():
     assert Problem.from_json(problem.to_json()) == problem and '"weight"' in problem.to_json()
     e5m2 = make_weight_only_problem(a, b.to(FP8["e5m2"]), problem.epilogue, {"scale": scale, "bias": bias})
     assert e5m2.key != problem.key  # the weight's dtype is part of the problem
-    assert twins(problem) == [problem]  # no GEMV reads an fp8 weight
+    assert [t.template for t in twins(problem)] == ["weight_only_matmul", "weight_only_gemv"]  # M <= 16
     assert KIND.seeds_for(problem)[0].BLOCK_M == 16  # decode tiles first
     assert input_bytes(problem) == 2 * m * k + k * n  # B: one byte an element
     assert smem_bytes(problem, Config(16, 32, 64, 1, num_stages=2)) == 2 * (16 * 64 * 2 + 64 * 32)
@@ -562,7 +562,7 @@ def test_tuner_searches_a_weight_only_spec_in_the_interpreter(tmp_path):
 
 def test_tune_model_finds_tunes_and_checks_the_weight_only_gemms(tmp_path, monkeypatch, fresh_compiler):
     """``epilab tune --model`` of an MLP of weight-only fp8 linears: both GEMMs found as
-    weight-only problems, tuned and checked in the compiled model."""
+    weight-only problems, tuned with their GEMV twins and checked in the compiled model."""
     import json
     import sys
     import textwrap
@@ -602,10 +602,10 @@ def test_tune_model_finds_tunes_and_checks_the_weight_only_gemms(tmp_path, monke
     sys.modules.pop("fp8w_zoo_for_test", None)
     assert out.exit_code == 0, out.output
     report = json.loads(out_file.read_text())
-    assert len(report["tuned"]) == 2, report["tuned"]
+    assert len(report["tuned"]) == 4, report["tuned"]  # each GEMM and its GEMV twin (16 rows)
     with epilab.db.TuningDB.open(tmp_path / "t.db") as db:
         problems = [Problem.from_json(db.problem_json(r["key"])[1]) for r in report["tuned"]]
-    assert {p.template for p in problems} == {"weight_only_matmul"}
+    assert sorted(p.template for p in problems) == ["weight_only_gemv"] * 2 + ["weight_only_matmul"] * 2
     assert len(report["verdicts"]) == 2
 
 
