@@ -94,10 +94,8 @@ def address_dir() -> Path:
 def fingerprint() -> str:
     """What must match for a server's compiles to be this command's (see the module doc). The
     versions are the installed distributions' (torch and Triton are not imported for them: a
-    command starts its server before it imports torch, ``start_early``)."""
-    from importlib.metadata import version
-
-    h = hashlib.sha256(f"{sys.executable}\0{version('torch')}\0{version('triton')}".encode())
+    command starts its server before it imports torch, ``EarlyStart``)."""
+    h = hashlib.sha256(f"{sys.executable}\0{_version('torch')}\0{_version('triton')}".encode())
     for key in sorted(os.environ):
         if key.startswith(("EPILAB_", "TRITON_")) or key == "CUDA_VISIBLE_DEVICES":
             h.update(f"\0{key}={os.environ[key]}".encode())
@@ -109,6 +107,17 @@ def fingerprint() -> str:
                 st = f.stat()
                 h.update(f"\0{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()[:20]
+
+
+def _version(name: str) -> str:
+    """The installed distribution's version, without importing it; the module's own where no
+    distribution says (a source tree on the path)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return str(importlib.import_module(name).__version__)
 
 
 def _paths(where: Path, print_: str) -> dict[str, Path]:
