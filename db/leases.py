@@ -180,11 +180,15 @@ class LeaseBoard:
     def problem(self, key: str) -> ProblemLike:
         return self._problems[key]
 
+    def family_of(self, key: str) -> str | None:
+        """The family (see the module doc) of a problem of the list, once ``enqueue`` ran."""
+        return self._key_family.get(key)
+
     # ------------------------------------------------------------ one lease
     def take(self, owner: str, *, after: str | None = None) -> Lease | None:
         """A free problem of the list, now leased to ``owner`` (``after``: the key of the problem
         it tuned last), chosen as the module doc says; None when none is free."""
-        last = self._key_family.get(after) if after is not None else None
+        last = self.family_of(after) if after is not None else None
 
         def run(s: Session) -> Lease | None:
             now = db_now(s)

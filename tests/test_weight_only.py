@@ -92,6 +92,18 @@ def test_dtypes_layouts_and_split_k(wide, fp8, layout_b):
         checked_launch(problem, config, a, b, ops_)
 
 
+def every_fp8_code(fp8: str, device: str) -> torch.Tensor:
+    """A 16x16 fp8 tensor holding each of the 256 codes once, NaN and infinities made zero (an
+    identity's zeros would turn them into NaN), and on the CPU e5m2's subnormals too (the
+    interpreter flushes them: numpy's conversion, not the GPU's)."""
+    codes = torch.arange(256, dtype=torch.uint8, device=device).view(FP8[fp8]).reshape(16, 16)
+    values = codes.float()
+    dropped = ~values.isfinite()
+    if device == "cpu" and fp8 == "e5m2":
+        dropped |= values.abs() < torch.finfo(FP8[fp8]).tiny
+    return torch.where(dropped, torch.zeros((), device=device), values).to(FP8[fp8])
+
+
 @pytest.mark.parametrize("wide", list(WIDE))
 @pytest.mark.parametrize("fp8", list(FP8))
 def test_every_fp8_code_is_read_exactly(wide, fp8, device="cpu"):
@@ -100,12 +112,7 @@ def test_every_fp8_code_is_read_exactly(wide, fp8, device="cpu"):
     the fp32 output is B's values, so the tile's conversion (through fp16 for a bf16 A) loses
     nothing. The interpreter flushes e5m2's subnormals (numpy's conversion, not the GPU's): on
     the CPU they are left out too."""
-    codes = torch.arange(256, dtype=torch.uint8, device=device).view(FP8[fp8]).reshape(16, 16)
-    values = codes.float()
-    dropped = ~values.isfinite()
-    if device == "cpu" and fp8 == "e5m2":
-        dropped |= values.abs() < torch.finfo(FP8[fp8]).tiny
-    b = torch.where(dropped, torch.zeros((), device=device), values).to(FP8[fp8])
+    b = every_fp8_code(fp8, device)
     a = torch.eye(16, device=device).to(WIDE[wide])
     ops_ = {"scale": torch.ones(16, device=device)}
     ep = Epilogue.build([(acc() * operand("scale", "row"), "float32")])

@@ -15,7 +15,15 @@ from epilab.templates.kinds import kind_of, twins, untuned_choice
 from epilab.templates.verify import checked_launch
 from epilab.templates.weight_only import make_weight_only_problem
 from epilab.tuner.space import HOPPER, infeasible
-from tests.test_weight_only import FP8, WIDE, scaled_gelu, swiglu_of_scaled, tensors, weight
+from tests.test_weight_only import (
+    FP8,
+    WIDE,
+    every_fp8_code,
+    scaled_gelu,
+    swiglu_of_scaled,
+    tensors,
+    weight,
+)
 
 VARIANTS = {  # each split-K reduction, with slabs and splits that leave partial blocks
     "default": Config(16, 32, 32, 1, 1, num_warps=4, num_stages=2),
@@ -74,12 +82,7 @@ def test_a_gated_mlps_two_fp8_weights_in_one_gemv(variant, device="cpu"):
 def test_every_fp8_code_is_read_exactly(fp8, device="cpu"):
     """A 16x16 identity times B holding each of the 256 codes (as in test_weight_only's test
     of the same name): the fp32 output is B's values."""
-    codes = torch.arange(256, dtype=torch.uint8, device=device).view(FP8[fp8]).reshape(16, 16)
-    values = codes.float()
-    dropped = ~values.isfinite()
-    if device == "cpu" and fp8 == "e5m2":  # the interpreter flushes e5m2's subnormals
-        dropped |= values.abs() < torch.finfo(FP8[fp8]).tiny
-    b = torch.where(dropped, torch.zeros((), device=device), values).to(FP8[fp8])
+    b = every_fp8_code(fp8, device)
     a = torch.eye(16, device=device).to(torch.bfloat16)
     ops_ = {"scale": torch.ones(16, device=device)}
     ep = Epilogue.build([(acc() * operand("scale", "row"), "float32")])

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from epilab.db import TuningDB
-from epilab.db.leases import Lease, LeaseBoard, family, worker_name
+from epilab.db.leases import Lease, LeaseBoard, worker_name
 from epilab.ir.problem import Config, Problem
 from epilab.tuner.search import Outcome, TakenOver
 from epilab.tuner.tune import DeviceLost, ProblemResult, TuneOptions, Tuner
@@ -117,7 +117,6 @@ class FleetWorker:
         self.poll_s = poll_s
         self.name = worker_name(tuner.device_label)
         self.report = WorkerReport(self.name, tuner.device_label)
-        self._families = {key: family(p) for key, (_, p) in work.items()}
         self._last: str | None = None  # the key of the problem it tuned last (the board prefers its family)
         self._lease: Lease | None = None
         self._lost: Lease | None = None
@@ -225,7 +224,8 @@ class FleetWorker:
         later ones of its family (the board gives it those first), else the next of the list."""
         keys = list(self.work)
         later = keys[keys.index(key) + 1 :] if key in self.work else []
-        same = [k for k in later if self._families[k] == self._families[key]]
+        mine = self.board.family_of(key)
+        same = [k for k in later if self.board.family_of(k) == mine]
         return [self.work[k][1] for k in (same or later)[:count]]
 
     def _holds(self, lease: Lease) -> bool:
