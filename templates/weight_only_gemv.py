@@ -7,13 +7,13 @@ The gemv template's kernel (``gemv.py.jinja``: each program streams a BLOCK_K x 
 the weight while A's few rows stay in cache, split-K over the K blocks) with the weight-only
 main loop's conversion (``weight_only.render_vars``): each fp8 slab is converted to A's dtype
 after its load, exactly. At decode a weight-only GEMM is bound by reading the weight, and its
-bytes are half a 16-bit weight's; the weight-only matmul's 16-row tiles read them at 55% of the
-copy bandwidth where the 16-bit GEMV reads its own at 84-100% (H200, RESULTS.md 2026-11-28).
+bytes are half a 16-bit weight's. Measured (H200, RESULTS.md 2026-11-28 evening): tuned, the GEMV
+reads them at up to 85% of the copy bandwidth, 0.99-1.05x the tuned weight-only matmul alone and
+1.12-1.17x it dual (silu-gate); untuned, its heuristic runs 1.3-3.8x the matmul's default.
 
 These kinds make no problems of their own: they run the weight-only problems of a static
 M <= 16 (their twins, made by ``twins``): the tuner tunes them beside the weight-only matmuls
-and records whichever is faster. Untuned calls keep the weight-only matmul until these kinds
-are measured on a GPU (then ``prefer_untuned``, as the gemv is for skinny matmuls, if they win).
+and records whichever is faster; untuned calls run the GEMV (``prefer_untuned``).
 The transposed case (a small N with a large M), which the gemv runs as
 C.T = B.T @ A.T, is not taken: there B would be the 16-bit operand.
 """
@@ -84,7 +84,7 @@ _COMMON = {
     "problem_of": problem_of,
     "search_error": split_k_error,
     "applies": lambda name, chosen: True,
-    "prefer_untuned": False,  # not before its GPU measurement: untuned calls keep the weight-only matmul
+    "prefer_untuned": True,  # its heuristic runs 1.3-3.8x the weight-only matmul's at decode (H200)
     "split_k_underfilled": gemv.KIND.split_k_underfilled,
     "reductions": True,
     "render_vars": weight_only.render_vars,
