@@ -10,11 +10,18 @@ An ``Epilogue`` is a small DAG in a flat, canonical node list:
   the sum of its value over every column of the output row, broadcast back along the row
   (a LayerNorm's mean and variance over a conv's channels, normalised in the epilogue). Only a
   kind whose program holds every column of its rows runs it (``TemplateKind.row_error``);
+  and ``group_max`` (``GROUP_OPS``, attribute ``size``): the max of its value over its group
+  of ``size`` columns (groups start at multiples of ``size``), broadcast back along the group
+  (a per-token-group quantization's amax); only kinds whose tiles hold whole groups run it
+  (``TemplateKind.groups``);
 - outputs: one or more ``(node, dtype)`` pairs; an output may instead be a *reduction*
   of its node over the tile's columns or rows (``REDUCTIONS``: ``row_sum``, ``row_max``
   give one fp32 value per output row m, ``col_sum``, ``col_max`` one per column n), summed
   or maxed across every tile of the output (the statistics a following norm or a dynamic
-  quantization needs: ``row_sum`` of ``x * x``, ``row_max`` of ``abs(x)``).
+  quantization needs: ``row_sum`` of ``x * x``, ``row_max`` of ``abs(x)``); or a *group
+  output* (``GROUP_REDUCE``, with its ``group`` width): one fp32 value per row and group of
+  ``group`` columns, the max of its node there ([..., M, ceil(N / group)]: a per-token-group
+  quantization's scales), stored once by the tile that holds the group.
 
 Build one with the expression helpers and ``Epilogue.build``::
 
@@ -49,6 +56,12 @@ LEAVES = ("acc", "acc2", "operand", "const")
 # ops over a whole output row, not pointwise: the value summed over the row's columns, one fp32
 # value per row broadcast back along it (the tile must hold the row: masked columns add 0)
 ROW_OPS = ("row_total",)
+# ops over aligned groups of ``size`` columns of a row: the max over the group, broadcast back
+# (the tile must hold whole groups: masked columns count as -inf)
+GROUP_OPS = ("group_max",)
+GROUP_REDUCE = "group_max"  # an output of one value per row and group of columns
+_WHOLE_OPS = (*ROW_OPS, *GROUP_OPS)  # not pointwise: over whole rows or groups of a row
+MAX_GROUP = 1024  # group widths are powers of two up to this (Triton reshapes the tile by them)
 ACCUMULATORS = ("acc", "acc2")  # the leaves a template computes: A @ B, and A @ B2 (dual GEMMs)
 BROADCASTS = ("row", "col", "tile", "scalar")
 # reduction outputs: (what, over which axis); row_* reduce over n (one value per row m),
@@ -97,17 +110,21 @@ class Node:
 class Output:
     node: int
     dtype: str
-    reduce: str = ""  # "" (a tile of the output's shape) or one of REDUCTIONS
+    reduce: str = ""  # "" (a tile of the output's shape), one of REDUCTIONS, or GROUP_REDUCE
+    group: int = 0  # a GROUP_REDUCE output's group width (columns per value); 0 otherwise
 
     def shape(self, out_shape: Sequence[Any]) -> tuple[Any, ...]:
         """This output's shape when the epilogue's tile outputs have ``out_shape`` (..., M, N)."""
         if not self.reduce:
             return tuple(out_shape)
+        if self.reduce == GROUP_REDUCE:
+            return (*out_shape[:-1], -(-out_shape[-1] // self.group))
         axis = REDUCTIONS[self.reduce][1]
         return (*out_shape[:-1],) if axis == "n" else (*out_shape[:-2], out_shape[-1])
 
 
-OutputLike = tuple[Any, str] | tuple[Any, str, str]  # (expr, dtype) or (expr, dtype, reduce)
+# (expr, dtype), (expr, dtype, reduce) or (expr, "float32", GROUP_REDUCE, group)
+OutputLike = tuple[Any, str] | tuple[Any, str, str] | tuple[Any, str, str, int]
 
 
 # --------------------------------------------------------------------- building
@@ -206,6 +223,11 @@ def row_total(x: ExprLike) -> Expr:
     return Expr("row_total", (_as_expr(x),), ())
 
 
+def group_max(x: ExprLike, size: int) -> Expr:
+    """The max of ``x`` over its group of ``size`` columns, broadcast along the group."""
+    return Expr("group_max", (_as_expr(x),), _check_attrs("group_max", {"size": size}))
+
+
 class _Ops:
     """``ops.gelu(x)``, ``ops.clamp(x, min=0.0, max=6.0)``: one builder per rule."""
 
@@ -228,6 +250,8 @@ def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValu
         expected = ("value",)
     elif op in ACCUMULATORS or op in ROW_OPS:
         expected = ()
+    elif op in GROUP_OPS:
+        expected = ("size",)
     elif op in RULES:
         expected = RULES[op].attrs
     else:
@@ -246,6 +270,8 @@ def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValu
             pass
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             v = _float(v)
+            if op in GROUP_OPS and not _group_width(v):
+                raise ValueError(f"group_max's size must be a power of two from 2 to {MAX_GROUP}, got {v!r}")
         else:
             raise ValueError(f"attribute {key!r} of {op!r} must be a number, got {v!r}")
         out.append((key, v))
@@ -267,7 +293,8 @@ class Epilogue:
     @staticmethod
     def build(outputs: Sequence[OutputLike]) -> Epilogue:
         """Canonical epilogue computing ``outputs``, a list of (expr, dtype) or (expr,
-        "float32", reduction) with a reduction of ``REDUCTIONS``."""
+        "float32", reduction) with a reduction of ``REDUCTIONS``, or (expr, "float32",
+        GROUP_REDUCE, group width)."""
         return _Canonicalizer().run(outputs)
 
     @staticmethod
@@ -291,7 +318,15 @@ class Epilogue:
     @cached_property
     def reductions(self) -> tuple[int, ...]:
         """Indices of the outputs that are reductions (row or column statistics)."""
-        return tuple(i for i, o in enumerate(self.outputs) if o.reduce)
+        return tuple(i for i, o in enumerate(self.outputs) if o.reduce in REDUCTIONS)
+
+    @cached_property
+    def group_size(self) -> int:
+        """The width of the column groups its ``group_max`` nodes and group outputs take (one
+        width an epilogue), 0 where it has none: a kind's tiles must hold whole groups."""
+        sizes = {int(n.attr["size"]) for n in self.nodes if n.op in GROUP_OPS}
+        sizes |= {o.group for o in self.outputs if o.reduce == GROUP_REDUCE}
+        return max(sizes, default=0)
 
     @cached_property
     def row_totals(self) -> bool:
@@ -301,7 +336,7 @@ class Epilogue:
 
     def rebuilt(self, exprs: Sequence[Expr]) -> Epilogue:
         """An epilogue with new expressions for this one's outputs (same dtypes, reductions)."""
-        return Epilogue.build([(e, o.dtype, o.reduce) for e, o in zip(exprs, self.outputs, strict=True)])
+        return Epilogue.build([(e, *_output_fields(o)) for e, o in zip(exprs, self.outputs, strict=True)])
 
     @cached_property
     def accumulators(self) -> int:
@@ -324,7 +359,7 @@ class Epilogue:
                 exact[o.node] = True
         for i in range(len(self.nodes) - 1, -1, -1):  # users come after their arguments
             n = self.nodes[i]
-            if exact[i] or self.kinds[i] == "bool" or n.op in ROW_OPS:
+            if exact[i] or self.kinds[i] == "bool" or n.op in ROW_OPS or n.op in GROUP_OPS:
                 for a in n.args:
                     exact[a] = True
         return frozenset(
@@ -339,13 +374,15 @@ class Epilogue:
             attrs = ",".join(f"{k}={_attr_text(v)}" for k, v in n.attrs)
             head = f"{n.op}[{attrs}]" if attrs else n.op
             parts.append(" ".join([f"%{i} = {head}", *(f"%{a}" for a in n.args)]))
-        parts += [" ".join(filter(None, ["out", f"%{o.node}", o.dtype, o.reduce])) for o in self.outputs]
+        for o in self.outputs:
+            reduce = o.reduce + (f"[{o.group}]" if o.group else "")
+            parts.append(" ".join(filter(None, ["out", f"%{o.node}", o.dtype, reduce])))
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodes": [[n.op, list(n.args), {k: _attr_json(v) for k, v in n.attrs}] for n in self.nodes],
-            "outputs": [[o.node, o.dtype, *([o.reduce] if o.reduce else [])] for o in self.outputs],
+            "outputs": [[o.node, *_output_fields(o)] for o in self.outputs],
         }
 
     def to_json(self) -> str:
@@ -359,9 +396,12 @@ class Epilogue:
                 Node(str(op), tuple(int(a) for a in args), _check_attrs(str(op), _attrs_from_json(op, attrs)))
                 for op, args, attrs in d["nodes"]
             ]
-            raw_outputs = [Output(int(o[0]), str(o[1]), *(str(r) for r in o[2:3])) for o in d["outputs"]]
-            if any(len(o) > 3 for o in d["outputs"]):
-                raise ValueError("an output is [node, dtype] or [node, dtype, reduction]")
+            if any(len(o) > 4 for o in d["outputs"]):
+                raise ValueError("an output is [node, dtype] or [node, dtype, reduction[, group]]")
+            raw_outputs = [
+                Output(int(o[0]), str(o[1]), *(str(r) for r in o[2:3]), *(_json_int(g) for g in o[3:4]))
+                for o in d["outputs"]
+            ]
             return Epilogue(tuple(raw_nodes), tuple(raw_outputs)).rebuilt(
                 Epilogue(tuple(raw_nodes), tuple(raw_outputs)).exprs()
             )
@@ -408,6 +448,10 @@ class Epilogue:
                 v = acc2
             elif node.op == "row_total":
                 v = torch.broadcast_to(values[node.args[0]], acc.shape).sum(-1, keepdim=True)
+            elif node.op == "group_max":
+                size = int(attr["size"])
+                groups = _group_maxima(torch.broadcast_to(values[node.args[0]], acc.shape), size)
+                v = groups.unsqueeze(-1).expand(*groups.shape, size).flatten(-2)[..., : acc.shape[-1]]
             elif node.op == "operand":
                 v = operands[str(attr["name"])].to(device=acc.device, dtype=dtype)
             elif node.op == "const":
@@ -425,7 +469,9 @@ class Epilogue:
         outs = []
         for o in self.outputs:
             v = torch.broadcast_to(values[o.node], acc.shape)
-            if o.reduce:
+            if o.reduce == GROUP_REDUCE:
+                v = _group_maxima(v, o.group)
+            elif o.reduce:
                 how, axis = REDUCTIONS[o.reduce]
                 dim = -1 if axis == "n" else -2
                 v = v.sum(dim) if how == "sum" else v.amax(dim)
@@ -453,7 +499,8 @@ class Epilogue:
         to the kernel variable holding it (already fp32). Constants are inlined as literals.
         The ``fast_nodes`` take their rule's fast form (``fast_math.py.jinja``'s helpers) unless
         ``fast`` is off. ``col_mask``: the kernel's mask of the tile's columns inside the
-        output, which a ``row_total`` needs (the tile holds the whole row; masked columns add 0).
+        output, which a ``row_total`` needs (the tile holds the whole row; masked columns add 0)
+        and a ``group_max`` (the tile holds whole groups; masked columns count as -inf).
         """
         fast_nodes = self.fast_nodes if fast else frozenset()
         names: list[str] = []
@@ -475,6 +522,16 @@ class Epilogue:
                 total = f"tl.sum(tl.where({col_mask}[None, :], {names[node.args[0]]}, 0.0), axis=1)"
                 lines.append((var, f"{total}[:, None]"))
                 names.append(var)
+            elif node.op == "group_max":
+                if not col_mask:
+                    raise ValueError("a group_max needs the tile's column mask (col_mask)")
+                var, size = f"t{i}", int(attr["size"])
+                masked = f'tl.where({col_mask}[None, :], {names[node.args[0]]}, float("-inf"))'
+                lines.append((f"{var}_w", masked))
+                grouped = f"({var}_w.shape[0], {var}_w.shape[1] // {size}, {size})"
+                maxima = f"tl.max(tl.reshape({var}_w, {grouped}), axis=2)[:, :, None]"
+                lines.append((var, f"tl.reshape(tl.broadcast_to({maxima}, {grouped}), {var}_w.shape)"))
+                names.append(var)
             else:
                 var = f"t{i}"
                 args = [names[a] for a in node.args]
@@ -486,7 +543,7 @@ class Epilogue:
 def _node_kind(n: Node) -> Kind:
     if n.op == "const":
         return "bool" if isinstance(n.attr["value"], bool) else "float"
-    if n.op in ("acc", "acc2", "operand", *ROW_OPS):
+    if n.op in ("acc", "acc2", "operand", *ROW_OPS, *GROUP_OPS):
         return "float"
     return result_kind(n.op, n.attr)
 
@@ -530,9 +587,9 @@ def _validate(ep: Epilogue) -> None:
     operand_broadcasts: dict[str, str] = {}
     depends_on_acc: list[bool] = []
     for i, n in enumerate(ep.nodes):
-        if n.op not in LEAVES and n.op not in RULES and n.op not in ROW_OPS:
-            raise ValueError(f"node %{i}: unknown op {n.op!r}; known: {sorted([*RULES, *ROW_OPS])}")
-        arity = 0 if n.op in LEAVES else 1 if n.op in ROW_OPS else RULES[n.op].arity
+        if n.op not in LEAVES and n.op not in RULES and n.op not in _WHOLE_OPS:
+            raise ValueError(f"node %{i}: unknown op {n.op!r}; known: {sorted([*RULES, *_WHOLE_OPS])}")
+        arity = 0 if n.op in LEAVES else 1 if n.op in _WHOLE_OPS else RULES[n.op].arity
         if len(n.args) != arity:
             raise ValueError(f"node %{i}: {n.op!r} takes {arity} argument(s), got {len(n.args)}")
         if any(not 0 <= a < i for a in n.args):
@@ -548,8 +605,8 @@ def _validate(ep: Epilogue) -> None:
                 raise ValueError(
                     f"operand {name!r} is used both as {operand_broadcasts[name]} and {broadcast}"
                 )
-        if n.op in ROW_OPS and _node_kind(ep.nodes[n.args[0]]) != "float":
-            raise ValueError(f"node %{i}: {n.op!r} sums a float value, not a predicate")
+        if n.op in _WHOLE_OPS and _node_kind(ep.nodes[n.args[0]]) != "float":
+            raise ValueError(f"node %{i}: {n.op!r} reduces a float value, not a predicate")
         if n.op in RULES:
             rule = RULES[n.op]
             for pos, a in enumerate(n.args):
@@ -571,11 +628,21 @@ def _validate(ep: Epilogue) -> None:
             raise ValueError(f"output dtype {o.dtype!r} is not one of {sorted(OUTPUT_DTYPES)}")
         if not depends_on_acc[o.node]:
             raise ValueError(f"output %{o.node} does not depend on the accumulator")
-        if o.reduce and (o.reduce not in REDUCTIONS or o.dtype != "float32" or ep.kinds[o.node] != "float"):
+        known = o.reduce in REDUCTIONS or o.reduce == GROUP_REDUCE
+        if o.reduce and (not known or o.dtype != "float32" or ep.kinds[o.node] != "float"):
             raise ValueError(
                 f"reduction output {o.reduce!r} of %{o.node} ({o.dtype}): a reduction is one of "
-                f"{sorted(REDUCTIONS)} of a float node, stored as float32"
+                f"{sorted([*REDUCTIONS, GROUP_REDUCE])} of a float node, stored as float32"
             )
+        if (o.reduce == GROUP_REDUCE) != bool(o.group) or (o.group and not _group_width(o.group)):
+            raise ValueError(
+                f"output %{o.node}: a {GROUP_REDUCE} output takes a group width (a power of two from 2 "
+                f"to {MAX_GROUP}), and no other output does; got reduce={o.reduce!r}, group={o.group!r}"
+            )
+    widths = {int(n.attr["size"]) for n in ep.nodes if n.op in GROUP_OPS}
+    if len(widths | {o.group for o in ep.outputs if o.group}) > 1:
+        widths |= {o.group for o in ep.outputs if o.group}
+        raise ValueError(f"an epilogue groups columns one way; it has groups of {sorted(widths)}")
     size = len(ep.text())
     if size > MAX_TEXT_CHARS:
         raise ValueError(
@@ -599,14 +666,18 @@ class _Canonicalizer:
         if not outputs:
             raise ValueError("an epilogue needs at least one output")
         for o in outputs:
-            if not isinstance(o, tuple) or len(o) not in (2, 3):
-                raise ValueError(f"an output is (expr, dtype) or (expr, dtype, reduction), got {o!r:.80}")
+            if not isinstance(o, tuple) or len(o) not in (2, 3, 4):
+                raise ValueError(
+                    f"an output is (expr, dtype), (expr, dtype, reduction) or (expr, dtype, reduction, "
+                    f"group), got {o!r:.80}"
+                )
         roots = [(self._fold(_as_expr(o[0])), *o[1:]) for o in outputs]
         indices = [self._emit(r[0]) for r in roots]
         return Epilogue(
             tuple(self.nodes),
             tuple(
-                Output(i, str(r[1]), *(str(x) for x in r[2:])) for i, r in zip(indices, roots, strict=True)
+                Output(i, str(r[1]), *(str(x) for x in r[2:3]), *(_json_int(g) for g in r[3:]))
+                for i, r in zip(indices, roots, strict=True)
             ),
         )
 
@@ -616,7 +687,7 @@ class _Canonicalizer:
             return self.folded[id(e)]
         self.keep.append(e)
         out = e
-        if e.op in ROW_OPS:  # never folded: a constant's row total is the row's length times it
+        if e.op in _WHOLE_OPS:  # never folded: a constant's row total is the row's length times it
             arg = self._fold(e.args[0])
             if _expr_kind(arg) != "float":
                 arg = Expr("cast", (arg,), (("dtype", "float32"),))
@@ -655,6 +726,31 @@ class _Canonicalizer:
                 self.nodes.append(node)
             self.emitted[id(e)] = self.index[node]
         return self.emitted[id(e)]
+
+
+def _output_fields(o: Output) -> tuple[Any, ...]:
+    """An output's (dtype[, reduce[, group]]), as ``build`` and the JSON take them."""
+    return (o.dtype, *([o.reduce] if o.reduce else []), *([o.group] if o.group else []))
+
+
+def _group_width(v: object) -> bool:
+    """Whether ``v`` is a group width: a power of two from 2 to ``MAX_GROUP``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
+        return False
+    return 2 <= v <= MAX_GROUP and not int(v) & (int(v) - 1)
+
+
+def _json_int(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
+        raise ValueError(f"a group width is an integer, got {v!r:.40}")
+    return int(v)
+
+
+def _group_maxima(v: torch.Tensor, size: int) -> torch.Tensor:
+    """The max of ``v`` over each group of ``size`` columns (its last dim; a partial last
+    group over the columns it has): [..., ceil(N / size)]."""
+    padded = torch.nn.functional.pad(v, (0, -v.shape[-1] % size), value=-math.inf)
+    return padded.unflatten(-1, (-1, size)).amax(-1)
 
 
 def _expr_kind(e: Expr) -> Kind:

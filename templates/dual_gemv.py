@@ -60,4 +60,5 @@ KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's t
     prefer_untuned=True,
     split_k_underfilled=gemv.KIND.split_k_underfilled,
     reductions=True,
+    groups=False,  # as the gemv's
 )

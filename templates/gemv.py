@@ -335,6 +335,7 @@ KIND = dataclasses.replace(  # the matmul's tensors, outputs, inputs, reference 
     search_error=split_k_error,
     input_dtypes=dtypes.WIDE_INPUT_DTYPES,
     reductions=True,
+    groups=False,  # its tiles are BLOCK_K x BLOCK_N slabs of split-K sums: no column groups yet
     applies=lambda name, chosen: True,
     twins=gemv_twins,
     prefer_untuned=True,  # a skinny matmul runs better on its heuristic than on a 16-row tile

@@ -206,6 +206,9 @@ class TemplateKind:
     b_dtype: Callable[[Problem], str] = _a_dtype
     # whether its epilogue may have reduction outputs (row / column statistics: ``REDUCTIONS``)
     reductions: bool = False
+    # whether its tiles may hold whole groups of columns (``Epilogue.group_size``: ``group_max``
+    # nodes and group outputs, a per-token-group quantization); its ``check`` says which configs
+    groups: bool = False
     # why its programs cannot hold every column of ``problem``'s output rows, which an
     # epilogue's ``row_total`` needs (a LayerNorm over a depthwise conv's channels), or None
     row_error: Callable[[Problem], str | None] = _no_whole_rows
@@ -259,6 +262,12 @@ class TemplateKind:
             return (
                 f"the {self.name} template has no reduction outputs (row or column statistics); "
                 "the matmul and dual_matmul templates do"
+            )
+        if problem.epilogue.group_size and not self.groups:
+            return (
+                f"the {self.name} template has no column groups (group_max, group outputs: a "
+                "per-token-group quantization); the matmul, dual_matmul, weight-only and "
+                "block-scaled templates do"
             )
         if problem.epilogue.row_totals:
             why = self.row_error(problem)

@@ -127,8 +127,13 @@ def source(problem: Problem, config: Config, *, target: Target = "cuda", index_6
 
 
 def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int = matmul.H100_SMS) -> Config:
-    """The problem's kind's untuned heuristic config."""
-    return kind_of(problem).default_config(problem, target, sm_count=sm_count)
+    """The problem's kind's untuned heuristic config (its tiles widened to hold whole column
+    groups where the epilogue has them: ``Epilogue.group_size``)."""
+    config = kind_of(problem).default_config(problem, target, sm_count=sm_count)
+    width = problem.epilogue.group_size
+    if width and kind_of(problem).groups and config.BLOCK_N // config.EPILOGUE_SUBTILE % width:
+        config = dataclasses.replace(config, BLOCK_N=max(config.BLOCK_N, width), EPILOGUE_SUBTILE=1)
+    return config
 
 
 def problem_of(
@@ -154,8 +159,8 @@ def bind(
 def twins(problem: Problem) -> list[Problem]:
     """``problem`` first, then the same computation on the other templates that can run it
     (every kind is asked: the problem's own knows its rewrites, another its own cases); a
-    twin's kind must take its input dtype and, where it has them, its reduction outputs and
-    row totals."""
+    twin's kind must take its input dtype and, where it has them, its reduction outputs, column
+    groups and row totals."""
     others = (t for kind in KINDS.values() for t in kind.twins(problem))
     return [
         problem,
@@ -164,6 +169,7 @@ def twins(problem: Problem) -> list[Problem]:
             for t in others
             if t.dtype in kind_of(t).input_dtypes
             and (kind_of(t).reductions or not t.epilogue.reductions)
+            and (kind_of(t).groups or not t.epilogue.group_size)
             and (not t.epilogue.row_totals or kind_of(t).row_error(t) is None)
         ),
     ]

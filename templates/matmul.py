@@ -96,6 +96,9 @@ def loop_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the matmul template's main loops for ``problem``."""
     if config.variant not in VARIANTS:
         return f"the matmul template has no variant {config.variant!r}; use one of {VARIANTS}"
+    why = group_error(problem, config)
+    if why is not None:
+        return why
     if config.variant in matmul_sm90.VARIANTS:
         if (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
             return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
@@ -142,6 +145,25 @@ def loop_error(problem: Problem, config: Config) -> str | None:
                 return "TMA_STORE cannot store bool outputs"
             if isinstance(s.n, int) and s.n * dtypes.itemsize(out.dtype) % TMA_ALIGN_BYTES:
                 return f"TMA_STORE needs 16-byte aligned output rows; rows of {s.n} {out.dtype} are not"
+    return None
+
+
+def group_error(problem: Problem, config: Config) -> str | None:
+    """What column groups (``Epilogue.group_size``) ask of a config: each epilogue slice holds
+    whole groups (BLOCK_N / EPILOGUE_SUBTILE a multiple of the width), on the Triton loops,
+    stored by pointers."""
+    width = problem.epilogue.group_size
+    if not width:
+        return None
+    if config.variant in matmul_sm90.VARIANTS:
+        return f"the {config.variant} variant has no column groups; they run on the Triton loops"
+    if config.TMA_STORE:
+        return "TMA_STORE stores tiles: an epilogue with group outputs stores by pointers"
+    if config.BLOCK_N // config.EPILOGUE_SUBTILE % width:
+        return (
+            f"groups of {width} columns: BLOCK_N / EPILOGUE_SUBTILE must be a multiple of {width}, "
+            f"got {config.BLOCK_N} / {config.EPILOGUE_SUBTILE}"
+        )
     return None
 
 
@@ -866,6 +888,7 @@ KIND = TemplateKind(
     split_k_underfilled=True,
     input_dtypes=dtypes.INPUT_DTYPES,
     reductions=True,
+    groups=True,
     dtype_seeds=tuple((dt, FP8_SEEDS) for dt in dtypes.FP8_DTYPES),
     device_error=matmul_sm90.device_error,
     output_staging=matmul_sm90.staging_copies,

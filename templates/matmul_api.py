@@ -18,6 +18,7 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.ir.quantize import quantized_groups
 from epilab.templates.block_scaled import A_SCALES, B_SCALES, make_block_problem, scale_shapes
 from epilab.templates.dual_matmul import B2, make_dual_problem
 from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
@@ -54,6 +55,7 @@ def matmul(
     operands: Mapping[str, torch.Tensor] | None = None,
     config: Config | None = None,
     allow_tf32: bool = False,
+    quantize: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """One fused matmul: ``(act(alpha * scale_a * scale_b * a @ b + beta * bias) + residual) * scale_result``.
 
@@ -83,6 +85,11 @@ def matmul(
     it reads as ``operands``; the result is one tensor per epilogue output.
     ``config`` picks the tiling; without one ``default_config`` chooses.
 
+    ``quantize``: a group width (128 for DeepSeek-V3's activations): the result, rounded to its
+    dtype, is quantized to float8_e4m3fn per row and ``quantize`` columns in the epilogue
+    (``ir.quantize``), and the call returns ``(q, scale)``: q [M, N] in e4m3 and scale
+    [M, ceil(N / quantize)] float32, the ``scale_a`` of a block-scaled matmul reading q.
+
     There is no backward: with grad mode on, inputs that require grad are refused (the
     result would silently stop the gradient). To train, compile the model with
     ``torch.compile(model, backend="epilab")``, which differentiates it as Inductor does.
@@ -107,6 +114,7 @@ def matmul(
                 "alpha/beta/out_dtype/scale_a/scale_b/scale_result, not both"
             )
         tensors = dict(operands or {})
+        epilogue = _quantized(epilogue, quantize)
     else:
         if weight_only and scale_a is not None:
             raise ValueError(
@@ -134,6 +142,7 @@ def matmul(
             scale_b=None if block else scale_b,
             scale_result=scale_result,
         )
+        epilogue = _quantized(epilogue, quantize)
         if block:
             tensors.update({A_SCALES: scale_a, B_SCALES: scale_b.t()})  # type: ignore[union-attr]
             return _run(make_block_problem(a, b, epilogue, tensors), config, a, b, tensors)
@@ -202,6 +211,15 @@ def _run(
     return outs[0] if len(outs) == 1 else outs
 
 
+def _quantized(epilogue: Epilogue, quantize: object) -> Epilogue:
+    """``epilogue`` with its output quantized per row and ``quantize`` columns, if asked."""
+    if quantize is None:
+        return epilogue
+    if isinstance(quantize, bool) or not isinstance(quantize, int):
+        raise TypeError(f"quantize is a group width (an int such as 128), got {quantize!r}")
+    return quantized_groups(epilogue, quantize)
+
+
 def _refuse_grad(name: str, inputs: Mapping[str, object]) -> None:
     needs_grad = [n for n, t in inputs.items() if isinstance(t, torch.Tensor) and t.requires_grad]
     if needs_grad and torch.is_grad_enabled():
@@ -225,6 +243,7 @@ def gated_matmul(
     operands: Mapping[str, torch.Tensor] | None = None,
     config: Config | None = None,
     allow_tf32: bool = False,
+    quantize: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """A gated MLP's gate and up projections in one kernel: ``act(a @ b + bias) * (a @ b2 + bias2)``.
 
@@ -233,6 +252,7 @@ def gated_matmul(
     ``bias``/``bias2``: [N]. ``activation`` is one of relu, gelu, gelu_tanh, silu, sigmoid,
     tanh (SwiGLU: silu, GeGLU: gelu_tanh). For any other join pass ``epilogue`` (reading
     ``acc`` = a @ b and ``acc2`` = a @ b2) and its ``operands``. M <= 16 runs the dual GEMV.
+    ``quantize`` as ``matmul``'s: ``(q, scale)``, the down projection's block-scaled input.
     Inference only, as ``matmul``.
     """
     _refuse_grad("gated_matmul", {"a": a, "b": b, "b2": b2, "bias": bias, "bias2": bias2, **(operands or {})})
@@ -253,6 +273,7 @@ def gated_matmul(
                 raise ValueError(f"{name} must be a 1-D tensor of N values, got {getattr(t, 'shape', t)!r}")
         dtype = dtypes.name_of(out_dtype if out_dtype is not None else a.dtype)
         epilogue = _build_gated(activation, bias is not None, bias2 is not None, dtype)
+    epilogue = _quantized(epilogue, quantize)
     problem = make_dual_problem(a, b, b2, epilogue, tensors, precision="tf32" if allow_tf32 else "ieee")
     problem = untuned_choice(problem) if config is None else problem
     return _run(problem, config, a, b, {B2: b2, **tensors})

@@ -103,6 +103,7 @@ class _StoredOutput:
     value: str  # Triton expression of the value to store, already in the output dtype
     reduce: str = ""  # a reduction output: "sum" or "max"
     axis: str = ""  # ... over the tile's columns ("n": one value per row) or rows ("m")
+    group: int = 0  # a group output: the max over each group of this many columns, stored once
     smem: bool = False  # through its shared-memory buffer and a TMA store (Gluon kernels)
 
 
@@ -162,8 +163,11 @@ def _epilogue_hooks(
         outputs = []
         for out, var in zip(ep.outputs, out_vars, strict=True):
             node_kind = ep.kinds[out.node]
-            if out.reduce:
+            if out.reduce in REDUCTIONS:
                 outputs.append(_StoredOutput(var, *REDUCTIONS[out.reduce]))
+                continue
+            if out.group:
+                outputs.append(_StoredOutput(var, group=out.group))
                 continue
             if out.dtype == "bool":
                 value = var if node_kind == "bool" else f"{var} != 0.0"

@@ -165,10 +165,11 @@ def epilogue_args(
             }
         )
     for i, (o, spec) in enumerate(zip(outs, ep.outputs, strict=True)):
-        if spec.reduce:
+        if spec.reduce in REDUCTIONS:
             args.update(_reduction_strides(i, o, REDUCTIONS[spec.reduce][1]))
             continue
-        o3 = o if o.dim() == 3 else o.unsqueeze(0).expand(out3)
+        # a tile output, or a group output (its N counts groups): a batch of 1 broadcasts
+        o3 = o if o.dim() == 3 else o.unsqueeze(0).expand((out3[0], *o.shape))
         args.update(
             {
                 f"out{i}_ptr": o,

@@ -87,6 +87,7 @@ _COMMON = {
     "prefer_untuned": True,  # its heuristic runs 1.3-3.8x the weight-only matmul's at decode (H200)
     "split_k_underfilled": gemv.KIND.split_k_underfilled,
     "reductions": True,
+    "groups": False,  # as the gemv's
     "render_vars": weight_only.render_vars,
     "input_dtypes": WEIGHT_ONLY_DTYPES,
     "geometry": WeightGeometry,
