@@ -103,8 +103,9 @@ def run_case(label: str, m: int, d: int, f: int, rounds: int, limits: DeviceLimi
     run_fused = bind(fused, best_fused["obj"], x, gate.t(), {"b2": up.t()}).run
     run_plain = bind(plain, best_plain["obj"], x, gate.t(), {"b2": up.t()})
     h = run_plain.outs[0]
-    compiled_quantize = torch.compile(quantize)
-    compiled_unfused = torch.compile(unfused)
+    torch._dynamo.reset()  # each case compiled for its own static shapes
+    compiled_quantize = torch.compile(quantize, dynamic=False)
+    compiled_unfused = torch.compile(unfused, dynamic=False)
     sides = {
         "fused": run_fused,
         "epilab + quantize": lambda: (run_plain.run(), compiled_quantize(h)),

@@ -329,6 +329,20 @@ class Epilogue:
         return max(sizes, default=0)
 
     @cached_property
+    def group_constant(self) -> frozenset[int]:
+        """The nodes constant along each group of columns (a ``group_max``, what is constant
+        along whole rows, and ops of those only): a group output of one stores it as it is."""
+        out: set[int] = set()
+        for i, n in enumerate(self.nodes):
+            if n.op == "operand":
+                constant = n.attr["broadcast"] in ("col", "scalar")
+            else:
+                constant = n.op in ("const", *_WHOLE_OPS) or (n.op in RULES and all(a in out for a in n.args))
+            if constant:
+                out.add(i)
+        return frozenset(out)
+
+    @cached_property
     def row_totals(self) -> bool:
         """Whether it sums values over whole output rows (``ROW_OPS``): a kind must hold every
         column of a row in one program to run it."""
@@ -525,12 +539,8 @@ class Epilogue:
             elif node.op == "group_max":
                 if not col_mask:
                     raise ValueError("a group_max needs the tile's column mask (col_mask)")
-                var, size = f"t{i}", int(attr["size"])
-                masked = f'tl.where({col_mask}[None, :], {names[node.args[0]]}, float("-inf"))'
-                lines.append((f"{var}_w", masked))
-                grouped = f"({var}_w.shape[0], {var}_w.shape[1] // {size}, {size})"
-                maxima = f"tl.max(tl.reshape({var}_w, {grouped}), axis=2)[:, :, None]"
-                lines.append((var, f"tl.reshape(tl.broadcast_to({maxima}, {grouped}), {var}_w.shape)"))
+                var = f"t{i}"  # the helper of rounding.py.jinja
+                lines.append((var, f"group_max({names[node.args[0]]}, {col_mask}, {int(attr['size'])})"))
                 names.append(var)
             else:
                 var = f"t{i}"

@@ -166,8 +166,9 @@ def _epilogue_hooks(
             if out.reduce in REDUCTIONS:
                 outputs.append(_StoredOutput(var, *REDUCTIONS[out.reduce]))
                 continue
-            if out.group:
-                outputs.append(_StoredOutput(var, group=out.group))
+            if out.group:  # its value broadcast along each group (its max there, unless it is one already)
+                value = var if out.node in ep.group_constant else f"group_max({var}, {mask_n}, {out.group})"
+                outputs.append(_StoredOutput(value, group=out.group))
                 continue
             if out.dtype == "bool":
                 value = var if node_kind == "bool" else f"{var} != 0.0"

@@ -29,6 +29,7 @@ from epilab.templates.verify import checked_launch
 E4M3 = torch.float8_e4m3fn
 LOOPS = {
     "default": Config(16, 32, 16, num_warps=4, num_stages=1),
+    "one_group": Config(32, 16, 16, num_warps=4, num_stages=1),  # a tile one group wide: row maxima
     "subtile2": Config(16, 64, 16, num_warps=4, num_stages=1, EPILOGUE_SUBTILE=2),
     "split_k": Config(16, 32, 16, SPLIT_K=2, num_warps=4, num_stages=1),
     "persistent": Config(32, 64, 16, num_warps=4, num_stages=1, variant="persistent"),
@@ -108,6 +109,26 @@ def test_a_matmul_quantizes_its_output_in_the_epilogue(shape, loop):
     want_q, want_scale = torch_quantized(y, 16)
     assert torch.equal(scale, want_scale)  # the same fp32 ops on the same rounded values
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("loop", ["default", "one_group", "subtile2"])
+def test_a_group_output_of_any_value_is_its_max_over_the_group(loop):
+    """A group output of a value that varies along the group (not a scale): the kernel takes
+    its max over each group first; a column operand is constant along the groups."""
+    m, n, k = 21, 72, 24
+    torch.manual_seed(k)
+    a, b = torch.randn(m, k).to(torch.bfloat16), torch.randn(k, n).to(torch.bfloat16)
+    col, row = torch.randn(m, 1), torch.randn(n)
+    x = acc() + operand("row", "row")
+    ep = Epilogue.build([(x, "bfloat16"), (x * operand("col", "col"), "float32", GROUP_REDUCE, 16)])
+    names = {n.attr.get("name"): i for i, n in enumerate(ep.nodes) if n.op == "operand"}
+    assert names["col"] in ep.group_constant and names["row"] not in ep.group_constant
+    assert ep.outputs[1].node not in ep.group_constant
+        1
+    }
+    checked_launch(
+        make_problem(a, b, ep, {"row": row, "col": col}), LOOPS[loop], a, b, {"row": row, "col": col}
+    )
 
 
 def test_the_api_quantizes_and_its_config_must_hold_whole_groups():
