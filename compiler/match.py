@@ -71,7 +71,18 @@ from epilab.compiler.aten_ops import (
     Unsupported,
 )
 from epilab.ir import dtypes
-from epilab.ir.epilogue import ACCUMULATORS, Epilogue, Expr, acc, acc2, operand, row_total
+from epilab.ir.epilogue import (
+    ACCUMULATORS,
+    GROUP_REDUCE,
+    MAX_GROUP,
+    Epilogue,
+    Expr,
+    acc,
+    acc2,
+    group_max,
+    operand,
+    row_total,
+)
 from epilab.ir.patterns import canonical_order
 from epilab.ir.problem import (
     BATCHED_OPS,
@@ -197,6 +208,7 @@ class _Grower(ABC):
 
     takes_views = True  # views that split or merge the output's rows may join
     takes_rows = False  # a var_mean over the rows may join (``row_total``s)
+    takes_groups = False  # a view splitting the columns into groups may join (``group_max``)
 
     def __init__(self, anchor: fx.Node, *, whole_rows: bool = True, gather: bool = True) -> None:
         self.whole_rows = whole_rows and self.takes_rows
@@ -222,6 +234,10 @@ class _Grower(ABC):
         # row values: constant along the output's rows (a norm's mean and variance over them),
         # each with the dim (in its own order) its shape has as 1 where the output has N
         self.row_dim: dict[fx.Node, int] = {}
+        # values of the output's columns split into groups ([..., N / G, G]: a per-token-group
+        # quantization), by their group width G; those with a last dim of 1 (a group's amax) are
+        # also row values (``row_dim``): constant along each group, a group output when used
+        self.grouped: dict[fx.Node, int] = {}
         self.pairs: dict[fx.Node, tuple[Expr, Expr]] = {}  # a var_mean's (variance, mean)
         self.extra: list[fx.Node] = []  # the kind's extra inputs, in its order (offsets, B2)
         self.routing: dict[str, object] = {}  # a grouped group's routing (``_route``)
@@ -303,6 +319,8 @@ class _Grower(ABC):
                 if not same_shape(in_shape, out_shape):
                     return False
                 self.shape_src[node] = self.shape_src[src]  # type: ignore[index]
+            elif src in self.grouped or (out_shape and not same(out_shape[-1], self.O[-1])):
+                return self.try_groups(node, src, in_shape, out_shape)
             else:
                 # rows split or merged: same last dim, same number of elements
                 if (
@@ -323,6 +341,11 @@ class _Grower(ABC):
         group_args = [a for a in node.all_input_nodes if a in self.values]
         if not group_args:
             return False
+        if target is CONVERT and val(node.args[0]).dtype in FP8_DTYPES:  # type: ignore[union-attr]
+            return False  # an fp8 value converted back stays outside: the next GEMM reads the fp8
+        grouped = {self.grouped.get(a) for a in group_args}
+        if len(grouped) > 1 or (None not in grouped and len(group_args) < len(node.all_input_nodes)):
+            return False  # grouped values join only each other and numbers
         whole = [a for a in group_args if a not in self.row_dim]
         src = whole[0] if whole else group_args[0]
         if not all(self.fits(a, S) for a in group_args):
@@ -351,6 +374,45 @@ class _Grower(ABC):
         self.shape_src[node] = self.shape_src[src]
         if not whole:  # row values only: a row value
             self.row_dim[node] = self.row_dim[src]
+        if src in self.grouped:
+            self.grouped[node] = self.grouped[src]
+        return True
+
+    def try_groups(
+        self, node: fx.Node, src: fx.Node, in_shape: list[object], out_shape: list[object]
+    ) -> bool:
+        """A view splitting the output's columns into groups of a static power-of-two width
+        ([..., N] -> [..., N / G, G], the leading dims as they are): a grouped value, whose
+        ``amax`` over the last dim is a ``group_max`` (``try_group_max``)."""
+        if not self.takes_groups or src in self.grouped or src in self.row_dim or len(out_shape) < 2:
+            return False
+        width = out_shape[-1]
+        if not (expr_of(width).is_Integer and same(in_shape[-1], self.O[-1])):
+            return False
+        width = int(expr_of(width))
+        if not (2 <= width <= MAX_GROUP and not width & (width - 1)):
+            return False
+        if not same_shape(out_shape[:-2], in_shape[:-1]) or not same(out_shape[-2] * width, in_shape[-1]):
+            return False
+        self.values[node] = self.values[src]
+        self.shape_src[node] = list(node.args[1])  # type: ignore[arg-type]
+        self.grouped[node] = width
+        return True
+
+    def try_group_max(self, node: fx.Node, out: torch.Tensor) -> bool:
+        """``amax(v, -1, keepdim=True)`` of a grouped value: its ``group_max``, a row value of
+        the grouped shape (its last dim 1), in fp32 as torch's reductions take it."""
+        src, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        shape = list(val(src).shape)  # type: ignore[union-attr]
+        keepdim = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
+        if not isinstance(dims, (list, tuple)) or [d % len(shape) for d in dims] != [len(shape) - 1]:
+            return False
+        if not keepdim or out.dtype not in ANCHOR_DTYPES or not _static(out.shape):
+            return False
+        self.values[node] = group_max(self.values[src], self.grouped[src])  # type: ignore[index]
+        self.grouped[node] = self.grouped[src]  # type: ignore[index]
+        self.row_dim[node] = len(shape) - 1
+        self.shape_src[node] = [int(expr_of(d)) for d in out.shape]
         return True
 
     def fits(self, arg: fx.Node, S: Sequence[object]) -> bool:
@@ -429,6 +491,8 @@ class _Grower(ABC):
         result is rounded once after it, as torch's own reductions accumulate in fp32."""
         src, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         how = ROW_REDUCTIONS[node.target]
+        if src in self.grouped:
+            return how == "max" and src not in self.row_dim and self.try_group_max(node, out)
         if src not in self.values or out.dtype not in ANCHOR_DTYPES:
             return False
         if node.kwargs.get("dtype") not in (None, out.dtype):
@@ -637,7 +701,10 @@ def block_dequantized(node: fx.Node, per: str) -> BlockDequantized | None:
     lead = pv.shape[:-2]
     if not same(pv.shape[-2], groups) or not same_shape(shape, [*lead, groups, 1]):
         return None
-    if not (same_shape(xv.shape, pv.shape) or same_shape(xv.shape, [*lead, groups * BLOCK])):
+    # x8 in groups, in the activation's shape, or its rows (a kernel's 2-D output viewed in groups)
+    rows = math.prod(expr_of(d) for d in lead)
+    flat = xv.dim() == 2 and same(xv.shape[0], rows) and same(xv.shape[1], groups * BLOCK)
+    if not (same_shape(xv.shape, pv.shape) or same_shape(xv.shape, [*lead, groups * BLOCK]) or flat):
         return None
     return BlockDequantized(source, scale, [-1, groups], reshape=[-1, groups * BLOCK])
 
@@ -648,6 +715,7 @@ class _MatmulGrower(_Grower):
     (``dequantized``) reads the fp8 weight, its scale an epilogue operand per column: the
     weight-only kind, or with an A dequantized from fp8 too, the fp8 scaled mm of both."""
 
+    takes_groups = True  # its kinds hold whole column groups (the matmul family's Triton loops)
     dequantizes = True  # an mm's B dequantized from fp8 is read as fp8 (weight-only)
     block_dequantizes = True  # ... and an mm of two block-dequantized fp8 inputs, block-scaled
     reads_fp8_activations = True  # ... and with its A dequantized too, the fp8 scaled mm
@@ -1123,8 +1191,10 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         if node in g.pairs:
             raise NoGroup("a var_mean's pair is used outside the group")
         dt = str(dtypes.name_or_none(val(node).dtype))  # type: ignore[union-attr, arg-type]
-        # a row value's one value per row: the max of it over the row
-        row_value = (g.values[node], "row_max") if node in g.row_dim else None
+        # a row value's one value per row: the max of it over the row (over its group, grouped)
+        row_value = None
+        if node in g.row_dim:
+            row_value = (g.values[node], GROUP_REDUCE if node in g.grouped else "row_max")
         value, reduce = g.reduced.get(node, row_value or (g.values.get(node), ""))
         cast = None
         if reduce and dt != "float32":
@@ -1132,7 +1202,8 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         key = (id(value), dt, reduce)
         if key not in index:
             index[key] = len(exprs)
-            exprs.append((value, dt, reduce) if reduce else (value, dt))  # type: ignore[arg-type]
+            group = (g.grouped[node],) if reduce == GROUP_REDUCE else ()
+            exprs.append((value, dt, reduce, *group) if reduce else (value, dt))  # type: ignore[arg-type]
         uses.append(Use(node, index[key], g.shape_src[node], cast, None if reduce else g.perm.get(node)))
     if not uses:
         raise NoGroup("nothing of the group is used")

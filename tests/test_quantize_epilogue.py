@@ -16,8 +16,12 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from zoo.quantized import Fp8BlockLinear
 
 import epilab
+from epilab.ir.check import rel_error
 from epilab.ir.epilogue import GROUP_REDUCE, Epilogue, acc, acc2, group_max, operand, ops
 from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
@@ -237,3 +241,64 @@ def test_deepseek_mlp_quantizes_on_gpu():
     torch.testing.assert_close(scale, want_scale, rtol=2e-7, atol=0)
     assert (q.view(torch.uint8) != want_q.view(torch.uint8)).float().mean().item() < 1e-4
     assert math.isfinite(q.float().abs().max().item()) and q.float().abs().max().item() <= 448
+
+
+# ------------------------------------------------------------------ the compiler
+
+
+class BlockScaledMlp(nn.Module):
+    """A SwiGLU MLP of DeepSeek-V3's fp8 projections (zoo/quantized.py: each input quantized
+    per token and ``group`` channels, then dequantized and multiplied in torch ops)."""
+
+    def __init__(self, d: int, f: int, group: int = 128) -> None:
+        super().__init__()
+        layers = [Fp8BlockLinear(nn.Linear(i, o, bias=False)) for i, o in ((d, f), (d, f), (f, d))]
+        for layer in layers:
+            layer.BLOCK = group
+        self.gate, self.up, self.down = layers
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def _compiled(model, tmp_path):
+    return torch.compile(model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})
+
+
+def test_the_quantization_for_the_next_gemm_joins_the_gemm_that_produces_it(tmp_path, fresh_compiler):
+    """silu(gate(x)) * up(x) quantized per 128 channels for the block-scaled down projection:
+    the gate's kernel stores the fp8 values and their scales (h never stored), the down
+    projection reads them as its block-scaled A; the output as the eager model's."""
+    torch.manual_seed(0)
+    model = BlockScaledMlp(256, 512).to(torch.bfloat16)
+    x = torch.randn(2, 16, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out, eager = _compiled(model, tmp_path)(x), model(x)
+    assert rel_error(out, eager) < 3e-2  # both quantize h to e4m3: each rounding a few ulps apart
+    producer, *rest = [d for d in epilab.explain() if d.template]
+    assert producer.template == "block_scaled_matmul" and "group_max[size=128" in producer.epilogue
+    assert "float8_e4m3fn group_max" not in producer.epilogue  # the scales are fp32
+    assert "out %" in producer.epilogue and "float32 group_max[128]" in producer.epilogue
+    assert [d.template for d in rest] == ["block_scaled_matmul", "block_scaled_matmul"]
+
+
+@pytest.mark.parametrize("width", [64, 96])
+def test_a_quantization_of_any_power_of_two_groups_joins(tmp_path, fresh_compiler, width):
+    """relu(x @ w) quantized per ``width`` channels, its q and scales the graph's outputs: one
+    kernel stores both (the scales viewed [M, N / width, 1]); groups of 96 (not a power of
+    two) stay Inductor's. Bitwise the graph's values either way."""
+    torch.manual_seed(1)
+    x = torch.randn(24, 192, dtype=torch.bfloat16)
+    w = torch.randn(192, 192, dtype=torch.bfloat16) / 16
+
+    def f(x, w):
+        groups = torch.relu(x @ w).unflatten(-1, (-1, width)).float()
+        scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448
+        return (groups / scale).to(E4M3), scale
+
+    with torch.no_grad():
+        q, scale = _compiled(f, tmp_path)(x, w)
+    want_q, want_scale = f(x, w)
+    assert torch.equal(scale, want_scale) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    (decision,) = [d for d in epilab.explain() if d.template]
+    assert ("group_max" in decision.epilogue) == (width == 64)
