@@ -384,7 +384,9 @@ class _Grower(ABC):
         """A view splitting the output's columns into groups of a static power-of-two width
         ([..., N] -> [..., N / G, G], the leading dims as they are): a grouped value, whose
         ``amax`` over the last dim is a ``group_max`` (``try_group_max``)."""
-        if not self.takes_groups or src in self.grouped or src in self.row_dim or len(out_shape) < 2:
+        if not self.takes_groups or self.op in GROUPED_OPS or len(out_shape) < 2:
+            return False  # the grouped kinds have no column groups
+        if src in self.grouped or src in self.row_dim:
             return False
         width = out_shape[-1]
         if not (expr_of(width).is_Integer and same(in_shape[-1], self.O[-1])):
