@@ -12,7 +12,9 @@ a weight stored in it and A is ``dtype``, float16 or bfloat16: a 2-D problem of 
 weight_only_matmul template whose epilogue starts with ``acc * weight_scale``, float32 per
 column, as the compiler reads a dequantized weight), ``layout`` (NN, NT, TN, TT:
 whether A and B are stored transposed; default NT, the layout of ``x @ W.T`` in a linear
-layer), ``epilogue`` (``ir/spec.py``) and ``template`` (matmul, the default, or gemv for M or
+layer), ``epilogue`` (``ir/spec.py``), ``quantize`` (a group width such as 128: the output,
+rounded to its dtype, quantized to e4m3 per row and group in the epilogue, q and its float32
+scales stored: ``ir/quantize.py``) and ``template`` (matmul, the default, or gemv for M or
 N <= 16). An epilogue that reads ``acc2`` makes a dual GEMM (``ep(A @ B, A @ B2)``, 2-D): its
 template is dual_matmul, or dual_gemv for M <= 16.
 
@@ -48,6 +50,10 @@ Built-in suites:
   (4096, 14336) residual, (8192, 8192) bias + gelu(tanh) + residual, (128256, 4096)
   bias — plus the transposed case, a router with N = 8 experts over M = 2048 and
   8192 tokens (K = 4096);
+- ``mlp-quant``: gate and up as one dual GEMM (``silu(acc) * acc2``, bf16) whose output is
+  quantized to e4m3 per token and 128 channels in the epilogue (``quantize``: q and its scales,
+  a block-scaled down projection's input), M in {128, 2048, 8192} x (d, F) of DeepSeek-V3's
+  dense MLP (7168, 18432) and Llama-3-8B (4096, 14336);
 - ``mlp``: gated MLPs' gate and up projections as one dual GEMM (``silu(acc) * acc2``; the
   dual_matmul template, and dual_gemv for M <= 16), bf16, nn.Linear layout, M in {1, 8,
   128, 2048, 8192} x (d, F) of Llama-2-7B (4096, 11008), Llama-3-8B (4096, 14336),
@@ -60,7 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES
-from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, operand
+from epilab.ir.epilogue import MAX_GROUP, Epilogue, Expr, acc, acc2, operand
 from epilab.ir.patterns import canonical_order, swap_accumulators
 from epilab.ir.problem import (
     BLOCK_SCALED_OP,
@@ -71,13 +77,16 @@ from epilab.ir.problem import (
     Problem,
     Shape,
 )
+from epilab.ir.quantize import quantized_groups
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
 from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
 from epilab.templates.runtime import layout_of
 from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
-KEYS = frozenset({"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales", "weight"})
+KEYS = frozenset(
+    {"m", "n", "k", "batch", "dtype", "layout", "epilogue", "template", "scales", "weight", "quantize"}
+)
 
 
 def _layout(sizes: tuple[int, int], letter: str) -> str:
@@ -140,8 +149,16 @@ class Spec:
     template: str = "matmul"
     scales: str = "row"  # fp8 only: ``SCALINGS``
     weight: str | None = None  # an fp8 dtype: B is a weight stored so (weight-only; A is ``dtype``)
+    quantize: int | None = None  # a group width: the output quantized to e4m3 per row and group
 
     def __post_init__(self) -> None:
+        if self.quantize is not None:
+            int_in("quantize", self.quantize, 2, MAX_GROUP)
+            if self.quantize & (self.quantize - 1):
+                raise ValueError(
+                    f"quantize is a group width, a power of two up to {MAX_GROUP}: got {self.quantize}"
+                )
+            quantized_groups(spec_epilogue(self.epilogue, self.dtype), self.quantize)  # one 16/32-bit output
         if self.weight is not None:
             if self.weight not in FP8_DTYPES or self.dtype not in WEIGHT_ONLY_DTYPES:
                 raise ValueError(
@@ -209,6 +226,8 @@ class Spec:
             op, ep = ("bmm" if self.batch else "mm"), scaled(ep, self.scales)
         if self.weight is not None:  # the compiler's dequantized weight: its scales start the epilogue
             op, ep = weight_op(ep), weight_scaled(ep)
+        if self.quantize is not None:  # the next block-scaled GEMM's input: q and its scales
+            ep = quantized_groups(ep, self.quantize)
         operands = tuple(
             OperandSpec(name, _operand_dtype(name, self.dtype), OPERAND_LAYOUTS.get(broadcast, "row"))
             for name, broadcast in ep.operands
@@ -238,7 +257,10 @@ class Spec:
         suffix = "" if self.template == own else f" [{self.template}]"
         scales = f" {self.scales}-scaled" if self.scales != "none" else " unscaled"
         scales = scales if self.dtype in FP8_DTYPES else f" x {self.weight} weight" if self.weight else ""
-        return f"{shape} {self.dtype}{scales} {self.layout} {epilogue_label(self.epilogue)}{suffix}"
+        ep_label = epilogue_label(self.epilogue) + (
+            f" quantized per {self.quantize}" if self.quantize else ""
+        )
+        return f"{shape} {self.dtype}{scales} {self.layout} {ep_label}{suffix}"
 
     def flops(self) -> int:
         return 2 * (self.batch or 1) * self.m * self.n * self.k
@@ -340,6 +362,11 @@ SUITES: dict[str, list[Spec]] = {
             Spec(m, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2")
             for m in (1, 16, 128, 2048)
         ),
+    ],
+    "mlp-quant": [  # gate and up as one dual GEMM whose output a block-scaled down projection reads
+        Spec(m, f, d, epilogue="silu(acc) * acc2", quantize=128)
+        for m in (128, 2048, 8192)
+        for d, f in ((7168, 18432), (4096, 14336))  # DeepSeek-V3's dense MLP, Llama-3-8B's
     ],
     "gemv-fused": [
         *(

@@ -12,23 +12,29 @@ the TMA loops and the block-scaled GEMM reading what the gated GEMM quantized.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from typer.testing import CliRunner
 from zoo.quantized import Fp8BlockLinear
 
 import epilab
+from epilab.cli import app
+from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.ir.check import rel_error
 from epilab.ir.epilogue import GROUP_REDUCE, Epilogue, acc, acc2, group_max, operand, ops
 from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
 from epilab.templates import kinds
 from epilab.templates.dual_matmul import make_dual_problem
+from epilab.templates.gemm_spec import FORMAT, Spec
 from epilab.templates.matmul import make_problem
 from epilab.templates.verify import checked_launch
+from epilab.tuner.suites import suite
 
 E4M3 = torch.float8_e4m3fn
 LOOPS = {
@@ -302,3 +308,40 @@ def test_a_quantization_of_any_power_of_two_groups_joins(tmp_path, fresh_compile
     assert torch.equal(scale, want_scale) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     (decision,) = [d for d in epilab.explain() if d.template]
     assert ("group_max" in decision.epilogue) == (width == 64)
+
+
+# ------------------------------------------------------------------ specs and the tuner
+
+
+def test_a_spec_quantizes_as_the_api_does_and_names_what_is_wrong():
+    spec = Spec(20, 256, 48, epilogue="silu(acc) * acc2", quantize=128)
+    x = torch.randn(20, 48).to(torch.bfloat16)
+    gate, up = torch.randn(256, 48).to(torch.bfloat16), torch.randn(256, 48).to(torch.bfloat16)
+    made = make_dual_problem(x, gate.t(), up.t(), quantized_groups(_swiglu(), 128), {})
+    assert spec.problem() == made and "quantized per 128" in spec.label()
+    assert len(suite("mlp-quant")) == 6 and all(
+        s.problem().epilogue.group_size == 128 for s in suite("mlp-quant")
+    )
+    for bad, why in (
+        ({"quantize": 96}, "power of two"),
+        ({"quantize": "128"}, "must be an int"),
+        ({"quantize": 128, "epilogue": "two_outputs"}, "one tile output"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            FORMAT.parse({"m": 20, "n": 256, "k": 48, **bad})
+
+
+def test_tune_checks_and_records_a_quantized_problem(tmp_path):
+    """``epilab tune --shapes`` on a quantized GEMM: every trial is checked against the
+    float64 reference (q and the scales), the record's config holds whole groups."""
+    shapes = tmp_path / "q.json"
+    shapes.write_text(json.dumps([{"m": 24, "n": 64, "k": 32, "epilogue": "bias_silu", "quantize": 32}]))
+    db = str(tmp_path / "t.db")
+    args = ["tune", "--shapes", str(shapes), "--interpret", "--trials", "3", "--patience", "100", "--db", db]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    problem = FORMAT.parse({"m": 24, "n": 64, "k": 32, "epilogue": "bias_silu", "quantize": 32}).problem()
+    with TuningDB.open(db) as store:
+        best = store.best(problem.key, INTERPRETER_DEVICE)
+    assert best is not None and best.record.config is not None
+    assert kinds.kind_of(problem).config_error(problem, Config.from_dict(best.record.config)) is None

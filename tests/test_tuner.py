@@ -445,6 +445,7 @@ def test_builtin_suites_build_valid_problems():
         "conv": 13,
         "depthwise": 66,
         "mlp": 25,
+        "mlp-quant": 6,
         "fp8": 19,
         "fp8-block": 46,
         "fp8-weight": 20,
@@ -457,6 +458,7 @@ def test_builtin_suites_build_valid_problems():
                 "conv": "conv2d",
                 "depthwise": "conv2d",
                 "mlp": "dual_matmul",
+                "mlp-quant": "dual_matmul",
                 "fp8-block": "block_scaled_matmul",
                 "fp8-weight": "weight_only_matmul",
             }.get(name, "gemv" if name.startswith("gemv") else "matmul")
