@@ -13,7 +13,7 @@ reads them at up to 85% of the copy bandwidth, 0.99-1.05x the tuned weight-only 
 
 These kinds make no problems of their own: they run the weight-only problems of a static
 M <= 16 (their twins, made by ``twins``): the tuner tunes them beside the weight-only matmuls
-and records whichever is faster; untuned calls run the GEMV (``prefer_untuned``).
+and records whichever is faster; a compiled model's untuned calls run the GEMV (``prefer_untuned``).
 The transposed case (a small N with a large M), which the gemv runs as
 C.T = B.T @ A.T, is not taken: there B would be the 16-bit operand.
 """
