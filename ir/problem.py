@@ -47,7 +47,8 @@ _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand 
 
 # The values a Config may hold (the tuner's search space draws from these).
 CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
-    "BLOCK_M": (16, 32, 64, 128, 256, 512, 1024),  # 512 and 1024: depthwise strips' pixels only
+    # 192: sm90_cooperative's three warp groups of 64 rows only; 512 and 1024: depthwise strips' pixels only
+    "BLOCK_M": (16, 32, 64, 128, 192, 256, 512, 1024),
     "BLOCK_N": (16, 32, 64, 128, 256, 512),  # 512: a depthwise program holding a pixel's channels
     "BLOCK_K": (16, 32, 64, 128, 256),
     "GROUP_M": (1, 2, 4, 8, 16),
@@ -66,6 +67,7 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
         "tma_stream_k",
         "sm90_persistent",
         "sm90_pingpong",
+        "sm90_cooperative",
         "w_vector",  # depthwise: lanes along W (NCHW)
         "in_flight",  # depthwise: channel lanes, the output rows in flight roll (not the input window)
     ),

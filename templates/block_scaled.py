@@ -94,8 +94,11 @@ def config_error(problem: Problem, config: Config) -> str | None:
     if problem.op != OP or problem.shape.batch != 1:
         got = f"a {problem.op} of batch {problem.shape.batch}"
         return f"the block-scaled template takes 2-D {OP} problems, got {got}"
-    if config.variant in matmul_sm90.VARIANTS:
-        return f"the {config.variant} variant has no block scales; block-scaled GEMMs run on the Triton loops"
+    if config.variant in matmul_sm90.VARIANTS and config.variant != matmul_sm90.COOPERATIVE:
+        return (
+            f"the {config.variant} variant has no block scales; block-scaled GEMMs run on the Triton "
+            f"loops and {matmul_sm90.COOPERATIVE}"
+        )
     if GROUP % (config.BLOCK_K * config.PROMOTE):
         return (
             f"block scales change every {GROUP} elements of K: BLOCK_K x PROMOTE must divide {GROUP}, "
@@ -208,6 +211,12 @@ def scales_of(problem: Problem) -> tuple[str, ...]:
 
 
 SEEDS = [  # fp8 tiles with one K block (or two, PROMOTE=2) a group of the scales
+    # sm_90: warp groups scaling and adding their K block's sum while the others' MMAs run,
+    # outputs by TMA: the best of benchmarks/fp8.py on DeepSeek-V3's shapes (H200, RESULTS.md)
+    Config(192, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1),
+    Config(192, 128, 128, 16, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1),
+    Config(192, 128, 128, 16, num_warps=4, num_stages=4, variant="sm90_cooperative"),
+    Config(128, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative", TMA_STORE=1),
     Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
     Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma"),
     Config(128, 256, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", EPILOGUE_SUBTILE=2),
@@ -236,8 +245,8 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; it
     baseline=eager_block_scaled,
     input_elements=block_input_elements,
     problem_inputs=scales_of,
-    render_vars=lambda problem, config: {"block_scaled": True},
-    source=lambda config: None,
+    render_vars=lambda problem, config: {**matmul.render_vars(problem, config), "block_scaled": True},
+    source=matmul.source,
     input_dtypes=dtypes.FP8_DTYPES,
     reductions=True,
 )

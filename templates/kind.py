@@ -30,6 +30,10 @@ OutputSpec = tuple[tuple[object, ...], tuple[object, ...]]
 Tensors = tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]  # A, B and the operands of a call
 
 
+# variants whose BLOCK_M counts warp groups of 64 rows (192: three), not a power of two
+WARP_GROUP_ROWS_VARIANTS = ("sm90_cooperative",)
+
+
 @dataclass(frozen=True)
 class TwinCall:
     """A call of a twin (another template's problem) with its original problem's tensors,
@@ -268,6 +272,11 @@ class TemplateKind:
                 f"the {self.name} template has no column groups (group_max, group outputs: a "
                 "per-token-group quantization); the matmul, dual_matmul, weight-only and "
                 "block-scaled templates do"
+            )
+        if config.BLOCK_M & (config.BLOCK_M - 1) and config.variant not in WARP_GROUP_ROWS_VARIANTS:
+            return (
+                f"BLOCK_M={config.BLOCK_M} is not a power of two: only {', '.join(WARP_GROUP_ROWS_VARIANTS)} "
+                "takes it (warp groups of 64 rows)"
             )
         if problem.epilogue.row_totals:
             why = self.row_error(problem)

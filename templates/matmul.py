@@ -623,7 +623,7 @@ def matmul_inputs(
 
 # where the tuner searches (block sizes are capped at the kernel shape when a study starts)
 SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
-    "BLOCK_M": (16, 32, 64, 128, 256),
+    "BLOCK_M": (16, 32, 64, 128, 192, 256),  # 192: sm90_cooperative only (kind.config_error)
     "BLOCK_N": (16, 32, 64, 128, 256),
     "BLOCK_K": (16, 32, 64, 128, 256),
     "GROUP_M": (1, 4, 8, 16),
@@ -678,6 +678,12 @@ SEEDS = [  # seeds enqueued in every new study (when feasible), after the defaul
 # fp8 inputs (one byte an element: K blocks of 128 fit where 16-bit tiles do not), tried first:
 # the winners of benchmarks/fp8.py on an H100 (RESULTS.md, issue 21)
 FP8_SEEDS = (
+    # exact accumulation on sm_90 (infeasible elsewhere, and for fast accumulation): warp groups
+    # promoting while the others' MMAs run, outputs by TMA; the best of benchmarks/fp8.py at
+    # 8192^3 on an H200, 1.03x _scaled_mm(use_fast_accum=False) (RESULTS.md, issue 44)
+    Config(192, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1),
+    Config(192, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative"),
+    Config(128, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative", TMA_STORE=1),
     Config(128, 256, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
     Config(128, 256, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", EPILOGUE_SUBTILE=2),
     Config(

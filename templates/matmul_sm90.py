@@ -1,15 +1,23 @@
 """The matmul's Gluon kernels for Hopper (``matmul_sm90.py.jinja``): what they take, how they
-are rendered and bound. Two variants of the matmul kind:
+are rendered and bound. Three variants of the matmul kinds:
 
 - ``sm90_persistent``: num_warps (4 or 8) warps per program, one program per SM, the loads of
   a tile's first K steps issued during the previous tile's main loop;
 - ``sm90_pingpong``: warp-specialized, a producer warp and two consumer warp groups of 4 warps
-  that take turns on the tensor cores, each one's epilogue running under the other's MMAs.
+  that take turns on the tensor cores, each one's epilogue running under the other's MMAs;
+- ``sm90_cooperative``: fp8 with exact accumulation (and block scales, ``block_scaled``):
+  warp-specialized, a producer warp and BLOCK_M / 64 consumer warp groups (2 or 3), each
+  owning 64 rows of the tile (and with TMA_STORE a staging buffer of those rows). Each K
+  block's tensor-core sum is waited for and added in fp32 (times its block scales) by its warp
+  group while the others' MMAs run: the promotion that one warp group cannot overlap with its
+  own MMAs (DeepGEMM's scheme; RESULTS.md, issue 44).
 
 With ``TMA_STORE`` each tile output (not a statistic, not bool) is staged in shared memory (one
 buffer per consumer warp group) and stored by TMA; the wait for a store comes only before its
 buffer is written again, a main loop later. They need an sm_90 GPU (wgmma and TMA; Triton's
-interpreter runs no Gluon) and 16-bit inputs, 2-D, rows of A and B 16-byte aligned.
+interpreter runs no Gluon), 2-D problems, rows of A and B 16-byte aligned; persistent and
+pingpong take 16-bit inputs, cooperative fp8 ones (A row-major, B column-major: wgmma reads
+8-bit operands K-major only).
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from epilab.templates.bound import Bound, Described
 from epilab.templates.runtime import single_launch, sm_count, tma_readable
 
 SOURCE = "matmul_sm90.py.jinja"
-VARIANTS = ("sm90_persistent", "sm90_pingpong")
+VARIANTS = ("sm90_persistent", "sm90_pingpong", "sm90_cooperative")
+COOPERATIVE = "sm90_cooperative"
 INPUT_DTYPES = ("bfloat16", "float16")
 CAPABILITY = 9  # wgmma: sm_90 only (Blackwell has tcgen05 instead)
 # ping-pong registers: the kernel's 12 warps (3 warp groups: 2 consumers, the producer's padded)
@@ -34,6 +43,13 @@ CONSUMER_REGS = 232
 PRODUCER_REGS = 40
 PINGPONG_MAXNREG = 168  # 168 x 384 threads = 232 x 128 x 2 + 40 x 128
 TMA_ALIGN_BYTES = 16
+# cooperative: consumer warp groups of SUB_M rows each (one m64 wgmma); per count, the
+# consumers' registers and the kernel's maxnreg (2: 232 x 128 x 2 + 40 x 128 <= 168 x 384;
+# 3: 152 x 128 x 3 + 40 x 128 <= 128 x 512): each holds two 64 x BLOCK_N fp32 tiles (the sum
+# and the K block's product), 128 registers at BLOCK_N = 128 (256 spilled, sm_90a ptxas)
+SUB_M = 64
+COOPERATIVE_REGS = {2: (232, 168), 3: (152, 128)}
+COOPERATIVE_BLOCK_K = 128  # one promotion a K block: the interval of cuBLASLt's exact mode
 
 
 def staged_outputs(problem: Problem, config: Config) -> tuple[int, ...]:
@@ -60,9 +76,52 @@ def staging_copies(config: Config) -> int:
     return 2 if config.variant == "sm90_pingpong" else 1
 
 
+def consumers(config: Config) -> int:
+    """The cooperative kernel's consumer warp groups: BLOCK_M / 64."""
+    return config.BLOCK_M // SUB_M
+
+
+def warp_groups(config: Config) -> int:
+    """The warp groups of num_warps each that share one tile's accumulator: the cooperative
+    kernel's consumers; 1 for every other kernel (the ping-pong's consumers hold a tile each)."""
+    return consumers(config) if config.variant == COOPERATIVE else 1
+
+
+def cooperative_error(problem: Problem, config: Config) -> str | None:
+    """What the cooperative variant asks beyond the sm90 variants' common rules."""
+    if problem.dtype not in dtypes.FP8_DTYPES or problem.precision != "ieee":
+        return (
+            f"{COOPERATIVE} promotes fp8 sums: it takes fp8 inputs with exact accumulation, "
+            f"not {problem.dtype} ({problem.precision})"
+        )
+    if (problem.layout_a, problem.layout_b) != ("row", "col"):
+        return (
+            f"{COOPERATIVE} reads fp8 operands K-major (wgmma's only order for 8-bit types): A "
+            f"row-major and B column-major (a weight's [N, K] transposed), got {problem.layout_a} "
+            f"and {problem.layout_b}"
+        )
+    if config.BLOCK_M // SUB_M not in COOPERATIVE_REGS or config.BLOCK_M % SUB_M:
+        return f"{COOPERATIVE} takes BLOCK_M 128 or 192 (2 or 3 warp groups of 64 rows), not {config.BLOCK_M}"
+    if config.BLOCK_N not in (64, 128) or config.BLOCK_K != COOPERATIVE_BLOCK_K or config.PROMOTE != 1:
+        return (
+            f"{COOPERATIVE} takes BLOCK_N 64 or 128 (a 64 x 256 sum and product spill), "
+            f"BLOCK_K={COOPERATIVE_BLOCK_K} and PROMOTE=1 (a promotion every K block)"
+        )
+    if problem.epilogue.reductions:
+        return (
+            f"{COOPERATIVE} has no reduction outputs (row or column statistics): its warp groups share tiles"
+        )
+    return None
+
+
 def config_error(problem: Problem, config: Config) -> str | None:
     """Why the sm90 variants do not run ``problem`` tiled by ``config`` (None when they do)."""
-    if problem.dtype not in INPUT_DTYPES:
+    cooperative = config.variant == COOPERATIVE
+    if cooperative:
+        why = cooperative_error(problem, config)
+        if why is not None:
+            return why
+    elif problem.dtype not in INPUT_DTYPES:
         return f"the {config.variant} variant takes {' or '.join(INPUT_DTYPES)} inputs, not {problem.dtype}"
     s = problem.shape
     if s.batch != 1 or problem.op in BATCHED_OPS or "strided" in (problem.layout_a, problem.layout_b):
@@ -80,9 +139,9 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return f"the {config.variant} variant needs a ring of 2 stages or more"
     if config.BLOCK_K < 32 or config.BLOCK_N < 16:
         return f"the {config.variant} variant needs BLOCK_K >= 32 and BLOCK_N >= 16"
-    warps = 4 if config.variant == "sm90_pingpong" else config.num_warps
-    if config.variant == "sm90_pingpong" and config.num_warps != 4:
-        return "sm90_pingpong's consumers are warp groups of 4 warps: num_warps=4"
+    warps = 4 if config.variant in ("sm90_pingpong", COOPERATIVE) else config.num_warps
+    if config.variant in ("sm90_pingpong", COOPERATIVE) and config.num_warps != 4:
+        return f"{config.variant}'s consumers are warp groups of 4 warps: num_warps=4"
     if warps not in (4, 8) or 16 * warps > config.BLOCK_M:
         return f"{warps} warps take wgmma tiles of BLOCK_M >= {16 * warps} (num_warps 4 or 8)"
     if config.TMA_STORE:
@@ -97,6 +156,14 @@ def config_error(problem: Problem, config: Config) -> str | None:
 
 
 def render_vars(problem: Problem, config: Config) -> dict[str, object]:
+    if config.variant == COOPERATIVE:
+        count = consumers(config)
+        return {
+            "tma_outputs": staged_outputs(problem, config),
+            "consumers": count,
+            "consumer_regs": COOPERATIVE_REGS[count][0],
+            "producer_regs": PRODUCER_REGS,
+        }
     return {
         "tma_outputs": staged_outputs(problem, config),
         "consumer_regs": CONSUMER_REGS,
@@ -104,10 +171,14 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     }
 
 
+GLUON_DTYPES = {"float8_e4m3fn": "float8e4nv", "float8_e5m2": "float8e5"}  # Triton's names of torch's
+
+
 def _layout(block: tuple[int, int], dtype: torch.dtype) -> object:
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, dtypes.name_of(dtype)))
+    name = dtypes.name_of(dtype)
+    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, GLUON_DTYPES.get(name, name)))
 
 
 def descriptors(
@@ -124,6 +195,8 @@ def descriptors(
         and all(tma_readable(outs[i]) for i in staged)
     ):
         return None
+    if config.variant == COOPERATIVE:  # A and the staged outputs in slices of rows, one a warp group
+        bm = SUB_M
     a_block = (bm, bk) if a_row else (bk, bm)
     b_block = (bk, bn) if b_row else (bn, bk)
     return (
@@ -179,6 +252,8 @@ def bind(
     }
     if config.variant == "sm90_pingpong":
         extra["maxnreg"] = PINGPONG_MAXNREG
+    elif config.variant == COOPERATIVE:
+        extra["maxnreg"] = COOPERATIVE_REGS[consumers(config)][1]
     bound = single_launch(kind, problem, config, target, index_64, grid, {**args, **extra}, outs, None, slots)  # type: ignore[arg-type]
     return Bound(
         bound.outs,

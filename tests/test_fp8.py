@@ -27,10 +27,11 @@ from epilab.templates.kinds import default_config, kind_of, twins, untuned_choic
 from epilab.templates.matmul import PROMOTE_VARIANTS, TRITON_VARIANTS, make_problem, scaled_mm_prefix
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import HOPPER, infeasible, space_for
+from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, space_for
 from epilab.tuner.suites import suite
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+H100 = DeviceLimits("NVIDIA H100 80GB HBM3", "9.0", 132, 232_448)
 SCALINGS = {  # (scale_a shape, scale_b shape) as torch._scaled_mm takes them; None: no scale
     "unscaled": (None, None),
     "tensor": ((), ()),
@@ -433,7 +434,13 @@ def test_fp8_seeds_come_first_for_fp8_problems_only():
     assert kind.seeds_for(bf16) == kind.seeds
     seeds = kind.seeds_for(fp8)
     assert seeds[len(seeds) - len(kind.seeds) :] == kind.seeds
-    assert seeds[0].BLOCK_K == 128 and all(infeasible(fp8, c, HOPPER) is None for c in seeds[:3])
+    assert seeds[0].BLOCK_K == 128 and all(infeasible(fp8, c, H100) is None for c in seeds[:3])
+    # the first are sm_90's cooperative kernels (exact accumulation: infeasible for fast
+    # accumulation and in the interpreter); the Triton loops' follow
+    fast = dataclasses.replace(fp8, precision="fast")
+    assert [c.variant for c in seeds[:3]] == ["sm90_cooperative"] * 3
+    assert all(infeasible(fast, c, H100) is not None for c in seeds[:3])
+    assert all(infeasible(fp8, c, HOPPER) is None for c in seeds[3:6])
 
 
 def test_compiler_leaves_scaled_mm_with_scale_result_to_torch(tmp_path, fresh_compiler):

@@ -62,6 +62,7 @@ from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES, itemsize
 from epilab.ir.problem import Config, Problem, Shape
 from epilab.templates.kind import MAX_ACC_REGS, TemplateKind
 from epilab.templates.kinds import kind_of
+from epilab.templates.matmul_sm90 import warp_groups
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 
@@ -184,7 +185,8 @@ def infeasible(problem: Problem, config: Config, limits: DeviceLimits) -> str | 
             return f"{name}={block} is larger than the padded dimension {_padded(dim)}"
     accs = kind.accumulators
     smem = smem_bytes(problem, config)
-    per_thread = accs * config.BLOCK_M * config.BLOCK_N // (32 * config.num_warps)
+    warps = config.num_warps * warp_groups(config)
+    per_thread = accs * config.BLOCK_M * config.BLOCK_N // (32 * warps)
     if per_thread > MAX_ACC_REGS:
         what = "the accumulator needs" if accs == 1 else f"the {accs} accumulators need"
         return f"{what} {per_thread} registers per thread (at most {MAX_ACC_REGS})"

@@ -1,0 +1,216 @@
+"""The cooperative Gluon kernel (variant ``sm90_cooperative``, ``templates/matmul_sm90.py``): fp8
+with exact accumulation, block-scaled or not, its promotions overlapping other warp groups' MMAs.
+
+CPU: what it takes and refuses (fp8 with exact accumulation, A row-major and B column-major,
+2 or 3 warp groups of 64 rows, BLOCK_K 128, no statistics; TMA stores of each warp group's rows), BLOCK_M = 192 for
+this variant only, the tuner's feasibility (never in the interpreter; shared memory; registers
+counted per warp group), and that it compiles for sm_90a through Triton and ptxas without
+spills, with fp8 wgmma (QGMMA) and TMA loads (``templates/cross.py``). GPU (``-m gpu``):
+block-scaled and rowwise-scaled problems against float64 over ragged shapes (partial tiles,
+a partial last K group, K shorter than a block), epilogues with a bias, activations, a
+residual and an fp8 output; exact accumulation's error equal to cuBLASLt's
+``use_fast_accum=False`` (both promote every 128 elements of K).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_block_scaled import block_tensors
+from test_block_scaled import reference as block_reference
+from test_fp8 import FP8, fp8_tensor, scales
+
+from epilab.ir.check import rel_error
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config
+from epilab.templates.block_scaled import make_block_problem
+from epilab.templates.gemm_spec import Spec
+from epilab.templates.kinds import kind_of
+from epilab.templates.matmul import make_problem
+from epilab.templates.verify import checked_launch
+from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
+
+THREE = Config(192, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative")
+THREE_TMA = Config(192, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1)
+TWO = Config(128, 128, 128, 8, num_warps=4, num_stages=6, variant="sm90_cooperative")
+NARROW = Config(128, 64, 128, 4, num_warps=4, num_stages=4, variant="sm90_cooperative")
+H100 = DeviceLimits("NVIDIA H100 80GB HBM3", "9.0", 132, 232_448)
+BLOCK = Spec(1024, 2112, 2048, dtype="float8_e4m3fn", scales="block", epilogue="bias_gelu")
+ROWWISE = Spec(1024, 2048, 2048, dtype="float8_e4m3fn", epilogue="bias_gelu")
+
+
+def _error(problem, config):
+    return kind_of(problem).config_error(problem, config)
+
+
+# ------------------------------------------------------------------ rules (CPU)
+
+
+@pytest.mark.parametrize("spec", [BLOCK, ROWWISE], ids=["block", "rowwise"])
+def test_what_the_cooperative_variant_takes_and_refuses(spec):
+    p = spec.problem()
+    for config in (THREE, TWO, NARROW):
+        assert _error(p, config) is None, config.short()
+    assert "exact accumulation" in _error(Spec(1024, 2048, 2048, epilogue="bias_gelu").problem(), TWO)
+    fast = dataclasses.replace(ROWWISE.problem(), precision="fast")
+    assert "exact accumulation" in _error(fast, TWO)
+    nn = Spec(1024, 2048, 2048, dtype="float8_e4m3fn", layout="NN").problem()
+    assert "K-major" in _error(nn, TWO)
+    assert "BLOCK_M 128 or 192" in _error(p, dataclasses.replace(TWO, BLOCK_M=64))
+    assert "BLOCK_M 128 or 192" in _error(p, dataclasses.replace(TWO, BLOCK_M=256))
+    assert "spill" in _error(p, dataclasses.replace(TWO, BLOCK_N=256))
+    assert "BLOCK_K=128" in _error(p, dataclasses.replace(TWO, BLOCK_K=64))
+    assert _error(p, dataclasses.replace(TWO, TMA_STORE=1)) is None
+    assert "num_warps=4" in _error(p, dataclasses.replace(TWO, num_warps=8))
+    stats = Epilogue.build([(acc(), "float32", "row_sum")])
+    assert "reduction" in _error(dataclasses.replace(p, epilogue=stats, operands=()), TWO)
+
+
+def test_block_m_192_is_the_cooperative_variants_only():
+    p = ROWWISE.problem()
+    for variant in ("default", "tma", "tma_persistent", "sm90_pingpong"):
+        config = dataclasses.replace(THREE, variant=variant, num_warps=8 if variant != "sm90_pingpong" else 4)
+        assert "not a power of two" in _error(p, config), variant
+
+
+def test_feasibility_counts_registers_per_warp_group_and_shared_memory():
+    p = Spec(4096, 7168, 2048, dtype="float8_e4m3fn", scales="block").problem()
+    assert "interpreter" in infeasible(p, THREE, HOPPER)
+    assert infeasible(p, THREE, H100) is None  # 192 x 128 over 3 x 4 warps: 64 registers each
+    assert infeasible(p, TWO, H100) is None
+    # 6 stages of (192 + 128) x 128 fp8 = 240 KiB > 227 KiB; with TMA stores a 192 x 128 bf16
+    # staging (three 64-row buffers, 48 KiB) fits beside 4 stages, not 5
+    assert "shared memory" in infeasible(p, dataclasses.replace(THREE, num_stages=6), H100)
+    assert infeasible(p, THREE_TMA, H100) is None
+    assert "shared memory" in infeasible(p, dataclasses.replace(THREE_TMA, num_stages=5), H100)
+
+
+# --------------------------------------------------- compiled for sm_90a (CPU)
+
+COMPILED = [
+    ("block, 3 warp groups", Spec(4096, 2112, 7168, dtype="float8_e4m3fn", scales="block"), THREE),
+    ("block bias_gelu, 2", BLOCK, TWO),
+    ("block 64 wide, residual", Spec(1000, 776, 1024, dtype="float8_e4m3fn", scales="block", epilogue="bias_residual"), NARROW),
+    ("rowwise exact bias_gelu, 3", ROWWISE, THREE),
+    ("tensorwise exact, e5m2", Spec(1024, 1024, 1024, dtype="float8_e5m2", scales="tensor"), TWO),
+    ("block, TMA stores", Spec(4096, 32768, 512, dtype="float8_e4m3fn", scales="block"), THREE_TMA),
+    ("rowwise, two outputs by TMA", Spec(1024, 2048, 2048, dtype="float8_e4m3fn", epilogue=(("acc", "float32"), ("gelu(acc)", None))), dataclasses.replace(TWO, TMA_STORE=1, num_stages=4)),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    from epilab.templates.cross import compile_in_subprocess
+
+    return compile_in_subprocess([(spec.problem(), config) for _, spec, config in COMPILED])
+
+
+@pytest.mark.parametrize("index", range(len(COMPILED)), ids=[c[0] for c in COMPILED])
+def test_compiles_for_sm90_without_spills(compiled, index):
+    what, _, config = COMPILED[index]
+    answer = compiled[index]
+    assert "error" not in answer, answer.get("error")
+    (kernel,) = answer["kernels"]
+    assert kernel["local_bytes"] == 0 and kernel["stack_bytes"] <= 16, f"{what}: spills {kernel}"
+    assert kernel["opcodes"].get("QGMMA", 0) > 0, "no fp8 wgmma in the SASS"
+    assert kernel["opcodes"].get("UTMALDG", 0) > 0, "operands are not loaded by TMA"
+    if config.TMA_STORE:
+        assert kernel["opcodes"].get("UTMASTG", 0) > 0, "outputs are not stored by TMA"
+    # the consumer warp groups and the producer's (one warp, padded to a warp group)
+    assert kernel["num_warps"] == 4 * (config.BLOCK_M // 64 + 1)
+
+
+# ------------------------------------------------------------------ GPU
+
+
+def _hopper() -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the cooperative kernel is a Gluon kernel for sm_90 (wgmma)")
+
+
+# (M, N, K): ragged against 192 and 128; a partial last K group (1040 = 8 groups + 16); a K
+# shorter than one block; a single row; many tiles per program (the ring wraps)
+GPU_SHAPES = [(1000, 2112, 2048), (200, 328, 1040), (8, 16, 16), (1, 128, 256), (4096, 4096, 1024)]
+
+
+# two outputs staged (bf16 and fp8: 72 KiB) leave room for 3 stages of 192 x 128 x 128
+TWO_OUTPUTS_TMA = dataclasses.replace(THREE_TMA, num_stages=3)
+
+
+def _feasible(problem, config):
+    why = infeasible(problem, config, H100)
+    assert why is None, why  # a config the tuner would never launch is no test of the kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "config", [THREE, TWO, NARROW, TWO_OUTPUTS_TMA], ids=["three", "two", "narrow", "tma-store"]
+)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_block_scaled_matches_float64(shape, config):
+    """Block scales (A per row and 128 of K, B per 128x128), a bias, GELU and a residual; an
+    fp8 second output (within its range) beside the bf16 one."""
+    _hopper()
+    m, n, k = shape
+    torch.manual_seed(m + n + k)
+    a, b, tensors = block_tensors(m, n, k, FP8["e4m3"], device="cuda")
+    tensors["bias"] = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    tensors["residual"] = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    x = ops.gelu(acc() + operand("bias", "row")) + operand("residual", "tile")
+    ep = Epilogue.build([(x, "bfloat16"), (x * 0.125, "float8_e4m3fn")])
+    problem = make_block_problem(a, b, ep, tensors)
+    _feasible(problem, config)
+    checked_launch(problem, config, a, b, tensors)  # every output against float64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [THREE, TWO, TWO_OUTPUTS_TMA], ids=["three", "two", "tma-store"])
+@pytest.mark.parametrize("fp8", list(FP8))
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_rowwise_exact_matches_float64(shape, fp8, config):
+    """Rowwise scales, a bias and GELU (tanh) in the epilogue, bf16 and fp8 outputs."""
+    _hopper()
+    m, n, k = shape
+    torch.manual_seed(m * n + k)
+    a = fp8_tensor(m, k, FP8[fp8], False, "cuda")
+    b = fp8_tensor(k, n, FP8[fp8], True, "cuda")
+    tensors = {**scales("row", m, n, "cuda"), "bias": torch.randn(n, device="cuda", dtype=torch.bfloat16)}
+    x = ops.gelu_tanh(acc() * operand("scale_a", "col") * operand("scale_b", "row") + operand("bias", "row"))
+    ep = Epilogue.build([(x, "bfloat16"), (x * 8.0, "float8_e4m3fn")])
+    problem = make_problem(a, b, ep, tensors)
+    _feasible(problem, config)
+    checked_launch(problem, config, a, b, tensors)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("same_sign", [False, True], ids=["signed", "same-sign"])
+def test_gpu_exact_error_equals_cublaslt_exact(same_sign):
+    """fp32 out, no scales: a promotion every K block of 128 is cuBLASLt's exact mode's
+    error against float64 (docs/design.md's table; the interval of 128 matched it to 3 digits)."""
+    _hopper()
+    m, n, k = 1024, 1024, 8192
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x, y = (torch.randn(r, k, device="cuda", generator=gen) for r in (m, n))
+    x, y = (t.abs() if same_sign else t for t in (x, y))
+    a, b = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    ref = a.double() @ b.double()
+    bound = rel_error(torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False), ref)
+    problem = make_problem(a, b, Epilogue.build([(acc(), "float32")]), {})
+    for config in (THREE, TWO, THREE_TMA):
+        (out,) = checked_launch(problem, config, a, b, {}).outs
+        assert rel_error(out, ref) <= 1.01 * bound, (config.short(), rel_error(out, ref), bound)
+
+
+@pytest.mark.gpu
+def test_gpu_block_scaled_matches_cublaslt():
+    """DeepSeek-V3's shape at M = 1000: the same values as torch._scaled_mm's block scaling."""
+    _hopper()
+    a, b, tensors = block_tensors(1000, 2112, 2048, FP8["e4m3"], device="cuda")
+    problem = make_block_problem(a, b, Epilogue.identity("bfloat16"), tensors)
+    (ours,) = checked_launch(problem, THREE_TMA, a, b, tensors).outs
+    theirs = kind_of(problem).baseline(problem, a, b, tensors)[0]
+    ref = block_reference(a, b, tensors)
+    assert rel_error(ours, ref) <= 1.5 * max(rel_error(theirs, ref), 1e-3)
