@@ -83,6 +83,18 @@ EXACT_SWEEP = (  # exact accumulation: promotion every 256 elements of K (issue 
     Config(128, 256, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, PROMOTE=2),
 )
 
+COOPERATIVE_SWEEP = (  # sm_90, exact: warp groups promoting while the others' MMAs run (issue 44)
+    Config(192, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative"),
+    Config(192, 128, 128, 16, num_warps=4, num_stages=4, variant="sm90_cooperative"),
+    Config(128, 128, 128, 8, num_warps=4, num_stages=6, variant="sm90_cooperative"),
+    Config(128, 128, 128, 16, num_warps=4, num_stages=4, variant="sm90_cooperative"),
+    Config(192, 64, 128, 8, num_warps=4, num_stages=6, variant="sm90_cooperative"),
+    Config(128, 64, 128, 8, num_warps=4, num_stages=7, variant="sm90_cooperative"),
+    # each warp group's rows of the outputs staged in shared memory and stored by TMA
+    Config(192, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1),
+    Config(192, 128, 128, 16, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1),
+    Config(128, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative", TMA_STORE=1),
+)
 
 # the two library sides of a problem: (its kind's baseline, the library's GEMM alone)
 SIDES = {
@@ -97,15 +109,15 @@ def sides(problem: Problem) -> tuple[str, str]:
 
 def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
     """The default config, the kind's fp8 seeds (a weight-only kind's every seed: its decode
-    tiles), its split-K and stream-K seeds, FP8_SWEEP and EXACT_SWEEP: those feasible on this
-    device."""
+    tiles), its split-K and stream-K seeds, FP8_SWEEP, EXACT_SWEEP and COOPERATIVE_SWEEP: those
+    feasible on this device."""
     out = [default_config(problem, sm_count=limits.sm_count)]
     kind = kind_of(problem)
     seeds = [
         *(c for c in kind.seeds_for(problem) if c not in kind.seeds or problem.op in WEIGHT_ONLY_OPS),
         *(c for c in kind.seeds if c.SPLIT_K > 1 or c.variant in STREAM_K_VARIANTS),
     ]
-    for c in (*seeds, *FP8_SWEEP, *EXACT_SWEEP):
+    for c in (*seeds, *FP8_SWEEP, *EXACT_SWEEP, *COOPERATIVE_SWEEP):
         if c not in out and infeasible(problem, c, limits) is None:
             out.append(c)
     return out
