@@ -197,9 +197,15 @@ def exact_promotion_error(problem: Problem, config: Config) -> str | None:
 
 
 def promote_space(problem: Problem, space: Mapping[str, tuple]) -> Mapping[str, tuple]:
-    """The matmul's space for ``problem``: PROMOTE only where the dots promote (elsewhere it
-    keeps its default, and the search draws from the space it had before the knob)."""
-    return space if promotes(problem) else {k: v for k, v in space.items() if k != "PROMOTE"}
+    """The matmul's space for ``problem``: PROMOTE, and BLOCK_M 192 (sm90_cooperative's three
+    warp groups), only where the dots promote; elsewhere the search draws from the space it had
+    before them (a value no config can take skews TPE: the landscape test measured it)."""
+    if promotes(problem):
+        return space
+    narrowed = {k: v for k, v in space.items() if k != "PROMOTE"}
+    if "BLOCK_M" in narrowed:
+        narrowed["BLOCK_M"] = tuple(v for v in narrowed["BLOCK_M"] if v not in WARP_GROUP_ROWS)
+    return narrowed
 
 
 def applies(name: str, chosen: Mapping[str, object]) -> bool:
@@ -621,9 +627,10 @@ def matmul_inputs(
 
 # ------------------------------------------------------------------ the kind
 
+WARP_GROUP_ROWS = (192,)  # BLOCK_M of three 64-row warp groups: sm90_cooperative's only
 # where the tuner searches (block sizes are capped at the kernel shape when a study starts)
 SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
-    "BLOCK_M": (16, 32, 64, 128, 192, 256),  # 192: sm90_cooperative only (kind.config_error)
+    "BLOCK_M": (16, 32, 64, 128, *WARP_GROUP_ROWS, 256),  # 192: sm90_cooperative's (promote_space)
     "BLOCK_N": (16, 32, 64, 128, 256),
     "BLOCK_K": (16, 32, 64, 128, 256),
     "GROUP_M": (1, 4, 8, 16),
