@@ -621,7 +621,7 @@ def test_gemv_split_k_rules():
 
 def test_space_definition_is_the_documented_one():
     assert kind_of("matmul").space == {
-        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_M": (16, 32, 64, 128, 192, 256),
         "BLOCK_N": (16, 32, 64, 128, 256),
         "BLOCK_K": (16, 32, 64, 128, 256),
         "GROUP_M": (1, 4, 8, 16),
@@ -636,6 +636,7 @@ def test_space_definition_is_the_documented_one():
             "tma_stream_k",
             "sm90_persistent",
             "sm90_pingpong",
+            "sm90_cooperative",
         ),
         "SPLIT_K": (1, 2, 4, 8, 16),
         "EPILOGUE_SUBTILE": (1, 2, 4),

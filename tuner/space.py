@@ -2,10 +2,12 @@
 documented table beside its template), cut at the problem, and the rules that keep
 infeasible configs from ever being compiled. The kinds' spaces:
 
-    matmul:  BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two),
+    matmul:  BLOCK_M, BLOCK_N, BLOCK_K in 16..256 (powers of two; BLOCK_M also 192 where the
+             problem promotes, fp8 with exact accumulation: sm90_cooperative's three warp groups),
              GROUP_M in {1, 4, 8, 16}, num_warps in {2, 4, 8},
              num_stages in 1..6; the main loop (variant default, tma, persistent,
-             tma_persistent, stream_k, tma_stream_k); SPLIT_K in {1, 2, 4, 8, 16} (two-pass, on the default
+             tma_persistent, stream_k, tma_stream_k; on sm_90 sm90_persistent, sm90_pingpong,
+             sm90_cooperative); SPLIT_K in {1, 2, 4, 8, 16} (two-pass, on the default
              and tma loops, the epilogue in the reduction); EPILOGUE_SUBTILE in {1, 2, 4};
              for the persistent variants PROGRAMS_PER_SM in {1, 2}, FLATTEN and WARP_SPECIALIZE in {0, 1};
              for the tma variants TMA_STORE in {0, 1} (outputs through descriptors)
