@@ -21,6 +21,7 @@ import torch
 from test_block_scaled import block_tensors
 from test_block_scaled import reference as block_reference
 from test_fp8 import FP8, fp8_tensor, scales
+from test_matmul_sm90 import checked_kernel, compile_cases
 
 from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
@@ -102,22 +103,13 @@ COMPILED = [
 
 @pytest.fixture(scope="module")
 def compiled():
-    from epilab.templates.cross import compile_in_subprocess
-
-    return compile_in_subprocess([(spec.problem(), config) for _, spec, config in COMPILED])
+    return compile_cases(COMPILED)
 
 
 @pytest.mark.parametrize("index", range(len(COMPILED)), ids=[c[0] for c in COMPILED])
 def test_compiles_for_sm90_without_spills(compiled, index):
     what, _, config = COMPILED[index]
-    answer = compiled[index]
-    assert "error" not in answer, answer.get("error")
-    (kernel,) = answer["kernels"]
-    assert kernel["local_bytes"] == 0 and kernel["stack_bytes"] <= 16, f"{what}: spills {kernel}"
-    assert kernel["opcodes"].get("QGMMA", 0) > 0, "no fp8 wgmma in the SASS"
-    assert kernel["opcodes"].get("UTMALDG", 0) > 0, "operands are not loaded by TMA"
-    if config.TMA_STORE:
-        assert kernel["opcodes"].get("UTMASTG", 0) > 0, "outputs are not stored by TMA"
+    kernel = checked_kernel(compiled[index], what, config, mma="QGMMA")
     # the consumer warp groups and the producer's (one warp, padded to a warp group)
     assert kernel["num_warps"] == 4 * (config.BLOCK_M // 64 + 1)
 

@@ -97,24 +97,36 @@ COMPILED = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def compiled():
+def compile_cases(cases):
+    """Each (what, spec, config) of ``cases`` compiled for sm_90a in a process that does not
+    interpret."""
     from epilab.templates.cross import compile_in_subprocess
 
-    return compile_in_subprocess([(spec.problem(), config) for _, spec, config in COMPILED])
+    return compile_in_subprocess([(spec.problem(), config) for _, spec, config in cases])
+
+
+def checked_kernel(answer, what, config, mma="HGMMA"):
+    """The one kernel of a compiled case: no spills, wgmma (``mma``: QGMMA for fp8) and TMA
+    loads in the SASS, TMA stores with TMA_STORE."""
+    assert "error" not in answer, answer.get("error")
+    (kernel,) = answer["kernels"]
+    assert kernel["local_bytes"] == 0 and kernel["stack_bytes"] <= 16, f"{what}: spills {kernel}"
+    assert kernel["opcodes"].get(mma, 0) > 0, f"no wgmma ({mma}) in the SASS"
+    assert kernel["opcodes"].get("UTMALDG", 0) > 0, "operands are not loaded by TMA"
+    if config.TMA_STORE:
+        assert kernel["opcodes"].get("UTMASTG", 0) > 0, "outputs are not stored by TMA"
+    return kernel
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_cases(COMPILED)
 
 
 @pytest.mark.parametrize("index", range(len(COMPILED)), ids=[c[0] for c in COMPILED])
 def test_compiles_for_sm90_without_spills(compiled, index):
     what, spec, config = COMPILED[index]
-    answer = compiled[index]
-    assert "error" not in answer, answer.get("error")
-    (kernel,) = answer["kernels"]
-    assert kernel["local_bytes"] == 0 and kernel["stack_bytes"] <= 16, f"{what}: spills {kernel}"
-    assert kernel["opcodes"].get("HGMMA", 0) > 0, "no wgmma in the SASS"
-    assert kernel["opcodes"].get("UTMALDG", 0) > 0, "operands are not loaded by TMA"
-    if config.TMA_STORE:
-        assert kernel["opcodes"].get("UTMASTG", 0) > 0, "outputs are not stored by TMA"
+    kernel = checked_kernel(compiled[index], what, config)
     if config.variant == "sm90_pingpong":
         assert kernel["num_warps"] == 12  # two consumer warp groups and the producer's
     # the fast epilogue forms reach the Gluon kernels too
