@@ -29,6 +29,7 @@ import triton
 
 from epilab.ir import dtypes
 from epilab.ir.problem import BATCHED_OPS, Config, Problem
+from epilab.ir.rules import TRITON_DTYPES
 from epilab.templates.bound import Bound, Described
 from epilab.templates.runtime import single_launch, sm_count, tma_readable
 
@@ -171,14 +172,11 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     }
 
 
-GLUON_DTYPES = {"float8_e4m3fn": "float8e4nv", "float8_e5m2": "float8e5"}  # Triton's names of torch's
-
-
 def _layout(block: tuple[int, int], dtype: torch.dtype) -> object:
     from triton.experimental.gluon import language as gl
 
-    name = dtypes.name_of(dtype)
-    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, GLUON_DTYPES.get(name, name)))
+    triton_name = TRITON_DTYPES[dtypes.name_of(dtype)].removeprefix("tl.")  # fp8: Triton's own names
+    return gl.NVMMASharedLayout.get_default_for(list(block), getattr(gl, triton_name))
 
 
 def descriptors(
