@@ -87,12 +87,32 @@ def _producer(
 
 
 @gluon.jit
+def _scales(sa_rows, sb_block, kk, stride_sak, stride_sbk, stride_sbn, mask_m, rn, pid_n, N,
+            BLOCK_N: gl.constexpr, SCALED: gl.constexpr, valid):  # fmt: skip
+    """K group kk's scales of this warp group's rows times the tile's columns' (BLOCK_N 256: two
+    blocks of columns); 1.0 when not SCALED; zeros where not ``valid``."""
+    if SCALED:
+        sa = gl.load(sa_rows + kk * stride_sak, mask=mask_m & valid, other=0.0)
+        if BLOCK_N <= 128:
+            s = sa[:, None] * gl.load(sb_block + kk * stride_sbk, mask=valid, other=0.0)
+        else:
+            sb0 = gl.load(sb_block + kk * stride_sbk, mask=valid, other=0.0)
+            sb1 = gl.load(
+                sb_block + stride_sbn + kk * stride_sbk, mask=valid & (pid_n * BLOCK_N + 128 < N), other=0.0
+            )
+            s = sa[:, None] * gl.where(rn[None, :] % 256 < 128, sb0, sb1)
+    else:
+        s = 1.0
+    return s
+
+
+@gluon.jit
 def _consumer(
     a_bufs, b_bufs, ready, empty, out_ptr, sa_ptr, sb_ptr, M, N, K,
     stride_om, stride_sam, stride_sak, stride_sbk, stride_sbn,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, NUM_SMS: gl.constexpr, CONSUMERS: gl.constexpr, WHICH: gl.constexpr,
-    MMA: gl.constexpr, SCALED: gl.constexpr,
+    MMA: gl.constexpr, SCALED: gl.constexpr, PIPELINE: gl.constexpr,
 ):  # fmt: skip
     SUB: gl.constexpr = BLOCK_M // CONSUMERS
     tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
@@ -106,33 +126,136 @@ def _consumer(
         sa_rows = sa_ptr + rm * stride_sam
         sb_block = sb_ptr + (pid_n * BLOCK_N // 128) * stride_sbn
         acc = gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA)
-        for kk in range(k_tiles):
-            slot = it % STAGES
-            if not SCALED:
-                s = 1.0
-            elif BLOCK_N <= 128:
-                sa = gl.load(sa_rows + kk * stride_sak, mask=mask_m, other=0.0)
-                s = sa[:, None] * gl.load(sb_block + kk * stride_sbk)
-            else:
-                sa = gl.load(sa_rows + kk * stride_sak, mask=mask_m, other=0.0)
-                sb0 = gl.load(sb_block + kk * stride_sbk)
-                sb1 = gl.load(
-                    sb_block + stride_sbn + kk * stride_sbk, mask=pid_n * BLOCK_N + 128 < N, other=0.0
+        if PIPELINE == 0:
+            for kk in range(k_tiles):
+                slot = it % STAGES
+                s = _scales(
+                    sa_rows,
+                    sb_block,
+                    kk,
+                    stride_sak,
+                    stride_sbk,
+                    stride_sbn,
+                    mask_m,
+                    rn,
+                    pid_n,
+                    N,
+                    BLOCK_N,
+                    SCALED,
+                    True,
                 )
-                s = sa[:, None] * gl.where(rn[None, :] % 256 < 128, sb0, sb1)
+                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+                part = warpgroup_mma(
+                    a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
+                    gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
+                    use_acc=False, is_async=True,
+                )  # fmt: skip
+                part = warpgroup_mma_wait(0, deps=(part,))
+                mbarrier.arrive(empty.index(slot), count=1)
+                acc += part * s
+                it += 1
+        elif PIPELINE == 1:  # the next K group's scales loaded a K group ahead
+            s_next = _scales(
+                sa_rows,
+                sb_block,
+                0,
+                stride_sak,
+                stride_sbk,
+                stride_sbn,
+                mask_m,
+                rn,
+                pid_n,
+                N,
+                BLOCK_N,
+                SCALED,
+                True,
+            )
+            for kk in range(k_tiles):
+                slot = it % STAGES
+                s = s_next
+                s_next = _scales(
+                    sa_rows,
+                    sb_block,
+                    kk + 1,
+                    stride_sak,
+                    stride_sbk,
+                    stride_sbn,
+                    mask_m,
+                    rn,
+                    pid_n,
+                    N,
+                    BLOCK_N,
+                    SCALED,
+                    kk + 1 < k_tiles,
+                )
+                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+                part = warpgroup_mma(
+                    a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
+                    gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
+                    use_acc=False, is_async=True,
+                )  # fmt: skip
+                part = warpgroup_mma_wait(0, deps=(part,))
+                mbarrier.arrive(empty.index(slot), count=1)
+                acc += part * s
+                it += 1
+        else:  # two products in flight: K group kk's MMA runs while kk - 1's is promoted
+            slot = it % STAGES
+            s_prev = _scales(
+                sa_rows,
+                sb_block,
+                0,
+                stride_sak,
+                stride_sbk,
+                stride_sbn,
+                mask_m,
+                rn,
+                pid_n,
+                N,
+                BLOCK_N,
+                SCALED,
+                True,
+            )
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            part = warpgroup_mma(
+            prev = warpgroup_mma(
                 a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
                 gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
                 use_acc=False, is_async=True,
             )  # fmt: skip
-            part = warpgroup_mma_wait(0, deps=(part,))
-            mbarrier.arrive(empty.index(slot), count=1)
-            if SCALED:
-                acc += part * s
-            else:
-                acc += part
+            prev_slot = slot
             it += 1
+            for kk in range(1, k_tiles):
+                slot = it % STAGES
+                s = _scales(
+                    sa_rows,
+                    sb_block,
+                    kk,
+                    stride_sak,
+                    stride_sbk,
+                    stride_sbn,
+                    mask_m,
+                    rn,
+                    pid_n,
+                    N,
+                    BLOCK_N,
+                    SCALED,
+                    True,
+                )
+                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+                cur = warpgroup_mma(
+                    a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
+                    gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
+                    use_acc=False, is_async=True,
+                )  # fmt: skip
+                prev = warpgroup_mma_wait(1, deps=(prev,))
+                mbarrier.arrive(empty.index(prev_slot), count=1)
+                acc += prev * s_prev
+                prev = cur
+                s_prev = s
+                prev_slot = slot
+                it += 1
+            prev = warpgroup_mma_wait(0, deps=(prev,))
+            mbarrier.arrive(empty.index(prev_slot), count=1)
+            acc += prev * s_prev
         out = out_ptr + rm[:, None] * stride_om + rn[None, :]
         gl.store(out, acc.to(gl.bfloat16), mask=mask_m[:, None] & (rn[None, :] < N))
 
@@ -143,7 +266,7 @@ def block_scaled_ws(
     stride_om, stride_sam, stride_sak, stride_sbk, stride_sbn,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, NUM_SMS: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SCALED: gl.constexpr,
+    SCALED: gl.constexpr, PIPELINE: gl.constexpr,
 ):  # fmt: skip
     """out [M, N] (bf16) = sum_g (A_g @ B_g^T) * sa[:, g] * sb[g, n // 128]; A [M, K], B [N, K] e4m3."""
     SUB: gl.constexpr = BLOCK_M // CONSUMERS
@@ -188,6 +311,7 @@ def block_scaled_ws(
                         0,
                         MMA,
                         SCALED,
+                        PIPELINE,
                     ),
                 ),
                 (
@@ -218,6 +342,7 @@ def block_scaled_ws(
                         1,
                         MMA,
                         SCALED,
+                        PIPELINE,
                     ),
                 ),
                 (
@@ -276,6 +401,7 @@ def block_scaled_ws(
                         0,
                         MMA,
                         SCALED,
+                        PIPELINE,
                     ),
                 ),
                 (
@@ -306,6 +432,7 @@ def block_scaled_ws(
                         1,
                         MMA,
                         SCALED,
+                        PIPELINE,
                     ),
                 ),
                 (
@@ -336,6 +463,7 @@ def block_scaled_ws(
                         2,
                         MMA,
                         SCALED,
+                        PIPELINE,
                     ),
                 ),
                 (
@@ -365,14 +493,19 @@ def block_scaled_ws(
         )
 
 
-CONFIGS = [  # BLOCK_N, CONSUMERS, STAGES, GROUP_M, consumer registers, maxnreg
-    (128, 2, 6, 8, 232, 168),
-    (128, 2, 4, 8, 232, 168),
-    (128, 3, 5, 8, 152, 128),
-    (256, 2, 4, 8, 232, 168),
-    (64, 2, 8, 8, 232, 168),
-    (64, 3, 6, 8, 152, 128),
+CONFIGS = [  # BLOCK_N, CONSUMERS, STAGES, GROUP_M, consumer registers, maxnreg, PIPELINE
+    (128, 2, 6, 8, 232, 168, 0),
+    (128, 2, 4, 8, 232, 168, 0),
+    (128, 3, 5, 8, 152, 128, 0),
+    (128, 3, 4, 8, 152, 128, 0),
+    (128, 2, 6, 8, 232, 168, 1),
+    (128, 3, 5, 8, 152, 128, 1),
+    (128, 3, 4, 8, 152, 128, 1),
+    (128, 2, 6, 8, 232, 168, 2),
+    (128, 2, 4, 8, 232, 168, 2),
 ]
+# PIPELINE: 0 a K group's scales loaded in its own step, 1 a step ahead, 2 also two products in
+# flight (K group kk's MMA runs while kk - 1's is promoted: 64 more registers a thread)
 
 
 NAMES = (  # block_scaled_ws's arguments, in order
@@ -388,13 +521,14 @@ NAMES = (  # block_scaled_ws's arguments, in order
         "CONSUMERS",
         "CONSUMER_REGS",
         "SCALED",
+        "PIPELINE",
     ),
 )
 
 
 def kernel_args(a, b, sa, sb, cfg, sms, scaled=True):
     """The launch's grid, keyword arguments and output for ``cfg``."""
-    block_n, consumers, stages, group_m, regs, maxnreg = cfg
+    block_n, consumers, stages, group_m, regs, maxnreg, pipeline = cfg
     m, k = a.shape
     n = b.shape[0]
     block_m = SUB_M * consumers
@@ -408,7 +542,7 @@ def kernel_args(a, b, sa, sb, cfg, sms, scaled=True):
     values = (
         *(a_desc, b_desc, out, sa, sb, m, n, k),
         *(out.stride(0), sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1)),
-        *(block_m, block_n, GROUP_K, group_m, stages, grid[0], consumers, regs, scaled),
+        *(block_m, block_n, GROUP_K, group_m, stages, grid[0], consumers, regs, scaled, pipeline),
     )
     return grid, {**dict(zip(NAMES, values, strict=True)), "num_warps": 4, "maxnreg": maxnreg}, out
 
@@ -439,7 +573,7 @@ def compile_only() -> None:
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     kernel = block_scaled_ws
-    for cfg, scaled in [(c, True) for c in CONFIGS] + [(c, False) for c in CONFIGS[:3]]:
+    for cfg, scaled in [(c, True) for c in CONFIGS] + [(c, False) for c in CONFIGS[:4]]:
         _, kwargs, _ = kernel_args(a, b, sa, sb, cfg, 132, scaled)
         binder = create_function_from_signature(kernel.signature, kernel.params, backend)
         bound_args, specialization, options = binder(**kwargs)
