@@ -150,14 +150,19 @@ def loop_error(problem: Problem, config: Config) -> str | None:
 
 def group_error(problem: Problem, config: Config) -> str | None:
     """What column groups (``Epilogue.group_size``) ask of a config: each epilogue slice holds
-    whole groups (BLOCK_N / EPILOGUE_SUBTILE a multiple of the width), on the Triton loops,
-    stored by pointers."""
+    whole groups (BLOCK_N / EPILOGUE_SUBTILE a multiple of the width; on the Gluon kernels one
+    group: BLOCK_N the width). The Triton loops store every output by pointers; the Gluon
+    kernels stage their tile outputs for TMA (``matmul_sm90.staged_outputs``) and store the
+    group outputs by pointers."""
     width = problem.epilogue.group_size
     if not width:
         return None
-    if config.variant in matmul_sm90.VARIANTS:
-        return f"the {config.variant} variant has no column groups; they run on the Triton loops"
-    if config.TMA_STORE:
+    if config.variant in matmul_sm90.VARIANTS and width != config.BLOCK_N:
+        return (
+            f"the {config.variant} variant takes column groups one a tile: BLOCK_N = {width}, the "
+            f"group's width (its MMA layout does not take the reshape of wider tiles), not {config.BLOCK_N}"
+        )
+    if config.TMA_STORE and config.variant not in matmul_sm90.VARIANTS:
         return "TMA_STORE stores tiles: an epilogue with group outputs stores by pointers"
     if config.BLOCK_N // config.EPILOGUE_SUBTILE % width:
         return (

@@ -12,9 +12,11 @@ are rendered and bound. Three variants of the matmul kinds:
   group while the others' MMAs run: the promotion that one warp group cannot overlap with its
   own MMAs (DeepGEMM's scheme; RESULTS.md, issue 44).
 
-With ``TMA_STORE`` each tile output (not a statistic, not bool) is staged in shared memory (one
-buffer per consumer warp group) and stored by TMA; the wait for a store comes only before its
-buffer is written again, a main loop later. They need an sm_90 GPU (wgmma and TMA; Triton's
+With ``TMA_STORE`` each tile output (not a statistic, not a group output, not bool) is staged
+in shared memory (one buffer per consumer warp group) and stored by TMA; the wait for a store
+comes only before its buffer is written again, a main loop later. Statistics and the group
+outputs of a quantize step (one group a tile: BLOCK_N its width, ``matmul.group_error``) are
+stored by pointers. They need an sm_90 GPU (wgmma and TMA; Triton's
 interpreter runs no Gluon), 2-D problems, rows of A and B 16-byte aligned; persistent and
 pingpong take 16-bit inputs, cooperative fp8 ones (A row-major, B column-major: wgmma reads
 8-bit operands K-major only).
@@ -55,7 +57,7 @@ COOPERATIVE_BLOCK_K = 128  # one promotion a K block: the interval of cuBLASLt's
 
 def staged_outputs(problem: Problem, config: Config) -> tuple[int, ...]:
     """The outputs stored from shared memory by TMA: with TMA_STORE, every tile output that TMA
-    can store (not a statistic, not bool)."""
+    can store (not a statistic or group output, not bool)."""
     if not config.TMA_STORE:
         return ()
     return tuple(i for i, o in enumerate(problem.epilogue.outputs) if not o.reduce and o.dtype != "bool")
@@ -108,9 +110,11 @@ def cooperative_error(problem: Problem, config: Config) -> str | None:
             f"{COOPERATIVE} takes BLOCK_N 64 or 128 (a 64 x 256 sum and product spill), "
             f"BLOCK_K={COOPERATIVE_BLOCK_K} and PROMOTE=1 (a promotion every K block)"
         )
-    if problem.epilogue.reductions:
+    shared = [problem.epilogue.outputs[i].reduce for i in problem.epilogue.reductions]
+    if "col_sum" in shared:
         return (
-            f"{COOPERATIVE} has no reduction outputs (row or column statistics): its warp groups share tiles"
+            f"{COOPERATIVE} has no column sums: its warp groups share a tile's columns, and their "
+            "shares would be added in a varying order (row statistics and column maxima it has)"
         )
     return None
 

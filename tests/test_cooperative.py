@@ -2,14 +2,17 @@
 with exact accumulation, block-scaled or not, its promotions overlapping other warp groups' MMAs.
 
 CPU: what it takes and refuses (fp8 with exact accumulation, A row-major and B column-major,
-2 or 3 warp groups of 64 rows, BLOCK_K 128, no statistics; TMA stores of each warp group's rows), BLOCK_M = 192 for
+2 or 3 warp groups of 64 rows, BLOCK_K 128, no column sums; TMA stores of each warp group's
+rows; row statistics, column maxima, the quantize step's groups one a tile), BLOCK_M = 192 for
 this variant only, the tuner's feasibility (never in the interpreter; shared memory; registers
 counted per warp group), and that it compiles for sm_90a through Triton and ptxas without
 spills, with fp8 wgmma (QGMMA) and TMA loads (``templates/cross.py``). GPU (``-m gpu``):
 block-scaled and rowwise-scaled problems against float64 over ragged shapes (partial tiles,
 a partial last K group, K shorter than a block), epilogues with a bias, activations, a
-residual and an fp8 output; exact accumulation's error equal to cuBLASLt's
-``use_fast_accum=False`` (both promote every 128 elements of K).
+residual and an fp8 output; row statistics and column maxima; the quantize step for the next
+GEMM (q and its scales as torch quantizes the kernel's own unquantized output); exact
+accumulation's error equal to cuBLASLt's ``use_fast_accum=False`` (both promote every 128
+elements of K).
 """
 
 from __future__ import annotations
@@ -22,16 +25,18 @@ from test_block_scaled import block_tensors
 from test_block_scaled import reference as block_reference
 from test_fp8 import FP8, fp8_tensor, scales
 from test_matmul_sm90 import checked_kernel, compile_cases
+from test_quantize_epilogue import torch_quantized
 
 from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
+from epilab.ir.quantize import quantized_groups
 from epilab.templates.block_scaled import make_block_problem
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.matmul import make_problem
 from epilab.templates.verify import checked_launch
-from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, run_error
+from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, run_error, smem_bytes
 
 THREE = Config(192, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative")
 THREE_TMA = Config(192, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1)
@@ -65,8 +70,28 @@ def test_what_the_cooperative_variant_takes_and_refuses(spec):
     assert "BLOCK_K=128" in _error(p, dataclasses.replace(TWO, BLOCK_K=64))
     assert _error(p, dataclasses.replace(TWO, TMA_STORE=1)) is None
     assert "num_warps=4" in _error(p, dataclasses.replace(TWO, num_warps=8))
-    stats = Epilogue.build([(acc(), "float32", "row_sum")])
-    assert "reduction" in _error(dataclasses.replace(p, epilogue=stats, operands=()), TWO)
+    col_sums = Epilogue.build([(acc(), "bfloat16"), (acc(), "float32", "col_sum")])
+    assert "column sums" in _error(dataclasses.replace(p, epilogue=col_sums, operands=()), TWO)
+
+
+def test_row_statistics_column_maxima_and_groups_it_takes():
+    """Each warp group owns whole rows of its tile: row statistics and column maxima (their
+    order does not matter) are its; the quantize step's groups are one a tile (BLOCK_N 128)."""
+    p = BLOCK.problem()
+    stats = Epilogue.build(
+        [(acc(), "bfloat16"), (acc() * acc(), "float32", "row_sum"), (acc(), "float32", "col_max")]
+    )
+    assert _error(dataclasses.replace(p, epilogue=stats, operands=()), TWO) is None
+    quant = Spec(
+        1024, 2112, 2048, dtype="float8_e4m3fn", scales="block", epilogue="silu", quantize=128
+    ).problem()
+    for config in (THREE, TWO, THREE_TMA):
+        assert _error(quant, config) is None, config.short()
+    assert "BLOCK_N = 128" in _error(quant, NARROW)
+    pingpong = Config(128, 256, 64, 8, num_warps=4, num_stages=3, variant="sm90_pingpong")
+    bf16 = Spec(1024, 2048, 2048, epilogue="silu", quantize=128).problem()
+    assert "BLOCK_N = 128" in _error(bf16, pingpong)
+    assert _error(bf16, dataclasses.replace(pingpong, BLOCK_N=128, TMA_STORE=1)) is None
 
 
 def test_block_m_192_is_the_cooperative_variants_only():
@@ -86,6 +111,15 @@ def test_feasibility_counts_registers_per_warp_group_and_shared_memory():
     assert "shared memory" in infeasible(p, dataclasses.replace(THREE, num_stages=6), H100)
     assert infeasible(p, THREE_TMA, H100) is None
     assert "shared memory" in infeasible(p, dataclasses.replace(THREE_TMA, num_stages=5), H100)
+    # only tile outputs are staged: the quantize step's q (1 byte) beside 4 stages, not its
+    # scales; a bf16 tile and its row statistic (by pointers) likewise
+    quant = Spec(
+        4096, 7168, 2048, dtype="float8_e4m3fn", scales="block", epilogue="silu", quantize=128
+    ).problem()
+    assert smem_bytes(quant, THREE_TMA) == 4 * (192 + 128) * 128 + 192 * 128
+    assert infeasible(quant, THREE_TMA, H100) is None
+    stats = Epilogue.build([(acc(), "bfloat16"), (acc() * acc(), "float32", "row_sum")])
+    assert infeasible(dataclasses.replace(p, epilogue=stats), THREE_TMA, H100) is None
 
 
 # --------------------------------------------------- compiled for sm_90a (CPU)
@@ -98,6 +132,7 @@ COMPILED = [
     ("tensorwise exact, e5m2", Spec(1024, 1024, 1024, dtype="float8_e5m2", scales="tensor"), TWO),
     ("block, TMA stores", Spec(4096, 32768, 512, dtype="float8_e4m3fn", scales="block"), THREE_TMA),
     ("rowwise, two outputs by TMA", Spec(1024, 2048, 2048, dtype="float8_e4m3fn", epilogue=(("acc", "float32"), ("gelu(acc)", None))), dataclasses.replace(TWO, TMA_STORE=1, num_stages=4)),
+    ("block, quantized per 128 for the next GEMM, q by TMA", Spec(2048, 14336, 4096, dtype="float8_e4m3fn", scales="block", epilogue="silu", quantize=128), THREE_TMA),
 ]  # fmt: skip
 
 
@@ -210,3 +245,41 @@ def test_gpu_block_scaled_matches_cublaslt():
     theirs = kind_of(problem).baseline(problem, a, b, tensors)[0]
     ref = block_reference(a, b, tensors)
     assert rel_error(ours, ref) <= 1.5 * max(rel_error(theirs, ref), 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [THREE, TWO, THREE_TMA], ids=["three", "two", "tma-store"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_row_statistics_and_column_maxima_match_float64(shape, config):
+    """An RMSNorm's sum of squares per row (a tile's share from each warp group's rows) and a
+    column max (two or three warp groups' shares of one tile's columns) beside the bf16 tile."""
+    _hopper()
+    m, n, k = shape
+    torch.manual_seed(m + k)
+    a, b, tensors = block_tensors(m, n, k, FP8["e4m3"], device="cuda")
+    tensors["residual"] = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    x = acc() + operand("residual", "tile")
+    ep = Epilogue.build([(x, "bfloat16"), (x * x, "float32", "row_sum"), (abs(x), "float32", "col_max")])
+    problem = make_block_problem(a, b, ep, tensors)
+    checked_launch(problem, _runnable(problem, config), a, b, tensors)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [THREE, TWO, THREE_TMA], ids=["three", "two", "tma-store"])
+@pytest.mark.parametrize("shape", [(1000, 2112, 2048), (200, 384, 1040), (1, 256, 256)], ids=str)
+def test_gpu_quantizes_for_the_next_gemm(shape, config):
+    """silu of a block-scaled product quantized per row and 128 columns in the epilogue: the
+    scales as torch computes them from the kernel's own unquantized output, the fp8 codes equal
+    but where the scale's last bit moved a value across a rounding boundary."""
+    _hopper()
+    m, n, k = shape
+    torch.manual_seed(n + k)
+    a, b, tensors = block_tensors(m, n, k, FP8["e4m3"], device="cuda")
+    silu = Epilogue.build([(ops.silu(acc()), "bfloat16")])
+    problem = make_block_problem(a, b, quantized_groups(silu, 128), tensors)
+    config = _runnable(problem, config)
+    q, scale = checked_launch(problem, config, a, b, tensors).outs
+    (y,) = checked_launch(make_block_problem(a, b, silu, tensors), config, a, b, tensors).outs
+    want_q, want_scale = torch_quantized(y, 128)
+    torch.testing.assert_close(scale, want_scale, rtol=2e-7, atol=0)
+    assert (q.view(torch.uint8) != want_q.view(torch.uint8)).float().mean().item() < 1e-4

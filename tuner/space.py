@@ -140,14 +140,15 @@ def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
 
 def smem_bytes(problem: Problem, config: Config) -> int:
     """Shared memory one program of ``config`` takes: its pipeline's A and B stages (a dual
-    GEMM stages two B tiles), and the staging of TMA-stored outputs."""
+    GEMM stages two B tiles), and the staging of TMA-stored outputs: the tile outputs (the
+    statistics and the group outputs are stored by pointers, never staged)."""
     kind = kind_of(problem)
     accs = kind.accumulators
     a_bytes = config.BLOCK_M * config.BLOCK_K * itemsize(problem.dtype)
     b_bytes = accs * config.BLOCK_K * config.BLOCK_N * itemsize(kind.b_dtype(problem))
     smem = config.num_stages * (a_bytes + b_bytes)
     if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
-        out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs)
+        out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs if not o.reduce)
         copies = kind.output_staging(config)  # the ping-pong's consumers have one each
         smem += copies * config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
     return smem
