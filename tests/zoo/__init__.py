@@ -80,7 +80,7 @@ ZOO: dict[str, dict[str, Spec]] = {
         ),
         Spec(  # block-scaled fp8 (DeepSeek-V3's scaling, dequantized in torch ops) at decode
             "llama_fp8b",
-            lambda: fp8_weights(LlamaBlock(d=4096, heads=32, kv_heads=8, f=14336, max_seq=1), Fp8BlockLinear),
+            lambda: fp8_weights(LlamaBlock(d=4096, heads=32, kv_heads=8, f=14336, max_seq=512), Fp8BlockLinear),
             (8, 1, 4096),
         ),
         Spec("bert", lambda: Bert(d=768, heads=12, f=3072, layers=2), (8, 128, 768)),
