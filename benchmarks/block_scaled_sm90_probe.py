@@ -12,8 +12,10 @@ of the BLOCK_M = 64 x CONSUMERS tile and run free of each other, so one's scale-
 while another's wgmma is on the tensor cores. Per K group (BLOCK_K = 128) a consumer loads its
 rows' A scales and the tile's B scale, issues the wgmma into a zeroed accumulator, waits for
 it, frees the stage and adds ``part * (sa * sb)`` in fp32 (promotion every 128 elements of K,
-cuBLASLt's and DeepGEMM's interval). ``--exact`` runs the same loop for rowwise fp8 with
-exact accumulation (scales of ones inside, the rowwise scales outside are not the question).
+cuBLASLt's and DeepGEMM's interval; the ``PIPELINE`` knob loads the scales a K group ahead,
+and also keeps two products in flight: neither helps, RESULTS.md 2026-11-28 (late)).
+``--exact`` runs the same loop for rowwise fp8 with exact accumulation (scales of ones inside,
+the rowwise scales outside are not the question).
 
 Each config is checked against the float64 product of the dequantized inputs (relative error
 below 1e-2, where cuBLASLt's is 1.7e-3) and timed by CUDA events with L2 flushed
@@ -87,23 +89,31 @@ def _producer(
 
 
 @gluon.jit
-def _scales(sa_rows, sb_block, kk, stride_sak, stride_sbk, stride_sbn, mask_m, rn, pid_n, N,
-            BLOCK_N: gl.constexpr, SCALED: gl.constexpr, valid):  # fmt: skip
-    """K group kk's scales of this warp group's rows times the tile's columns' (BLOCK_N 256: two
-    blocks of columns); 1.0 when not SCALED; zeros where not ``valid``."""
+def _scales(at, kk, valid, BLOCK_N: gl.constexpr, SCALED: gl.constexpr):
+    """K group kk's scales of this warp group's rows times the tile's (BLOCK_N <= 128: one block
+    of B's columns); 1.0 when not SCALED; zeros where not ``valid``. ``at``: the rows' A scales,
+    the tile's B scale, their strides along K, the rows' mask."""
+    sa_rows, sb_block, stride_sak, stride_sbk, mask_m = at
     if SCALED:
+        gl.static_assert(BLOCK_N <= 128, "a tile of one block of B's columns (BLOCK_N 256 spilled)")
         sa = gl.load(sa_rows + kk * stride_sak, mask=mask_m & valid, other=0.0)
-        if BLOCK_N <= 128:
-            s = sa[:, None] * gl.load(sb_block + kk * stride_sbk, mask=valid, other=0.0)
-        else:
-            sb0 = gl.load(sb_block + kk * stride_sbk, mask=valid, other=0.0)
-            sb1 = gl.load(
-                sb_block + stride_sbn + kk * stride_sbk, mask=valid & (pid_n * BLOCK_N + 128 < N), other=0.0
-            )
-            s = sa[:, None] * gl.where(rn[None, :] % 256 < 128, sb0, sb1)
+        s = sa[:, None] * gl.load(sb_block + kk * stride_sbk, mask=valid, other=0.0)
     else:
         s = 1.0
     return s
+
+
+@gluon.jit
+def _product(a_bufs, b_bufs, ready, it, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+             WHICH: gl.constexpr, SUB: gl.constexpr, BLOCK_N: gl.constexpr, MMA: gl.constexpr):  # fmt: skip
+    """K step ``it``'s product of this warp group's rows, issued once its stage has landed (async)."""
+    slot = it % STAGES
+    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    return warpgroup_mma(
+        a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
+        gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
+        use_acc=False, is_async=True,
+    )  # fmt: skip
 
 
 @gluon.jit
@@ -114,6 +124,8 @@ def _consumer(
     STAGES: gl.constexpr, NUM_SMS: gl.constexpr, CONSUMERS: gl.constexpr, WHICH: gl.constexpr,
     MMA: gl.constexpr, SCALED: gl.constexpr, PIPELINE: gl.constexpr,
 ):  # fmt: skip
+    """PIPELINE 0: a K group's scales loaded in its own step; 1: a step ahead; 2: also two
+    products in flight (K group kk's MMA runs while kk - 1's is promoted)."""
     SUB: gl.constexpr = BLOCK_M // CONSUMERS
     tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -123,138 +135,37 @@ def _consumer(
         rm = pid_m * BLOCK_M + WHICH * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, MMA))
         rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA))
         mask_m = rm < M
-        sa_rows = sa_ptr + rm * stride_sam
         sb_block = sb_ptr + (pid_n * BLOCK_N // 128) * stride_sbn
+        at = (sa_ptr + rm * stride_sam, sb_block, stride_sak, stride_sbk, mask_m)
         acc = gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA)
-        if PIPELINE == 0:
+        if PIPELINE < 2:
+            s_next = _scales(at, 0, True, BLOCK_N, SCALED)
             for kk in range(k_tiles):
-                slot = it % STAGES
-                s = _scales(
-                    sa_rows,
-                    sb_block,
-                    kk,
-                    stride_sak,
-                    stride_sbk,
-                    stride_sbn,
-                    mask_m,
-                    rn,
-                    pid_n,
-                    N,
-                    BLOCK_N,
-                    SCALED,
-                    True,
-                )
-                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-                part = warpgroup_mma(
-                    a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
-                    gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
-                    use_acc=False, is_async=True,
-                )  # fmt: skip
+                if PIPELINE == 1:
+                    s = s_next
+                    s_next = _scales(at, kk + 1, kk + 1 < k_tiles, BLOCK_N, SCALED)
+                else:
+                    s = _scales(at, kk, True, BLOCK_N, SCALED)
+                part = _product(a_bufs, b_bufs, ready, it, STAGES, CONSUMERS, WHICH, SUB, BLOCK_N, MMA)
                 part = warpgroup_mma_wait(0, deps=(part,))
-                mbarrier.arrive(empty.index(slot), count=1)
+                mbarrier.arrive(empty.index(it % STAGES), count=1)
                 acc += part * s
                 it += 1
-        elif PIPELINE == 1:  # the next K group's scales loaded a K group ahead
-            s_next = _scales(
-                sa_rows,
-                sb_block,
-                0,
-                stride_sak,
-                stride_sbk,
-                stride_sbn,
-                mask_m,
-                rn,
-                pid_n,
-                N,
-                BLOCK_N,
-                SCALED,
-                True,
-            )
-            for kk in range(k_tiles):
-                slot = it % STAGES
-                s = s_next
-                s_next = _scales(
-                    sa_rows,
-                    sb_block,
-                    kk + 1,
-                    stride_sak,
-                    stride_sbk,
-                    stride_sbn,
-                    mask_m,
-                    rn,
-                    pid_n,
-                    N,
-                    BLOCK_N,
-                    SCALED,
-                    kk + 1 < k_tiles,
-                )
-                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-                part = warpgroup_mma(
-                    a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
-                    gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
-                    use_acc=False, is_async=True,
-                )  # fmt: skip
-                part = warpgroup_mma_wait(0, deps=(part,))
-                mbarrier.arrive(empty.index(slot), count=1)
-                acc += part * s
-                it += 1
-        else:  # two products in flight: K group kk's MMA runs while kk - 1's is promoted
-            slot = it % STAGES
-            s_prev = _scales(
-                sa_rows,
-                sb_block,
-                0,
-                stride_sak,
-                stride_sbk,
-                stride_sbn,
-                mask_m,
-                rn,
-                pid_n,
-                N,
-                BLOCK_N,
-                SCALED,
-                True,
-            )
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            prev = warpgroup_mma(
-                a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
-                gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
-                use_acc=False, is_async=True,
-            )  # fmt: skip
-            prev_slot = slot
+        else:
+            s_prev = _scales(at, 0, True, BLOCK_N, SCALED)
+            prev = _product(a_bufs, b_bufs, ready, it, STAGES, CONSUMERS, WHICH, SUB, BLOCK_N, MMA)
             it += 1
             for kk in range(1, k_tiles):
-                slot = it % STAGES
-                s = _scales(
-                    sa_rows,
-                    sb_block,
-                    kk,
-                    stride_sak,
-                    stride_sbk,
-                    stride_sbn,
-                    mask_m,
-                    rn,
-                    pid_n,
-                    N,
-                    BLOCK_N,
-                    SCALED,
-                    True,
-                )
-                mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-                cur = warpgroup_mma(
-                    a_bufs.index(slot * CONSUMERS + WHICH), b_bufs.index(slot).permute((1, 0)),
-                    gl.zeros((SUB, BLOCK_N), dtype=gl.float32, layout=MMA),
-                    use_acc=False, is_async=True,
-                )  # fmt: skip
+                s = _scales(at, kk, True, BLOCK_N, SCALED)
+                cur = _product(a_bufs, b_bufs, ready, it, STAGES, CONSUMERS, WHICH, SUB, BLOCK_N, MMA)
                 prev = warpgroup_mma_wait(1, deps=(prev,))
-                mbarrier.arrive(empty.index(prev_slot), count=1)
+                mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
                 acc += prev * s_prev
                 prev = cur
                 s_prev = s
-                prev_slot = slot
                 it += 1
             prev = warpgroup_mma_wait(0, deps=(prev,))
-            mbarrier.arrive(empty.index(prev_slot), count=1)
+            mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
             acc += prev * s_prev
         out = out_ptr + rm[:, None] * stride_om + rn[None, :]
         gl.store(out, acc.to(gl.bfloat16), mask=mask_m[:, None] & (rn[None, :] < N))
