@@ -23,7 +23,7 @@ import pytest
 import torch
 from test_block_scaled import block_tensors
 from test_block_scaled import reference as block_reference
-from test_fp8 import FP8, fp8_tensor, scales
+from test_fp8 import FP8, exact_case, fp8_tensor, scales
 from test_matmul_sm90 import checked_kernel, compile_cases
 from test_quantize_epilogue import torch_quantized
 
@@ -221,15 +221,7 @@ def test_gpu_exact_error_equals_cublaslt_exact(same_sign):
     """fp32 out, no scales: a promotion every K block of 128 is cuBLASLt's exact mode's
     error against float64 (docs/design.md's table; the interval of 128 matched it to 3 digits)."""
     _hopper()
-    m, n, k = 1024, 1024, 8192
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    x, y = (torch.randn(r, k, device="cuda", generator=gen) for r in (m, n))
-    x, y = (t.abs() if same_sign else t for t in (x, y))
-    a, b = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device="cuda")
-    ref = a.double() @ b.double()
-    bound = rel_error(torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False), ref)
-    problem = make_problem(a, b, Epilogue.build([(acc(), "float32")]), {})
+    a, b, ref, bound, problem = exact_case(same_sign, seed=5)
     for config in (THREE, TWO, TWO_OUTPUTS_TMA):  # 96 KiB of fp32 staging beside 3 stages
         (out,) = checked_launch(problem, config, a, b, {}).outs
         assert rel_error(out, ref) <= 1.01 * bound, (config.short(), rel_error(out, ref), bound)

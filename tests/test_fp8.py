@@ -378,6 +378,21 @@ def test_gpu_matches_torch_scaled_mm(scaling, fast):
     assert rel_error(ours, theirs.double()) < 1e-2
 
 
+def exact_case(same_sign: bool, seed: int):
+    """1024 x 1024 x 8192 e4m3 inputs (signed or all positive), an fp32 output and no scales:
+    A, B, their float64 product, cuBLASLt's exact-mode (``use_fast_accum=False``) error against
+    it, and the problem."""
+    m, n, k = 1024, 1024, 8192
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x, y = (torch.randn(r, k, device="cuda", generator=gen) for r in (m, n))
+    x, y = (t.abs() if same_sign else t for t in (x, y))
+    a, b = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    ref = a.double() @ b.double()
+    bound = rel_error(torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False), ref)
+    return a, b, ref, bound, make_problem(a, b, Epilogue.build([(acc(), "float32")]), {})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("same_sign", [False, True], ids=["signed", "same-sign"])
 def test_gpu_exact_accumulation_within_its_bound(same_sign):
@@ -385,16 +400,7 @@ def test_gpu_exact_accumulation_within_its_bound(same_sign):
     is as exact as torch._scaled_mm(use_fast_accum=False); every 256 (the bound) within 4x
     of it; fast accumulation is far worse on same-sign data (docs/design.md, issue 44)."""
     _fp8_gpu()
-    m, n, k = 1024, 1024, 8192
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    x, y = (torch.randn(r, k, device="cuda", generator=gen) for r in (m, n))
-    x, y = (t.abs() if same_sign else t for t in (x, y))
-    a, b = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device="cuda")
-    ref = a.double() @ b.double()
-    cublas = torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False)
-    bound = rel_error(cublas, ref)
-    problem = make_problem(a, b, Epilogue.build([(acc(), "float32")]), {})
+    a, b, ref, bound, problem = exact_case(same_sign, seed=3)
     errors = {}
     for block_k, promote in ((128, 1), (64, 2), (128, 2), (256, 1)):
         config = Config(128, 128, block_k, 8, num_warps=8, num_stages=2, variant="tma", PROMOTE=promote)
