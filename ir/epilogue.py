@@ -365,17 +365,24 @@ class Epilogue:
     def fast_nodes(self) -> frozenset[int]:
         """The nodes a template renders with their rule's fast form (``rules.py``): those
         whose every value ends, through float ops only, in tile outputs of a dtype whose
-        rounding dominates the fast forms' error (``FAST_OUTPUT_DTYPES``). A node that an
-        fp32 output, a statistic, a row total or a predicate reads keeps its exact form."""
+        rounding dominates the fast forms' error (``FAST_OUTPUT_DTYPES``), or in a cast to such
+        a dtype (what follows reads the rounded value, as the quantize step's group max and
+        scales do). A node that an fp32 output, a statistic or a row total reads keeps its
+        exact form up to such a cast; one a predicate reads keeps it through casts too (a
+        comparison must flip no more often than torch's)."""
         exact = [False] * len(self.nodes)
+        strict = [False] * len(self.nodes)  # read by a predicate: exact through casts
         for o in self.outputs:
             if o.reduce or o.dtype not in FAST_OUTPUT_DTYPES:
                 exact[o.node] = True
         for i in range(len(self.nodes) - 1, -1, -1):  # users come after their arguments
             n = self.nodes[i]
-            if exact[i] or self.kinds[i] == "bool" or n.op in ROW_OPS or n.op in GROUP_OPS:
+            strict[i] = strict[i] or self.kinds[i] == "bool"
+            rounds = n.op == "cast" and n.attr["dtype"] in FAST_OUTPUT_DTYPES
+            if (exact[i] and not rounds) or strict[i] or n.op in ROW_OPS or n.op in GROUP_OPS:
                 for a in n.args:
                     exact[a] = True
+                    strict[a] = strict[a] or strict[i]
         return frozenset(
             i for i, n in enumerate(self.nodes) if not exact[i] and n.op in RULES and RULES[n.op].fast
         )

@@ -20,6 +20,7 @@ import torch
 import epilab
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
+from epilab.ir.quantize import quantized_groups
 from epilab.ir.rules import FAST_ABS_FLOOR, FAST_ULPS, RULES
 
 FAST_OPS = sorted(name for name, rule in RULES.items() if rule.fast)
@@ -144,6 +145,19 @@ def test_fast_nodes_only_where_low_precision_outputs_read_them() -> None:
     # through more float arithmetic into fp16: fast
     ep = Epilogue.build([(ops.silu(x) * operand("up", "tile") + 1.0, "float16")])
     assert [ep.nodes[i].op for i in ep.fast_nodes] == ["silu"]
+    # rounded to bf16 before an fp32 output, a statistic or a group max reads it: fast (the
+    # quantize step's scales read the rounded output), but not without the cast
+    y = ops.cast(g, dtype="bfloat16")
+    for ep in (
+        Epilogue.build([(y * 2.0, "float32")]),
+        Epilogue.build([(y, "bfloat16"), (y * y, "float32", "row_sum")]),
+        quantized_groups(Epilogue.build([(g, "bfloat16")]), 16),
+    ):
+        assert [ep.nodes[i].op for i in ep.fast_nodes] == ["gelu"], ep.text()
+    assert not Epilogue.build([(ops.cast(g, dtype="float32") * 2.0, "float32")]).fast_nodes
+    # a predicate keeps the exact form through a cast
+    assert not Epilogue.build([(ops.gt(y, 0.5), "bool")]).fast_nodes
+    assert not Epilogue.build([(y, "bfloat16"), (ops.gt(y * 2.0, 0.5), "bool")]).fast_nodes
 
 
 def test_fast_forms_render_only_for_fast_nodes() -> None:
