@@ -301,7 +301,8 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
     if ctx.policy == "always":
         # a skinny matmul runs on the gemv template's heuristic, not on a 16-row matmul tile
         chosen = untuned_choice(problem)
-        config = default_config(chosen, ctx.target, sm_count=ctx.device.sm_count)  # type: ignore[arg-type]
+        device = ctx.device
+        config = default_config(chosen, ctx.target, sm_count=device.sm_count, capability=device.capability)  # type: ignore[arg-type,union-attr]
         return made(
             chosen.key not in ctx.exclude,
             Plan(config=config),
@@ -484,7 +485,9 @@ def _decide_dynamic(
             buckets.append((upper, Config.from_dict(hit.record.config or {})))
         else:
             at = dataclasses.replace(problem, shape=dataclasses.replace(problem.shape, m=rep))
-            buckets.append((upper, default_config(at, ctx.target, sm_count=ctx.device.sm_count)))  # type: ignore[arg-type]
+            device = ctx.device
+            untuned = default_config(at, ctx.target, sm_count=device.sm_count, capability=device.capability)  # type: ignore[arg-type,union-attr]
+            buckets.append((upper, untuned))
     plan = Plan(buckets=tuple(buckets))
     source = "nearest records by M bucket" if recorded else "heuristic by M bucket"
     if ctx.policy == "always":

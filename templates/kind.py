@@ -117,6 +117,10 @@ def _no_twins(problem: Problem) -> tuple[Problem, ...]:
     return ()
 
 
+def _heuristic_everywhere(problem: Problem, config: Config, capability: str, sm_count: int) -> Config:
+    return config
+
+
 def _no_twin_call(problem: Problem, a: Tensor, b: Tensor) -> TwinCall | None:
     return None
 
@@ -187,6 +191,10 @@ class TemplateKind:
     # problem of another op on this template is refused where it is made (``Problem``)
     takes: tuple[str, ...] = ()
     prefer_untuned: bool = False  # its heuristic beats the other template's on the twins it takes
+    # (problem, heuristic config, capability "9.0", SMs) -> the untuned config on a GPU of that
+    # capability, where the kind has kernels of that architecture's own that win untuned (the
+    # block-scaled kind: sm_90's cooperative kernel, twice its Triton loops); ``kinds.default_config``
+    device_default: Callable[[Problem, Config, str, int], Config] = _heuristic_everywhere
     # templates whose problems it takes as twins and always runs far faster (depthwise: conv2d's
     # implicit GEMM, 4-30x slower on every depthwise layer measured): the tuner leaves those
     # problems to their twin here (``kinds.superseded``) instead of spending trials on them

@@ -126,12 +126,18 @@ def source(problem: Problem, config: Config, *, target: Target = "cuda", index_6
     return render(kind_of(problem), problem, config, target=target, index_64=index_64)
 
 
-def default_config(problem: Problem, target: Target = "cuda", *, sm_count: int = matmul.H100_SMS) -> Config:
+def default_config(
+    problem: Problem, target: Target = "cuda", *, sm_count: int = matmul.H100_SMS, capability: str = ""
+) -> Config:
     """The problem's kind's untuned heuristic config (its tiles widened to hold whole column
-    groups where the epilogue has them: ``Epilogue.group_size``)."""
-    config = kind_of(problem).default_config(problem, target, sm_count=sm_count)
+    groups where the epilogue has them: ``Epilogue.group_size``); on a GPU of ``capability``
+    ("9.0"; empty: not known) the kind's ``device_default`` for it."""
+    kind = kind_of(problem)
+    config = kind.default_config(problem, target, sm_count=sm_count)
+    if target == "cuda" and capability:
+        config = kind.device_default(problem, config, capability, sm_count)
     width = problem.epilogue.group_size
-    if width and kind_of(problem).groups and config.BLOCK_N // config.EPILOGUE_SUBTILE % width:
+    if width and kind.groups and config.BLOCK_N // config.EPILOGUE_SUBTILE % width:
         config = dataclasses.replace(config, BLOCK_N=max(config.BLOCK_N, width), EPILOGUE_SUBTILE=1)
     return config
 

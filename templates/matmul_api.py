@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -31,10 +32,12 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 
 @lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
+def _device_facts(device: torch.device) -> dict[str, Any]:
+    """What ``default_config`` asks of the device: its SMs and compute capability."""
     if device.type != "cuda":
-        return H100_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+        return {"sm_count": H100_SMS}
+    props = torch.cuda.get_device_properties(device)
+    return {"sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}"}
 
 
 def matmul(
@@ -204,7 +207,7 @@ def _run(
     """Launch ``problem`` with ``config`` (the default heuristic's when None): one tensor
     per epilogue output, a single one unwrapped."""
     if config is None:
-        config = default_config(problem, target_for(a.device), sm_count=_sm_count(a.device))
+        config = default_config(problem, target_for(a.device), **_device_facts(a.device))
     if not isinstance(config, Config):
         raise TypeError(f"config must be an epilab.Config, got {type(config).__name__}")
     outs = launch_unchecked(problem, config, a, b, tensors)

@@ -5,6 +5,8 @@ torch._scaled_mm's block scaling (cuBLASLt)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,7 +25,7 @@ from epilab.templates.block_scaled import (
     scale_shapes,
 )
 from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import kind_of
+from epilab.templates.kinds import default_config, kind_of
 from epilab.templates.matmul import TRITON_VARIANTS
 from epilab.templates.matmul_api import block_scales
 from epilab.templates.verify import checked_launch
@@ -115,6 +117,30 @@ def test_api_takes_block_scales_as_a_weight_stores_them():
     ref = reference(x, w.t(), {A_SCALES: sx, B_SCALES: sw.t()}, bias, F.silu)
     assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
     assert block_scales(x, w.t(), sx, sw)
+
+
+def test_untuned_on_sm90_is_the_cooperative_kernel_where_its_tiles_fill_the_gpu():
+    """An untuned call on an sm_90 GPU runs the cooperative kernel where it has a tile for every
+    SM (4-6x the heuristic's Triton loop at M = 4096); fewer tiles, other GPUs and the
+    interpreter keep the heuristic."""
+    big = Spec(4096, 7168, 2048, dtype="float8_e4m3fn", scales="block").problem()
+    hopper = default_config(big, "cuda", sm_count=132, capability="9.0")
+    assert hopper == KIND.seeds[0] and hopper.variant == "sm90_cooperative"
+    assert infeasible(big, hopper, dataclasses.replace(HOPPER, interpreter=False)) is None
+    heuristic = default_config(big, "cuda", sm_count=132)
+    assert heuristic.variant in TRITON_VARIANTS
+    assert default_config(big, "cuda", sm_count=132, capability="8.9") == heuristic
+    assert default_config(big, "interpreter", capability="9.0").variant in TRITON_VARIANTS
+    for m, n in ((16, 7168), (128, 6144), (640, 2112)):  # 56, 48 and 85 tiles of 128 x 128
+        few = Spec(m, n, 2048, dtype="float8_e4m3fn", scales="block").problem()
+        assert default_config(few, "cuda", capability="9.0").variant in TRITON_VARIANTS, (m, n)
+    # 384 x 5632: 2 x 44 tiles of 192 rows, 3 x 44 of 128
+    mid = default_config(Spec(384, 5632, 7168, dtype="float8_e4m3fn", scales="block").problem(), "cuda", capability="9.0")  # fmt: skip
+    assert mid.variant == "sm90_cooperative" and mid.BLOCK_M == 128
+    # the quantize step (groups one a tile) and an fp8 output take it too
+    quant = Spec(2048, 14336, 4096, dtype="float8_e4m3fn", scales="block", epilogue="silu", quantize=128)
+    config = default_config(quant.problem(), "cuda", capability="9.0")
+    assert config.variant == "sm90_cooperative" and KIND.config_error(quant.problem(), config) is None
 
 
 def test_rowwise_reading_wins_where_both_mean_the_same():
@@ -285,6 +311,29 @@ def test_block_dequantized_mm_needs_both_inputs_in_blocks(tmp_path, fresh_compil
 
 
 # ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+def test_gpu_untuned_call_runs_the_cooperative_kernel_and_matches_float64():
+    """The API without a config on an sm_90 GPU: the cooperative kernel (ragged M and N, K of
+    13 groups: 6 x 33 tiles), bias and SiLU, against float64 of the dequantized inputs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the cooperative kernel is sm_90's")
+    m, n, k = 1000, 4160, 1664
+    torch.manual_seed(k)
+    x, w = fp8_tensor(m, k, FP8["e4m3"], device="cuda"), fp8_tensor(n, k, FP8["e4m3"], device="cuda")
+    sx = torch.rand(m, 13, device="cuda") + 0.1
+    sw = torch.rand(33, 13, device="cuda") + 0.1
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        out = epilab.matmul(x, w.t(), scale_a=sx, scale_b=sw, bias=bias, activation="silu")
+    problem = make_block_problem(x, w.t(), Epilogue.identity("bfloat16"), {A_SCALES: sx, B_SCALES: sw.t()})
+    facts = torch.cuda.get_device_properties(0)
+    assert default_config(
+        problem, "cuda", sm_count=facts.multi_processor_count, capability="9.0"
+    ).variant == ("sm90_cooperative")
+    ref = reference(x, w.t(), {A_SCALES: sx, B_SCALES: sw.t()}, bias, F.silu)
+    assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
 
 
 @pytest.mark.gpu
