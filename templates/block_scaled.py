@@ -206,30 +206,11 @@ def default_block_config(
     return dataclasses.replace(c, BLOCK_K=min(c.BLOCK_K, GROUP))
 
 
-SM90_SHARED_BYTES = 232_448  # every sm_90 part's opt-in shared memory a block (227 KiB)
-
-
 def sm90_default(problem: Problem, config: Config, capability: str, sm_count: int) -> Config:
-    """Untuned on an sm_90 GPU: the first of the kind's cooperative seeds that takes the
-    problem with a tile for every SM, 4-6x the heuristic's Triton loop on DeepSeek-V3's shapes
-    at M = 4096 (RESULTS.md 2026-11-28 night). Fewer tiles (M = 128: 0.82-0.90x the loop) and
-    other GPUs keep the heuristic."""
-    from epilab.tuner.space import DeviceLimits, infeasible  # the tuner imports the kinds
-
-    m, n = problem.shape.m, problem.shape.n
-    if capability != "9.0":
-        return config
-    device = DeviceLimits(f"sm_{capability}", capability, sm_count, SM90_SHARED_BYTES)
-
-    def tiles(c: Config) -> int:
-        rows = triton.cdiv(m, c.BLOCK_M) if isinstance(m, int) else sm_count
-        return rows * (triton.cdiv(n, c.BLOCK_N) if isinstance(n, int) else sm_count)
-
-    for seed in SEEDS:
-        cooperative = seed.variant == matmul_sm90.COOPERATIVE
-        if cooperative and tiles(seed) >= sm_count and infeasible(problem, seed, device) is None:
-            return seed
-    return config
+    """Untuned on an sm_90 GPU: the cooperative kernel where its tiles fill the GPU, 4-6x the
+    heuristic's Triton loop on DeepSeek-V3's shapes at M = 4096 (RESULTS.md 2026-11-28
+    night); fewer tiles (M = 128: 0.82-0.90x the loop) keep the heuristic."""
+    return matmul_sm90.cooperative_default(problem, config, capability, sm_count, SEEDS)
 
 
 def scales_of(problem: Problem) -> tuple[str, ...]:

@@ -711,6 +711,15 @@ FP8_SEEDS = (
     Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1, PROMOTE=2),
 )
 
+
+def device_default(problem: Problem, config: Config, capability: str, sm_count: int) -> Config:
+    """Untuned fp8 with exact accumulation on sm_90: the cooperative kernel of ``FP8_SEEDS``
+    where its tiles fill the GPU (``matmul_sm90.cooperative_default``); else the heuristic."""
+    if problem.dtype not in dtypes.FP8_DTYPES or problem.precision != "ieee":
+        return config
+    return matmul_sm90.cooperative_default(problem, config, capability, sm_count, FP8_SEEDS)
+
+
 MIN_ACC_PER_THREAD = 4  # fewer accumulator elements per thread wastes warps
 
 
@@ -908,6 +917,7 @@ KIND = TemplateKind(
     reductions=True,
     groups=True,
     dtype_seeds=tuple((dt, FP8_SEEDS) for dt in dtypes.FP8_DTYPES),
+    device_default=device_default,
     device_error=matmul_sm90.device_error,
     output_staging=matmul_sm90.staging_copies,
     stream_k=lambda config: config.variant in STREAM_K_VARIANTS,

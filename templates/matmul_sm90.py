@@ -79,6 +79,33 @@ def staging_copies(config: Config) -> int:
     return 2 if config.variant == "sm90_pingpong" else 1
 
 
+SHARED_BYTES = 232_448  # every sm_90 part's opt-in shared memory a block (227 KiB)
+
+
+def cooperative_default(
+    problem: Problem, config: Config, capability: str, sm_count: int, seeds: tuple[Config, ...] | list[Config]
+) -> Config:
+    """An untuned config on a GPU of ``capability``: on sm_90 the first cooperative config of
+    ``seeds`` that runs ``problem`` with a tile for every SM (the Triton loops wait for each K
+    block's promotion, one warp group cannot hide its own), else ``config`` (the heuristic's)."""
+    from epilab.tuner.space import DeviceLimits, infeasible  # the tuner imports the kinds
+
+    if capability != "9.0":
+        return config
+    m, n = problem.shape.m, problem.shape.n
+    device = DeviceLimits(f"sm_{capability}", capability, sm_count, SHARED_BYTES)
+
+    def tiles(c: Config) -> int:
+        rows = triton.cdiv(m, c.BLOCK_M) if isinstance(m, int) else sm_count
+        return rows * (triton.cdiv(n, c.BLOCK_N) if isinstance(n, int) else sm_count)
+
+    for seed in seeds:
+        fills = seed.variant == COOPERATIVE and tiles(seed) >= sm_count
+        if fills and infeasible(problem, seed, device) is None:
+            return seed
+    return config
+
+
 def consumers(config: Config) -> int:
     """The cooperative kernel's consumer warp groups: BLOCK_M / 64."""
     return config.BLOCK_M // SUB_M

@@ -415,6 +415,22 @@ def test_gpu_exact_accumulation_within_its_bound(same_sign):
 
 
 @pytest.mark.gpu
+def test_gpu_untuned_exact_call_matches_float64():
+    """``epilab.matmul`` of fp8 without a config, exact accumulation (the default), rowwise
+    scales, bias and GELU: on sm_90 the cooperative kernel (6 x 33 tiles), against float64."""
+    _fp8_gpu()
+    m, n, k = 1000, 4160, 1040
+    a = fp8_tensor(m, k, FP8["e4m3"], False, "cuda")
+    b = fp8_tensor(k, n, FP8["e4m3"], True, "cuda")
+    sa, sb = torch.rand(m, 1, device="cuda") + 0.1, torch.rand(1, n, device="cuda") + 0.1
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        out = epilab.matmul(a, b, scale_a=sa, scale_b=sb, bias=bias, activation="gelu")
+    ref = F.gelu((a.double() @ b.double()) * sa.double() * sb.double() + bias.double())
+    assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+
+
+@pytest.mark.gpu
 def test_gpu_fp8_output_saturates_as_scaled_mm_does():
     """An fp8 output: epilab's saturates as torch._scaled_mm's does (cuBLASLt; tensorwise
     scales, e4m3 out) and matches it bit for bit but for rare rounding ties; a NaN input
@@ -435,6 +451,24 @@ def test_gpu_fp8_output_saturates_as_scaled_mm_does():
     a_nan[3, 5] = float("nan")  # the interpreter cannot carry this through an fp8 load
     rows = epilab.matmul(a_nan, b, scale_a=one, scale_b=one, out_dtype=torch.float8_e4m3fn).float().isnan()
     assert rows[3].all() and rows.sum().item() == n
+
+
+def test_untuned_exact_fp8_on_sm90_is_the_cooperative_kernel_where_its_tiles_fill_the_gpu():
+    """Exact accumulation untuned on an sm_90 GPU: the cooperative kernel (a Triton loop waits
+    for every promotion) where it has a tile for every SM; fast accumulation, small problems,
+    other GPUs and bf16 keep the heuristic."""
+    exact = Spec(8192, 8192, 8192, dtype="float8_e4m3fn").problem()
+    config = default_config(exact, "cuda", sm_count=132, capability="9.0")
+    assert config.variant == "sm90_cooperative" and kind_of(exact).config_error(exact, config) is None
+    heuristic = default_config(exact, "cuda", sm_count=132)
+    assert heuristic.variant in TRITON_VARIANTS
+    assert default_config(exact, "cuda", sm_count=132, capability="8.9") == heuristic
+    fast = dataclasses.replace(exact, precision="fast")
+    assert default_config(fast, "cuda", sm_count=132, capability="9.0").variant in TRITON_VARIANTS
+    small = Spec(128, 4096, 4096, dtype="float8_e4m3fn").problem()  # 32 tiles of 128 x 128
+    assert default_config(small, "cuda", sm_count=132, capability="9.0").variant in TRITON_VARIANTS
+    bf16 = Spec(8192, 8192, 8192).problem()
+    assert default_config(bf16, "cuda", sm_count=132, capability="9.0") == default_config(bf16, "cuda")
 
 
 def test_fp8_seeds_come_first_for_fp8_problems_only():

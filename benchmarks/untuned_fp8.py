@@ -1,19 +1,21 @@
-"""What an untuned block-scaled call runs on this GPU, against the heuristic's Triton loop and
-cuBLASLt's block scaling (issue 44).
+"""What an untuned fp8 call with exact accumulation runs on this GPU, against the heuristic's
+Triton loop and cuBLASLt (issue 44).
 
-    python3 benchmarks/untuned_block_scaled.py [--only 0-7] [--rounds 3] [--json out.json]
+    python3 benchmarks/untuned_fp8.py [--only 0-10] [--rounds 3] [--json out.json]
 
 ``epilab.matmul(x8, w8.t(), scale_a=, scale_b=)`` without a config takes
-``kinds.default_config`` with the device's capability: on sm_90 the block-scaled kind's
-``device_default`` (the cooperative kernel from 128 rows), elsewhere the heuristic's Triton
-loop. Problems: the ``fp8-block`` suite's DeepSeek-V3 dense projections at M = 4096
-(DeepGEMM's table) and two of Llama-3-8B's at M = 128 (e4m3, bf16 out, no epilogue).
+``kinds.default_config`` with the device's capability: on sm_90 the kind's ``device_default``
+(the cooperative kernel where its tiles fill the GPU), elsewhere the heuristic's Triton loop.
+Problems (e4m3, bf16 out, no epilogue beyond the scales): block-scaled, the ``fp8-block``
+suite's DeepSeek-V3 dense projections at M = 4096 (DeepGEMM's table) and two of Llama-3-8B's
+at M = 128; rowwise with exact accumulation (``use_fast_accum=False``, torch's default), 8192^3
+and Llama-3-8B's projections at M = 2048.
 
 Method: both configs are compiled in a process pool, checked against float64 once
-(``verify.checked_launch``), then they and ``torch._scaled_mm``'s block scaling
-(``block_scaled.scaled_mm_blocks``) are timed in ``--rounds`` interleaved rounds (CUDA events,
-L2 flushed; calls under 50 us also by CUDA-graph replay): median of the rounds' medians and
-their min..max. Kernel times, not the API call's host work.
+(``verify.checked_launch``), then they and cuBLASLt (``torch._scaled_mm`` with the same scales
+and accumulation: ``fp8.scaled_mm_alone``) are timed in ``--rounds`` interleaved rounds (CUDA
+events, L2 flushed; calls under 50 us also by CUDA-graph replay, ``*``): median of the rounds'
+medians and their min..max. Kernel times, not the API call's host work.
 """
 
 from __future__ import annotations
@@ -22,35 +24,40 @@ import argparse
 
 import torch
 from epilogue_cost import precompile
+from fp8 import scaled_mm_alone
 from rounds import comparable_ms, device_header, interleaved, only, save
 
-from epilab.templates.block_scaled import scaled_mm_blocks
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, default_config
 from epilab.templates.verify import checked_launch, random_inputs
 
-SHAPES = [
-    (4096, 2112, 7168),
-    (4096, 24576, 1536),
-    (4096, 32768, 512),
-    (4096, 7168, 16384),
-    (4096, 4096, 7168),
-    (4096, 7168, 2048),
-    (128, 6144, 4096),
-    (128, 4096, 14336),
+BLOCK = "block"
+ROWWISE = "row"
+CASES = [  # (scales, M, N, K)
+    (BLOCK, 4096, 2112, 7168),
+    (BLOCK, 4096, 24576, 1536),
+    (BLOCK, 4096, 32768, 512),
+    (BLOCK, 4096, 7168, 16384),
+    (BLOCK, 4096, 4096, 7168),
+    (BLOCK, 4096, 7168, 2048),
+    (BLOCK, 128, 6144, 4096),
+    (BLOCK, 128, 4096, 14336),
+    (ROWWISE, 8192, 8192, 8192),
+    (ROWWISE, 2048, 14336, 4096),
+    (ROWWISE, 2048, 4096, 14336),
 ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="indices of SHAPES, e.g. 0-3,6")
+    parser.add_argument("--only", help="indices of CASES, e.g. 0-3,8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     facts = {"sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}"}
-    chosen = [SHAPES[i] for i in only(args.only, len(SHAPES))]
-    problems = [Spec(m, n, k, dtype="float8_e4m3fn", scales="block").problem() for m, n, k in chosen]
+    chosen = [CASES[i] for i in only(args.only, len(CASES))]
+    problems = [Spec(m, n, k, dtype="float8_e4m3fn", scales=sc).problem() for sc, m, n, k in chosen]
     configs = [
         {"heuristic": default_config(p, sm_count=facts["sm_count"]), "untuned": default_config(p, **facts)}
         for p in problems
@@ -70,12 +77,12 @@ def main() -> None:
         for name, config in cs.items():
             checked_launch(problem, config, a, b, scales)
             variants[name] = bind(problem, config, a, b, scales).run
-        variants["_scaled_mm blocks"] = lambda a=a, b=b, scales=scales: scaled_mm_blocks(a, b, scales)
+        variants["_scaled_mm"] = scaled_mm_alone(problem, a, b, scales)
         times = interleaved(variants, args.rounds)
         s = problem.shape
         results.append(
             {
-                "problem": f"{s.m}x{s.n}x{s.k}",
+                "problem": f"{chosen[index][0]} {s.m}x{s.n}x{s.k}",
                 "flops": 2 * s.m * s.n * s.k,
                 "configs": {name: c.short() for name, c in cs.items()},
                 "times": times,
@@ -83,22 +90,22 @@ def main() -> None:
         )
         save(args.json, header, results)
     print(header)
-    print(f"block-scaled e4m3 -> bf16; ms: median of {args.rounds} rounds [min, max] (* CUDA-graph replay)")
+    print(f"e4m3 -> bf16, exact accumulation; ms: median of {args.rounds} rounds [min, max] (* graph replay)")
     names = ("problem", "untuned config", "untuned", "heuristic loop", "_scaled_mm", "vs cuBLASLt", "vs loop")
-    print(" ".join(f"{x:{w}}" for x, w in zip(names, (18, 42, 24, 24, 24, 11, 8), strict=True)))
+    print(" ".join(f"{x:{w}}" for x, w in zip(names, (22, 42, 24, 24, 24, 11, 8), strict=True)))
     for r in results:
         t = r["times"]
         cells = []
-        for name in ("untuned", "heuristic", "_scaled_mm blocks"):
+        for name in ("untuned", "heuristic", "_scaled_mm"):
             ms = comparable_ms(t[name])
             lo, hi = t[name]["spread"]
             star = "*" if t[name]["graph_ms"] is not None else ""
             cells.append(f"{ms:.4f}{star} [{lo:.3f}-{hi:.3f}]")
         untuned = comparable_ms(t["untuned"])
-        vs_lt = comparable_ms(t["_scaled_mm blocks"]) / untuned
+        vs_lt = comparable_ms(t["_scaled_mm"]) / untuned
         vs_loop = comparable_ms(t["heuristic"]) / untuned
         print(
-            f"{r['problem']:18} {r['configs']['untuned']:42} {cells[0]:>24} {cells[1]:>24} {cells[2]:>24} "
+            f"{r['problem']:22} {r['configs']['untuned']:42} {cells[0]:>24} {cells[1]:>24} {cells[2]:>24} "
             f"{vs_lt:10.2f}x {vs_loop:7.2f}x  ({r['flops'] / untuned / 1e9:.0f} TFLOP/s)"
         )
 
