@@ -30,34 +30,30 @@ from rounds import comparable_ms, device_header, interleaved, only, save
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, default_config
 from epilab.templates.verify import checked_launch, random_inputs
+from epilab.tuner.suites import suite
 
-BLOCK = "block"
-ROWWISE = "row"
-CASES = [  # (scales, M, N, K)
-    (BLOCK, 4096, 2112, 7168),
-    (BLOCK, 4096, 24576, 1536),
-    (BLOCK, 4096, 32768, 512),
-    (BLOCK, 4096, 7168, 16384),
-    (BLOCK, 4096, 4096, 7168),
-    (BLOCK, 4096, 7168, 2048),
-    (BLOCK, 128, 6144, 4096),
-    (BLOCK, 128, 4096, 14336),
-    (ROWWISE, 8192, 8192, 8192),
-    (ROWWISE, 2048, 14336, 4096),
-    (ROWWISE, 2048, 4096, 14336),
-]
+
+def cases() -> list[Spec]:
+    """The ``fp8-block`` suite's DeepSeek-V3 projections at M = 4096 and Llama-3-8B's fused QKV
+    and down projection at M = 128; rowwise exact 8192^3 and Llama-3-8B's up and down
+    projections at M = 2048 (no epilogue beyond the scales)."""
+    blocks = [s for s in suite("fp8-block") if s.m == 4096]
+    blocks += [s for s in suite("fp8-block") if s.m == 128 and (s.n, s.k) in ((6144, 4096), (4096, 14336))]
+    rows = [(8192, 8192, 8192), (2048, 14336, 4096), (2048, 4096, 14336)]
+    return [*blocks, *(Spec(m, n, k, dtype="float8_e4m3fn", scales="row") for m, n, k in rows)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="indices of CASES, e.g. 0-3,8")
+    parser.add_argument("--only", help="indices of the cases, e.g. 0-3,8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     facts = {"sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}"}
-    chosen = [CASES[i] for i in only(args.only, len(CASES))]
-    problems = [Spec(m, n, k, dtype="float8_e4m3fn", scales=sc).problem() for sc, m, n, k in chosen]
+    every = cases()
+    chosen = [every[i] for i in only(args.only, len(every))]
+    problems = [spec.problem() for spec in chosen]
     configs = [
         {"heuristic": default_config(p, sm_count=facts["sm_count"]), "untuned": default_config(p, **facts)}
         for p in problems
@@ -82,7 +78,7 @@ def main() -> None:
         s = problem.shape
         results.append(
             {
-                "problem": f"{chosen[index][0]} {s.m}x{s.n}x{s.k}",
+                "problem": f"{chosen[index].scales} {s.m}x{s.n}x{s.k}",
                 "flops": 2 * s.m * s.n * s.k,
                 "configs": {name: c.short() for name, c in cs.items()},
                 "times": times,
