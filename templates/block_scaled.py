@@ -210,7 +210,7 @@ def sm90_default(problem: Problem, config: Config, capability: str, sm_count: in
     """Untuned on an sm_90 GPU: the cooperative kernel where its tiles fill the GPU, 4-6x the
     heuristic's Triton loop on DeepSeek-V3's shapes at M = 4096 (RESULTS.md 2026-11-28
     night); fewer tiles (M = 128: 0.82-0.90x the loop) keep the heuristic."""
-    return matmul_sm90.cooperative_default(problem, config, capability, sm_count, SEEDS)
+    return matmul_sm90.cooperative_default(KIND, problem, config, capability, sm_count, SEEDS)
 
 
 def scales_of(problem: Problem) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from epilab.ir.dtypes import WIDE_INPUT_DTYPES
+from epilab.ir.dtypes import WIDE_INPUT_DTYPES, itemsize
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import BATCHED_OPS, LAYOUTS, MATRIX_OPS, Config, Problem, Shape
 from epilab.templates.bound import Bound
@@ -260,6 +260,19 @@ class TemplateKind:
     def seeds_for(self, problem: Problem) -> tuple[Config, ...]:
         """The seeds a new study of ``problem`` tries first: its dtype's, then the kind's."""
         return (*(c for dt, cs in self.dtype_seeds if dt == problem.dtype for c in cs), *self.seeds)
+
+    def smem_bytes(self, problem: Problem, config: Config) -> int:
+        """Shared memory one program of ``config`` takes: its pipeline's A and B stages (a dual
+        GEMM stages two B tiles), and the staging of TMA-stored outputs: the tile outputs (the
+        statistics and the group outputs are stored by pointers, never staged)."""
+        a_bytes = config.BLOCK_M * config.BLOCK_K * itemsize(problem.dtype)
+        b_bytes = self.accumulators * config.BLOCK_K * config.BLOCK_N * itemsize(self.b_dtype(problem))
+        smem = config.num_stages * (a_bytes + b_bytes)
+        if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
+            out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs if not o.reduce)
+            copies = self.output_staging(config)  # the ping-pong's consumers have one each
+            smem += copies * config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
+        return smem
 
     def config_error(self, problem: Problem, config: Config) -> str | None:
         """Why the template does not run ``problem`` tiled by ``config``: its input dtype,

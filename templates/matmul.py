@@ -717,7 +717,7 @@ def device_default(problem: Problem, config: Config, capability: str, sm_count: 
     where its tiles fill the GPU (``matmul_sm90.cooperative_default``); else the heuristic."""
     if problem.dtype not in dtypes.FP8_DTYPES or problem.precision != "ieee":
         return config
-    return matmul_sm90.cooperative_default(problem, config, capability, sm_count, FP8_SEEDS)
+    return matmul_sm90.cooperative_default(KIND, problem, config, capability, sm_count, FP8_SEEDS)
 
 
 MIN_ACC_PER_THREAD = 4  # fewer accumulator elements per thread wastes warps

@@ -24,7 +24,7 @@ pingpong take 16-bit inputs, cooperative fp8 ones (A row-major, B column-major: 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import triton
@@ -33,6 +33,7 @@ from epilab.ir import dtypes
 from epilab.ir.problem import BATCHED_OPS, Config, Problem
 from epilab.ir.rules import TRITON_DTYPES
 from epilab.templates.bound import Bound, Described
+from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime import single_launch, sm_count, tma_readable
 
 SOURCE = "matmul_sm90.py.jinja"
@@ -83,25 +84,27 @@ SHARED_BYTES = 232_448  # every sm_90 part's opt-in shared memory a block (227 K
 
 
 def cooperative_default(
-    problem: Problem, config: Config, capability: str, sm_count: int, seeds: tuple[Config, ...] | list[Config]
+    kind: TemplateKind, problem: Problem, config: Config, capability: str, sms: int, seeds: Sequence[Config]
 ) -> Config:
-    """An untuned config on a GPU of ``capability``: on sm_90 the first cooperative config of
-    ``seeds`` that runs ``problem`` with a tile for every SM (the Triton loops wait for each K
-    block's promotion, one warp group cannot hide its own), else ``config`` (the heuristic's)."""
-    from epilab.tuner.space import DeviceLimits, infeasible  # the tuner imports the kinds
-
+    """An untuned config of ``kind`` on a GPU of ``capability``: on sm_90 the first cooperative
+    config of ``seeds`` that runs ``problem`` with a tile for every SM (the Triton loops wait for
+    each K block's promotion, one warp group cannot hide its own), else ``config`` (the
+    heuristic's). Tensors TMA cannot address fall back to the classic loop where bound."""
     if capability != "9.0":
         return config
     m, n = problem.shape.m, problem.shape.n
-    device = DeviceLimits(f"sm_{capability}", capability, sm_count, SHARED_BYTES)
 
     def tiles(c: Config) -> int:
-        rows = triton.cdiv(m, c.BLOCK_M) if isinstance(m, int) else sm_count
-        return rows * (triton.cdiv(n, c.BLOCK_N) if isinstance(n, int) else sm_count)
+        rows = triton.cdiv(m, c.BLOCK_M) if isinstance(m, int) else sms
+        return rows * (triton.cdiv(n, c.BLOCK_N) if isinstance(n, int) else sms)
 
     for seed in seeds:
-        fills = seed.variant == COOPERATIVE and tiles(seed) >= sm_count
-        if fills and infeasible(problem, seed, device) is None:
+        fills = seed.variant == COOPERATIVE and tiles(seed) >= sms
+        if (
+            fills
+            and kind.config_error(problem, seed) is None
+            and kind.smem_bytes(problem, seed) <= SHARED_BYTES
+        ):
             return seed
     return config
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES, itemsize
+from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES
 from epilab.ir.problem import Config, Problem, Shape
 from epilab.templates.kind import MAX_ACC_REGS, TemplateKind
 from epilab.templates.kinds import kind_of
@@ -139,19 +139,8 @@ def _dtype_error(problem: Problem, limits: DeviceLimits) -> str | None:
 
 
 def smem_bytes(problem: Problem, config: Config) -> int:
-    """Shared memory one program of ``config`` takes: its pipeline's A and B stages (a dual
-    GEMM stages two B tiles), and the staging of TMA-stored outputs: the tile outputs (the
-    statistics and the group outputs are stored by pointers, never staged)."""
-    kind = kind_of(problem)
-    accs = kind.accumulators
-    a_bytes = config.BLOCK_M * config.BLOCK_K * itemsize(problem.dtype)
-    b_bytes = accs * config.BLOCK_K * config.BLOCK_N * itemsize(kind.b_dtype(problem))
-    smem = config.num_stages * (a_bytes + b_bytes)
-    if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
-        out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs if not o.reduce)
-        copies = kind.output_staging(config)  # the ping-pong's consumers have one each
-        smem += copies * config.BLOCK_M * config.BLOCK_N // config.EPILOGUE_SUBTILE * out_bytes
-    return smem
+    """Shared memory one program of ``config`` takes (``TemplateKind.smem_bytes``)."""
+    return kind_of(problem).smem_bytes(problem, config)
 
 
 def run_error(problem: Problem, config: Config, limits: DeviceLimits | None = None) -> str | None:
