@@ -64,7 +64,7 @@ from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES
 from epilab.ir.problem import Config, Problem, Shape
 from epilab.templates.kind import MAX_ACC_REGS, TemplateKind
 from epilab.templates.kinds import kind_of
-from epilab.templates.matmul_sm90 import warp_groups
+from epilab.templates.matmul_sm90 import SHARED_BYTES, warp_groups
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 
@@ -85,7 +85,7 @@ class DeviceLimits:
         import torch
 
         props = torch.cuda.get_device_properties(device)
-        smem = getattr(props, "shared_memory_per_block_optin", 0) or 232_448
+        smem = getattr(props, "shared_memory_per_block_optin", 0) or SHARED_BYTES
         return cls(
             props.name,
             f"{props.major}.{props.minor}",
@@ -101,7 +101,7 @@ class DeviceLimits:
 
 
 # What the interpreter dry run assumes: an H100/H200 (sm_90: 227 KiB per block).
-HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, 232_448, interpreter=True)
+HOPPER = DeviceLimits("Triton interpreter (H100 limits)", "9.0", 132, SHARED_BYTES, interpreter=True)
 __all__ = [
     "HOPPER",
     "INTERPRETER_DEVICE",
