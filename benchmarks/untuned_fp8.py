@@ -14,8 +14,9 @@ and Llama-3-8B's projections at M = 2048.
 Method: both configs are compiled in a process pool, checked against float64 once
 (``verify.checked_launch``), then they and cuBLASLt (``torch._scaled_mm`` with the same scales
 and accumulation: ``fp8.scaled_mm_alone``) are timed in ``--rounds`` interleaved rounds (CUDA
-events, L2 flushed; calls under 50 us also by CUDA-graph replay, ``*``): median of the rounds'
-medians and their min..max. Kernel times, not the API call's host work.
+events, L2 flushed; calls under 50 us also by CUDA-graph replay): median of the rounds' medians and
+their min..max (of the events). Ratios compare like with like: replay times (``*``) where every
+side of the problem was replayed, else event times. Kernel times, not the API call's host work.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import argparse
 import torch
 from epilogue_cost import precompile
 from fp8 import scaled_mm_alone
-from rounds import comparable_ms, device_header, interleaved, only, save
+from rounds import device_header, interleaved, only, save
 
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, default_config
@@ -92,14 +93,14 @@ def main() -> None:
     for r in results:
         t = r["times"]
         cells = []
+        graph = all(v["graph_ms"] is not None for v in t.values())  # like with like: all or none
+        ms = {name: v["graph_ms"] if graph else v["ms"] for name, v in t.items()}
+        star = "*" if graph else ""
         for name in ("untuned", "heuristic", "_scaled_mm"):
-            ms = comparable_ms(t[name])
             lo, hi = t[name]["spread"]
-            star = "*" if t[name]["graph_ms"] is not None else ""
-            cells.append(f"{ms:.4f}{star} [{lo:.3f}-{hi:.3f}]")
-        untuned = comparable_ms(t["untuned"])
-        vs_lt = comparable_ms(t["_scaled_mm"]) / untuned
-        vs_loop = comparable_ms(t["heuristic"]) / untuned
+            cells.append(f"{ms[name]:.4f}{star} [{lo:.3f}-{hi:.3f}]")
+        untuned = ms["untuned"]
+        vs_lt, vs_loop = ms["_scaled_mm"] / untuned, ms["heuristic"] / untuned
         print(
             f"{r['problem']:22} {r['configs']['untuned']:42} {cells[0]:>24} {cells[1]:>24} {cells[2]:>24} "
             f"{vs_lt:10.2f}x {vs_loop:7.2f}x  ({r['flops'] / untuned / 1e9:.0f} TFLOP/s)"
