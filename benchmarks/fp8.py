@@ -53,7 +53,7 @@ from split_k import sweep
 
 from epilab.ir import dtypes
 from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS, Config, Problem
-from epilab.templates.block_scaled import scaled_mm_blocks
+from epilab.templates.block_scaled import cublaslt_layouts, scaled_mm_blocks
 from epilab.templates.kinds import bind, default_config, kind_of, twins
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
 from epilab.templates.verify import random_inputs
@@ -129,8 +129,9 @@ def scaled_mm_alone(problem: Problem, a, b, ops):
     if problem.op in WEIGHT_ONLY_OPS:  # a dual problem's second weight too (two GEMMs)
         wides = [w.to(a.dtype) for w in (b, ops.get("b2")) if w is not None]
         return lambda: [a @ w for w in wides]
-    if problem.op == BLOCK_SCALED_OP:
-        return lambda: scaled_mm_blocks(a, b, ops)
+    if problem.op == BLOCK_SCALED_OP:  # the scales laid out as cuBLASLt takes them once, not each call
+        laid = cublaslt_layouts(ops)
+        return lambda: scaled_mm_blocks(a, b, laid)
     prefix = scaled_mm_prefix(problem.epilogue)
     scale_a, scale_b = prefix.scale_a, prefix.scale_b
     one = torch.ones((), device=a.device)

@@ -168,18 +168,30 @@ def block_reference(
 CUBLASLT_GROUPS = 4  # torch 2.11's block scaling is right only for ceil(K/128) a multiple of this
 
 
+def cublaslt_layouts(operands: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``operands`` with the scales copied into the layouts cuBLASLt's block scaling takes: A's
+    M-major ([M, K/128] with stride (1, M)), B's K-major; a no-op where they are already so."""
+    return {
+        **operands,
+        A_SCALES: operands[A_SCALES].t().contiguous().t(),
+        B_SCALES: operands[B_SCALES].t().contiguous().t(),
+    }
+
+
 def scaled_mm_blocks(a: torch.Tensor, b: torch.Tensor, operands: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """``torch._scaled_mm`` with block scales (cuBLASLt, sm_90; A row-major, B column-major, the
-    scales in the layouts it takes: A's M-major, B's K-major), bf16 out. With torch 2.11 on an
-    H200 its result is wrong (every column after the first 128, some inf) when ceil(K/128) is
-    not a multiple of 4, and scales with padded strides are refused (RESULTS.md, issue 44):
-    there A and B are dequantized to bf16 for cuBLAS's bf16 GEMM instead."""
+    scales as ``cublaslt_layouts`` lays them out, copied first where they are not: time it on
+    operands laid out beforehand), bf16 out. With torch 2.11 on an H200 its result is wrong
+    (every column after the first 128, some inf) when ceil(K/128) is not a multiple of 4, and
+    scales with padded strides are refused (RESULTS.md, issue 44): there A and B are
+    dequantized to bf16 for cuBLAS's bf16 GEMM instead."""
     if triton.cdiv(a.shape[1], GROUP) % CUBLASLT_GROUPS:
         a16, b16 = dequantized(a, b, operands, torch.bfloat16)
         return a16 @ b16
-    sa = operands[A_SCALES].t().contiguous().t()  # [M, K/128] with stride (1, M)
-    sb = operands[B_SCALES].t().contiguous().t()  # [K/128, N/128] with stride (1, K/128)
-    return torch._scaled_mm(a.contiguous(), b.t().contiguous().t(), sa, sb, out_dtype=torch.bfloat16)
+    laid = cublaslt_layouts(operands)
+    return torch._scaled_mm(
+        a.contiguous(), b.t().contiguous().t(), laid[A_SCALES], laid[B_SCALES], out_dtype=torch.bfloat16
+    )
 
 
 def eager_block_scaled(
