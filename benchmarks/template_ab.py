@@ -1,0 +1,134 @@
+"""A template change measured: kernels rendered from an earlier version of a template file
+against the current ones and cuBLASLt, interleaved in one process.
+
+    git show REV:templates/matmul_sm90.py.jinja > /tmp/old.jinja
+    python3 benchmarks/template_ab.py --old /tmp/old.jinja [--old ...] [--no-check] [--only 0-5]
+        [--rounds 5] [--json out.json]
+
+The cases are ``untuned_fp8.py``'s (the ``fp8-block`` suite's DeepSeek-V3 projections at
+M = 4096, two of Llama-3-8B's at M = 128, rowwise exact accumulation at 8192^3 and M = 2048),
+each on the config an untuned call takes on this GPU (``kinds.default_config`` with its
+capability). Each ``--old`` file stands in for the template file ``--name`` (default: its own
+name where that is a template's, else ``matmul_sm90.py.jinja``) while its kernels are rendered
+and built; the current files render the ``current`` ones. With ``--no-check`` the ``--old``
+kernels are timed unchecked: diagnostics, versions with a piece taken out to see what it costs.
+``--m-major`` times the current kernels of block-scaled cases on A's scales in cuBLASLt's
+M-major layout too (the random inputs' are row-major; cuBLASLt gets its layouts, made once).
+
+Method: the kernels of a case are checked against float64 (``verify.checked_launch``), then
+they and ``torch._scaled_mm`` with the same scales and accumulation are timed in ``--rounds``
+interleaved rounds (CUDA events, L2 flushed; calls under 50 us also by CUDA-graph replay):
+the median of the rounds' medians and their min..max. ``x current`` < 1 is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import jinja2
+import torch
+from epilogue_cost import precompile
+from fp8 import scaled_mm_alone
+from rounds import device_header, interleaved, only, save
+from untuned_fp8 import cases
+
+from epilab.templates import render, runtime
+from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts
+from epilab.templates.kinds import bind, default_config
+from epilab.templates.verify import checked_launch, random_inputs
+
+
+@contextlib.contextmanager
+def template_replaced(name: str, text: str) -> Iterator[None]:
+    """Render ``text`` for template file ``name`` (and build anew: the kernel cache is keyed by
+    problem and config, not by source) until the block ends."""
+    env = render._ENV
+    loader = env.loader
+    env.loader = jinja2.ChoiceLoader([jinja2.DictLoader({name: text}), loader])
+    env.cache.clear()
+    runtime._kernels.clear()
+    try:
+        yield
+    finally:
+        env.loader = loader
+        env.cache.clear()
+        runtime._kernels.clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", action="append", required=True, help="a version of the file (repeatable)")
+    parser.add_argument("--name", help="the template file they stand in for")
+    parser.add_argument("--no-check", action="store_true", help="leave the --old kernels unchecked")
+    parser.add_argument("--m-major", action="store_true", help="the current kernels on M-major A scales too")
+    parser.add_argument("--only", help="indices of the cases, e.g. 0-5,8")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    olds = {Path(o).stem: Path(o).read_text() for o in args.old}
+    first = Path(args.old[0]).name
+    name = args.name or (first if (render.TEMPLATE_DIR / first).exists() else "matmul_sm90.py.jinja")
+    if not (render.TEMPLATE_DIR / name).exists():
+        parser.error(f"--name {name!r} is not a file of {render.TEMPLATE_DIR}")
+    props = torch.cuda.get_device_properties(0)
+    facts = {"sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}"}
+    every = cases()
+    header = device_header(facts["sm_count"])
+    chosen = only(args.only, len(every))
+    problems = {i: every[i].problem() for i in chosen}
+    configs = {i: default_config(p, **facts) for i, p in problems.items()}
+    precompile([(problems[i], configs[i], False) for i in chosen])  # the current kernels, in a pool
+    results = []
+    for index in chosen:
+        spec, problem, config = every[index], problems[index], configs[index]
+        a, b, scales = random_inputs(problem, "cuda", index)
+        variants = {}
+        for version, text in olds.items():
+            with template_replaced(name, text):
+                if not args.no_check:
+                    checked_launch(problem, config, a, b, scales)
+                variants[version] = bind(problem, config, a, b, scales).run
+        checked_launch(problem, config, a, b, scales)
+        variants["current"] = bind(problem, config, a, b, scales).run
+        if args.m_major and A_SCALES in scales:
+            laid = cublaslt_layouts(scales)
+            checked_launch(problem, config, a, b, laid)
+            variants["current, A's scales M-major"] = bind(problem, config, a, b, laid).run
+        variants["_scaled_mm"] = scaled_mm_alone(problem, a, b, scales)
+        times = interleaved(variants, args.rounds)
+        graph = all(v["graph_ms"] is not None for v in times.values())  # like with like: all or none
+        results.append(
+            {
+                "problem": f"{spec.scales} {spec.m}x{spec.n}x{spec.k}",
+                "template": name,
+                "olds": args.old,
+                "checked": not args.no_check,
+                "flops": 2 * spec.m * spec.n * spec.k,
+                "config": config.short(),
+                "times": times,
+                "graph": graph,
+            }
+        )
+        save(args.json, header, results)
+    print(header)
+    print(f"{name}: {', '.join(args.old)} against the current file; e4m3 -> bf16, exact accumulation")
+    print(f"ms: median of {args.rounds} interleaved rounds [min-max] (* CUDA-graph replay)")
+    print("| case | config | kernel | ms [min-max] | x current | TFLOP/s | cuBLASLt / this |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in results:
+        t, star = r["times"], "*" if r["graph"] else ""
+        ms = {v: x["graph_ms"] if r["graph"] else x["ms"] for v, x in t.items()}
+        for v, x in t.items():
+            lo, hi = x["spread"]
+            print(
+                f"| {r['problem']} | {r['config']} | {v} | {ms[v]:.4f}{star} [{lo:.4f}-{hi:.4f}] | "
+                f"{ms[v] / ms['current']:.3f} | {r['flops'] / ms[v] / 1e9:.0f} | "
+                f"{ms['_scaled_mm'] / ms[v]:.2f}x |"
+            )
+
+
+if __name__ == "__main__":
+    main()
