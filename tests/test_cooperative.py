@@ -31,7 +31,7 @@ from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
-from epilab.templates.block_scaled import make_block_problem
+from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts, make_block_problem
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.matmul import make_problem
@@ -41,6 +41,7 @@ from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, run_error, smem
 THREE = Config(192, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative")
 THREE_TMA = Config(192, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1)
 TWO = Config(128, 128, 128, 8, num_warps=4, num_stages=6, variant="sm90_cooperative")
+TWO_TMA = Config(128, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative", TMA_STORE=1)
 NARROW = Config(128, 64, 128, 4, num_warps=4, num_stages=4, variant="sm90_cooperative")
 H100 = DeviceLimits("NVIDIA H100 80GB HBM3", "9.0", 132, 232_448)
 BLOCK = Spec(1024, 2112, 2048, dtype="float8_e4m3fn", scales="block", epilogue="bias_gelu")
@@ -237,6 +238,24 @@ def test_gpu_block_scaled_matches_cublaslt():
     theirs = kind_of(problem).baseline(problem, a, b, tensors)[0]
     ref = block_reference(a, b, tensors)
     assert rel_error(ours, ref) <= 1.5 * max(rel_error(theirs, ref), 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [THREE, TWO_TMA], ids=["three", "two-tma-store"])
+def test_gpu_block_scales_in_cublaslt_layouts_and_programs_of_many_tiles(config):
+    """The scales as cuBLASLt takes them (A's M-major: stride (1, M)), and as given (row-major),
+    give the same result; 6 x 33 or 8 x 33 tiles over 132 programs, so a program's last K step
+    loads its next tile's first scales (ragged M, N past the last block of 128, 13 K groups)."""
+    _hopper()
+    m, n, k = 1000, 4160, 1664
+    torch.manual_seed(k)
+    a, b, tensors = block_tensors(m, n, k, FP8["e4m3"], device="cuda")
+    problem = make_block_problem(a, b, Epilogue.identity("bfloat16"), tensors)
+    laid = cublaslt_layouts(tensors)
+    assert laid[A_SCALES].stride() == (1, m)
+    (rows,) = checked_launch(problem, config, a, b, tensors).outs
+    (cols,) = checked_launch(problem, config, a, b, laid).outs
+    assert torch.equal(rows, cols)
 
 
 @pytest.mark.gpu
