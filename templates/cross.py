@@ -4,9 +4,11 @@
 the given compute capability and SM count (``runtime.cross_binding``), renders the kernel for
 CUDA and compiles it through Triton (ptxas included) for that target, launching nothing. What
 comes back says what the GPU would run: registers per thread, spilled bytes, shared memory,
-and the SASS. Tests use it to check that the Gluon kernels compile, and that epilogues do not
-spill, without a GPU; ``python -m epilab.templates.cross`` does the same for a list of
-problems and configs (JSON on stdin), e.g. from a probe script.
+the SASS's opcodes and its main loops (``sass.main_loops``: their instructions, and loads an
+iteration's MMAs wait for). Tests use it to check that the Gluon kernels compile, that
+epilogues do not spill and that main loops do not wait for their own loads, without a GPU;
+``python -m epilab.templates.cross`` does the same for a list of problems and configs (JSON on
+stdin), e.g. from a probe script.
 
 Triton compiles only outside its interpreter: in a process with ``TRITON_INTERPRET=1`` (the
 CPU tests) call ``compile_in_subprocess``.
@@ -24,9 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from epilab.templates import sass
+
 H100 = (90, 132)  # compute capability x 10, SMs
 _RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
-_SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Compiled:
     dynamic_shared: int
     num_warps: int
     opcodes: dict[str, int]  # SASS opcode -> count (MUFU, FFMA, HGMMA, ...)
+    loops: tuple[sass.Loop, ...] = ()  # the main loops (innermost, issuing wgmma): ``sass.main_loops``
 
     @property
     def spills(self) -> bool:
@@ -60,15 +64,17 @@ def _inspect(name: str, cubin: bytes, dynamic_shared: int, num_warps: int) -> Co
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
         usage = subprocess.run([_tool("cuobjdump"), "-res-usage", str(path)], capture_output=True, text=True)
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True)
+        dump = subprocess.run([_tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True)
     found = _RESOURCES.search(usage.stdout)
     if found is None:
         raise RuntimeError(
             f"cuobjdump reported no resources for {name}: {usage.stdout[-400:]}{usage.stderr[-400:]}"
         )
     regs, stack, shared, local = (int(x) for x in found.groups())
-    opcodes = Counter(m.group(1) for line in sass.stdout.splitlines() if (m := _SASS_LINE.match(line)))
-    return Compiled(name, regs, stack, local, shared, dynamic_shared, num_warps, dict(opcodes))
+    code = sass.instructions(dump.stdout)
+    opcodes = Counter(ins.opcode for ins in code)
+    loops = tuple(sass.main_loops(code))
+    return Compiled(name, regs, stack, local, shared, dynamic_shared, num_warps, dict(opcodes), loops)
 
 
 def compile_for(

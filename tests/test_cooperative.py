@@ -150,6 +150,20 @@ def test_compiles_for_sm90_without_spills(compiled, index):
     assert kernel["num_warps"] == 4 * (config.BLOCK_M // 64 + 1)
 
 
+@pytest.mark.parametrize("index", range(len(COMPILED)), ids=[c[0] for c in COMPILED])
+def test_main_loops_do_not_wait_for_their_own_loads(compiled, index):
+    """Each consumer warp group's K loop (``sass.main_loops``) issues its wgmma without waiting
+    for a global load of the same step: the block scales are loaded a step ahead. Loaded in
+    their step (or a scalar B scale moved to a uniform register right after its load) they held
+    up the step's MMAs for an L2 round trip: 2-8% of the kernel (RESULTS.md, 2026-11-29)."""
+    what, _, config = COMPILED[index]
+    loops = compiled[index]["kernels"][0]["loops"]
+    assert len(loops) == config.BLOCK_M // 64, f"{what}: one K loop a consumer, found {len(loops)}"
+    for loop in loops:
+        assert loop["opcodes"]["QGMMA"] == 4, f"{what}: 4 wgmma of K 32 a step of BLOCK_K 128"
+        assert not loop["waits_on_loads"], f"{what}: " + "; ".join(loop["waits_on_loads"])
+
+
 # ------------------------------------------------------------------ GPU
 
 
