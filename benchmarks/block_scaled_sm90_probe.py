@@ -13,7 +13,10 @@ while another's wgmma is on the tensor cores. Per K group (BLOCK_K = 128) a cons
 rows' A scales and the tile's B scale, issues the wgmma into a zeroed accumulator, waits for
 it, frees the stage and adds ``part * (sa * sb)`` in fp32 (promotion every 128 elements of K,
 cuBLASLt's and DeepGEMM's interval; the ``PIPELINE`` knob loads the scales a K group ahead,
-and also keeps two products in flight: neither helps, RESULTS.md 2026-11-28 (late)).
+and also keeps two products in flight: neither helped, RESULTS.md 2026-11-28 (late); its
+B scale is a scalar, which ptxas moves to a uniform register right after the load, so the
+MMAs still wait: loaded ahead as a vector they do not, 2-8% faster in the kind's kernel,
+RESULTS.md 2026-11-29).
 ``--exact`` runs the same loop for rowwise fp8 with exact accumulation (scales of ones inside,
 the rowwise scales outside are not the question).
 
