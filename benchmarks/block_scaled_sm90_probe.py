@@ -13,10 +13,10 @@ while another's wgmma is on the tensor cores. Per K group (BLOCK_K = 128) a cons
 rows' A scales and the tile's B scale, issues the wgmma into a zeroed accumulator, waits for
 it, frees the stage and adds ``part * (sa * sb)`` in fp32 (promotion every 128 elements of K,
 cuBLASLt's and DeepGEMM's interval; the ``PIPELINE`` knob loads the scales a K group ahead,
-and also keeps two products in flight: neither helped, RESULTS.md 2026-11-28 (late); its
-B scale is a scalar, which ptxas moves to a uniform register right after the load, so the
-MMAs still wait: loaded ahead as a vector they do not, 2-8% faster in the kind's kernel,
-RESULTS.md 2026-11-29).
+and also keeps two products in flight: neither helped, RESULTS.md 2026-11-28 (late). But
+``_scales`` multiplies them as soon as they are loaded, so each step's wgmma still waits for
+the next step's loads (``--compile-only`` counts such waits in each K loop); in the kind's
+kernel, loaded ahead without that wait, they are 2-8% faster, RESULTS.md 2026-11-29).
 ``--exact`` runs the same loop for rowwise fp8 with exact accumulation (scales of ones inside,
 the rowwise scales outside are not the question).
 
@@ -503,7 +503,8 @@ def compile_only() -> None:
         r = _inspect("k", c.asm["cubin"], c.metadata.shared, c.metadata.num_warps)
         ops = {o: r.opcodes.get(o, 0) for o in ("QGMMA", "HGMMA", "FFMA", "FMUL", "LDG", "STL", "LDL")}
         usage = f"regs {r.registers} local {r.local_bytes} stack {r.stack_bytes} smem {r.dynamic_shared}"
-        print(cfg, scaled, usage, ops)
+        loops = [f"{loop.instructions} ({len(loop.waits_on_loads)} wait for its loads)" for loop in r.loops]
+        print(cfg, scaled, usage, ops, "K loops:", ", ".join(loops))
 
 
 def inputs(m, n, k, seed=0):
