@@ -263,6 +263,7 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; it
     inputs=block_inputs,
     reference=block_reference,
     baseline=eager_block_scaled,
+    baseline_layouts=cublaslt_layouts,
     input_elements=block_input_elements,
     problem_inputs=scales_of,
     render_vars=lambda problem, config: {**matmul.render_vars(problem, config), "block_scaled": True},

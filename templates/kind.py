@@ -121,6 +121,10 @@ def _heuristic_everywhere(problem: Problem, config: Config, capability: str, sm_
     return config
 
 
+def _as_given(operands: Operands) -> Operands:
+    return operands
+
+
 def _no_twin_call(problem: Problem, a: Tensor, b: Tensor) -> TwinCall | None:
     return None
 
@@ -171,6 +175,10 @@ class TemplateKind:
     # matrix): with the operands and outputs, the bytes a kernel must move
     input_elements: Callable[[Problem], tuple[int, int]]
     # -- optional parts
+    # operands -> the same values in the layouts the baseline's library takes (block scales
+    # M-major for cuBLASLt), made once per input set before the baseline is timed: a copy
+    # inside every timed call would be charged to the library
+    baseline_layouts: Callable[[Operands], Operands] = _as_given
     render_vars: Callable[[Problem, Config], dict[str, object]] = _no_vars  # beyond the common ones
     # the Jinja file (one of ``files``) that renders ``config``, where not the first of ``files``
     source: Callable[[Config], str | None] = _no_source

@@ -20,6 +20,7 @@ from epilab.templates.block_scaled import (
     A_SCALES,
     B_SCALES,
     KIND,
+    cublaslt_layouts,
     dequantized,
     make_block_problem,
     scale_shapes,
@@ -141,6 +142,18 @@ def test_untuned_on_sm90_is_the_cooperative_kernel_where_its_tiles_fill_the_gpu(
     quant = Spec(2048, 14336, 4096, dtype="float8_e4m3fn", scales="block", epilogue="silu", quantize=128)
     config = default_config(quant.problem(), "cuda", capability="9.0")
     assert config.variant == "sm90_cooperative" and KIND.config_error(quant.problem(), config) is None
+
+
+def test_the_baseline_gets_cublaslts_layouts_made_once():
+    """The tuner times cuBLASLt on the scales laid out as it takes them (A's M-major, B's
+    K-major), made before its timing (``baseline_layouts``); other kinds' operands pass as given."""
+    a, b, scales = block_tensors(200, 384, 1024, FP8["e4m3"])
+    laid = KIND.baseline_layouts({**scales, "bias": torch.ones(384)})
+    assert laid[A_SCALES].stride() == (1, 200) and laid[B_SCALES].stride() == (1, 8)
+    assert all(torch.equal(laid[n], scales[n]) for n in scales) and "bias" in laid
+    assert cublaslt_layouts(laid)[A_SCALES].data_ptr() == laid[A_SCALES].data_ptr()  # no copy twice
+    given = {"bias": torch.ones(8)}
+    assert kind_of("matmul").baseline_layouts(given) is given
 
 
 def test_rowwise_reading_wins_where_both_mean_the_same():
@@ -334,6 +347,21 @@ def test_gpu_untuned_call_runs_the_cooperative_kernel_and_matches_float64():
     ).variant == ("sm90_cooperative")
     ref = reference(x, w.t(), {A_SCALES: sx, B_SCALES: sw.t()}, bias, F.silu)
     assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+
+
+@pytest.mark.gpu
+def test_gpu_the_tuners_cublaslt_baseline_matches_float64():
+    """``evaluate_baseline`` on a block-scaled problem (16 K groups: cuBLASLt's block scaling):
+    timed, on the layouts made beforehand, and as close to float64 as the kind's kernels."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuBLASLt's block scaling (torch._scaled_mm) needs sm_90")
+    from epilab.tuner.evaluate import evaluate_baseline
+
+    problem = Spec(1000, 2112, 2048, dtype="float8_e4m3fn", scales="block").problem()
+    result = evaluate_baseline(problem.to_json(), "cublas", seed=0)
+    assert result["status"] == "ok", result
+    assert result["max_rel_error"] <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+    assert 0 < result["median_ms"] < 1.0
 
 
 @pytest.mark.gpu
