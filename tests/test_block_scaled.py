@@ -147,7 +147,7 @@ def test_untuned_on_sm90_is_the_cooperative_kernel_where_its_tiles_fill_the_gpu(
 def test_the_baseline_gets_cublaslts_layouts_made_once():
     """The tuner times cuBLASLt on the scales laid out as it takes them (A's M-major, B's
     K-major), made before its timing (``baseline_layouts``); other kinds' operands pass as given."""
-    a, b, scales = block_tensors(200, 384, 1024, FP8["e4m3"])
+    *_, scales = block_tensors(200, 384, 1024, FP8["e4m3"])
     laid = KIND.baseline_layouts({**scales, "bias": torch.ones(384)})
     assert laid[A_SCALES].stride() == (1, 200) and laid[B_SCALES].stride() == (1, 8)
     assert all(torch.equal(laid[n], scales[n]) for n in scales) and "bias" in laid
