@@ -469,9 +469,7 @@ def tune(
     if ctx.invoked_subcommand is not None:
         return
     _check_tune_flags(suite, shapes, seen, model, inputs, train, freezing, dtype, rounds, max_rounds)
-    early = _start_compile_server(device, devices, jobs, interpret, compile_server)
-    if early is not None:
-        ctx.call_on_close(early.close)
+    _start_early(ctx, device, devices, jobs, interpret, compile_server)
     deadline = None if total_time is None else time.monotonic() + _duration(total_time, "--total-time")
     device_index, fleet = _tune_devices(device, devices, lease_ttl, interpret)
     from epilab.tuner.search import Budget
@@ -580,14 +578,31 @@ def _check_tune_flags(
         )
 
 
-def _start_compile_server(device: str, devices: str | None, jobs: int, interpret: bool, shared: bool) -> Any:
-    """The host's compile server and its processes for this command's GPUs, started now from a
-    thread so that their imports overlap this command's (``compile_server.EarlyStart``); only
-    where the GPUs can be named without importing torch. None where nothing was started."""
+def _start_early(
+    ctx: typer.Context, device: str, devices: str | None, jobs: int, interpret: bool, shared: bool
+) -> None:
+    """This command's GPU workers (``worker.start_early``) and the host's compile server with
+    its processes for these GPUs (``compile_server.EarlyStart``, from a thread), started now so
+    that their imports and CUDA contexts overlap this command's; only where the GPUs can be
+    named without importing torch. What the command does not take is closed with it."""
     from epilab.config import settings
 
-    if interpret or jobs <= 0 or not shared or settings().compile_server_idle_s <= 0:
-        return None
+    indices = None if interpret else _gpus_named_without_torch(device, devices)
+    if indices is None:
+        return  # no GPU here, or one the command refuses: it says so
+    from epilab.tuner.worker import close_early, start_early
+
+    start_early(indices)
+    ctx.call_on_close(close_early)
+    if jobs > 0 and shared and settings().compile_server_idle_s > 0:
+        from epilab.tuner.compile_server import EarlyStart
+
+        ctx.call_on_close(EarlyStart(jobs, indices).close)
+
+
+def _gpus_named_without_torch(device: str, devices: str | None) -> tuple[int, ...] | None:
+    """The indices ``--device``/``--devices`` name, where they can be read without importing
+    torch and name distinct GPUs this host has; None otherwise."""
     count = _gpus_without_torch()
     named = devices if devices is not None else device.removeprefix("cuda").removeprefix(":") or "0"
     if named.strip() == "all":
@@ -598,10 +613,8 @@ def _start_compile_server(device: str, devices: str | None, jobs: int, interpret
             return None
         indices = [int(p) for p in parts]
     if not indices or any(i >= count for i in indices) or len(set(indices)) != len(indices):
-        return None  # no GPU here, or one the command refuses: it says so
-    from epilab.tuner.compile_server import EarlyStart
-
-    return EarlyStart(jobs, tuple(indices))
+        return None
+    return tuple(indices)
 
 
 def _gpus_without_torch() -> int:

@@ -180,33 +180,50 @@ def test_a_command_starts_the_server_and_its_processes_before_it_needs_them(host
 
 
 def test_the_early_start_names_only_gpus_it_can_count_without_torch(monkeypatch):
-    from epilab import cli
+    """``epilab tune`` starts its GPU workers and the compile server's processes first thing,
+    for the GPUs it can name without importing torch; a GPU it would refuse starts nothing."""
+    from types import SimpleNamespace
 
-    started = []
-    monkeypatch.setattr(compile_server, "EarlyStart", lambda jobs, devices: started.append(devices) or "ok")
+    from epilab import cli
+    from epilab.tuner import worker
+
+    servers_for, workers_for, closing = [], [], []
+    monkeypatch.setattr(
+        compile_server,
+        "EarlyStart",
+        lambda jobs, devices: servers_for.append(devices) or SimpleNamespace(close=None),
+    )
+    monkeypatch.setattr(worker, "start_early", workers_for.append)
+    command = SimpleNamespace(call_on_close=closing.append)
+
+    def started(*args):
+        servers_for.clear()
+        workers_for.clear()
+        cli._start_early(command, *args)
+        return workers_for[:], servers_for[:]
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
     with config.patch(compile_server_idle_s=60.0):
-        assert cli._start_compile_server("cuda", "all", 8, False, True) == "ok"
-        assert cli._start_compile_server("cuda", "0,cuda:1", 8, False, True) == "ok"
-        assert cli._start_compile_server("cuda:1", None, 8, False, True) == "ok"
-        assert cli._start_compile_server("cuda", None, 8, False, True) == "ok"
-        assert started == [(0, 1), (0, 1), (1,), (0,)]
+        assert started("cuda", "all", 8, False, True) == ([(0, 1)], [(0, 1)])
+        assert started("cuda", "0,cuda:1", 8, False, True) == ([(0, 1)], [(0, 1)])
+        assert started("cuda:1", None, 8, False, True) == ([(1,)], [(1,)])
+        assert started("cuda", None, 8, False, True) == ([(0,)], [(0,)])
+        assert len(closing) == 8  # what the command does not take is closed with it
         refused = [
             ("cuda", "0,2", 8, False, True),  # a GPU that is not there: the command says so
             ("cuda", "0,0", 8, False, True),
             ("cuda", "first", 8, False, True),
             ("cpu", None, 8, False, True),
             ("cuda", "0,1", 8, True, True),  # the interpreter
-            ("cuda", "0,1", 0, False, True),  # no compile processes
-            ("cuda", "0,1", 8, False, False),  # --no-compile-server
         ]
-        assert [cli._start_compile_server(*args) for args in refused] == [None] * len(refused)
+        assert [started(*args) for args in refused] == [([], [])] * len(refused)
+        assert started("cuda", "0,1", 0, False, True) == ([(0, 1)], [])  # no compile processes
+        assert started("cuda", "0,1", 8, False, False) == ([(0, 1)], [])  # --no-compile-server
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert cli._start_compile_server("cuda", "all", 8, False, True) is None  # no GPU
+    assert started("cuda", "all", 8, False, True) == ([], [])  # no GPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with config.patch(compile_server_idle_s=0.0):  # no server at all
-        assert cli._start_compile_server("cuda", None, 8, False, True) is None
-    assert len(started) == 4
+        assert started("cuda", None, 8, False, True) == ([(0,)], [])
 
 
 def test_a_directory_others_may_enter_is_refused(host):

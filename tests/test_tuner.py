@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import textwrap
+import time
 
 import optuna
 import pytest
@@ -367,6 +369,86 @@ def test_crashing_and_hanging_candidates_cost_one_trial_each(tmp_path):
         assert hung["status"] == "timeout"
         assert run(16)["status"] == "ok"  # a fresh worker carries on
         assert worker.restarts == 2
+
+
+def test_a_tuner_takes_the_worker_started_early_for_its_device(monkeypatch):
+    """``epilab tune`` starts its GPU workers before it imports torch (``worker.start_early``);
+    the tuner of that device takes its worker, once; a worker with a hook, or one whose
+    settings changed since, is a new one (the early one closed)."""
+    from epilab.tuner import worker as workers
+
+    workers.start_early((-1,))
+    early = workers._EARLY[-1]
+    fresh = []
+    try:
+        taken = Worker.for_device(timeout_s=7.0, device_index=-1)
+        assert taken is early and taken.timeout_s == 7.0 and -1 not in workers._EARLY
+        fresh.append(Worker.for_device(device_index=-1))  # none left to take: a new one
+        assert fresh[-1] is not early
+        task = {
+            "job": "candidate",
+            "problem": SMALL.to_json(),
+            "seed": 1,
+            "config": Config(16, 32, 32).to_dict(),
+        }
+        assert taken.run(task)["status"] == "ok"  # it computes like any worker
+
+        workers.start_early((-1,))
+        hooked = workers._EARLY[-1]
+        fresh.append(Worker.for_device(device_index=-1, hook=("/nonexistent.py", "hook")))
+        assert fresh[-1] is not hooked and workers._EARLY[-1] is hooked  # left for a tuner without a hook
+        monkeypatch.setenv("EPILAB_CACHE_DIR", os.fspath(os.environ.get("EPILAB_CACHE_DIR", "")) + "-other")
+        fresh.append(Worker.for_device(device_index=-1))
+        assert fresh[-1] is not hooked and fresh[-1].env["EPILAB_CACHE_DIR"].endswith("-other")
+        assert hooked._proc is None and -1 not in workers._EARLY  # the stale one was closed
+    finally:
+        workers.close_early()
+        for w in [early, *fresh]:
+            w.close()
+
+
+POOL_COMPILE = """
+import json, sys
+from epilab.ir.problem import Problem
+from epilab.templates.kinds import default_config
+from epilab.tuner.evaluate import compile_candidate
+problem = Problem.from_json(sys.argv[1])
+print(json.dumps(compile_candidate(sys.argv[1], default_config(problem).to_dict())))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_pool_compile_leaves_the_launcher_the_first_launch_builds(tmp_path):
+    """Triton builds a C launcher for each new kernel signature at its first launch (about a
+    second); the compile pool builds it into the shared cache, so that the GPU worker does not."""
+    import subprocess
+    import sys
+
+    problem = Spec(256, 256, 128, epilogue="bias_gelu_tanh").problem()
+    cache = tmp_path / "triton"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "EPILAB_CACHE_DIR": str(tmp_path / "epilab")}
+    done = subprocess.run(
+        [sys.executable, "-c", POOL_COMPILE, problem.to_json()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert json.loads(done.stdout.splitlines()[-1])["status"] == "compiled"
+    assert list(cache.rglob("*.cubin")), "the kernel was not compiled"
+    assert list(cache.rglob("__triton_launcher*")), "the launcher was left to the first launch"
+
+
+def test_closing_a_worker_kills_its_process_at_once():
+    """A worker has nothing to write once it has answered: closing it kills it (an orderly exit
+    took about a second of every command's end)."""
+    worker = Worker(timeout_s=60)
+    proc = worker._proc
+    started = time.monotonic()
+    worker.close()
+    assert time.monotonic() - started < 5 and not proc.is_alive() and proc.exitcode == -9
+    worker.close()  # twice: nothing more
 
 
 def test_a_hung_candidate_is_killed_sooner_once_candidates_are_known_to_be_quick():

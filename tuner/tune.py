@@ -265,7 +265,7 @@ class Tuner:
             self.limits = DeviceLimits.of(options.device_index)
             self.device = self.limits.info
         self.versions = Versions(torch.__version__, triton.__version__)
-        self.worker = Worker(
+        self.worker = Worker.for_device(
             timeout_s=options.worker_timeout_s,
             device_index=-1 if options.interpret else options.device_index,
             hook=hook,

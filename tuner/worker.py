@@ -10,6 +10,14 @@ the worker before each task: tests use it to make a worker crash or hang.
 A ``CompilePool`` runs the CPU-bound compiles of a batch of candidates in a
 process pool, so the GPU worker mostly launches cached kernels; the worker takes
 each candidate as soon as its compile is done, while the later ones compile.
+
+``start_early`` starts the GPU workers of a command as it begins, before it imports torch:
+a worker's own imports and CUDA context took 2.3-3.6 s of each device's first problem when
+it was started with the command's tuner (RESULTS.md, 2026-11-28, issue 45). ``Worker.for_device``
+takes the one started for its device. A worker is killed when it is closed, not asked to
+exit: it holds nothing to write once it has answered (its results went back, its caches are
+written while a task runs), and its orderly exit (CUDA context, interpreter) took about a
+second at the end of every command.
 """
 
 from __future__ import annotations
@@ -138,8 +146,46 @@ def _env() -> dict[str, str]:
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
+_EARLY: dict[int, Worker] = {}  # device index -> a worker started before it was asked for
+_EARLY_LOCK = threading.Lock()
+
+
+def start_early(device_indices: tuple[int, ...]) -> None:
+    """Start a GPU worker for each of ``device_indices`` now (its process imports torch and
+    makes its CUDA context while the caller does its own start-up); the Tuner of that device
+    takes it (``Worker.for_device``). ``close_early`` closes those nobody took."""
+    with _EARLY_LOCK:
+        for index in device_indices:
+            if index not in _EARLY:
+                _EARLY[index] = Worker(device_index=index)
+
+
+def close_early() -> None:
+    """Close the workers ``start_early`` started that no Tuner took."""
+    with _EARLY_LOCK:
+        left = list(_EARLY.values())
+        _EARLY.clear()
+    for worker in left:
+        worker.close()
+
+
 class Worker:
     """One isolated process that evaluates tasks; see the module doc."""
+
+    @classmethod
+    def for_device(
+        cls, *, timeout_s: float = 180.0, device_index: int = -1, hook: tuple[str, str] | None = None
+    ) -> Worker:
+        """The worker ``start_early`` started for ``device_index`` (where no ``hook`` is asked
+        for and the settings it passes on are unchanged since), else a new one."""
+        with _EARLY_LOCK:
+            early = _EARLY.pop(device_index, None) if hook is None else None
+        if early is not None and early.env == _env():
+            early.timeout_s = timeout_s
+            return early
+        if early is not None:
+            early.close()
+        return cls(timeout_s=timeout_s, device_index=device_index, hook=hook)
 
     def __init__(
         self, *, timeout_s: float = 180.0, device_index: int = -1, hook: tuple[str, str] | None = None
@@ -151,13 +197,15 @@ class Worker:
         self.cancelled = False
         self._proc: Any = None
         self._conn: Connection | None = None
+        self.env: dict[str, str] = {}  # the settings passed to the process (``_env``)
         self._start()
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
+        self.env = _env()
         self._proc = ctx.Process(
-            target=_serve, args=(child, _env(), self.hook, self.device_index), daemon=True
+            target=_serve, args=(child, self.env, self.hook, self.device_index), daemon=True
         )
         with main_not_reimported():
             self._proc.start()
@@ -165,7 +213,7 @@ class Worker:
         self._conn = parent
 
     def _restart(self) -> None:
-        self.close(kill=True)
+        self.close()
         self.restarts += 1
         self._start()
 
@@ -222,18 +270,13 @@ class Worker:
         if proc is not None and proc.is_alive():
             proc.kill()
 
-    def close(self, *, kill: bool = False) -> None:
+    def close(self) -> None:
+        """Kill the process (see the module doc: it has nothing left to write)."""
         if self._proc is None:
             return
-        try:
-            if not kill and self._conn is not None:
-                self._conn.send(None)
-                self._proc.join(timeout=10)
-        except (BrokenPipeError, OSError):
-            pass
         if self._proc.is_alive():
             self._proc.kill()
-            self._proc.join(timeout=10)
+        self._proc.join(timeout=10)
         if self._conn is not None:
             self._conn.close()
         self._proc = None
