@@ -20,7 +20,6 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Problem
-from epilab.templates.bound import Bound
 from epilab.templates.kind import InputSet
 from epilab.templates.kinds import bind, kind_of
 from epilab.templates.runtime import target_for
@@ -392,24 +391,6 @@ def probe_device() -> dict[str, Any]:
     return _result("ok")
 
 
-def _ready_to_launch(bound: Bound) -> None:
-    """What a single-launch candidate's first launch would do before running: Triton's
-    launcher built and its binary loaded (and checked against the device's limits: shared
-    memory, threads), here in the compile pool, not in the GPU worker. Triton builds a C
-    launcher with the host's C compiler for each kernel signature it has not seen (a TMA
-    block shape is one), about a second each, and caches it on disk where the GPU worker
-    finds it; in the GPU worker those builds fell in the "launch" phase, 19-22 s of a 1-GPU
-    run's 140-160 s (RESULTS.md, 2026-11-28, issue 45). A launch of several kernels
-    (two-pass split-K, ordered statistics) has no single kernel here: its first launch builds
-    them as before."""
-    if bound.kernel is None or bound.args is None or target_for_is_interpreter():
-        return
-    compiled = bound.kernel.warmup(grid=bound.grid, **bound.args)  # type: ignore[attr-defined]
-    load = getattr(compiled, "_init_handles", None)  # what Triton's first launch calls
-    if load is not None:
-        load()
-
-
 def compile_candidate(problem_json: str, config: dict[str, Any]) -> dict[str, Any]:
     """Compile (not launch) a candidate: what the parallel compile pool runs; with the seconds
     of its phases in the pool's process (inputs, render, compile) and its Triton compiles."""
@@ -424,7 +405,6 @@ def compile_candidate(problem_json: str, config: dict[str, Any]) -> dict[str, An
             bound = bind(problem, cfg, a, b, operands)
             phases.lap("render")
             bound.compile()
-            _ready_to_launch(bound)
         except Exception as e:
             known = _known_failure(e)
             if known is None:
