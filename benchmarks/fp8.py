@@ -7,7 +7,9 @@ eager epilogue, _scaled_mm alone, Inductor and Inductor max-autotune, in one pro
     python3 benchmarks/fp8.py --suite fp8-weight
 
 Block-scaled problems (suite ``fp8-block``) are compared with _scaled_mm's block scaling
-(cuBLASLt, the one block-scaled GEMM installable here: DeepGEMM and FlashInfer are not).
+(cuBLASLt, the one block-scaled GEMM installable here: DeepGEMM and FlashInfer are not); every
+baseline side gets the scales laid out as cuBLASLt takes them (``baseline_layouts``), once,
+outside the timed calls, as the tuner's baseline does.
 Weight-only problems (suite ``fp8-weight``: bf16 activations, e4m3 weights) are compared
 with their baseline, the weight converted to bf16 then cuBLAS then the eager epilogue
 ("dequantize + cuBLAS + eager", what the unfused graph runs), and with cuBLAS on a bf16 weight
@@ -53,7 +55,7 @@ from split_k import sweep
 
 from epilab.ir import dtypes
 from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS, Config, Problem
-from epilab.templates.block_scaled import cublaslt_layouts, scaled_mm_blocks
+from epilab.templates.block_scaled import scaled_mm_blocks
 from epilab.templates.kinds import bind, default_config, kind_of, twins
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
 from epilab.templates.verify import random_inputs
@@ -124,13 +126,15 @@ def candidates(problem: Problem, limits: DeviceLimits) -> list[Config]:
 
 
 def scaled_mm_alone(problem: Problem, a, b, ops):
-    """_scaled_mm with the epilogue's scales (or the block scales), bf16 out, nothing else; for
-    a weight-only problem cuBLAS on the weight converted to bf16 beforehand."""
+    """_scaled_mm with the epilogue's scales (or the block scales, laid out as the kind's
+    ``baseline_layouts`` says once, here, not in each call: a no-op for scales laid out so
+    already), bf16 out, nothing else; for a weight-only problem cuBLAS on the weight converted
+    to bf16 beforehand."""
     if problem.op in WEIGHT_ONLY_OPS:  # a dual problem's second weight too (two GEMMs)
         wides = [w.to(a.dtype) for w in (b, ops.get("b2")) if w is not None]
         return lambda: [a @ w for w in wides]
-    if problem.op == BLOCK_SCALED_OP:  # the scales laid out as cuBLASLt takes them once, not each call
-        laid = cublaslt_layouts(ops)
+    if problem.op == BLOCK_SCALED_OP:
+        laid = kind_of(problem).baseline_layouts(ops)
         return lambda: scaled_mm_blocks(a, b, laid)
     prefix = scaled_mm_prefix(problem.epilogue)
     scale_a, scale_b = prefix.scale_a, prefix.scale_b
@@ -157,22 +161,25 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
     if ok:
         best = min(ok, key=comparable_ms)
         variants["epilab"] = bind(best["run_as"], best["obj"], a, b, ops).run
+    # the baselines' operands laid out as their library takes them, once, as the tuner does
+    # (cuBLASLt's block scales: a copy inside each timed call would be charged to them)
+    laid = kind_of(problem).baseline_layouts(ops)
     eager = baseline_fn(problem, "cublas")
     baseline, alone = sides(problem)
-    variants[baseline] = lambda: eager(a, b, ops)
-    variants[alone] = scaled_mm_alone(problem, a, b, ops)
+    variants[baseline] = lambda: eager(a, b, laid)
+    variants[alone] = scaled_mm_alone(problem, a, b, laid)
     errors = {}
     for name, library in (("inductor", "inductor"), ("max-autotune", "inductor-max-autotune")):
         if name == "max-autotune" and not args.max_autotune:
             continue
         compiled = baseline_fn(problem, library)
         try:
-            compiled(a, b, ops)
+            compiled(a, b, laid)
         except RuntimeError as e:  # cuBLASLt refused a shape Inductor handed it: noted, not fatal
             errors[name] = str(e)[:300]
             print(f"  {name}: {errors[name]}", file=sys.stderr)
             continue
-        variants[name] = lambda compiled=compiled: compiled(a, b, ops)
+        variants[name] = lambda compiled=compiled: compiled(a, b, laid)
     # like with like: where epilab's kernel is short, every side is also replayed in CUDA
     # graphs (a compiled or eager call's host work would otherwise be what events time)
     times = interleaved(variants, args.rounds, graph=bool(ok) and best["graph_ms"] is not None)

@@ -62,6 +62,13 @@ def comparable_ms(entry: dict | None) -> float | None:
     return entry["graph_ms"] or entry["ms"]
 
 
+def like_with_like(times: Mapping[str, dict]) -> tuple[bool, dict[str, float]]:
+    """(replayed, each variant's time): CUDA-graph replay times where every variant has one,
+    else every variant's events; never one method against the other."""
+    graph = all(v["graph_ms"] is not None for v in times.values())
+    return graph, {name: v["graph_ms"] if graph else v["ms"] for name, v in times.items()}
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in xs) / len(xs)) if xs else float("nan")
 

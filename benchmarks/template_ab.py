@@ -32,7 +32,7 @@ import jinja2
 import torch
 from epilogue_cost import precompile
 from fp8 import scaled_mm_alone
-from rounds import device_header, interleaved, only, save
+from rounds import device_header, interleaved, like_with_like, only, save
 from untuned_fp8 import cases
 
 from epilab.templates import render, runtime
@@ -99,7 +99,7 @@ def main() -> None:
             variants["current, A's scales M-major"] = bind(problem, config, a, b, laid).run
         variants["_scaled_mm"] = scaled_mm_alone(problem, a, b, scales)
         times = interleaved(variants, args.rounds)
-        graph = all(v["graph_ms"] is not None for v in times.values())  # like with like: all or none
+        graph, _ = like_with_like(times)
         results.append(
             {
                 "problem": f"{spec.scales} {spec.m}x{spec.n}x{spec.k}",
@@ -119,8 +119,9 @@ def main() -> None:
     print("| case | config | kernel | ms [min-max] | x current | TFLOP/s | cuBLASLt / this |")
     print("|---|---|---|---:|---:|---:|---:|")
     for r in results:
-        t, star = r["times"], "*" if r["graph"] else ""
-        ms = {v: x["graph_ms"] if r["graph"] else x["ms"] for v, x in t.items()}
+        t = r["times"]
+        graph, ms = like_with_like(t)
+        star = "*" if graph else ""
         for v, x in t.items():
             lo, hi = x["spread"]
             print(

@@ -26,7 +26,7 @@ import argparse
 import torch
 from epilogue_cost import precompile
 from fp8 import scaled_mm_alone
-from rounds import device_header, interleaved, only, save
+from rounds import device_header, interleaved, like_with_like, only, save
 
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, default_config
@@ -93,8 +93,7 @@ def main() -> None:
     for r in results:
         t = r["times"]
         cells = []
-        graph = all(v["graph_ms"] is not None for v in t.values())  # like with like: all or none
-        ms = {name: v["graph_ms"] if graph else v["ms"] for name, v in t.items()}
+        graph, ms = like_with_like(t)
         star = "*" if graph else ""
         for name in ("untuned", "heuristic", "_scaled_mm"):
             lo, hi = t[name]["spread"]
