@@ -17,9 +17,10 @@ the database (who tuned what, from when to when). Problems per hour are the prob
 command's wall time, start-up included.
 
 ``compare`` reads runs: problems per hour against the first run; where the wall time of each
-went (start-up until the first lease, the workers' tuning, each worker idle at the list's end
-while another finishes, the command's end); and per problem, each run's best time over the
-first run's. Two runs of one GPU give the run-to-run noise those ratios are judged against.
+went (start-up until the first lease, the workers' tuning and their first problems, each
+worker idle at the list's end while another finishes, the command's end); and per problem,
+each run's best time over the first run's. Two runs of one GPU give the run-to-run noise
+those ratios are judged against.
 
 ``hosts`` starts a PostgreSQL server (``.ci/start-postgres``; the binaries of the ``pgserver``
 wheel where the host has none) and two ``epilab tune`` processes on it, one per GPU, each with
@@ -158,9 +159,10 @@ def _load(out: Path, name: str) -> tuple[dict, dict[str, dict]]:
 
 def where_time_went(meta: dict) -> dict[str, float]:
     """The run's wall time split: start-up until the first lease was taken, the span of the
-    leases, the command's end after the last one; per worker its tuning and its idle time at
-    the list's end (the last lease's end minus the worker's own last end), as means over the
-    workers."""
+    leases, the command's end after the last one; per worker its tuning, its first problem
+    (cold: the part of a worker's start a fleet pays once, however many GPUs) and its idle
+    time at the list's end (the last lease's end minus the worker's own last end), as means
+    over the workers."""
     leases = [x for x in meta["leases"] if x["start_s"] is not None and x["end_s"] is not None]
     if not leases:
         return {}
@@ -171,8 +173,10 @@ def where_time_went(meta: dict) -> dict[str, float]:
         by_owner.setdefault(x["owner"], []).append(x)
     busy = [sum(x["end_s"] - x["start_s"] for x in xs) for xs in by_owner.values()]
     tail = [last - max(x["end_s"] for x in xs) for xs in by_owner.values()]
+    firsts = [min(xs, key=lambda x: x["start_s"]) for xs in by_owner.values()]
     return {
         "startup_s": first,
+        "first_problem_s": statistics.mean(x["end_s"] - x["start_s"] for x in firsts),
         "span_s": last - first,
         "end_s": meta["seconds"] - last,
         "workers": len(by_owner),
@@ -195,15 +199,15 @@ def compare(args: argparse.Namespace) -> None:
         print(f"| {n} | {meta['gpus']} | {cells} |")
     print(
         "\n| run | start-up s | leases' span s | command's end s | per worker: tuning s "
-        "| idle at the end s | longest problem s |"
+        "| first problem s | idle at the end s | longest problem s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for n, (meta, _) in runs.items():
         w = where_time_went(meta)
         if w:
             print(
                 f"| {n} | {w['startup_s']:.1f} | {w['span_s']:.1f} | {w['end_s']:.1f} | {w['busy_s']:.1f} "
-                f"| {w['tail_idle_s']:.1f} | {w['longest_problem_s']:.1f} |"
+                f"| {w['first_problem_s']:.1f} | {w['tail_idle_s']:.1f} | {w['longest_problem_s']:.1f} |"
             )
     _phase_sums(runs)
     for n in names[1:]:
