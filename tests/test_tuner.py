@@ -407,39 +407,6 @@ def test_a_tuner_takes_the_worker_started_early_for_its_device(monkeypatch):
             w.close()
 
 
-POOL_COMPILE = """
-import json, sys
-from epilab.ir.problem import Problem
-from epilab.templates.kinds import default_config
-from epilab.tuner.evaluate import compile_candidate
-problem = Problem.from_json(sys.argv[1])
-print(json.dumps(compile_candidate(sys.argv[1], default_config(problem).to_dict())))
-"""
-
-
-@pytest.mark.gpu
-def test_gpu_a_pool_compile_leaves_the_launcher_the_first_launch_builds(tmp_path):
-    """Triton builds a C launcher for each new kernel signature at its first launch (about a
-    second); the compile pool builds it into the shared cache, so that the GPU worker does not."""
-    import subprocess
-    import sys
-
-    problem = Spec(256, 256, 128, epilogue="bias_gelu_tanh").problem()
-    cache = tmp_path / "triton"
-    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "EPILAB_CACHE_DIR": str(tmp_path / "epilab")}
-    done = subprocess.run(
-        [sys.executable, "-c", POOL_COMPILE, problem.to_json()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    assert json.loads(done.stdout.splitlines()[-1])["status"] == "compiled"
-    assert list(cache.rglob("*.cubin")), "the kernel was not compiled"
-    assert list(cache.rglob("__triton_launcher*")), "the launcher was left to the first launch"
-
-
 def test_closing_a_worker_kills_its_process_at_once():
     """A worker has nothing to write once it has answered: closing it kills it (an orderly exit
     took about a second of every command's end)."""
