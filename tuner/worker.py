@@ -12,9 +12,9 @@ process pool, so the GPU worker mostly launches cached kernels; the worker takes
 each candidate as soon as its compile is done, while the later ones compile.
 
 ``start_early`` starts the GPU workers of a command as it begins, before it imports torch:
-a worker's own imports and CUDA context took 2.3-3.6 s of each device's first problem when
-it was started with the command's tuner (RESULTS.md, 2026-11-28, issue 45). ``Worker.for_device``
-takes the one started for its device. A worker is killed when it is closed, not asked to
+a worker's own imports and CUDA context took 2.3-5.4 s of each device's first problem when
+it was started with the command's tuner (RESULTS.md, 2026-11-28 and 2026-11-29, issue 45).
+``Worker.for_device`` takes the one started for its device. A worker is killed when it is closed, not asked to
 exit: it holds nothing to write once it has answered (its results went back, its caches are
 written while a task runs), and its orderly exit (CUDA context, interpreter) took about a
 second at the end of every command.
