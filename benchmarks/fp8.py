@@ -46,6 +46,7 @@ from rounds import (
     device_header,
     geomean,
     interleaved,
+    like_with_like,
     only,
     print_saved,
     save,
@@ -217,19 +218,20 @@ def table(results: list[dict]) -> str:
     big: dict[str, list[float]] = {n: [] for n in names}
     for r in results:
         t = r["times"]
-        mark = lambda e: "*" if e and e["graph_ms"] else ""  # noqa: E731
-        mine = comparable_ms(t.get("epilab"))
-        if mine is None:
+        if "epilab" not in t:
             lines.append(f"| {r['problem']} | no config passed | | " + " | " * (2 * len(names) - 1) + " |")
             continue
+        graph, ms = like_with_like(t)  # one method for every side of the problem
+        star = "*" if graph else ""
+        mine = ms["epilab"]
         cells, vs = [], []
         for n in names:
             if n not in t:
                 cells.append("-")
                 vs.append("-")
                 continue
-            theirs = comparable_ms(t[n])
-            cells.append(f"{theirs:.4f}{mark(t[n])}")
+            theirs = ms[n]
+            cells.append(f"{theirs:.4f}{star}")
             vs.append(f"{theirs / mine:.2f}x")
             ratios[n].append(theirs / mine)
             if r["m"] >= 2048:
@@ -237,13 +239,14 @@ def table(results: list[dict]) -> str:
         tflops = r["flops"] / (mine * 1e-3) / 1e12
         lines.append(
             "| "
-            + " | ".join(
-                [r["problem"], f"{mine:.4f}{mark(t['epilab'])} ({tflops:.0f})", r["chosen"], *cells, *vs]
-            )
+            + " | ".join([r["problem"], f"{mine:.4f}{star} ({tflops:.0f})", r["chosen"], *cells, *vs])
             + " |"
         )
     lines.append("")
-    lines.append("`*`: CUDA-graph replay (calls under 50 us); the rest CUDA events with L2 flushed.")
+    lines.append(
+        "`*`: CUDA-graph replay, where every side of the problem was replayed (calls under 50 us); "
+        "the rest CUDA events with L2 flushed, on every side of the problem"
+    )
     lines.append("- ratios are the other's time over epilab's (above 1: epilab faster)")
     for label, group in (("all", ratios), ("M >= 2048", big)):
         parts = [
