@@ -24,7 +24,7 @@ class Bound:
     args: Mapping[str, object] | None = None
     grid: tuple[int, ...] | None = None
     descriptors: tuple[Described, ...] = ()  # TMA descriptor arguments: remade for new tensors
-    workspace: Workspace | None = None  # scratch arguments kept between calls (stream-K)
+    workspace: Workspace | CallScratch | None = None  # scratch arguments (stream-K, split tails)
     fills: tuple[tuple[int, float], ...] = ()  # outputs filled before each launch (atomic statistics)
 
 
@@ -88,6 +88,28 @@ class Workspace:
         return {"ws_ptr": made[0], "flags_ptr": made[1]}
 
 
+@dataclass(frozen=True)
+class CallScratch:
+    """Scratch made anew for each call: ``programs`` int32 flags, zeroed, and ``programs`` x
+    ``elements`` fp32 partial sums (``ws_ptr``, ``flags_ptr``, as ``Workspace`` gives them).
+    Nothing outlives the call, so a CUDA-graph tree's warm-up (whose every allocation on the
+    thread goes to the graph's pool, where a buffer kept between calls is an untracked live
+    tensor) and its recording each make their own, and calls on two streams never share one.
+    It costs an allocation and a fill a call; an empty one (``programs`` 0) costs nothing."""
+
+    programs: int
+    elements: int
+
+    def tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
+        if self.programs == 0:  # zero-size tensors hold no memory: kept
+            if device not in _empty:
+                _empty[device] = _allocate(0, 0, device)
+            ws, flags = _empty[device]
+        else:
+            ws, flags = _allocate(self.programs * self.elements, self.programs, device)
+        return {"ws_ptr": ws, "flags_ptr": flags}
+
+
 def _allocate(size: int, programs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return (
         torch.empty(size, dtype=torch.float32, device=device),
@@ -97,3 +119,4 @@ def _allocate(size: int, programs: int, device: torch.device) -> tuple[torch.Ten
 
 _scratch: dict[tuple[torch.device, int | None], tuple[torch.Tensor, torch.Tensor]] = {}
 _retired: list[tuple[torch.Tensor, torch.Tensor]] = []
+_empty: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}

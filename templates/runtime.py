@@ -17,7 +17,7 @@ from epilab.config import settings
 from epilab.ir import dtypes
 from epilab.ir.epilogue import REDUCTIONS, Epilogue
 from epilab.ir.problem import Config, Dim, OperandSpec, Problem
-from epilab.templates.bound import Bound, Workspace
+from epilab.templates.bound import Bound, CallScratch, Workspace
 from epilab.templates.build import build, interpreter_active
 from epilab.templates.kind import TemplateKind
 from epilab.templates.render import Target, kernel_name, render
@@ -302,7 +302,7 @@ def single_launch(
     grid: tuple[int, ...],
     args: dict[str, object],
     outs: tuple[torch.Tensor, ...],
-    workspace: Workspace | None = None,
+    workspace: Workspace | CallScratch | None = None,
     slots: tuple[int, int] = (1, 1),
 ) -> Bound:
     """The Bound of one kernel launch (replayable) with ``args`` (tiling arguments added, and

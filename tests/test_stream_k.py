@@ -102,6 +102,20 @@ def test_a_larger_workspace_replaces_the_kept_one_without_freeing_it():
     assert any(kept[0] is small["ws_ptr"] for kept in bound._retired) or small["ws_ptr"] is large["ws_ptr"]
 
 
+def test_call_scratch_is_made_anew_and_zeroed_each_call_and_empty_scratch_is_kept():
+    """The cooperative kernel's split tails take scratch made per call (a CUDA-graph tree's
+    warm-up allocates everything to the graph's pool, where kept scratch is a live tensor)."""
+    cpu = torch.device("cpu")
+    first = bound.CallScratch(6, 32).tensors(cpu)
+    first["flags_ptr"].fill_(1)
+    second = bound.CallScratch(6, 32).tensors(cpu)
+    assert second["ws_ptr"].numel() == 6 * 32 and second["flags_ptr"].dtype == torch.int32
+    assert second["flags_ptr"] is not first["flags_ptr"] and not second["flags_ptr"].any()
+    empty = bound.CallScratch(0, 32).tensors(cpu)
+    assert empty["ws_ptr"].numel() == 0 and empty["flags_ptr"].numel() == 0
+    assert bound.CallScratch(0, 8).tensors(cpu)["flags_ptr"] is empty["flags_ptr"]
+
+
 @pytest.mark.parametrize(
     "config,match",
     [
