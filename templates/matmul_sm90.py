@@ -10,7 +10,10 @@ are rendered and bound. Three variants of the matmul kinds:
   owning 64 rows of the tile (and with TMA_STORE a staging buffer of those rows). Each K
   block's tensor-core sum is waited for and added in fp32 (times its block scales) by its warp
   group while the others' MMAs run: the promotion that one warp group cannot overlap with its
-  own MMAs (DeepGEMM's scheme; RESULTS.md, issue 44).
+  own MMAs (DeepGEMM's scheme; RESULTS.md, issue 44). Where the tiles' last wave would leave
+  SMs idle (``tail_split``), its tiles are split into ranges of K steps on the idle programs:
+  the later ranges' partial sums go through scratch made for the call (``CallScratch``) and
+  are added in order by the tile's first range, which runs the epilogue.
 
 With ``TMA_STORE`` each tile output (not a statistic, not a group output, not bool) is staged
 in shared memory (one buffer per consumer warp group) and stored by TMA; the wait for a store
@@ -24,6 +27,7 @@ pingpong take 16-bit inputs, cooperative fp8 ones (A row-major, B column-major: 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -32,7 +36,7 @@ import triton
 from epilab.ir import dtypes
 from epilab.ir.problem import BATCHED_OPS, Config, Problem
 from epilab.ir.rules import TRITON_DTYPES
-from epilab.templates.bound import Bound, Described
+from epilab.templates.bound import Bound, CallScratch, Described
 from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime import single_launch, sm_count, tma_readable
 
@@ -54,6 +58,9 @@ TMA_ALIGN_BYTES = 16
 SUB_M = 64
 COOPERATIVE_REGS = {2: (232, 168), 3: (152, 128)}
 COOPERATIVE_BLOCK_K = 128  # one promotion a K block: the interval of cuBLASLt's exact mode
+MAX_TAIL_SPLIT = 8  # ranges of K a tile of the cooperative kernel's last wave is split into, at most
+SPLIT_FIXUP_STEPS = 10  # a split tile's wait and sum, in K steps of the kernel (``tail_split``)
+SPLIT_LOOP_COST = 0.03  # the split kernel's K loop against the unsplit one, on whole tiles
 
 
 def staged_outputs(problem: Problem, config: Config) -> tuple[int, ...]:
@@ -107,6 +114,27 @@ def cooperative_default(
         ):
             return seed
     return config
+
+
+def tail_split(tiles: int, sms: int, k_steps: int) -> int:
+    """How many ranges of K steps the cooperative kernel splits each tile of its last wave into
+    (1: none). The ``tiles % sms`` tiles of a partial last wave leave the other SMs idle for a
+    whole tile (4096 x 4096 x 7168 in 192 x 128 tiles: 704 = 5 x 132 + 44, a sixth wave a third
+    full); split into S ranges on S programs each, that wave takes about 1/S of the time. Each
+    range keeps 2 K steps at least; a full last wave, or one over half full, is not split.
+
+    The split kernel's K loop runs about ``SPLIT_LOOP_COST`` slower on every whole tile, and
+    the tile's first range waits for the others and adds their sums (``SPLIT_FIXUP_STEPS``):
+    it splits only where the K steps saved exceed both (fitted on an H200, RESULTS.md
+    2026-11-29 third: 4096 x 4096 x 7168 and 4096 x 7168 x 16384 gained 5.7% and 3.5%,
+    4096 x 7168 x 2048 lost 2.7%)."""
+    tail = tiles % sms
+    if tail == 0:
+        return 1
+    split = max(1, min(sms // tail, k_steps // 2, MAX_TAIL_SPLIT))
+    saved = k_steps - k_steps / split
+    waves = tiles // sms
+    return split if saved > SPLIT_FIXUP_STEPS + SPLIT_LOOP_COST * waves * k_steps else 1
 
 
 def consumers(config: Config) -> int:
@@ -274,8 +302,21 @@ def bind(
         )
     tensors = {"a_ptr": a, "b_ptr": b, **{f"out{i}_ptr": outs[i] for i in range(len(outs))}}
     tiles = triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N)
-    grid = (min(sm_count(a.device), tiles),)
-    extra: dict[str, object] = {
+    sms = sm_count(a.device)
+    grid = (min(sms, tiles),)
+    workspace, extra = None, {}
+    if config.variant == COOPERATIVE:  # a partial last wave split along K (``tail_split``)
+        k_steps = triton.cdiv(int(args["K"]), config.BLOCK_K)  # type: ignore[call-overload]
+        # (a quantize step's epilogue beside the split's partial sums spills: never split)
+        split = 1 if problem.epilogue.group_size else tail_split(tiles, sms, k_steps)
+        grid = (sms,) if split > 1 else grid
+        # a slot of partial sums per program and warp group, and its flag, made for each call
+        # (none without a split: the kernel does not touch them)
+        partial_slots = grid[0] * consumers(config) if split > 1 else 0
+        workspace = CallScratch(partial_slots, SUB_M * config.BLOCK_N)
+        extra["TAIL_SPLIT"] = split
+    extra = {
+        **extra,
         **{d.arg: d.make(tensors[d.tensor]) for d in described},
         "BATCH": 1,
         "NUM_SMS": grid[0],
@@ -286,18 +327,9 @@ def bind(
         extra["maxnreg"] = PINGPONG_MAXNREG
     elif config.variant == COOPERATIVE:
         extra["maxnreg"] = COOPERATIVE_REGS[consumers(config)][1]
-    bound = single_launch(kind, problem, config, target, index_64, grid, {**args, **extra}, outs, None, slots)  # type: ignore[arg-type]
-    return Bound(
-        bound.outs,
-        bound.run,
-        bound.compile,
-        bound.kernel,
-        bound.args,
-        bound.grid,
-        described,
-        None,
-        bound.fills,
-    )
+    launch_args = {**args, **extra}
+    bound = single_launch(kind, problem, config, target, index_64, grid, launch_args, outs, workspace, slots)  # type: ignore[arg-type]
+    return dataclasses.replace(bound, descriptors=described)
 
 
 __all__ = ["SOURCE", "VARIANTS", "bind", "config_error", "render_vars", "staged_outputs"]

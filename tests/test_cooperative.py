@@ -35,6 +35,7 @@ from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts, make_block
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.matmul import make_problem
+from epilab.templates.matmul_sm90 import tail_split
 from epilab.templates.verify import checked_launch
 from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, run_error, smem_bytes
 
@@ -121,6 +122,18 @@ def test_feasibility_counts_registers_per_warp_group_and_shared_memory():
     assert infeasible(quant, THREE_TMA, H100) is None
     stats = Epilogue.build([(acc(), "bfloat16"), (acc() * acc(), "float32", "row_sum")])
     assert infeasible(dataclasses.replace(p, epilogue=stats), THREE_TMA, H100) is None
+
+
+def test_a_partial_last_wave_is_split_along_k_only_where_it_pays():
+    """tail_split: (tiles, SMs, K steps) -> ranges of K a tile of the last wave is split into."""
+    assert tail_split(704, 132, 56) == 3  # 4096 x 4096 x 7168 in 192 x 128: 5 waves + 44 tiles
+    assert tail_split(1232, 132, 128) == 3  # 4096 x 7168 x 16384: 9 waves + 44
+    assert tail_split(1232, 132, 16) == 1  # the same at K = 2048: 10 steps saved, not worth it
+    assert tail_split(4224, 132, 12) == 1  # 32 full waves: nothing to split
+    assert tail_split(374, 132, 56) == 1  # a last wave 110 / 132 full: no program is free
+    assert tail_split(32, 132, 32) == 4  # M = 128: 32 tiles, each split 4 ways (split-K)
+    assert tail_split(6, 132, 33) == 8  # at most MAX_TAIL_SPLIT ranges
+    assert tail_split(6, 132, 9) == 1  # each range 2 steps at least, and worth its sum
 
 
 # --------------------------------------------------- compiled for sm_90a (CPU)
@@ -228,6 +241,59 @@ def test_gpu_rowwise_exact_matches_float64(shape, fp8, config):
     ep = Epilogue.build([(x, "bfloat16"), (x * 8.0, "float8_e4m3fn")])
     problem = make_problem(a, b, ep, tensors)
     checked_launch(problem, _runnable(problem, config), a, b, tensors)
+
+
+# shapes whose last wave is split along K (``tail_split``): ragged M, N and K (33 K steps over
+# 6 or 8 tiles: 8 ranges each); M = 128 (32 tiles, 4 ranges each: a split-K); 5 waves and 44
+# tiles of 192 x 128 (3 ranges each)
+# tiles of 192 x 128 (3 ranges each); each with 3 warp groups and with 2 (TMA stores)
+SPLIT_CASES = [
+    ((200, 328, 4160), THREE), ((200, 328, 4160), TWO_TMA),
+    ((128, 4096, 4096), THREE), ((128, 4096, 4096), TWO_TMA),
+    ((4096, 4096, 7168), THREE), ((4096, 4096, 7168), THREE_TMA),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("shape", "config"), SPLIT_CASES, ids=lambda c: c.short() if isinstance(c, Config) else str(c)
+)
+def test_gpu_a_split_last_wave_matches_float64_deterministically(shape, config):
+    """Block scales, a bias, GELU and a residual, the last wave's tiles split along K: the
+    outputs match float64, a second launch gives the same bits (the partial sums are added
+    in a fixed order), and every flag of the call's scratch is back at zero."""
+    _hopper()
+    m, n, k = shape
+    tiles = -(-m // config.BLOCK_M) * -(-n // config.BLOCK_N)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert tail_split(tiles, sms, -(-k // 128)) > 1, "the shape does not split: the test checks nothing"
+    torch.manual_seed(m + n + k)
+    a, b, tensors = block_tensors(m, n, k, FP8["e4m3"], device="cuda")
+    tensors["bias"] = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    tensors["residual"] = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ep = Epilogue.build(
+        [(ops.gelu(acc() + operand("bias", "row")) + operand("residual", "tile"), "bfloat16")]
+    )
+    problem = make_block_problem(a, b, ep, tensors)
+    bound = checked_launch(problem, _runnable(problem, config), a, b, tensors)
+    first = bound.outs[0].clone()
+    bound.run()
+    torch.cuda.synchronize()
+    assert torch.equal(bound.outs[0], first)
+    assert not bound.args["flags_ptr"].any(), "a flag was left raised"
+
+
+@pytest.mark.gpu
+def test_gpu_a_split_last_wave_of_rowwise_exact_accumulation():
+    """Rowwise scales, exact accumulation, M = 128 (32 tiles, each split into 4 ranges)."""
+    _hopper()
+    m, n, k = 128, 4096, 4096
+    a = fp8_tensor(m, k, FP8["e4m3"], False, "cuda")
+    b = fp8_tensor(k, n, FP8["e4m3"], True, "cuda")
+    tensors = scales("row", m, n, "cuda")
+    x = acc() * operand("scale_a", "col") * operand("scale_b", "row")
+    problem = make_problem(a, b, Epilogue.build([(x, "bfloat16")]), tensors)
+    checked_launch(problem, THREE_TMA, a, b, tensors)
 
 
 @pytest.mark.gpu
