@@ -245,7 +245,6 @@ def test_gpu_rowwise_exact_matches_float64(shape, fp8, config):
 
 # shapes whose last wave is split along K (``tail_split``): ragged M, N and K (33 K steps over
 # 6 or 8 tiles: 8 ranges each); M = 128 (32 tiles, 4 ranges each: a split-K); 5 waves and 44
-# tiles of 192 x 128 (3 ranges each)
 # tiles of 192 x 128 (3 ranges each); each with 3 warp groups and with 2 (TMA stores)
 SPLIT_CASES = [
     ((200, 328, 4160), THREE), ((200, 328, 4160), TWO_TMA),
