@@ -10,7 +10,12 @@ Policy ``auto`` (the default):
    the record's config when its time beats every baseline recorded for that
    problem (cuBLAS/cuBLASLt + eager epilogue, Inductor); the aten op (cuBLAS,
    with Inductor fusing the epilogue as usual) when a baseline is faster. With
-   no baseline recorded, the tuned config is used.
+   no baseline recorded, the tuned config is used. A group that reads fp8 inputs
+   through the graph's dequantize ops (``Group.aten_dequantizes``: a dequantize-then-mm
+   the compiler reads as an fp8 GEMM) is not held to its problem's baselines: they time
+   an fp8 library GEMM (cuBLASLt), while its aten path is those dequantize ops and a
+   16-bit GEMM over 2-byte copies of the inputs; the launch-bound rules below and the
+   model's verdicts (``tune --model``) still apply.
    Without a record of the problem or its math, the nearest record of its template
    (``tuner/nearest.py``: a distance over batch, M, N, K, layouts and epilogue bytes;
    nearer than the family's M fallback) gives a *transferred* config, checked for
@@ -175,11 +180,18 @@ def fuses_nothing(problem: Problem) -> bool:
     return len(ep.outputs) == 1 and all(n.op in ("acc", "cast") for n in ep.nodes)
 
 
-def _verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool, str]:
-    """Whether the record beats the baselines recorded beside it, and the evidence."""
+def _verdict(ctx: Context, hit: Lookup, problem: Problem, aten_dequantizes: bool = False) -> tuple[bool, str]:
+    """Whether the record beats the baselines recorded beside it, and the evidence. Where the
+    aten path dequantizes fp8 inputs (``Group.aten_dequantizes``) the baselines, fp8 GEMMs of
+    a library, are not what the model runs without the template, and are passed over."""
     assert ctx.db is not None and ctx.device is not None
     bases = [b for b in ctx.db.baselines(hit.record.problem_key, ctx.device) if b.median_ms]
-    if not bases:
+    if aten_dequantizes:
+        tr = _time(hit.record)
+        untimed = f" (the recorded {', '.join(sorted({b.library for b in bases}))} fp8 GEMM is not that path)"
+        won = f"tuned {tr:.4g} ms; the aten path dequantizes the fp8 inputs and runs a 16-bit GEMM"
+        won, saved = won + (untimed if bases else ""), None
+    elif not bases:
         tr = _time(hit.record)
         won, saved = f"tuned {tr:.4g} ms; no baseline recorded", None
     else:
@@ -239,10 +251,13 @@ def _source(hit: Lookup) -> str:
     return "exact record" if hit.exact else f"nearest record (M={hit.m})"
 
 
-def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Decision, Plan | None, Problem]:
+def decide(
+    problem: Problem, ctx: Context, anchor: str, shape: str, *, aten_dequantizes: bool = False
+) -> tuple[Decision, Plan | None, Problem]:
     """The decision for one group's problem, the plan of the template call (if any), and
     the problem the call runs: the group's, or its gemv twin for small M when that
-    template's record is faster."""
+    template's record is faster. ``aten_dequantizes``: the group replaces dequantize ops and a
+    16-bit GEMM (``Group.aten_dequantizes``), which no recorded baseline times."""
 
     def made(
         template: bool, plan: Plan | None, source: str | None, reason: str, chosen: Problem = problem
@@ -268,8 +283,8 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         return made(False, None, None, "CPU tensors: templates run on CPU only with EPILAB_INTERPRET=1")
     if not problem.shape.is_static():
         if _batch_only(problem):
-            return _decide_batch(problem, ctx, anchor, shape)
-        return _decide_dynamic(problem, ctx, made)
+            return _decide_batch(problem, ctx, anchor, shape, aten_dequantizes)
+        return _decide_dynamic(problem, ctx, made, aten_dequantizes)
     candidates = candidates_of(problem)
     found = _best_hit(candidates, ctx)
     moved = _transfer(candidates, ctx) if found is None or found[1].via == "family" else None
@@ -278,7 +293,7 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         plan, source = _plan(hit), _transferred(hit)
         if ctx.policy == "always":
             return made(chosen.key not in ctx.exclude, plan, source, "policy always", chosen)
-        ok, why = _in_context(ctx, chosen, *_transfer_verdict(ctx, hit, chosen))
+        ok, why = _in_context(ctx, chosen, *_transfer_verdict(ctx, hit, chosen, aten_dequantizes))
         return made(ok, plan, source, why, chosen)
     if found is None and ctx.tune is not None and ctx.policy == "auto":
         for candidate in candidates:
@@ -286,14 +301,14 @@ def decide(problem: Problem, ctx: Context, anchor: str, shape: str) -> tuple[Dec
         found = _best_hit(candidates, ctx)
         if found is not None:
             chosen, hit = found
-            ok, why = _in_context(ctx, chosen, *_verdict(ctx, hit, chosen))
+            ok, why = _in_context(ctx, chosen, *_verdict(ctx, hit, chosen, aten_dequantizes))
             return made(ok, _plan(hit), "tuned now", why, chosen)
     if found is not None:
         chosen, hit = found
         plan = _plan(hit)
         if ctx.policy == "always":
             return made(chosen.key not in ctx.exclude, plan, _source(hit), "policy always", chosen)
-        ok, why = _in_context(ctx, chosen, *_verdict(ctx, hit, chosen))
+        ok, why = _in_context(ctx, chosen, *_verdict(ctx, hit, chosen, aten_dequantizes))
         return made(ok, plan, _source(hit), why, chosen)
     missing = f"nothing recorded for this problem on {ctx.device.name}"
     if ctx.db is None:
@@ -397,7 +412,9 @@ def _transferred(hit: Lookup) -> str:
     return f"transferred from {problem_label(source)} (distance {hit.distance:.2f})"
 
 
-def _transfer_verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool, str]:
+def _transfer_verdict(
+    ctx: Context, hit: Lookup, problem: Problem, aten_dequantizes: bool = False
+) -> tuple[bool, str]:
     """A transferred config is used where its source record beat its own baselines by
     ``MIN_SPEEDUP`` (what a transfer may lose, measured: tuner/nearest.py)."""
     assert ctx.db is not None and ctx.device is not None
@@ -411,7 +428,7 @@ def _transfer_verdict(ctx: Context, hit: Lookup, problem: Problem) -> tuple[bool
             f"the source beats {best.library} by {margin:.2f}x, under the {MIN_SPEEDUP:.2f}x a transferred "
             "config needs"
         )
-    ok, why = _verdict(ctx, hit, problem)
+    ok, why = _verdict(ctx, hit, problem, aten_dequantizes)
     return ok, f"source: {why}"
 
 
@@ -453,12 +470,12 @@ def _batch_only(problem: Problem) -> bool:
 
 
 def _decide_batch(
-    problem: Problem, ctx: Context, anchor: str, shape: str
+    problem: Problem, ctx: Context, anchor: str, shape: str, aten_dequantizes: bool
 ) -> tuple[Decision, Plan | None, Problem]:
     """A dynamic-batch problem, decided at ``BATCH_HINT`` images; the call runs the chosen
     template with the batch symbolic (see the module's docstring)."""
     at = dataclasses.replace(problem, shape=dataclasses.replace(problem.shape, batch=BATCH_HINT))
-    decision, plan, chosen = decide(at, ctx, anchor, shape)
+    decision, plan, chosen = decide(at, ctx, anchor, shape, aten_dequantizes=aten_dequantizes)
     if decision.template is None:
         return decision, plan, problem
     if chosen.shape != at.shape:
@@ -469,7 +486,7 @@ def _decide_batch(
 
 
 def _decide_dynamic(
-    problem: Problem, ctx: Context, made: Callable[..., Any]
+    problem: Problem, ctx: Context, made: Callable[..., Any], aten_dequantizes: bool
 ) -> tuple[Decision, Plan | None, Problem]:
     assert ctx.device is not None and ctx.target is not None
     buckets: list[tuple[int | None, Config]] = []
@@ -479,7 +496,7 @@ def _decide_dynamic(
         hit = _lookup(problem, ctx, m=rep)
         if hit is not None:
             recorded += 1
-            ok, why = _verdict(ctx, hit, problem)
+            ok, why = _verdict(ctx, hit, problem, aten_dequantizes)
             all_win += ok
             verdicts.append(f"M~{rep}: {why}")
             buckets.append((upper, Config.from_dict(hit.record.config or {})))

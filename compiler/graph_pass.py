@@ -127,7 +127,9 @@ class EpilabPass(CustomGraphPass):
             decisions.append(Decision(name, "", _shape(anchor), None, None, None, f"not matched: {e}"))
             return
         self._record_seen(group)
-        decision, plan, chosen = decide(group.problem, self.context, name, group.shape_text)
+        decision, plan, chosen = decide(
+            group.problem, self.context, name, group.shape_text, aten_dequantizes=group.aten_dequantizes
+        )
         if group.problem.epilogue.row_totals:
             group, (decision, plan, chosen) = self._fused_or_plain(
                 lambda: match(anchor, after, precision=precision, whole_rows=False),
@@ -171,7 +173,9 @@ class EpilabPass(CustomGraphPass):
         why = None if plan is None else norm_group_loses(self.context, chosen, plain.problem, *what)
         if plan is not None and why is None:
             return group, decided
-        decision, plan, chosen = decide(plain.problem, self.context, name, plain.shape_text)
+        decision, plan, chosen = decide(
+            plain.problem, self.context, name, plain.shape_text, aten_dequantizes=plain.aten_dequantizes
+        )
         if why is not None:
             decision = dataclasses.replace(decision, reason=f"{why}; {decision.reason}")
         if what == GATHERED:  # both stay candidates, so tune --model tunes the gathered one too

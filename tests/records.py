@@ -44,3 +44,26 @@ def record(
                 max_rel_error=0.0,
                 versions=versions,
             )
+
+
+def record_slower_in_context(
+    db_path: str, problem: Problem, device: DeviceInfo = INTERPRETER_DEVICE, training: bool = False
+) -> None:
+    """Store verdicts that a model ran faster without ``problem``'s template, with CUDA graphs
+    and without (what ``tune --model`` stores), for this torch and triton: what keeps the aten
+    op where no baseline applies (a dequantize-then-mm's, ``Group.aten_dequantizes``)."""
+    versions = Versions(torch.__version__, triton.__version__)
+    with TuningDB.open(db_path) as db:
+        for cuda_graphs in (False, True):
+            db.record_verdict(
+                problem,
+                device,
+                cuda_graphs=cuda_graphs,
+                keep=False,
+                with_ms=2.0,
+                without_ms=1.0,
+                context="test",
+                timing_method="test",
+                versions=versions,
+                training=training,
+            )

@@ -10,12 +10,16 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+from records import record
 from zoo.quantized import Fp8BlockLinear
 
 import epilab
+from epilab.compiler.decide import Context, Decision, decide
+from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
 from epilab.templates.block_scaled import (
     A_SCALES,
     B_SCALES,
@@ -287,6 +291,45 @@ def test_compiler_reads_block_dequantized_inputs_as_a_block_scaled_mm(tmp_path, 
     (decision,) = [d for d in epilab.explain() if d.template]
     assert decision.anchor == "aten.addmm" and decision.template == "block_scaled_matmul"
     assert "tanh" in decision.epilogue and "scale" not in decision.epilogue
+
+
+def test_a_dequantize_then_mm_is_not_held_to_cublaslts_fp8_baseline(tmp_path, fresh_compiler):
+    """A block-dequantized layer's problem recorded with a cuBLASLt baseline (0.5 ms) faster
+    than its tuned kernel (1.0 ms). The layer still takes the template: without it the graph
+    dequantizes both inputs and runs a 16-bit GEMM, which the baseline does not time. The
+    same problem from a ``_scaled_mm`` anchor (``aten_dequantizes`` False: the aten op is that
+    cuBLASLt GEMM) keeps the aten op."""
+    torch._inductor.config.force_disable_caches = True
+    torch.manual_seed(5)
+    model = BlockLinear(256, 384)
+    x = torch.randn(24, 384, dtype=torch.bfloat16)
+    db = str(tmp_path / "t.db")
+
+    def compiled() -> tuple[torch.Tensor, Decision]:
+        epilab.explain(clear=True)
+        with torch.no_grad():
+            out = torch.compile(model, backend="epilab", options={"db": db})(x)
+        torch._dynamo.reset()
+        (d,) = [d for d in epilab.explain() if d.problem_key]
+        return out, d
+
+    _, seen = compiled()
+    assert seen.template is None and "nothing recorded" in seen.reason
+    with TuningDB.open(db) as tuning:
+        text = tuning.problem_json(seen.problem_key)
+    problem = Problem.from_json(text[1] if isinstance(text, tuple) else text)
+    assert problem.op == BLOCK_SCALED_OP
+    record(db, problem, default_config(problem, "interpreter").to_dict(), trial_ms=1.0, baseline_ms=0.5)
+    out, d = compiled()
+    assert d.template == "block_scaled_matmul", d.reason
+    assert "dequantizes the fp8 inputs" in d.reason and "cublas" in d.reason, d.reason
+    assert rel_error(out, model.reference(x)) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
+    with TuningDB.open(db) as tuning:
+        ctx = Context(
+            "auto", INTERPRETER_DEVICE, "interpreter", Versions(torch.__version__, triton.__version__), tuning
+        )
+        anchored, _, _ = decide(problem, ctx, "aten.scaled_mm", seen.shape)
+    assert anchored.template is None and "cublas 0.5 ms is faster than the tuned 1 ms" in anchored.reason
 
 
 def test_block_dequantized_mm_needs_both_inputs_in_blocks(tmp_path, fresh_compiler):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from records import record
+from records import record, record_slower_in_context
 
 import epilab
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB
@@ -255,7 +255,9 @@ def _scratch() -> str:
 def mix_records(spec: Spec, case: Case, device: str, db: str) -> list[str]:
     """Compile once with policy auto (the backend records every problem it sees), then
     record, problem by problem in the graph order of their first anchors: a winning
-    template, a template slower than its baseline, a winning template, nothing. An anchor
+    template, a template slower than its baseline and in the model (verdicts: a
+    dequantize-then-mm's aten path has no baseline, ``Group.aten_dequantizes``), a winning
+    template, nothing. An anchor
     whose problem came before gets that problem's fate (records are per problem: a Llama
     block's q and o projections are one problem, so fates given anchor by anchor would be
     overruled by the other's record). Returns what each anchor got."""
@@ -284,6 +286,8 @@ def mix_records(spec: Spec, case: Case, device: str, db: str) -> list[str]:
             problem = Problem.from_json(text[1])
             config = default_config(problem, target, sm_count=info.sm_count).to_dict()
             record(db, problem, config, *((1.0, 2.0) if fate == "wins" else (2.0, 1.0)), device=info)
+            if fate == "loses":  # and slower in the model: a dequantize-then-mm has no baseline
+                record_slower_in_context(db, problem, info, case.training)
     torch._dynamo.reset()
     return fates
 
