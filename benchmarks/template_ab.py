@@ -2,7 +2,7 @@
 against the current ones and cuBLASLt, interleaved in one process.
 
     git show REV:templates/matmul_sm90.py.jinja > /tmp/old.jinja
-    python3 benchmarks/template_ab.py --old /tmp/old.jinja [--old ...] [--no-check] [--only 0-5]
+    python3 benchmarks/template_ab.py [--old /tmp/old.jinja ...] [--ptxas PATH ...] [--no-check] [--only 0-5]
         [--rounds 5] [--json out.json]
 
 The cases are ``untuned_fp8.py``'s (the ``fp8-block`` suite's DeepSeek-V3 projections at
@@ -14,6 +14,10 @@ and built; the current files render the ``current`` ones. With ``--no-check`` th
 kernels are timed unchecked: diagnostics, versions with a piece taken out to see what it costs.
 ``--m-major`` times the current kernels of block-scaled cases on A's scales in cuBLASLt's
 M-major layout too (the random inputs' are row-major; cuBLASLt gets its layouts, made once).
+``--ptxas PATH`` times the current kernels assembled by another ptxas too (Triton's own is
+``triton/backends/nvidia/bin/ptxas``; e.g. ``nvidia-cuda-nvcc-cu12``'s): the same PTX, the
+SASS scheduled by another version (RESULTS.md, 2026-11-29 fourth: ptxas 12.9 interleaves the
+yield bits of the block-scaled loop's FFMAs, 12.8 does not).
 
 Method: the kernels of a case are checked against float64 (``verify.checked_launch``), then
 they and ``torch._scaled_mm`` with the same scales and accumulation are timed in ``--rounds``
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +45,8 @@ from epilab.templates import render, runtime
 from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts
 from epilab.templates.kinds import bind, default_config
 from epilab.templates.verify import checked_launch, random_inputs
+
+PTXAS_ENV = "TRITON_PTXAS_PATH"  # read by Triton at each compile
 
 
 @contextlib.contextmanager
@@ -58,18 +66,46 @@ def template_replaced(name: str, text: str) -> Iterator[None]:
         runtime._kernels.clear()
 
 
+@contextlib.contextmanager
+def ptxas_replaced(path: str) -> Iterator[str]:
+    """Assemble with the ptxas at ``path`` until the block ends (kernels built anew; Triton's
+    cache key holds the ptxas version, cached per process: cleared on the way in and out).
+    Yields its version's line ("Cuda compilation tools, release 12.9, V12.9.86")."""
+    from triton.backends.nvidia import compiler
+
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    before = os.environ.get(PTXAS_ENV)
+    os.environ[PTXAS_ENV] = path
+    compiler.get_ptxas_version.cache_clear()
+    runtime._kernels.clear()
+    try:
+        yield next((line for line in version.splitlines() if "release" in line), version.strip())
+    finally:
+        if before is None:
+            os.environ.pop(PTXAS_ENV, None)
+        else:
+            os.environ[PTXAS_ENV] = before
+        compiler.get_ptxas_version.cache_clear()
+        runtime._kernels.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", action="append", required=True, help="a version of the file (repeatable)")
+    parser.add_argument("--old", action="append", default=[], help="a version of the file (repeatable)")
     parser.add_argument("--name", help="the template file they stand in for")
     parser.add_argument("--no-check", action="store_true", help="leave the --old kernels unchecked")
     parser.add_argument("--m-major", action="store_true", help="the current kernels on M-major A scales too")
+    parser.add_argument("--ptxas", action="append", default=[], help="the current kernels by this ptxas too")
     parser.add_argument("--only", help="indices of the cases, e.g. 0-5,8")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if not args.old and not args.ptxas:
+        parser.error(
+            "give --old FILE or --ptxas PATH (each repeatable): what to time beside the current kernels"
+        )
     olds = {Path(o).stem: Path(o).read_text() for o in args.old}
-    first = Path(args.old[0]).name
+    first = Path(args.old[0]).name if args.old else "matmul_sm90.py.jinja"
     name = args.name or (first if (render.TEMPLATE_DIR / first).exists() else "matmul_sm90.py.jinja")
     if not (render.TEMPLATE_DIR / name).exists():
         parser.error(f"--name {name!r} is not a file of {render.TEMPLATE_DIR}")
@@ -97,6 +133,11 @@ def main() -> None:
             laid = cublaslt_layouts(scales)
             checked_launch(problem, config, a, b, laid)
             variants["current, A's scales M-major"] = bind(problem, config, a, b, laid).run
+        for path in args.ptxas:
+            with ptxas_replaced(path) as version:
+                checked_launch(problem, config, a, b, scales)
+                label = f"current, ptxas {version.split(',')[-1].strip()}"
+                variants[label] = bind(problem, config, a, b, scales).run
         variants["_scaled_mm"] = scaled_mm_alone(problem, a, b, scales)
         times = interleaved(variants, args.rounds)
         graph, _ = like_with_like(times)
@@ -114,7 +155,8 @@ def main() -> None:
         )
         save(args.json, header, results)
     print(header)
-    print(f"{name}: {', '.join(args.old)} against the current file; e4m3 -> bf16, exact accumulation")
+    against = [*args.old, *(f"ptxas {p}" for p in args.ptxas)]
+    print(f"{name}: {', '.join(against)} against the current kernels; e4m3 -> bf16, exact accumulation")
     print(f"ms: median of {args.rounds} interleaved rounds [min-max] (* CUDA-graph replay)")
     print("| case | config | kernel | ms [min-max] | x current | TFLOP/s | cuBLASLt / this |")
     print("|---|---|---|---:|---:|---:|---:|")
