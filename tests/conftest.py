@@ -8,6 +8,7 @@ Rendered kernels go to a per-session cache dir, never the user's.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -61,14 +62,40 @@ def fresh_compiler():
 PG_URL = os.environ.get("EPILAB_TEST_POSTGRES_URL")
 
 
-def _reset_postgres(url: str) -> None:
+@functools.cache
+def _worker_database(url: str) -> str:
+    """The server's database for this process: ``url``'s own, or under pytest-xdist (the
+    README's ``-n auto``) one of each worker's, made on first use, so that no worker empties
+    another's tables mid-test."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return url
     import sqlalchemy as sa
 
+    base = sa.engine.make_url(url)
+    name = f"{base.database}_{worker}"
+    engine = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        if (
+            conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar()
+            is None
+        ):
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+def _reset_postgres(url: str) -> str:
+    """This process's database (``_worker_database``), emptied; returns its URL."""
+    import sqlalchemy as sa
+
+    url = _worker_database(url)
     engine = sa.create_engine(url)
     with engine.begin() as conn:  # ours and optuna's tables alike
         conn.execute(sa.text("DROP SCHEMA public CASCADE"))
         conn.execute(sa.text("CREATE SCHEMA public"))
     engine.dispose()
+    return url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -78,8 +105,7 @@ def db_target(request, tmp_path) -> str:
     if request.param == "postgres":
         if not PG_URL:
             pytest.skip("set EPILAB_TEST_POSTGRES_URL to run against PostgreSQL")
-        _reset_postgres(PG_URL)
-        return PG_URL
+        return _reset_postgres(PG_URL)
     return str(tmp_path / "tuning.db")
 
 
@@ -88,5 +114,4 @@ def pg_target() -> str:
     """The PostgreSQL server's database, emptied: for what only PostgreSQL does."""
     if not PG_URL:
         pytest.skip("set EPILAB_TEST_POSTGRES_URL to run against PostgreSQL")
-    _reset_postgres(PG_URL)
-    return PG_URL
+    return _reset_postgres(PG_URL)

@@ -319,9 +319,10 @@ HOOK = textwrap.dedent("""
         seen[0] += 1
         with open(LOG, "a") as f:
             f.write(json.dumps([os.getpid(), json.loads(task["problem"])["shape"], task["config"]]) + "\\n")
-        if seen[0] == 3 and MODE in ("hang", "slow"):
-            open(MARK, "w").close()  # the trial under way: the test kills or interrupts now
-            time.sleep(60 if MODE == "hang" else 2)
+        if seen[0] == 3 and MODE in ("hang", "slow", "cut"):
+            open(MARK, "w").close()  # the trial under way: the test kills, pauses or interrupts now
+            # "cut" waits for Ctrl-C: longer than a loaded host (tests in parallel) lets the test sleep
+            time.sleep({{"hang": 60, "slow": 2, "cut": 30}}[MODE])
         if seen[0] == 3 and MODE == "lose-device":
             open(gone, "w").close()
             os._exit(3)
@@ -407,7 +408,7 @@ def test_three_processes_share_a_list_and_one_killed_loses_only_its_trial(db_tar
 def test_ctrl_c_keeps_every_recorded_trial_and_the_same_command_resumes(db_target, tmp_path):
     shapes = _shapes_file(tmp_path, 2)
     work = _work(tmp_path, 2)
-    proc = _start(tmp_path, "p1", db_target, shapes, "slow")
+    proc = _start(tmp_path, "p1", db_target, shapes, "cut")
     _wait_for(tmp_path / "p1.mark", [proc])
     os.kill(proc.pid, signal.SIGINT)  # Ctrl-C in the middle of the third trial
     rc, _, err = _finish(proc)
