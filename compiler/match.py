@@ -232,7 +232,7 @@ class _Grower(ABC):
         self.block_scaled = False  # a scaled mm of block scales: its scales are the extra inputs
         # fp8 inputs read through the graph's dequantize ops (both A and B): without the
         # template the graph runs those ops and a 16-bit GEMM, not an fp8 library GEMM
-        self.reads_dequantized_fp8 = False
+        self.aten_dequantizes = False
         self.reduced: dict[fx.Node, tuple[Expr, str]] = {}  # statistics: (value, reduction)
         # a value whose dims are the output's permuted (dim i is the output's dim perm[i]):
         # a conv output's channels-last view; absent: the output's own order
@@ -797,7 +797,7 @@ class _MatmulGrower(_Grower):
         both = activation is not None and xv is not None and wv is not None and xv.dtype == wv.dtype
         if both:
             assert activation is not None
-            self.reads_dequantized_fp8 = True
+            self.aten_dequantizes = True
             a, self.a_reshape = activation.source, activation.reshape
             if activation.scale is not None:  # per row, passed as [M, 1] (or one element)
                 sv = val(activation.scale)
@@ -825,7 +825,7 @@ class _MatmulGrower(_Grower):
         """An mm of an activation and a weight both dequantized by block scales (one fp8
         dtype): the block-scaled mm of the fp8 tensors, A's scales [M, K/128] and B's
         [K/128, N/128] (the weight's [N/128, K/128] transposed) its extra inputs."""
-        self.block_scaled, self.precision, self.reads_dequantized_fp8 = True, "ieee", True
+        self.block_scaled, self.precision, self.aten_dequantizes = True, "ieee", True
         self.a_reshape, self.b_permute = x.reshape, w.permute
         self.extra = [x.scale, w.scale]
         self.extra_views = {
@@ -1234,7 +1234,7 @@ def _group(g: _Grower, a: fx.Node, b: fx.Node, precision: str) -> Group:
         b_permute=g.b_permute,
         a_reshape=g.a_reshape,
         extra_views=dict(g.extra_views),
-        aten_dequantizes=g.reads_dequantized_fp8,
+        aten_dequantizes=g.aten_dequantizes,
     )
 
 
