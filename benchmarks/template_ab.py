@@ -14,6 +14,8 @@ and built; the current files render the ``current`` ones. With ``--no-check`` th
 kernels are timed unchecked: diagnostics, versions with a piece taken out to see what it costs.
 ``--m-major`` times the current kernels of block-scaled cases on A's scales in cuBLASLt's
 M-major layout too (the random inputs' are row-major; cuBLASLt gets its layouts, made once).
+``--unsplit`` times the current cooperative kernels with a partial last wave left whole too
+(``matmul_sm90.tail_split`` held at 1): what the split of the last wave gains.
 ``--ptxas PATH`` times the current kernels assembled by another ptxas too (Triton's own is
 ``triton/backends/nvidia/bin/ptxas``; e.g. ``nvidia-cuda-nvcc-cu12``'s): the same PTX, the
 SASS scheduled by another version (RESULTS.md, 2026-11-29 fourth: ptxas 12.9 interleaves the
@@ -41,7 +43,7 @@ from fp8 import scaled_mm_alone
 from rounds import device_header, interleaved, like_with_like, only, save
 from untuned_fp8 import cases
 
-from epilab.templates import render, runtime
+from epilab.templates import matmul_sm90, render, runtime
 from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts
 from epilab.templates.kinds import bind, default_config
 from epilab.templates.verify import checked_launch, random_inputs
@@ -89,20 +91,34 @@ def ptxas_replaced(path: str) -> Iterator[str]:
         runtime._kernels.clear()
 
 
+@contextlib.contextmanager
+def last_wave_whole() -> Iterator[None]:
+    """Bind cooperative kernels without splitting a partial last wave along K until the block
+    ends (a kernel of its own: TAIL_SPLIT is a constexpr)."""
+    split = matmul_sm90.tail_split
+    matmul_sm90.tail_split = lambda tiles, sms, k_steps: 1
+    try:
+        yield
+    finally:
+        matmul_sm90.tail_split = split
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", action="append", default=[], help="a version of the file (repeatable)")
     parser.add_argument("--name", help="the template file they stand in for")
     parser.add_argument("--no-check", action="store_true", help="leave the --old kernels unchecked")
     parser.add_argument("--m-major", action="store_true", help="the current kernels on M-major A scales too")
+    parser.add_argument("--unsplit", action="store_true", help="the current kernels, last wave whole, too")
     parser.add_argument("--ptxas", action="append", default=[], help="the current kernels by this ptxas too")
     parser.add_argument("--only", help="indices of the cases, e.g. 0-5,8")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()
-    if not args.old and not args.ptxas:
+    if not args.old and not args.ptxas and not args.unsplit:
         parser.error(
-            "give --old FILE or --ptxas PATH (each repeatable): what to time beside the current kernels"
+            "give --old FILE or --ptxas PATH (each repeatable) or --unsplit: what to time beside the "
+            "current kernels"
         )
     olds = {Path(o).stem: Path(o).read_text() for o in args.old}
     first = Path(args.old[0]).name if args.old else "matmul_sm90.py.jinja"
@@ -133,6 +149,10 @@ def main() -> None:
             laid = cublaslt_layouts(scales)
             checked_launch(problem, config, a, b, laid)
             variants["current, A's scales M-major"] = bind(problem, config, a, b, laid).run
+        if args.unsplit and config.variant == matmul_sm90.COOPERATIVE:
+            with last_wave_whole():
+                checked_launch(problem, config, a, b, scales)
+                variants["current, last wave whole"] = bind(problem, config, a, b, scales).run
         for path in args.ptxas:
             with ptxas_replaced(path) as version:
                 checked_launch(problem, config, a, b, scales)
@@ -155,7 +175,7 @@ def main() -> None:
         )
         save(args.json, header, results)
     print(header)
-    against = [*args.old, *(f"ptxas {p}" for p in args.ptxas)]
+    against = [*args.old, *(f"ptxas {p}" for p in args.ptxas)] + ["the last wave whole"] * args.unsplit
     print(f"{name}: {', '.join(against)} against the current kernels; e4m3 -> bf16, exact accumulation")
     print(f"ms: median of {args.rounds} interleaved rounds [min-max] (* CUDA-graph replay)")
     print("| case | config | kernel | ms [min-max] | x current | TFLOP/s | cuBLASLt / this |")

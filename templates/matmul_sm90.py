@@ -226,6 +226,8 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
             "consumers": count,
             "consumer_regs": COOPERATIVE_REGS[count][0],
             "producer_regs": PRODUCER_REGS,
+            # a quantize step's epilogue leaves too few registers for scales loaded under the MMA
+            "scales_under_mma": not problem.epilogue.group_size,
         }
     return {
         "tma_outputs": staged_outputs(problem, config),

@@ -38,14 +38,17 @@ class Instruction:
 
 @dataclass(frozen=True)
 class Loop:
-    """An innermost loop that issues wgmma: its size, opcodes, and the instructions up to its
-    last wgmma that wait for a global load of the same iteration."""
+    """An innermost loop that issues wgmma: its size, opcodes, the instructions up to its
+    last wgmma that wait for a global load of the same iteration, and where each global load
+    is issued against the iteration's wgmma: "before" the first, "under" them (up to the wait
+    for them: the load's latency overlaps tensor-core work) or "after" that wait."""
 
     start: int
     end: int
     instructions: int
     opcodes: dict[str, int]
     waits_on_loads: tuple[str, ...]
+    load_places: tuple[str, ...] = ()
 
 
 def instructions(sass: str) -> list[Instruction]:
@@ -100,10 +103,18 @@ def _loop(body: list[Instruction]) -> Loop:
             if later.wait_mask >> load.write_scoreboard & 1:
                 waiting.append(f"{later.address:#06x} {later.text} waits for {load.address:#06x} {load.text}")
                 break
+    first_mma = min(i for i, ins in enumerate(body) if ins.is_mma)
+    waits = (i for i, ins in enumerate(body) if i > last_mma and ins.text.startswith("WARPGROUP.DEPBAR"))
+    waited = next(waits, len(body))
     return Loop(
         start=body[0].address,
         end=body[-1].address,
         instructions=len(body),
         opcodes=dict(Counter(ins.opcode for ins in body)),
         waits_on_loads=tuple(waiting),
+        load_places=tuple(
+            "before" if i < first_mma else "under" if i < waited else "after"
+            for i, ins in enumerate(body)
+            if ins.opcode.startswith("LDG")
+        ),
     )

@@ -177,6 +177,25 @@ def test_main_loops_do_not_wait_for_their_own_loads(compiled, index):
         assert not loop["waits_on_loads"], f"{what}: " + "; ".join(loop["waits_on_loads"])
 
 
+@pytest.mark.parametrize("index", range(len(COMPILED)), ids=[c[0] for c in COMPILED])
+def test_whole_tile_loops_load_the_next_scales_while_their_mmas_run(compiled, index):
+    """Each K step loads the next step's block scales (3 loads) before its wait for its wgmma,
+    never after it, where the load's latency would overlap no tensor-core work. Without a
+    split last wave or a quantize step, after issuing the wgmma: 4-5% of the kernel on an H200
+    against loads issued before them (RESULTS.md, 2026-11-29 fifth); there ptxas, short of
+    registers, left loads written so after the wait. Rowwise and tensorwise loops load nothing."""
+    what, spec, config = COMPILED[index]
+    block = spec.scales == "block"
+    tiles = -(-spec.m // config.BLOCK_M) * -(-spec.n // config.BLOCK_N)
+    whole = tail_split(tiles, 132, -(-spec.k // config.BLOCK_K)) == 1  # compiled for an H100's SMs
+    for loop in compiled[index]["kernels"][0]["loops"]:
+        places = loop["load_places"]
+        assert len(places) == (3 if block else 0), f"{what}: {places}"
+        assert "after" not in places, f"{what}: {places}"
+        if block and whole and not spec.quantize:
+            assert places == ["under"] * 3, f"{what}: {places}"
+
+
 # ------------------------------------------------------------------ GPU
 
 
