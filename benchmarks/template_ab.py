@@ -2,8 +2,8 @@
 against the current ones and cuBLASLt, interleaved in one process.
 
     git show REV:templates/matmul_sm90.py.jinja > /tmp/old.jinja
-    python3 benchmarks/template_ab.py [--old /tmp/old.jinja ...] [--ptxas PATH ...] [--no-check] [--only 0-5]
-        [--rounds 5] [--json out.json]
+    python3 benchmarks/template_ab.py [--old /tmp/old.jinja ...] [--ptxas PATH ...] [--unsplit] [--m-major]
+        [--no-check] [--only 0-5] [--rounds 5] [--json out.json]
 
 The cases are ``untuned_fp8.py``'s (the ``fp8-block`` suite's DeepSeek-V3 projections at
 M = 4096, two of Llama-3-8B's at M = 128, rowwise exact accumulation at 8192^3 and M = 2048),
@@ -19,7 +19,7 @@ M-major layout too (the random inputs' are row-major; cuBLASLt gets its layouts,
 ``--ptxas PATH`` times the current kernels assembled by another ptxas too (Triton's own is
 ``triton/backends/nvidia/bin/ptxas``; e.g. ``nvidia-cuda-nvcc-cu12``'s): the same PTX, the
 SASS scheduled by another version (RESULTS.md, 2026-11-29 fourth: ptxas 12.9 interleaves the
-yield bits of the block-scaled loop's FFMAs, 12.8 does not).
+yield bits of the block-scaled loop's FFMAs, 12.8 does not; fifth: no faster for it).
 
 Method: the kernels of a case are checked against float64 (``verify.checked_launch``), then
 they and ``torch._scaled_mm`` with the same scales and accumulation are timed in ``--rounds``
