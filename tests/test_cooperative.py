@@ -21,6 +21,7 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 from test_block_scaled import block_tensors
 from test_block_scaled import reference as block_reference
 from test_fp8 import FP8, exact_case, fp8_tensor, scales
@@ -186,8 +187,8 @@ def test_whole_tile_loops_load_the_next_scales_while_their_mmas_run(compiled, in
     registers, left loads written so after the wait. Rowwise and tensorwise loops load nothing."""
     what, spec, config = COMPILED[index]
     block = spec.scales == "block"
-    tiles = -(-spec.m // config.BLOCK_M) * -(-spec.n // config.BLOCK_N)
-    whole = tail_split(tiles, 132, -(-spec.k // config.BLOCK_K)) == 1  # compiled for an H100's SMs
+    tiles = triton.cdiv(spec.m, config.BLOCK_M) * triton.cdiv(spec.n, config.BLOCK_N)
+    whole = tail_split(tiles, H100.sm_count, triton.cdiv(spec.k, config.BLOCK_K)) == 1  # as compiled
     for loop in compiled[index]["kernels"][0]["loops"]:
         places = loop["load_places"]
         assert len(places) == (3 if block else 0), f"{what}: {places}"
