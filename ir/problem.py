@@ -15,16 +15,18 @@ import hashlib
 import importlib
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
-from typing import Any, ClassVar, Protocol
-
-import sympy
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Union
 
 from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES, OPERAND_DTYPES
 from epilab.ir.epilogue import MALFORMED, Epilogue
 from epilab.ir.patterns import identity_with_names
+
+if TYPE_CHECKING:  # imported where a symbolic dim is parsed: 0.4-0.7 s a process otherwise
+    import sympy
 
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
 # how a dot accumulates: ieee (fp32; fp8 products of PROMOTE K blocks summed by the tensor
@@ -87,7 +89,15 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "PROMOTE": (1, 2, 4),
 }
 
-Dim = int | sympy.Expr
+Dim = Union[int, "sympy.Expr"]
+
+
+def is_symbolic(v: object) -> bool:
+    """Whether ``v`` is a sympy expression (there is none before sympy is imported)."""
+    sym = sys.modules.get("sympy")
+    return sym is not None and isinstance(v, sym.Expr)
+
+
 MAX_DIM = 2**31 - 1  # a dim the database's integer columns (and Triton's int32 indices) can hold
 
 
@@ -187,7 +197,7 @@ class Shape:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, (int, sympy.Expr)):
+            if isinstance(v, bool) or not (isinstance(v, int) or is_symbolic(v)):
                 raise TypeError(f"shape.{f.name} must be an int or sympy expression, got {v!r}")
             if isinstance(v, int) and not 0 <= v <= MAX_DIM:
                 raise ValueError(f"shape.{f.name}={str(v)[:40]} is not in 0..{MAX_DIM}")
@@ -218,6 +228,8 @@ _TERM = re.compile(r"^(?:\d+|[A-Za-z_]\w{0,15})(?:\*(?:\d+|[A-Za-z_]\w{0,15}))*$
 
 def symbol(name: str) -> sympy.Symbol:
     """A size symbol with the assumptions Inductor gives its own (s0, s1...)."""
+    import sympy
+
     return sympy.Symbol(name, integer=True, positive=True)
 
 
@@ -235,6 +247,8 @@ def _dim_parse(v: Any) -> Dim:
     signs_terms = re.findall(r"([+-]?)([^+-]+)", text)
     if not text or "".join(s + t for s, t in signs_terms) != text:
         raise ValueError(f"shape dim {v!r} is not a sum of products of ints and symbols")
+    import sympy
+
     total: sympy.Expr = sympy.Integer(0)
     for sign, term in signs_terms:
         if not _TERM.match(term):

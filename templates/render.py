@@ -14,15 +14,17 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jinja2
-import sympy
 
 from epilab.config import settings
 from epilab.ir.epilogue import LEAVES, REDUCTIONS, Epilogue
 from epilab.ir.patterns import identity
 from epilab.ir.problem import Config, Problem
+
+if TYPE_CHECKING:
+    import sympy
 from epilab.ir.rules import rounded
 from epilab.templates.kind import TemplateKind
 
@@ -95,6 +97,10 @@ def _hash_epilogue(h: Any, epilogue: Epilogue) -> None:
 
 def divides(block: int, dim: int | sympy.Expr) -> bool:
     """True when ``block`` provably divides ``dim`` (works for symbolic dims)."""
+    if isinstance(dim, int):
+        return dim % block == 0
+    import sympy
+
     return bool(sympy.Mod(dim, block) == 0)
 
 

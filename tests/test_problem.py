@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import sympy
@@ -85,6 +87,29 @@ def test_problem_with_symbolic_shape_round_trips():
     again = Problem.from_json(p.to_json())
     assert again.shape == p.shape and again.key == p.key
     assert not p.shape.is_static()
+
+
+def test_static_problems_are_tuned_and_rendered_without_sympy():
+    """sympy is imported only where a symbolic dim is: 0.4-0.7 s of every ``epilab tune``'s
+    start-up and of each compile process's, which import the tuner's modules and render static
+    problems (issue 45: a fleet's start-up is its imports)."""
+    code = (
+        "import sys\n"
+        "import epilab.cli, epilab.tuner.tune, epilab.tuner.evaluate, epilab.tuner.worker\n"
+        "from epilab.ir.problem import Config, Problem\n"
+        "from epilab.templates.gemm_spec import Spec\n"
+        "from epilab.templates.kinds import source\n"
+        "p = Problem.from_json(Spec(1000, 328, 72, epilogue='bias_gelu').problem().to_json())\n"
+        "source(p, Config(64, 64, 32))\n"
+        "assert 'sympy' not in sys.modules, 'sympy imported'\n"
+        "Problem.from_json(_SYMBOLIC)\n"
+        "assert 'sympy' in sys.modules\n"
+    )
+    symbolic = _problem(shape=Shape(1, 2 * symbol("s0") + 3, 4096, 64)).to_json()
+    done = subprocess.run(
+        [sys.executable, "-c", code.replace("_SYMBOLIC", repr(symbolic))], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("dim", ["__import__('os').system('true')", "s0**2", "s0 / 2", "lambda: 1", "", "-"])
