@@ -93,7 +93,7 @@ def _stop(proc: subprocess.Popen, limit: float | None) -> int:
 def _warm_imports(env: dict[str, str]) -> float:
     """Import what ``epilab tune`` imports once, untimed by the run: the host's file cache then
     holds torch's libraries for every run alike (the first command on a fresh machine reads
-    them from disk, 1-3 s more start-up for whichever run came first). Compiles nothing: the
+    them from disk, and only whichever run came first would pay that). Compiles nothing: the
     kernel caches stay cold."""
     began = time.monotonic()
     code = "import torch, triton, optuna, sqlalchemy, alembic, epilab.cli, epilab.tuner.tune"
