@@ -52,11 +52,14 @@ PRODUCER_REGS = 40
 PINGPONG_MAXNREG = 168  # 168 x 384 threads = 232 x 128 x 2 + 40 x 128
 TMA_ALIGN_BYTES = 16
 # cooperative: consumer warp groups of SUB_M rows each (one m64 wgmma); per count, the
-# consumers' registers and the kernel's maxnreg (2: 232 x 128 x 2 + 40 x 128 <= 168 x 384;
-# 3: 152 x 128 x 3 + 40 x 128 <= 128 x 512): each holds two 64 x BLOCK_N fp32 tiles (the sum
-# and the K block's product), 128 registers at BLOCK_N = 128 (256 spilled, sm_90a ptxas)
+# consumers' registers, the producer's and the kernel's maxnreg (2: 232 x 128 x 2 + 40 x 128
+# <= 168 x 384; 3: 160 x 128 x 3 + 32 x 128 = 128 x 512): each consumer holds two 64 x BLOCK_N
+# fp32 tiles (the sum and the K block's product), 128 registers at BLOCK_N = 128 (256 spilled,
+# sm_90a ptxas). At 3 x 152 + 40, ptxas sank the next scales' loads past the wgmma's wait in
+# the split loop and a quantize step's loop; at 3 x 160 + 32 it leaves them among the wgmmas
+# (RESULTS.md 2026-11-29 seventh)
 SUB_M = 64
-COOPERATIVE_REGS = {2: (232, 168), 3: (152, 128)}
+COOPERATIVE_REGS = {2: (232, PRODUCER_REGS, 168), 3: (160, 32, 128)}
 COOPERATIVE_BLOCK_K = 128  # one promotion a K block: the interval of cuBLASLt's exact mode
 MAX_TAIL_SPLIT = 8  # ranges of K a tile of the cooperative kernel's last wave is split into, at most
 SPLIT_FIXUP_STEPS = 10  # a split tile's wait and sum, in K steps of the kernel (``tail_split``)
@@ -225,9 +228,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
             "tma_outputs": staged_outputs(problem, config),
             "consumers": count,
             "consumer_regs": COOPERATIVE_REGS[count][0],
-            "producer_regs": PRODUCER_REGS,
-            # a quantize step's epilogue leaves too few registers for scales loaded under the MMA
-            "scales_under_mma": not problem.epilogue.group_size,
+            "producer_regs": COOPERATIVE_REGS[count][1],
         }
     return {
         "tma_outputs": staged_outputs(problem, config),
@@ -328,7 +329,7 @@ def bind(
     if config.variant == "sm90_pingpong":
         extra["maxnreg"] = PINGPONG_MAXNREG
     elif config.variant == COOPERATIVE:
-        extra["maxnreg"] = COOPERATIVE_REGS[consumers(config)][1]
+        extra["maxnreg"] = COOPERATIVE_REGS[consumers(config)][2]
     launch_args = {**args, **extra}
     bound = single_launch(kind, problem, config, target, index_64, grid, launch_args, outs, workspace, slots)  # type: ignore[arg-type]
     return dataclasses.replace(bound, descriptors=described)
