@@ -37,7 +37,17 @@ import sys
 from collections.abc import Callable
 
 import torch
-from rounds import comparable_ms, device_header, geomean, interleaved, only, print_saved, save, timed
+from rounds import (
+    comparable_ms,
+    device_header,
+    geomean,
+    interleaved,
+    only,
+    print_saved,
+    save,
+    spread_text,
+    timed,
+)
 
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error
@@ -306,13 +316,14 @@ def table(results: list[dict]) -> str:
             continue
         t = r["times"]
         ours = comparable_ms(t["epilab"])
-        lo, hi = t["epilab"]["spread"]
-        star = "*" if t["epilab"]["graph_ms"] else ""
+        replayed = t["epilab"]["graph_ms"] is not None
+        star = "*" if replayed else ""
         cells = [f"{comparable_ms(t[x]):.4f}" if t.get(x) else "-" for x in NAMES]
         ratios = [f"{comparable_ms(t[x]) / ours:.2f}x" if t.get(x) else "-" for x in NAMES]
         lines.append(
-            f"| {r['problem']} | {r['rows_per_expert'][0]}-{r['rows_per_expert'][1]} | {ours:.4f}{star} "
-            f"[{lo:.4f}-{hi:.4f}] ({r['flops'] / (ours * 1e-3) / 1e12:.0f}) | {r['config']} | "
+            f"| {r['problem']} | {r['rows_per_expert'][0]}-{r['rows_per_expert'][1]} | {ours:.4f}{star}"
+            f"{spread_text(t['epilab'], replayed)} ({r['flops'] / (ours * 1e-3) / 1e12:.0f}) "
+            f"| {r['config']} | "
             + " | ".join(cells)
             + " | "
             + " | ".join(ratios)

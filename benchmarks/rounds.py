@@ -44,15 +44,25 @@ def interleaved(
 
 
 def summary(times: list[tuple[float, float | None]]) -> dict:
-    """Median and spread (min..max) of the rounds' event times; the graph median when every
-    round replayed."""
+    """Median and spread (min..max) of the rounds' event times; the graph median and spread
+    when every round replayed."""
     ev = [t[0] for t in times]
     gr = [t[1] for t in times if t[1] is not None]
+    replayed = len(gr) == len(times)
     return {
         "ms": statistics.median(ev),
         "spread": [min(ev), max(ev)],
-        "graph_ms": statistics.median(gr) if len(gr) == len(times) else None,
+        "graph_ms": statistics.median(gr) if replayed else None,
+        "graph_spread": [min(gr), max(gr)] if replayed else None,
     }
+
+
+def spread_text(entry: dict, graph: bool, digits: int = 4) -> str:
+    """``[min-max]`` of the rounds timed by the method whose median is shown: replay where
+    ``graph``, else events (never a replay median beside the events' spread); empty for a
+    replay in a file saved before replay spreads were kept."""
+    lo_hi = entry.get("graph_spread") if graph else entry["spread"]
+    return f" [{lo_hi[0]:.{digits}f}-{lo_hi[1]:.{digits}f}]" if lo_hi else ""
 
 
 def comparable_ms(entry: dict | None) -> float | None:

@@ -40,7 +40,7 @@ import jinja2
 import torch
 from epilogue_cost import precompile
 from fp8 import scaled_mm_alone
-from rounds import device_header, interleaved, like_with_like, only, save
+from rounds import device_header, interleaved, like_with_like, only, save, spread_text
 from untuned_fp8 import cases
 
 from epilab.templates import matmul_sm90, render, runtime
@@ -185,9 +185,8 @@ def main() -> None:
         graph, ms = like_with_like(t)
         star = "*" if graph else ""
         for v, x in t.items():
-            lo, hi = x["spread"]
             print(
-                f"| {r['problem']} | {r['config']} | {v} | {ms[v]:.4f}{star} [{lo:.4f}-{hi:.4f}] | "
+                f"| {r['problem']} | {r['config']} | {v} | {ms[v]:.4f}{star}{spread_text(x, graph)} | "
                 f"{ms[v] / ms['current']:.3f} | {r['flops'] / ms[v] / 1e9:.0f} | "
                 f"{ms['_scaled_mm'] / ms[v]:.2f}x |"
             )

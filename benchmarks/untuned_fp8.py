@@ -26,7 +26,7 @@ import argparse
 import torch
 from epilogue_cost import precompile
 from fp8 import scaled_mm_alone
-from rounds import device_header, interleaved, like_with_like, only, save
+from rounds import device_header, interleaved, like_with_like, only, save, spread_text
 
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, default_config
@@ -96,8 +96,7 @@ def main() -> None:
         graph, ms = like_with_like(t)
         star = "*" if graph else ""
         for name in ("untuned", "heuristic", "_scaled_mm"):
-            lo, hi = t[name]["spread"]
-            cells.append(f"{ms[name]:.4f}{star} [{lo:.3f}-{hi:.3f}]")
+            cells.append(f"{ms[name]:.4f}{star}{spread_text(t[name], graph, 3)}")
         untuned = ms["untuned"]
         vs_lt, vs_loop = ms["_scaled_mm"] / untuned, ms["heuristic"] / untuned
         print(
