@@ -22,11 +22,11 @@ from epilab.config import settings
 from epilab.ir.epilogue import LEAVES, REDUCTIONS, Epilogue
 from epilab.ir.patterns import identity
 from epilab.ir.problem import Config, Problem
+from epilab.ir.rules import rounded
+from epilab.templates.kind import TemplateKind
 
 if TYPE_CHECKING:
     import sympy
-from epilab.ir.rules import rounded
-from epilab.templates.kind import TemplateKind
 
 Target = Literal["cuda", "interpreter"]
 TARGETS = ("cuda", "interpreter")
