@@ -1,6 +1,7 @@
 """What each part of the quantize step costs in a block-scaled GEMM's epilogue (issue 44).
 
-    python3 benchmarks/quantize_step_cost.py [--shape 2048x14336x4096] [--rounds 5] [--json out.json]
+    python3 benchmarks/quantize_step_cost.py [--shape 2048x14336x4096] [--epilogues bf16,quantized]
+        [--unsplit] [--rounds 5] [--json out.json]
     ncu --section SpeedOfLight --section WarpStateStats -k regex:epilab -c 4 \\
         python3 benchmarks/quantize_step_cost.py --profile bf16,quantized --configs 0
 
@@ -18,6 +19,10 @@ step apart, one epilogue a row, all on the same Gluon configs:
 - ``quantized by reciprocal``: q as ``y * (448 / max)``: one division per group, not per
   element (not torch's rounding: the cost of the division, not a candidate).
 
+``--unsplit`` times each (epilogue, config) with a partial last wave left whole too
+(``matmul_sm90.tail_split`` held at 1; 2048 x 14336 x 4096 in 192 x 128 tiles is 9 waves and 44
+tiles, split 3 ways as bound): what the split gains beside a quantize step.
+
 Method: every (epilogue, config) is compiled in a process pool, checked against float64 once
 (``verify.checked_launch``), then timed in ``--rounds`` interleaved rounds by CUDA events with
 L2 flushed (``rounds.interleaved``): median of the rounds' medians and their min..max.
@@ -31,6 +36,7 @@ import argparse
 import torch
 from epilogue_cost import precompile
 from rounds import device_header, interleaved, save
+from template_ab import last_wave_whole
 
 from epilab import config as epilab_config
 from epilab.ir.epilogue import GROUP_REDUCE, Epilogue, acc, group_max, ops
@@ -74,6 +80,8 @@ def main() -> None:
     parser.add_argument("--shape", default="2048x14336x4096", help="MxNxK")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--configs", default=",".join(str(i) for i in range(len(CONFIGS))))
+    parser.add_argument("--epilogues", help="comma-separated epilogue names (default: all)")
+    parser.add_argument("--unsplit", action="store_true", help="each also with a partial last wave whole")
     parser.add_argument("--profile", help="comma-separated epilogue names: launch each twice, no timing")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -92,6 +100,11 @@ def main() -> None:
         return
     variants = [(name, p, False) for name, p in problems.items()]
     variants.insert(5, ("quantized, exact forms", problems["quantized"], True))
+    if args.epilogues:
+        unknown = set(args.epilogues.split(",")) - {name for name, _, _ in variants}
+        if unknown:
+            parser.error(f"--epilogues: no epilogue {sorted(unknown)}; known: {[n for n, _, _ in variants]}")
+        variants = [v for v in variants if v[0] in args.epilogues.split(",")]
     precompile([(p, c, exact) for _, p, exact in variants for c in configs])
     runs = {}
     for name, problem, exact in variants:
@@ -100,6 +113,11 @@ def main() -> None:
                 with epilab_config.patch(exact_math=exact):
                     checked_launch(problem, config, a, b, scales)
                     runs[(name, config.short())] = bind(problem, config, a, b, scales).run
+                if args.unsplit:
+                    with epilab_config.patch(exact_math=exact), last_wave_whole():
+                        checked_launch(problem, config, a, b, scales)
+                        whole = bind(problem, config, a, b, scales)
+                    runs[(f"{name}, last wave whole", config.short())] = whole.run
             except Exception as e:
                 print(f"# {name} {config.short()}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     times = interleaved({f"{name} | {c}": fn for (name, c), fn in runs.items()}, args.rounds)

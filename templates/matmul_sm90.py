@@ -140,6 +140,17 @@ def tail_split(tiles: int, sms: int, k_steps: int) -> int:
     return split if saved > SPLIT_FIXUP_STEPS + SPLIT_LOOP_COST * waves * k_steps else 1
 
 
+def last_wave_split(problem: Problem, config: Config, tiles: int, sms: int, k_steps: int) -> int:
+    """``tail_split`` for a cooperative launch, but 1 for a quantize step (column groups)
+    storing its tile by TMA: beside that epilogue ptxas moves the next block scales' loads past
+    the wgmma's wait (``sass.Loop.load_places``), and the split ran 7.9% slower than the whole
+    last wave on 2048 x 14336 x 4096 (H200); without TMA stores the split gained 5.1%
+    (RESULTS.md, 2026-11-30)."""
+    if problem.epilogue.group_size and config.TMA_STORE:
+        return 1
+    return tail_split(tiles, sms, k_steps)
+
+
 def consumers(config: Config) -> int:
     """The cooperative kernel's consumer warp groups: BLOCK_M / 64."""
     return config.BLOCK_M // SUB_M
@@ -310,8 +321,7 @@ def bind(
     workspace, extra = None, {}
     if config.variant == COOPERATIVE:  # a partial last wave split along K (``tail_split``)
         k_steps = triton.cdiv(int(args["K"]), config.BLOCK_K)  # type: ignore[call-overload]
-        # (a quantize step's epilogue beside the split's partial sums spills: never split)
-        split = 1 if problem.epilogue.group_size else tail_split(tiles, sms, k_steps)
+        split = last_wave_split(problem, config, tiles, sms, k_steps)
         grid = (sms,) if split > 1 else grid
         # a slot of partial sums per program and warp group, and its flag, made for each call
         # (none without a split: the kernel does not touch them)

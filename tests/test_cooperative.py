@@ -36,7 +36,7 @@ from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts, make_block
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.matmul import make_problem
-from epilab.templates.matmul_sm90 import tail_split
+from epilab.templates.matmul_sm90 import last_wave_split, tail_split
 from epilab.templates.verify import checked_launch
 from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, run_error, smem_bytes
 
@@ -149,6 +149,7 @@ COMPILED = [
     ("block, TMA stores", Spec(4096, 32768, 512, dtype="float8_e4m3fn", scales="block"), THREE_TMA),
     ("rowwise, two outputs by TMA", Spec(1024, 2048, 2048, dtype="float8_e4m3fn", epilogue=(("acc", "float32"), ("gelu(acc)", None))), dataclasses.replace(TWO, TMA_STORE=1, num_stages=4)),
     ("block, quantized per 128 for the next GEMM, q by TMA", Spec(2048, 14336, 4096, dtype="float8_e4m3fn", scales="block", epilogue="silu", quantize=128), THREE_TMA),
+    ("block, quantized per 128, last wave split 3 ways", Spec(2048, 14336, 4096, dtype="float8_e4m3fn", scales="block", epilogue="silu", quantize=128), THREE),
 ]  # fmt: skip
 
 
@@ -194,11 +195,16 @@ def test_loops_load_the_next_scales_while_their_mmas_run(compiled, index):
         assert places == (["under"] * 3 if block else []), f"{what}: {places}"
 
 
-def test_the_split_case_is_compiled_split():
-    """``block, last wave split 3 ways`` compiles the split loop (an H100's 132 SMs)."""
-    (_, spec, config) = next(c for c in COMPILED if "split" in c[0])
+@pytest.mark.parametrize("what", [c[0] for c in COMPILED if "quantized" in c[0] or "split" in c[0]])
+def test_the_split_cases_are_compiled_split(what):
+    """The ``split 3 ways`` cases compile the split loop (an H100's 132 SMs); a quantize step
+    storing by TMA keeps its last wave whole (``last_wave_split``)."""
+    (_, spec, config) = next(c for c in COMPILED if c[0] == what)
     tiles = triton.cdiv(spec.m, config.BLOCK_M) * triton.cdiv(spec.n, config.BLOCK_N)
-    assert tail_split(tiles, H100.sm_count, triton.cdiv(spec.k, config.BLOCK_K)) == 3
+    steps = triton.cdiv(spec.k, config.BLOCK_K)
+    assert tail_split(tiles, H100.sm_count, steps) == 3
+    split = last_wave_split(spec.problem(), config, tiles, H100.sm_count, steps)
+    assert split == (1 if "TMA" in what else 3)
 
 
 # ------------------------------------------------------------------ GPU
@@ -386,6 +392,24 @@ def test_gpu_quantizes_for_the_next_gemm(shape, config):
     scales as torch computes them from the kernel's own unquantized output, the fp8 codes equal
     but where the scale's last bit moved a value across a rounding boundary."""
     _hopper()
+    _quantized_matches_torch(shape, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [THREE, TWO, THREE_TMA], ids=["three", "two", "tma-store"])
+@pytest.mark.parametrize("shape", [(128, 4096, 4096), (200, 1024, 4160)], ids=str)
+def test_gpu_quantizes_a_split_last_wave(shape, config):
+    """The same where the last wave's tiles are split along K (M = 128: 4 ranges a tile; 16
+    ragged tiles of 33 K steps: 8 ranges): the group maxima are taken over the summed tile."""
+    _hopper()
+    m, n, k = shape
+    tiles = -(-m // config.BLOCK_M) * -(-n // config.BLOCK_N)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert tail_split(tiles, sms, -(-k // 128)) > 1, "the shape does not split: the test checks nothing"
+    _quantized_matches_torch(shape, config)
+
+
+def _quantized_matches_torch(shape, config):
     m, n, k = shape
     torch.manual_seed(n + k)
     a, b, tensors = block_tensors(m, n, k, FP8["e4m3"], device="cuda")
