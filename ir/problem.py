@@ -87,6 +87,10 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     # fp8 matmul, exact accumulation: K blocks whose products the tensor cores sum before the
     # sum is added in fp32 (promotion every PROMOTE * BLOCK_K elements of K)
     "PROMOTE": (1, 2, 4),
+    # weight-only matmul: the dot's operands swapped, the converted fp8 weight tile on the left
+    # (C^T = B^T @ A^T, transposed after the K loop): Hopper's wgmma reads a left operand from
+    # registers, a right one only from shared memory
+    "SWAP_AB": (0, 1),
 }
 
 Dim = Union[int, "sympy.Expr"]
@@ -118,6 +122,7 @@ class Config:
     TMA_STORE: int = 0
     TILE_H: int = 1
     PROMOTE: int = 1
+    SWAP_AB: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -164,8 +169,9 @@ class Config:
 def config_text(config: Config | Mapping[str, Any] | None) -> str:
     """The one shorthand of a config, in every table, log and report: tile MxNxK, ``g`` group,
     ``w`` warps, ``st`` stages, then only what differs from the default: ``split`` split-K,
-    the variant, ``sub`` epilogue slices, programs ``/sm``, ``flat``, ``ws``, ``tma-store``, and
-    a pixel tile's ``rows`` and fp8's ``promote`` interval in K blocks."""
+    the variant, ``sub`` epilogue slices, programs ``/sm``, ``flat``, ``ws``, ``tma-store``, a
+    pixel tile's ``rows``, fp8's ``promote`` interval in K blocks, and ``swap`` (weight-only's
+    swapped dot)."""
     if not config:
         return ""
     c = config.to_dict() if isinstance(config, Config) else config
@@ -181,6 +187,7 @@ def config_text(config: Config | Mapping[str, Any] | None) -> str:
         "tma-store" if c.get("TMA_STORE") else "",
         f"rows{c['TILE_H']}" if c.get("TILE_H", 1) != 1 else "",
         f"promote{c['PROMOTE']}" if c.get("PROMOTE", 1) != 1 else "",
+        "swap" if c.get("SWAP_AB") else "",
     ]
     return " ".join(filter(None, parts))
 

@@ -101,6 +101,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return why
     fixed = {"BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "EPILOGUE_SUBTILE": 1}
     fixed |= {"PROGRAMS_PER_SM": 1, "FLATTEN": 0, "WARP_SPECIALIZE": 0, "TMA_STORE": 0, "PROMOTE": 1}
+    fixed |= {"SWAP_AB": 0}
     wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
     if wrong:
         return f"the depthwise template has no K blocks, groups or splits; it got {', '.join(wrong)}"

@@ -79,6 +79,10 @@ def eager(
 SEEDS = [  # decode tiles first (the two weights' bytes bound it), then the dual's own
     Config(16, 64, 256, 1, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
+    # prefill on Hopper: the weights' converted tiles as the dots' left operands, in registers
+    Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
+    Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
+    Config(128, 128, 64, 8, num_warps=8, num_stages=3, SWAP_AB=1),
     *dual_matmul.SEEDS,
 ]
 
@@ -87,6 +91,7 @@ KIND = dataclasses.replace(  # the dual's tensors and space, weight-only's main 
     name=KIND_NAME,
     ops=(OP,),
     seeds=tuple(SEEDS),
+    space={**dual_matmul.KIND.space, "SWAP_AB": (0, 1)},
     check=config_error,
     problem_of=problem_of,
     bind=lambda problem, config, a, b, operands, out=None: bind_matmul(

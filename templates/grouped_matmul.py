@@ -82,7 +82,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
     if config.variant not in VARIANTS:
         return f"the grouped templates have no variant {config.variant!r}; use one of {VARIANTS}"
     fixed = {"SPLIT_K": 1, "EPILOGUE_SUBTILE": 1, "PROGRAMS_PER_SM": 1, "FLATTEN": 0}
-    fixed |= {"WARP_SPECIALIZE": 0, "TMA_STORE": 0, "TILE_H": 1, "PROMOTE": 1}
+    fixed |= {"WARP_SPECIALIZE": 0, "TMA_STORE": 0, "TILE_H": 1, "PROMOTE": 1, "SWAP_AB": 0}
     wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
     if wrong:
         return f"the grouped templates have no splits, slices or stores by TMA; got {', '.join(wrong)}"

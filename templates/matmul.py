@@ -67,7 +67,15 @@ PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
 STREAM_K_VARIANTS = ("stream_k", "tma_stream_k")
 SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.jinja)
 # the matmul's own knobs (the other kinds leave them at their defaults)
-HOPPER_KNOBS = ("EPILOGUE_SUBTILE", "PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE", "TMA_STORE", "PROMOTE")
+HOPPER_KNOBS = (
+    "EPILOGUE_SUBTILE",
+    "PROGRAMS_PER_SM",
+    "FLATTEN",
+    "WARP_SPECIALIZE",
+    "TMA_STORE",
+    "PROMOTE",
+    "SWAP_AB",
+)
 PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
 FP8_MIN_BLOCK_K = 32  # an fp8 MMA instruction takes 32 K elements
@@ -99,6 +107,16 @@ def loop_error(problem: Problem, config: Config) -> str | None:
     why = group_error(problem, config)
     if why is not None:
         return why
+    if config.SWAP_AB and problem.op not in WEIGHT_ONLY_OPS:
+        return (
+            f"SWAP_AB swaps a weight-only problem's dot (its fp8 weight converted in registers); "
+            f"a {problem.op} problem leaves it at 0"
+        )
+    if config.SWAP_AB and config.variant in STREAM_K_VARIANTS:
+        return (
+            "SWAP_AB runs on the classic, TMA and persistent loops (split-K too), not stream-K: "
+            "tma_stream_k swapped computed wrong sums on an H200 (RESULTS.md, 2026-11-30)"
+        )
     if config.variant in matmul_sm90.VARIANTS:
         if (config.PROGRAMS_PER_SM, config.FLATTEN, config.WARP_SPECIALIZE) != (1, 0, 0):
             return "PROGRAMS_PER_SM, FLATTEN and WARP_SPECIALIZE apply to the persistent variants only"
@@ -237,6 +255,8 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
         return variant in SPLIT_K_VARIANTS
     if name == "PROMOTE":
         return variant in PROMOTE_VARIANTS and chosen.get("SPLIT_K", 1) == 1
+    if name == "SWAP_AB":
+        return variant not in STREAM_K_VARIANTS
     return True
 
 

@@ -21,6 +21,8 @@ _HIGH_WORD = re.compile(r"^\s+/\* (0x[0-9a-f]{16}) \*/")
 _OPCODE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
 _BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
 NO_SCOREBOARD = 7
+# a wgmma's operands: "D, A, B, ..." with A a register (R24) or a descriptor (gdesc[UR4])
+_REGISTER_A = re.compile(r"GMMA\S*\s+R\d+,\s*R\d+,")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Loop:
     opcodes: dict[str, int]
     waits_on_loads: tuple[str, ...]
     load_places: tuple[str, ...] = ()
+    register_a_mmas: int = 0  # wgmma whose left operand is in registers (not a shared-memory descriptor)
 
 
 def instructions(sass: str) -> list[Instruction]:
@@ -117,4 +120,5 @@ def _loop(body: list[Instruction]) -> Loop:
             for i, ins in enumerate(body)
             if ins.opcode.startswith("LDG")
         ),
+        register_a_mmas=sum(1 for ins in body if ins.is_mma and _REGISTER_A.search(ins.text)),
     )

@@ -102,14 +102,26 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     conversion to bf16 is exact; the direct fp8-to-bf16 conversion ran the main loop 14-21%
     slower (H200, RESULTS.md)."""
     via = ["tl.float16"] if problem.dtype == "bfloat16" else []
-    return {"b_convert": "".join(f".to({t})" for t in (*via, dtypes.TABLE[problem.dtype].triton))}
+    return {
+        "b_convert": "".join(f".to({t})" for t in (*via, dtypes.TABLE[problem.dtype].triton)),
+        "swap_ab": bool(config.SWAP_AB),
+    }
 
+
+# the weight-only kinds' space: the matmul's and SWAP_AB (the weight the dot's left operand)
+SPACE = {**matmul.SPACE, "SWAP_AB": (0, 1)}
 
 SEEDS = [  # decode (a few rows: the weight's bytes bound it), then prefill tiles of the 16-bit loops
     Config(16, 64, 256, 1, num_warps=4, num_stages=4),
     Config(16, 128, 128, 1, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
     Config(32, 64, 128, 1, num_warps=4, num_stages=4, variant="tma"),
+    # prefill on Hopper: the weight's converted tile as the dot's left operand, in registers
+    Config(256, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
+    Config(256, 128, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="tma", SWAP_AB=1),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4, SWAP_AB=1),
     *(c for c in matmul.SEEDS if c.variant not in matmul_sm90.VARIANTS),
 ]
 
@@ -118,6 +130,7 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; B 
     name=KIND_NAME,
     ops=(OP,),
     seeds=tuple(SEEDS),
+    space=SPACE,
     dtype_seeds=(),
     check=config_error,
     problem_error=problem_error,

@@ -19,10 +19,11 @@ from epilab.compiler.match import match, match_dual
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.templates import grouped_matmul
 from epilab.templates.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import twins
-from epilab.templates.matmul import TRITON_VARIANTS
+from epilab.templates.kinds import for_template, kind_of, twins
+from epilab.templates.matmul import STREAM_K_VARIANTS, TRITON_VARIANTS, make_problem
 from epilab.templates.verify import checked_launch
 from epilab.templates.weight_geometry import WeightGeometry
 from epilab.templates.weight_only import KIND, make_weight_only_problem
@@ -58,10 +59,12 @@ def scaled_gelu(dtype: str, extra: bool = False) -> Epilogue:
 # ------------------------------------------------------------------ CPU (interpreter)
 
 
+@pytest.mark.parametrize("swap", [0, 1], ids=["a-left", "swapped"])
 @pytest.mark.parametrize("variant", TRITON_VARIANTS)
-def test_every_loop_matches_float64(variant):
+def test_every_loop_matches_float64(variant, swap):
     """Partial tiles in M, N and K (37 x 72 x 80), a bf16 and an fp32 output of the scaled,
-    biased GELU: each loop reads the fp8 tile and converts it."""
+    biased GELU: each loop reads the fp8 tile and converts it, as the dot's right operand or
+    (SWAP_AB) its left, the accumulator transposed back for the epilogue."""
     m, n, k = 37, 72, 80
     torch.manual_seed(5)
     a, b, scale, bias = tensors(m, n, k, torch.bfloat16, FP8["e4m3"])
@@ -73,7 +76,12 @@ def test_every_loop_matches_float64(variant):
         "bfloat16",
     )
     assert problem.geometry == WeightGeometry("float8_e4m3fn") and problem.layout_b == "col"
-    checked_launch(problem, Config(32, 32, 32, 4, num_warps=4, num_stages=2, variant=variant), a, b, ops_)
+    config = Config(32, 32, 32, 4, num_warps=4, num_stages=2, variant=variant, SWAP_AB=swap)
+    if swap and variant in STREAM_K_VARIANTS:  # wrong sums on an H200: refused by name
+        with pytest.raises(ValueError, match="not stream-K"):
+            checked_launch(problem, config, a, b, ops_)
+        return
+    checked_launch(problem, config, a, b, ops_)
 
 
 @pytest.mark.parametrize("wide", list(WIDE))
@@ -88,6 +96,8 @@ def test_dtypes_layouts_and_split_k(wide, fp8, layout_b):
     for config in (
         Config(16, 32, 32, 1, num_warps=4, num_stages=2),
         Config(16, 16, 16, 1, 4, num_warps=2, num_stages=2),  # split-K: four uneven shares of K
+        Config(16, 32, 32, 1, num_warps=4, num_stages=2, SWAP_AB=1),
+        Config(16, 16, 16, 1, 4, num_warps=2, num_stages=2, SWAP_AB=1),
     ):
         checked_launch(problem, config, a, b, ops_)
 
@@ -118,10 +128,10 @@ def test_every_fp8_code_is_read_exactly(wide, fp8, device="cpu"):
     ep = Epilogue.build([(acc() * operand("scale", "row"), "float32")])
     problem = make_weight_only_problem(a, b, ep, ops_)
     for variant in ("default", "tma") if device == "cuda" else ("default",):
-        (out,) = checked_launch(
-            problem, Config(32, 16, 32, 1, num_warps=4, num_stages=2, variant=variant), a, b, ops_
-        ).outs
-        assert torch.equal(out, b.float())
+        for swap in (0, 1):
+            config = Config(32, 16, 32, 1, num_warps=4, num_stages=2, variant=variant, SWAP_AB=swap)
+            (out,) = checked_launch(problem, config, a, b, ops_).outs
+            assert torch.equal(out, b.float()), config.short()
 
 
 def swiglu_of_scaled(dtype: str = "bfloat16") -> Epilogue:
@@ -130,9 +140,11 @@ def swiglu_of_scaled(dtype: str = "bfloat16") -> Epilogue:
     return Epilogue.build([(ops.silu(gate) * up, dtype)])
 
 
+@pytest.mark.parametrize("swap", [0, 1], ids=["a-left", "swapped"])
 @pytest.mark.parametrize("variant", TRITON_VARIANTS)
-def test_dual_weight_only_every_loop_matches_float64(variant):
-    """A SwiGLU of two fp8 weights in one kernel: both tiles converted after their loads."""
+def test_dual_weight_only_every_loop_matches_float64(variant, swap):
+    """A SwiGLU of two fp8 weights in one kernel: both tiles converted after their loads (the
+    dots' left operands with SWAP_AB)."""
     m, n, k = 37, 72, 80
     torch.manual_seed(9)
     a = torch.randn(m, k, dtype=torch.bfloat16)
@@ -142,8 +154,11 @@ def test_dual_weight_only_every_loop_matches_float64(variant):
     assert (problem.op, problem.template) == ("dual_weight_only_mm", "dual_weight_only_matmul")
     assert Problem.from_json(problem.to_json()) == problem and twins(problem) == [problem]
     assert input_bytes(problem) == 2 * m * k + 2 * k * n
-    config = Config(32, 32, 32, 4, num_warps=4, num_stages=2, variant=variant)
-    checked_launch(problem, config, a, w1.t(), {"b2": w3.t(), **ops_})
+    config = Config(32, 32, 32, 4, num_warps=4, num_stages=2, variant=variant, SWAP_AB=swap)
+    if swap and variant in STREAM_K_VARIANTS:
+        assert "not stream-K" in kind_of(problem).config_error(problem, config)
+    else:
+        checked_launch(problem, config, a, w1.t(), {"b2": w3.t(), **ops_})
     with pytest.raises(ValueError, match="b2 is"):
         make_dual_weight_only_problem(a, w1.t(), w3.to(FP8["e5m2"]).t(), swiglu_of_scaled(), ops_)
 
@@ -203,6 +218,8 @@ def test_config_rules_and_the_problems_identity():
     assert "Triton loops" in KIND.config_error(problem, Config(64, 64, 64, 8, variant="sm90_pingpong"))
     assert "fp8 elements" in KIND.config_error(problem, Config(16, 16, 16, 1, variant="tma"))
     assert KIND.config_error(problem, Config(16, 16, 16, 1)) is None
+    assert KIND.config_error(problem, Config(16, 16, 16, 1, SWAP_AB=1)) is None
+    assert "swap" in Config(16, 16, 16, 1, SWAP_AB=1).short()
     assert Problem.from_json(problem.to_json()) == problem and '"weight"' in problem.to_json()
     e5m2 = make_weight_only_problem(a, b.to(FP8["e5m2"]), problem.epilogue, {"scale": scale, "bias": bias})
     assert e5m2.key != problem.key  # the weight's dtype is part of the problem
@@ -216,6 +233,19 @@ def test_config_rules_and_the_problems_identity():
         Problem.from_json(problem.to_json().replace('"bfloat16"', '"float32"'))
     with pytest.raises(ValueError, match="weight is one of"):
         Problem.from_json(problem.to_json().replace('"float8_e4m3fn"', '"bfloat16"'))
+
+
+def test_swap_ab_is_the_weight_only_kinds_knob():
+    """Every other kind refuses SWAP_AB=1 by name: the matmul's loops (a 16-bit B is read from
+    shared memory either way), the GEMV and the grouped template."""
+    a, w = torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    mm = make_problem(a, w, Epilogue.identity("bfloat16"), {})
+    swapped = Config(16, 16, 16, 1, SWAP_AB=1)
+    assert "SWAP_AB" in kind_of(mm).config_error(mm, swapped)
+    assert kind_of(mm).config_error(mm, Config(16, 16, 16, 1)) is None
+    gemv = for_template(mm, "gemv")
+    assert "SWAP_AB" in kind_of(gemv).config_error(gemv, swapped)
+    assert "SWAP_AB" in grouped_matmul.config_error(gemv, swapped)
 
 
 # ------------------------------------------------------------------ the compiler's rewrite
@@ -474,6 +504,31 @@ def test_compiler_leaves_scales_along_k_to_the_graph(tmp_path, fresh_compiler):
     assert decision.template == "matmul" and "weight_scale" not in decision.epilogue
 
 
+# ------------------------------------------------------------------ compiled for sm_90a (CPU)
+
+SWAP_COMPILED = [  # Llama-3-8B's gate projection at prefill, and its gate and up pair
+    (Spec(2048, 14336, 4096, weight="float8_e4m3fn"), Config(256, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1)),
+    (Spec(2048, 14336, 4096, weight="float8_e4m3fn"), Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma")),
+    (Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2"), Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1)),
+]  # fmt: skip
+
+
+def test_swapped_loops_read_the_converted_weight_from_registers():
+    """Compiled for sm_90a: with SWAP_AB every wgmma of the K loop takes the converted weight
+    tile as its register operand (no copy of it through shared memory), without spills; with
+    the weight on the right every wgmma reads both operands from shared memory."""
+    from epilab.templates.cross import compile_in_subprocess
+
+    answers = compile_in_subprocess([(spec.problem(), config) for spec, config in SWAP_COMPILED])
+    for (_, config), answer in zip(SWAP_COMPILED, answers, strict=True):
+        assert "error" not in answer, answer.get("error")
+        (kernel,) = answer["kernels"]
+        assert kernel["local_bytes"] == 0, f"{config.short()}: spills"
+        (loop,) = kernel["loops"]
+        mmas = loop["opcodes"]["HGMMA"]
+        assert mmas > 0 and loop["register_a_mmas"] == (mmas if config.SWAP_AB else 0), (config.short(), loop)
+
+
 # ------------------------------------------------------------------ GPU
 
 
@@ -487,6 +542,8 @@ def test_gpu_every_loop_matches_float64_and_the_baseline(variant, layout_b):
     configs = (
         Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant),
         Config(16, 64, 256, 1, num_warps=4, num_stages=4, variant=variant),
+        Config(256, 128, 128, 8, num_warps=8, num_stages=3, variant=variant, SWAP_AB=1),
+        Config(16, 64, 256, 1, num_warps=4, num_stages=4, variant=variant, SWAP_AB=1),
     )
     torch.manual_seed(1)
     if layout_b == "row" and variant.startswith("tma"):  # rows of 520 fp8 bytes: refused, not misread
@@ -501,6 +558,9 @@ def test_gpu_every_loop_matches_float64_and_the_baseline(variant, layout_b):
     ops_ = {"scale": scale, "bias": bias}
     problem = make_weight_only_problem(a, b, scaled_gelu("bfloat16"), ops_)
     for config in configs:
+        if config.SWAP_AB and variant in STREAM_K_VARIANTS:
+            assert "not stream-K" in KIND.config_error(problem, config)
+            continue
         (out,) = checked_launch(problem, config, a, b, ops_).outs
         (base,) = KIND.baseline(problem, a, b, ops_)
         assert rel_error(out, base.to(out.dtype)) <= 2 * tolerance("bfloat16", "ieee", "bfloat16")
@@ -521,7 +581,11 @@ def test_gpu_dual_weight_only_every_loop(variant):
     for config in (
         Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant),
         Config(16, 64, 256, 1, num_warps=4, num_stages=4, variant=variant),
+        Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant, SWAP_AB=1),
     ):
+        if config.SWAP_AB and variant in STREAM_K_VARIANTS:
+            assert "not stream-K" in kind_of(problem).config_error(problem, config)
+            continue
         checked_launch(problem, config, a, w1.t(), {"b2": w3.t(), **ops_})
 
 

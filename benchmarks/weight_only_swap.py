@@ -1,0 +1,125 @@
+"""The weight-only main loop with the fp8 weight as the dot's left operand (``SWAP_AB=1``)
+against the weight on the right (``SWAP_AB=0``), dequantize + cuBLAS + eager, Inductor and
+cuBLAS on a bf16 weight, in one process (issue 44).
+
+    python3 benchmarks/weight_only_swap.py [--only 0-9] [--rounds 5] [--json out.json]
+
+Cases: suite ``fp8-weight``'s problems of M >= 128 (Llama-3-8B's projections and its gate and
+up pair as one dual GEMM, bf16 activations, e4m3 weights; decode runs on the GEMV twins).
+Hopper's wgmma reads its right operand only from shared memory: with the weight on the right
+the converted tile makes a trip through shared memory each K step; on the left it stays in
+registers (``sass.Loop.register_a_mmas``).
+
+Method: FLOPs = 2 x MNK (twice for the dual). Each config of ``CONFIGS`` feasible here (and
+the kind's default) is compiled in a process pool with SWAP_AB 0 and 1, checked against the
+float64 reference and timed once (CUDA events, L2 flushed); then the best of each side,
+dequantize + cuBLAS + eager (the kind's baseline: what the unfused graph runs), Inductor
+(torch.compile of that baseline) and cuBLAS on a weight converted to bf16 beforehand are
+timed in ``--rounds`` interleaved rounds: median of the rounds' medians, spread min..max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+from epilogue_cost import precompile
+from fp8 import scaled_mm_alone
+from rounds import device_header, interleaved, only, save, spread_text
+from split_k import sweep
+
+from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config
+from epilab.templates.kinds import bind, default_config, kind_of
+from epilab.templates.verify import random_inputs
+from epilab.tuner.evaluate import baseline_fn
+from epilab.tuner.space import DeviceLimits, infeasible
+from epilab.tuner.suites import suite
+
+CONFIGS = [  # tiles of the 16-bit loops on Hopper (benchmarks/matmul_hopper.py) and the swapped probe's
+    Config(256, 128, 128, 8, num_warps=8, num_stages=3, variant="tma"),
+    Config(256, 128, 64, 8, num_warps=8, num_stages=3, variant="tma"),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma"),
+    Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma"),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="tma"),
+    Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma"),
+    Config(64, 128, 128, 8, num_warps=4, num_stages=4, variant="tma"),
+    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
+]
+SIDES = ("dequantize + cuBLAS + eager", "inductor", "cuBLAS, bf16 weight")
+
+
+def run_problem(index: int, spec, problem, configs: list[Config], rounds: int) -> dict:
+    a, b, ops = random_inputs(problem, "cuda", index)
+    refs = kind_of(problem).reference(problem, a, b, ops)
+    swept = sweep(problem, configs, a, b, ops, refs)
+    del refs
+    variants = {}
+    for swap in (0, 1):
+        ok = [r for r in swept if "ms" in r and swap == r["obj"].SWAP_AB]
+        if ok:
+            variants[f"swap {swap}"] = min(ok, key=lambda r: r["ms"])["obj"]
+    runs = {name: bind(problem, c, a, b, ops).run for name, c in variants.items()}
+    eager, compiled = baseline_fn(problem, "cublas"), baseline_fn(problem, "inductor")
+    runs[SIDES[0]] = lambda: eager(a, b, ops)
+    runs[SIDES[1]] = lambda: compiled(a, b, ops)
+    runs[SIDES[2]] = scaled_mm_alone(problem, a, b, ops)
+    gemms = 2 if problem.op == DUAL_WEIGHT_ONLY_OP else 1
+    return {
+        "problem": f"{spec.m}x{spec.n}x{spec.k}" + (" dual" if gemms == 2 else ""),
+        "flops": 2 * gemms * spec.m * spec.n * spec.k,
+        "configs": {name: c.short() for name, c in variants.items()},
+        "sweep": [{k: v for k, v in r.items() if k != "obj"} for r in swept],
+        "times": interleaved(runs, rounds),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="indices of the cases, e.g. 0-4,8")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    limits = DeviceLimits.of(torch.device("cuda"))
+    specs = [s for s in suite("fp8-weight") if s.m >= 128]
+    chosen = only(args.only, len(specs))
+    problems = {i: specs[i].problem() for i in chosen}
+    configs = {}
+    for i, p in problems.items():
+        base = [default_config(p, sm_count=limits.sm_count), *CONFIGS]
+        both = [dataclasses.replace(c, SWAP_AB=s) for c in base for s in (0, 1)]
+        configs[i] = [c for c in dict.fromkeys(both) if infeasible(p, c, limits) is None]
+    precompile([(problems[i], c, False) for i in chosen for c in configs[i]])
+    header = device_header(limits.sm_count)
+    results = []
+    for i in chosen:
+        results.append(run_problem(i, specs[i], problems[i], configs[i], args.rounds))
+        save(args.json, header, results)
+    print(header)
+    print(f"bf16 x e4m3 weight-only; ms: median of {args.rounds} interleaved rounds [min-max], CUDA events")
+    print(
+        "| problem | weight right ms | weight left (swap) ms | swap gain | config (swap) | "
+        + " | ".join(f"{s} ms" for s in SIDES)
+        + " | swap vs dequantize | swap vs inductor | TFLOP/s (swap) |"
+    )
+    print("|---|---:|---:|---:|---|" + "---:|" * (len(SIDES) + 3))
+    for r in results:
+        t = r["times"]
+
+        def cell(name: str, t: dict = t) -> str:
+            return f"{t[name]['ms']:.4f}{spread_text(t[name], False)}" if name in t else "-"
+
+        swap = t.get("swap 1", {}).get("ms")
+        right = t.get("swap 0", {}).get("ms")
+        gain = f"{right / swap:.2f}x" if swap and right else "-"
+        versus = [f"{t[s]['ms'] / swap:.2f}x" if swap else "-" for s in SIDES[:2]]
+        rate = f"{r['flops'] / swap / 1e9:.0f}" if swap else "-"
+        print(
+            f"| {r['problem']} | {cell('swap 0')} | {cell('swap 1')} | {gain} | "
+            f"{r['configs'].get('swap 1', '-')} | {' | '.join(cell(s) for s in SIDES)} | "
+            f"{' | '.join(versus)} | {rate} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
