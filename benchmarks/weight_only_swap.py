@@ -1,6 +1,7 @@
-"""The weight-only main loop with the fp8 weight as the dot's left operand (``SWAP_AB=1``)
-against the weight on the right (``SWAP_AB=0``), dequantize + cuBLAS + eager, Inductor and
-cuBLAS on a bf16 weight, in one process (issue 44).
+"""The weight-only main loops: Triton's with the fp8 weight as the dot's left operand
+(``SWAP_AB=1``) and on the right (``SWAP_AB=0``), the Gluon kernel (``sm90_weight_only``: the
+weight wgmma's left operand, converted a K step ahead by warp groups of 64 weight rows),
+dequantize + cuBLAS + eager, Inductor and cuBLAS on a bf16 weight, in one process (issue 44).
 
     python3 benchmarks/weight_only_swap.py [--only 0-9] [--rounds 5] [--json out.json]
 
@@ -11,7 +12,8 @@ the converted tile makes a trip through shared memory each K step; on the left i
 registers (``sass.Loop.register_a_mmas``).
 
 Method: FLOPs = 2 x MNK (twice for the dual). Each config of ``CONFIGS`` feasible here (and
-the kind's default) is compiled in a process pool with SWAP_AB 0 and 1, checked against the
+the kind's default) is compiled in a process pool with SWAP_AB 0 and 1, and each of
+``GLUON_CONFIGS`` (not for the dual: the Gluon kernel has none), checked against the
 float64 reference and timed once (CUDA events, L2 flushed); then the best of each side,
 dequantize + cuBLAS + eager (the kind's baseline: what the unfused graph runs), Inductor
 (torch.compile of that baseline) and cuBLAS on a weight converted to bf16 beforehand are
@@ -46,7 +48,17 @@ CONFIGS = [  # tiles of the 16-bit loops on Hopper (benchmarks/matmul_hopper.py)
     Config(64, 128, 128, 8, num_warps=4, num_stages=4, variant="tma"),
     Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
 ]
+GLUON_CONFIGS = [  # the Gluon kernel: 2 warp groups (BLOCK_N 128) or 3 (192) of 64 weight rows
+    Config(256, 128, 64, 8, num_warps=4, num_stages=3, variant="sm90_weight_only"),
+    Config(256, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
+    Config(128, 192, 64, 8, num_warps=4, num_stages=5, variant="sm90_weight_only"),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=6, variant="sm90_weight_only"),
+    Config(128, 128, 128, 8, num_warps=4, num_stages=3, variant="sm90_weight_only"),
+    Config(64, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
+    Config(64, 192, 64, 8, num_warps=4, num_stages=6, variant="sm90_weight_only"),
+]
 SIDES = ("dequantize + cuBLAS + eager", "inductor", "cuBLAS, bf16 weight")
+GLUON = "gluon"
 
 
 def run_problem(index: int, spec, problem, configs: list[Config], rounds: int) -> dict:
@@ -55,10 +67,14 @@ def run_problem(index: int, spec, problem, configs: list[Config], rounds: int) -
     swept = sweep(problem, configs, a, b, ops, refs)
     del refs
     variants = {}
-    for swap in (0, 1):
-        ok = [r for r in swept if "ms" in r and swap == r["obj"].SWAP_AB]
+    for name, pick in (
+        ("swap 0", lambda c: c.variant != GLUON_CONFIGS[0].variant and not c.SWAP_AB),
+        ("swap 1", lambda c: bool(c.SWAP_AB)),
+        (GLUON, lambda c: c.variant == GLUON_CONFIGS[0].variant),
+    ):
+        ok = [r for r in swept if "ms" in r and pick(r["obj"])]
         if ok:
-            variants[f"swap {swap}"] = min(ok, key=lambda r: r["ms"])["obj"]
+            variants[name] = min(ok, key=lambda r: r["ms"])["obj"]
     runs = {name: bind(problem, c, a, b, ops).run for name, c in variants.items()}
     eager, compiled = baseline_fn(problem, "cublas"), baseline_fn(problem, "inductor")
     runs[SIDES[0]] = lambda: eager(a, b, ops)
@@ -88,7 +104,7 @@ def main() -> None:
     for i, p in problems.items():
         base = [default_config(p, sm_count=limits.sm_count), *CONFIGS]
         both = [dataclasses.replace(c, SWAP_AB=s) for c in base for s in (0, 1)]
-        configs[i] = [c for c in dict.fromkeys(both) if infeasible(p, c, limits) is None]
+        configs[i] = [c for c in dict.fromkeys([*both, *GLUON_CONFIGS]) if infeasible(p, c, limits) is None]
     precompile([(problems[i], c, False) for i in chosen for c in configs[i]])
     header = device_header(limits.sm_count)
     results = []
@@ -98,9 +114,9 @@ def main() -> None:
     print(header)
     print(f"bf16 x e4m3 weight-only; ms: median of {args.rounds} interleaved rounds [min-max], CUDA events")
     print(
-        "| problem | weight right ms | weight left (swap) ms | swap gain | config (swap) | "
+        "| problem | weight right ms | weight left (swap) ms | Gluon ms | config (Gluon) | "
         + " | ".join(f"{s} ms" for s in SIDES)
-        + " | swap vs dequantize | swap vs inductor | TFLOP/s (swap) |"
+        + " | best vs dequantize | best vs inductor | TFLOP/s (best) |"
     )
     print("|---|---:|---:|---:|---|" + "---:|" * (len(SIDES) + 3))
     for r in results:
@@ -109,14 +125,13 @@ def main() -> None:
         def cell(name: str, t: dict = t) -> str:
             return f"{t[name]['ms']:.4f}{spread_text(t[name], False)}" if name in t else "-"
 
-        swap = t.get("swap 1", {}).get("ms")
-        right = t.get("swap 0", {}).get("ms")
-        gain = f"{right / swap:.2f}x" if swap and right else "-"
-        versus = [f"{t[s]['ms'] / swap:.2f}x" if swap else "-" for s in SIDES[:2]]
-        rate = f"{r['flops'] / swap / 1e9:.0f}" if swap else "-"
+        ours = [t[n]["ms"] for n in ("swap 0", "swap 1", GLUON) if n in t]
+        best = min(ours) if ours else None
+        versus = [f"{t[s]['ms'] / best:.2f}x" if best else "-" for s in SIDES[:2]]
+        rate = f"{r['flops'] / best / 1e9:.0f}" if best else "-"
         print(
-            f"| {r['problem']} | {cell('swap 0')} | {cell('swap 1')} | {gain} | "
-            f"{r['configs'].get('swap 1', '-')} | {' | '.join(cell(s) for s in SIDES)} | "
+            f"| {r['problem']} | {cell('swap 0')} | {cell('swap 1')} | {cell(GLUON)} | "
+            f"{r['configs'].get(GLUON, '-')} | {' | '.join(cell(s) for s in SIDES)} | "
             f"{' | '.join(versus)} | {rate} |"
         )
 

@@ -51,7 +51,9 @@ _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand 
 CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     # 192: sm90_cooperative's three warp groups of 64 rows only; 512 and 1024: depthwise strips' pixels only
     "BLOCK_M": (16, 32, 64, 128, 192, 256, 512, 1024),
-    "BLOCK_N": (16, 32, 64, 128, 256, 512),  # 512: a depthwise program holding a pixel's channels
+    # 192: sm90_weight_only's three warp groups of 64 weight rows only; 512: a depthwise
+    # program holding a pixel's channels
+    "BLOCK_N": (16, 32, 64, 128, 192, 256, 512),
     "BLOCK_K": (16, 32, 64, 128, 256),
     "GROUP_M": (1, 2, 4, 8, 16),
     "SPLIT_K": (1, 2, 4, 8, 16, 32),
@@ -70,6 +72,7 @@ CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
         "sm90_persistent",
         "sm90_pingpong",
         "sm90_cooperative",
+        "sm90_weight_only",
         "w_vector",  # depthwise: lanes along W (NCHW)
         "in_flight",  # depthwise: channel lanes, the output rows in flight roll (not the input window)
     ),

@@ -91,7 +91,7 @@ KIND = dataclasses.replace(  # the dual's tensors and space, weight-only's main 
     name=KIND_NAME,
     ops=(OP,),
     seeds=tuple(SEEDS),
-    space={**dual_matmul.KIND.space, "SWAP_AB": (0, 1)},
+    space={**dual_matmul.KIND.space, "variant": matmul.TRITON_VARIANTS, "SWAP_AB": (0, 1)},  # no Gluon dual
     check=config_error,
     problem_of=problem_of,
     bind=lambda problem, config, a, b, operands, out=None: bind_matmul(

@@ -32,6 +32,7 @@ Tensors = tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]  # A, B and the 
 
 # variants whose BLOCK_M counts warp groups of 64 rows (192: three), not a power of two
 WARP_GROUP_ROWS_VARIANTS = ("sm90_cooperative",)
+WARP_GROUP_COLS_VARIANTS = ("sm90_weight_only",)  # BLOCK_N in warp groups of 64 (weight rows)
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,11 @@ class TemplateKind:
             return (
                 f"BLOCK_M={config.BLOCK_M} is not a power of two: only {', '.join(WARP_GROUP_ROWS_VARIANTS)} "
                 "takes it (warp groups of 64 rows)"
+            )
+        if config.BLOCK_N & (config.BLOCK_N - 1) and config.variant not in WARP_GROUP_COLS_VARIANTS:
+            return (
+                f"BLOCK_N={config.BLOCK_N} is not a power of two: only {', '.join(WARP_GROUP_COLS_VARIANTS)} "
+                "takes it (warp groups of 64 weight rows)"
             )
         if problem.epilogue.row_totals:
             why = self.row_error(problem)

@@ -248,15 +248,16 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
     if name in PERSISTENT_KNOBS:
         return variant in PERSISTENT_VARIANTS
     if name == "TMA_STORE":
-        return variant in (*TMA_VARIANTS, *matmul_sm90.VARIANTS) and chosen.get("SPLIT_K", 1) == 1
+        stores = (*TMA_VARIANTS, *(v for v in matmul_sm90.VARIANTS if v != matmul_sm90.WEIGHT_ONLY))
+        return variant in stores and chosen.get("SPLIT_K", 1) == 1
     if name == "EPILOGUE_SUBTILE":
         return chosen.get("SPLIT_K", 1) == 1 and variant not in matmul_sm90.VARIANTS
     if name == "SPLIT_K":
         return variant in SPLIT_K_VARIANTS
     if name == "PROMOTE":
         return variant in PROMOTE_VARIANTS and chosen.get("SPLIT_K", 1) == 1
-    if name == "SWAP_AB":
-        return variant not in STREAM_K_VARIANTS
+    if name == "SWAP_AB":  # the Triton loops' (the weight-only Gluon kernel is swapped always)
+        return variant not in (*STREAM_K_VARIANTS, *matmul_sm90.VARIANTS)
     return True
 
 
@@ -661,7 +662,7 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "GROUP_M": (1, 4, 8, 16),
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3, 4, 5, 6),
-    "variant": VARIANTS,
+    "variant": tuple(v for v in VARIANTS if v != matmul_sm90.WEIGHT_ONLY),  # the weight-only kinds' own
     "SPLIT_K": (1, 2, 4, 8, 16),  # after the variant: drawn only for the default and tma loops
     "EPILOGUE_SUBTILE": (1, 2, 4),
     "PROGRAMS_PER_SM": (1, 2),

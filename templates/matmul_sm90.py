@@ -5,6 +5,13 @@ are rendered and bound. Three variants of the matmul kinds:
   a tile's first K steps issued during the previous tile's main loop;
 - ``sm90_pingpong``: warp-specialized, a producer warp and two consumer warp groups of 4 warps
   that take turns on the tensor cores, each one's epilogue running under the other's MMAs;
+- ``sm90_weight_only``: a 16-bit A times an fp8 weight (the weight-only kinds): warp-specialized,
+  a producer warp and BLOCK_N / 64 consumer warp groups (2 or 3), each owning 64 columns of the
+  tile (64 rows of the [N, K] weight) and computing them as C^T = B^T A^T: the weight's fp8 slice
+  is loaded into registers, converted and given to wgmma as its left operand (which wgmma reads
+  from registers; a right operand only from shared memory, so the Triton loops write the
+  converted tile back there every K step). The next K step's slice is converted while the
+  current wgmma runs. Tile outputs only (no statistics, no group outputs), stored by pointers.
 - ``sm90_cooperative``: fp8 with exact accumulation (and block scales, ``block_scaled``):
   warp-specialized, a producer warp and BLOCK_M / 64 consumer warp groups (2 or 3), each
   owning 64 rows of the tile (and with TMA_STORE a staging buffer of those rows). Each K
@@ -34,15 +41,16 @@ import torch
 import triton
 
 from epilab.ir import dtypes
-from epilab.ir.problem import BATCHED_OPS, Config, Problem
+from epilab.ir.problem import BATCHED_OPS, WEIGHT_ONLY_OP, Config, Problem
 from epilab.ir.rules import TRITON_DTYPES
 from epilab.templates.bound import Bound, CallScratch, Described
 from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime import single_launch, sm_count, tma_readable
 
 SOURCE = "matmul_sm90.py.jinja"
-VARIANTS = ("sm90_persistent", "sm90_pingpong", "sm90_cooperative")
+VARIANTS = ("sm90_persistent", "sm90_pingpong", "sm90_cooperative", "sm90_weight_only")
 COOPERATIVE = "sm90_cooperative"
+WEIGHT_ONLY = "sm90_weight_only"
 INPUT_DTYPES = ("bfloat16", "float16")
 CAPABILITY = 9  # wgmma: sm_90 only (Blackwell has tcgen05 instead)
 # ping-pong registers: the kernel's 12 warps (3 warp groups: 2 consumers, the producer's padded)
@@ -59,6 +67,12 @@ TMA_ALIGN_BYTES = 16
 # the split loop and a quantize step's loop; at 3 x 160 + 32 it leaves them among the wgmmas
 # (RESULTS.md 2026-11-29 seventh)
 SUB_M = 64
+# weight-only: consumer warp groups of 64 weight rows (BLOCK_N / 64 of them), each holding a
+# 64 x BLOCK_M fp32 accumulator and two converted weight slices; per count the consumers'
+# registers, the producer's and the kernel's maxnreg, as for the cooperative kernel. Three
+# consumers hold BLOCK_M <= 128 (at 256 ptxas asks for 158 registers of the kernel's 128)
+WEIGHT_ONLY_REGS = {2: (232, PRODUCER_REGS, 168), 3: (160, 32, 128)}
+WEIGHT_ONLY_BLOCK_M = {2: (64, 128, 256), 3: (64, 128)}
 COOPERATIVE_REGS = {2: (232, PRODUCER_REGS, 168), 3: (160, 32, 128)}
 COOPERATIVE_BLOCK_K = 128  # one promotion a K block: the interval of cuBLASLt's exact mode
 MAX_TAIL_SPLIT = 8  # ranges of K a tile of the cooperative kernel's last wave is split into, at most
@@ -152,14 +166,56 @@ def last_wave_split(problem: Problem, config: Config, tiles: int, sms: int, k_st
 
 
 def consumers(config: Config) -> int:
-    """The cooperative kernel's consumer warp groups: BLOCK_M / 64."""
-    return config.BLOCK_M // SUB_M
+    """The consumer warp groups of the cooperative kernel (BLOCK_M / 64) or the weight-only one
+    (BLOCK_N / 64)."""
+    return (config.BLOCK_N if config.variant == WEIGHT_ONLY else config.BLOCK_M) // SUB_M
 
 
 def warp_groups(config: Config) -> int:
     """The warp groups of num_warps each that share one tile's accumulator: the cooperative
-    kernel's consumers; 1 for every other kernel (the ping-pong's consumers hold a tile each)."""
-    return consumers(config) if config.variant == COOPERATIVE else 1
+    and weight-only kernels' consumers; 1 for every other kernel (the ping-pong's consumers
+    hold a tile each)."""
+    return consumers(config) if config.variant in (COOPERATIVE, WEIGHT_ONLY) else 1
+
+
+def weight_only_error(problem: Problem, config: Config) -> str | None:
+    """What the weight-only variant asks beyond the sm90 variants' common rules."""
+    if problem.op != WEIGHT_ONLY_OP:
+        return f"{WEIGHT_ONLY} takes weight-only problems (a 16-bit A times an fp8 B), not {problem.op}"
+    if (problem.layout_a, problem.layout_b) != ("row", "col"):
+        return (
+            f"{WEIGHT_ONLY} reads A row-major and the fp8 weight K-major (B column-major: a [N, K] "
+            f"weight transposed), got {problem.layout_a} and {problem.layout_b}"
+        )
+    count = config.BLOCK_N // SUB_M
+    if config.BLOCK_N % SUB_M or count not in WEIGHT_ONLY_REGS:
+        return (
+            f"{WEIGHT_ONLY} takes BLOCK_N 128 or 192 (2 or 3 warp groups of 64 weight rows), "
+            f"not {config.BLOCK_N}"
+        )
+    if config.BLOCK_M not in WEIGHT_ONLY_BLOCK_M[count]:
+        return (
+            f"{WEIGHT_ONLY} with {count} warp groups takes BLOCK_M in {WEIGHT_ONLY_BLOCK_M[count]} "
+            f"(wgmma's N; each warp group holds a 64 x BLOCK_M accumulator), not {config.BLOCK_M}"
+        )
+    if config.BLOCK_K not in (64, 128):
+        return f"{WEIGHT_ONLY} takes BLOCK_K 64 or 128, not {config.BLOCK_K}"
+    if config.SWAP_AB or config.TMA_STORE or config.PROMOTE != 1:
+        return (
+            f"{WEIGHT_ONLY} always holds the weight as wgmma's left operand and stores by "
+            "pointers: SWAP_AB=0 (a knob of the Triton loops), TMA_STORE=0, PROMOTE=1"
+        )
+    if problem.epilogue.reductions or problem.epilogue.group_size:
+        return (
+            f"{WEIGHT_ONLY} has no statistics or group outputs (its warp groups split a tile's "
+            "columns); the Triton loops have them"
+        )
+    k = problem.shape.k
+    if isinstance(k, int) and k % TMA_ALIGN_BYTES:
+        return (
+            f"{WEIGHT_ONLY} reads the fp8 weight through TMA: its rows of {k} bytes are not 16-byte aligned"
+        )
+    return None
 
 
 def cooperative_error(problem: Problem, config: Config) -> str | None:
@@ -194,11 +250,11 @@ def cooperative_error(problem: Problem, config: Config) -> str | None:
 def config_error(problem: Problem, config: Config) -> str | None:
     """Why the sm90 variants do not run ``problem`` tiled by ``config`` (None when they do)."""
     cooperative = config.variant == COOPERATIVE
-    if cooperative:
-        why = cooperative_error(problem, config)
+    if cooperative or config.variant == WEIGHT_ONLY:
+        why = cooperative_error(problem, config) if cooperative else weight_only_error(problem, config)
         if why is not None:
             return why
-    elif problem.dtype not in INPUT_DTYPES:
+    if not cooperative and problem.dtype not in INPUT_DTYPES:
         return f"the {config.variant} variant takes {' or '.join(INPUT_DTYPES)} inputs, not {problem.dtype}"
     s = problem.shape
     if s.batch != 1 or problem.op in BATCHED_OPS or "strided" in (problem.layout_a, problem.layout_b):
@@ -216,8 +272,9 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return f"the {config.variant} variant needs a ring of 2 stages or more"
     if config.BLOCK_K < 32 or config.BLOCK_N < 16:
         return f"the {config.variant} variant needs BLOCK_K >= 32 and BLOCK_N >= 16"
-    warps = 4 if config.variant in ("sm90_pingpong", COOPERATIVE) else config.num_warps
-    if config.variant in ("sm90_pingpong", COOPERATIVE) and config.num_warps != 4:
+    specialized = ("sm90_pingpong", COOPERATIVE, WEIGHT_ONLY)
+    warps = 4 if config.variant in specialized else config.num_warps
+    if config.variant in specialized and config.num_warps != 4:
         return f"{config.variant}'s consumers are warp groups of 4 warps: num_warps=4"
     if warps not in (4, 8) or 16 * warps > config.BLOCK_M:
         return f"{warps} warps take wgmma tiles of BLOCK_M >= {16 * warps} (num_warps 4 or 8)"
@@ -233,13 +290,14 @@ def config_error(problem: Problem, config: Config) -> str | None:
 
 
 def render_vars(problem: Problem, config: Config) -> dict[str, object]:
-    if config.variant == COOPERATIVE:
+    if config.variant in (COOPERATIVE, WEIGHT_ONLY):
         count = consumers(config)
+        regs = (COOPERATIVE_REGS if config.variant == COOPERATIVE else WEIGHT_ONLY_REGS)[count]
         return {
             "tma_outputs": staged_outputs(problem, config),
             "consumers": count,
-            "consumer_regs": COOPERATIVE_REGS[count][0],
-            "producer_regs": COOPERATIVE_REGS[count][1],
+            "consumer_regs": regs[0],
+            "producer_regs": regs[1],
         }
     return {
         "tma_outputs": staged_outputs(problem, config),
@@ -271,6 +329,8 @@ def descriptors(
         return None
     if config.variant == COOPERATIVE:  # A and the staged outputs in slices of rows, one a warp group
         bm = SUB_M
+    if config.variant == WEIGHT_ONLY:  # the weight in slices of its [N, K] rows, one a warp group
+        bn = SUB_M
     a_block = (bm, bk) if a_row else (bk, bm)
     b_block = (bk, bn) if b_row else (bn, bk)
     return (
@@ -334,12 +394,15 @@ def bind(
         "BATCH": 1,
         "NUM_SMS": grid[0],
         "STAGES": config.num_stages,
-        "INSTR_N": min(config.BLOCK_N, 256),
+        # wgmma's N: the tile's columns, or for the weight-only kernel (C^T) its rows
+        "INSTR_N": config.BLOCK_M if config.variant == WEIGHT_ONLY else min(config.BLOCK_N, 256),
     }
     if config.variant == "sm90_pingpong":
         extra["maxnreg"] = PINGPONG_MAXNREG
     elif config.variant == COOPERATIVE:
         extra["maxnreg"] = COOPERATIVE_REGS[consumers(config)][2]
+    elif config.variant == WEIGHT_ONLY:
+        extra["maxnreg"] = WEIGHT_ONLY_REGS[consumers(config)][2]
     launch_args = {**args, **extra}
     bound = single_launch(kind, problem, config, target, index_64, grid, launch_args, outs, workspace, slots)  # type: ignore[arg-type]
     return dataclasses.replace(bound, descriptors=described)

@@ -34,6 +34,7 @@ from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry,
 
 OP = WEIGHT_ONLY_OP
 KIND_NAME = "weight_only_matmul"
+GLUON_BLOCK_N = 192  # the Gluon kernel's three warp groups of 64 weight rows; not a power of two
 
 
 def make_weight_only_problem(
@@ -68,12 +69,13 @@ def config_error(problem: Problem, config: Config) -> str | None:
 
 
 def weight_error(problem: Problem, config: Config) -> str | None:
-    """What an fp8 B asks of a config: a Triton loop (the Gluon variants read one dtype), TMA
-    rows 16-byte aligned in fp8."""
+    """What an fp8 B asks of a config: a Triton loop or the Gluon weight-only kernel (the other
+    Gluon variants read one dtype), TMA rows 16-byte aligned in fp8."""
     s = problem.shape
-    if config.variant in matmul_sm90.VARIANTS:
+    if config.variant in matmul_sm90.VARIANTS and config.variant != matmul_sm90.WEIGHT_ONLY:
         return (
-            f"the {config.variant} variant reads A and B of one dtype; weight-only runs on the Triton loops"
+            f"the {config.variant} variant reads A and B of one dtype; weight-only runs on the Triton "
+            f"loops and {matmul_sm90.WEIGHT_ONLY}"
         )
     if config.variant in matmul.TMA_VARIANTS:
         rows = s.n if problem.layout_b == "row" else s.k
@@ -102,26 +104,37 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
     conversion to bf16 is exact; the direct fp8-to-bf16 conversion ran the main loop 14-21%
     slower (H200, RESULTS.md)."""
     via = ["tl.float16"] if problem.dtype == "bfloat16" else []
+    gluon = matmul_sm90.render_vars(problem, config) if config.variant == matmul_sm90.WEIGHT_ONLY else {}
     return {
+        **gluon,
         "b_convert": "".join(f".to({t})" for t in (*via, dtypes.TABLE[problem.dtype].triton)),
         "swap_ab": bool(config.SWAP_AB),
     }
 
 
-# the weight-only kinds' space: the matmul's and SWAP_AB (the weight the dot's left operand)
-SPACE = {**matmul.SPACE, "SWAP_AB": (0, 1)}
+# the weight-only kinds' space: the matmul's Triton loops and the Gluon weight-only kernel (its
+# BLOCK_N of 192: three warp groups of 64 weight rows), and SWAP_AB (the weight the Triton
+# dot's left operand)
+SPACE = {
+    **matmul.SPACE,
+    "BLOCK_N": (*matmul.SPACE["BLOCK_N"], GLUON_BLOCK_N),
+    "variant": (*matmul.TRITON_VARIANTS, matmul_sm90.WEIGHT_ONLY),
+    "SWAP_AB": (0, 1),
+}
 
 SEEDS = [  # decode (a few rows: the weight's bytes bound it), then prefill tiles of the 16-bit loops
     Config(16, 64, 256, 1, num_warps=4, num_stages=4),
     Config(16, 128, 128, 1, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
     Config(32, 64, 128, 1, num_warps=4, num_stages=4, variant="tma"),
-    # prefill on Hopper: the weight's converted tile as the dot's left operand, in registers
-    Config(256, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
-    Config(256, 128, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
-    Config(128, 256, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
-    Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="tma", SWAP_AB=1),
-    Config(128, 128, 64, 8, num_warps=4, num_stages=4, SWAP_AB=1),
+    # Hopper: the Gluon kernel (the weight wgmma's left operand, converted a K step ahead), the
+    # fastest of benchmarks/weight_only_swap.py's sweep on every single projection of Llama-3-8B
+    # at M = 128 and 2048 on an H200 (RESULTS.md, 2026-11-30 second); the swapped Triton loops
+    # it beat there are left to the search
+    Config(256, 128, 64, 8, num_warps=4, num_stages=4, variant=matmul_sm90.WEIGHT_ONLY),
+    Config(256, 128, 64, 8, num_warps=4, num_stages=3, variant=matmul_sm90.WEIGHT_ONLY),
+    Config(64, 128, 128, 8, num_warps=4, num_stages=4, variant=matmul_sm90.WEIGHT_ONLY),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=6, variant=matmul_sm90.WEIGHT_ONLY),
     *(c for c in matmul.SEEDS if c.variant not in matmul_sm90.VARIANTS),
 ]
 
@@ -142,7 +155,7 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; B 
     baseline=eager_weight_only,
     b_dtype=weight_dtype,
     render_vars=render_vars,
-    source=lambda config: None,
+    source=matmul.source,
     input_dtypes=WEIGHT_ONLY_DTYPES,
     geometry=WeightGeometry,
     reductions=True,

@@ -1,0 +1,159 @@
+"""The Gluon weight-only kernel (variant ``sm90_weight_only``, ``templates/matmul_sm90.py``): a
+16-bit A times an fp8 weight, the weight's converted slice wgmma's left operand in registers.
+
+CPU: what it takes and refuses (weight-only problems only, A row-major and the weight K-major,
+2 or 3 warp groups of 64 weight rows, BLOCK_M by warp groups, no SWAP_AB, TMA stores,
+statistics or groups, 16-byte weight rows), BLOCK_N = 192 for this variant only, the search
+spaces (the weight-only kind draws it, the matmul and dual kinds do not), the tuner's
+feasibility (never in the interpreter), and that it compiles for sm_90a without spills with
+every wgmma of its K loops reading the weight from registers (``templates/cross.py``). GPU
+(``-m gpu``): ragged shapes (partial tiles, weight rows past N, a partial last K step, an odd
+and an even number of K steps), both fp8 formats, fp16 and bf16 A, an epilogue with the
+weight's scales, a bias, GELU, a residual and a second fp32 output, against float64 and the
+baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_cooperative import H100
+from test_matmul_sm90 import checked_kernel, compile_cases
+from test_weight_only import FP8, WIDE, tensors
+
+from epilab.ir.check import rel_error, tolerance
+from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.ir.problem import Config
+from epilab.templates import matmul
+from epilab.templates.dual_weight_only import KIND as DUAL_KIND
+from epilab.templates.gemm_spec import Spec
+from epilab.templates.kinds import kind_of
+from epilab.templates.verify import checked_launch
+from epilab.templates.weight_only import KIND, make_weight_only_problem
+from epilab.tuner.space import HOPPER, infeasible
+
+W = "sm90_weight_only"
+TWO = Config(256, 128, 64, 8, num_warps=4, num_stages=3, variant=W)  # 2 warp groups of 64 weight rows
+THREE = Config(128, 192, 64, 8, num_warps=4, num_stages=5, variant=W)  # 3 warp groups
+LLAMA_GATE = Spec(2048, 14336, 4096, weight="float8_e4m3fn")
+
+
+def _error(problem, config):
+    return kind_of(problem).config_error(problem, config)
+
+
+def test_what_the_weight_only_kernel_takes_and_refuses():
+    p = LLAMA_GATE.problem()
+    assert _error(p, TWO) is None and _error(p, THREE) is None
+    assert _error(p, dataclasses.replace(TWO, BLOCK_M=64, BLOCK_K=128)) is None
+    refusals = [
+        (dataclasses.replace(TWO, BLOCK_N=256), "BLOCK_N 128 or 192"),
+        (dataclasses.replace(TWO, BLOCK_N=64), "BLOCK_N 128 or 192"),
+        (dataclasses.replace(THREE, BLOCK_M=256), "BLOCK_M in (64, 128)"),
+        (dataclasses.replace(TWO, BLOCK_K=32), "BLOCK_K 64 or 128"),
+        (dataclasses.replace(TWO, SWAP_AB=1), "SWAP_AB=0"),
+        (dataclasses.replace(TWO, TMA_STORE=1), "TMA_STORE=0"),
+        (dataclasses.replace(TWO, num_warps=8), "num_warps=4"),
+        (dataclasses.replace(TWO, SPLIT_K=2), "no split-K"),
+    ]
+    for config, message in refusals:
+        assert message in (_error(p, config) or ""), (config.short(), _error(p, config))
+    row_b = Spec(2048, 4096, 4096, weight="float8_e4m3fn", layout="NN").problem()
+    assert "K-major" in _error(row_b, TWO)
+    ragged_k = Spec(256, 512, 1000, weight="float8_e4m3fn").problem()  # rows of 1000 bytes
+    assert "16-byte aligned" in _error(ragged_k, TWO)
+    scaled = acc() * operand("weight_scale", "row")
+    stats = Epilogue.build([(scaled, "bfloat16"), (scaled * scaled, "float32", "row_sum")])
+    assert "statistics" in _error(dataclasses.replace(p, epilogue=stats), TWO)
+
+
+def test_other_kinds_refuse_it_and_only_it_takes_block_n_192():
+    bf16 = Spec(2048, 4096, 4096).problem()
+    assert "weight-only problems" in _error(bf16, TWO)
+    dual = Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2").problem()
+    assert dual.template == DUAL_KIND.name and "weight-only problems" in _error(dual, TWO)
+    p = LLAMA_GATE.problem()
+    for variant in ("default", "tma", "tma_persistent"):
+        config = dataclasses.replace(THREE, variant=variant)
+        assert "BLOCK_N=192 is not a power of two" in _error(p, config), variant
+
+
+def test_the_weight_only_kind_searches_it_and_the_others_do_not():
+    assert W in KIND.space["variant"] and 192 in KIND.space["BLOCK_N"]
+    assert W not in matmul.KIND.space["variant"] and W not in DUAL_KIND.space["variant"]
+    # the Gluon variants that read one dtype are not drawn for an fp8 weight
+    assert set(KIND.space["variant"]) == {*matmul.TRITON_VARIANTS, W}
+    assert not matmul.KIND.applies("SWAP_AB", {"variant": W})
+    assert not matmul.KIND.applies("TMA_STORE", {"variant": W})
+    assert any(c.variant == W for c in KIND.seeds)
+    for seed in (c for c in KIND.seeds if c.variant == W):
+        assert _error(LLAMA_GATE.problem(), seed) is None, seed.short()
+
+
+def test_feasible_on_hopper_never_in_the_interpreter():
+    p = LLAMA_GATE.problem()
+    assert "interpreter" in infeasible(p, TWO, HOPPER)
+    assert infeasible(p, TWO, H100) is None and infeasible(p, THREE, H100) is None
+    # 5 stages of 256 x 64 bf16 and 128 x 64 fp8: 200 KiB; 6 are 240 KiB
+    assert infeasible(p, dataclasses.replace(TWO, num_stages=5), H100) is None
+    assert "shared memory" in infeasible(p, dataclasses.replace(TWO, num_stages=6), H100)
+
+
+COMPILED = [  # (what, spec, config): Llama-3-8B's projections at prefill
+    ("two groups, e4m3, bf16", LLAMA_GATE, TWO),
+    ("three groups, e4m3, bf16", Spec(2048, 6144, 4096, weight="float8_e4m3fn"), THREE),
+    (
+        "BLOCK_K 128, e5m2, fp16, gelu + residual",
+        Spec(2048, 4096, 14336, dtype="float16", weight="float8_e5m2", epilogue="gelu(acc) + residual"),
+        Config(128, 128, 128, 8, num_warps=4, num_stages=3, variant=W),
+    ),
+]  # fmt: skip
+
+
+def test_compiles_for_sm90_with_the_weight_in_registers():
+    """Compiled for sm_90a: no spills, TMA loads, and every wgmma of each warp group's K loop
+    reads the converted weight from registers (the loop unrolled by 2: two slices in turn)."""
+    for (what, _, config), answer in zip(COMPILED, compile_cases(COMPILED), strict=True):
+        kernel = checked_kernel(answer, what, config)
+        loops = kernel["loops"]
+        assert len(loops) == config.BLOCK_N // 64, (what, len(loops))  # one a warp group
+        for loop in loops:
+            mmas = loop["opcodes"]["HGMMA"]
+            assert mmas == 2 * config.BLOCK_K // 16 and loop["register_a_mmas"] == mmas, (what, loop)
+
+
+# ------------------------------------------------------------------ GPU
+
+
+def _scaled_gelu_residual(dtype: str) -> Epilogue:
+    x = ops.gelu_tanh(acc() * operand("scale", "row") + operand("bias", "row"))
+    return Epilogue.build([(x + operand("residual", "tile"), dtype), (x * 2.0, "float32")])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wide", list(WIDE))
+@pytest.mark.parametrize("fp8", list(FP8))
+def test_gpu_matches_float64_and_the_baseline(wide, fp8):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon weight-only kernel needs an sm_90 GPU (wgmma)")
+    dtype = str(WIDE[wide]).split(".")[1]
+    torch.manual_seed(3)
+    for m, n, k in ((300, 520, 1040), (64, 200, 4096), (1000, 1100, 112)):
+        a, b, scale, bias = tensors(m, n, k, WIDE[wide], FP8[fp8], "col", "cuda")
+        residual = torch.randn(m, n, device="cuda").to(WIDE[wide])
+        ops_ = {"scale": scale, "bias": bias, "residual": residual}
+        problem = make_weight_only_problem(a, b, _scaled_gelu_residual(dtype), ops_)
+        for config in (
+            TWO,
+            THREE,
+            Config(64, 128, 128, 8, num_warps=4, num_stages=4, variant=W),
+            Config(128, 128, 64, 1, num_warps=4, num_stages=2, variant=W),
+        ):
+            outs = checked_launch(problem, config, a, b, ops_).outs
+            base = KIND.baseline(problem, a, b, ops_)
+            assert rel_error(outs[0], base[0].to(outs[0].dtype)) <= 2 * tolerance(dtype, "ieee", dtype), (
+                (m, n, k),
+                config.short(),
+            )
