@@ -317,6 +317,11 @@ class TemplateKind:
             why = self.row_error(problem)
             if why is not None:
                 return f"the {self.name} template cannot sum over whole output rows (row_total): {why}"
+        if config.TILE_H != 1 and "TILE_H" not in self.space:
+            return (
+                f"TILE_H={config.TILE_H} is the depthwise template's knob (output rows a program "
+                f"walks); the {self.name} template takes TILE_H=1"
+            )
         return self.check(problem, config)
 
     def __repr__(self) -> str:

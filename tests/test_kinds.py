@@ -158,3 +158,25 @@ def test_output_specs_serve_fake_and_real_calls_alike():
     specs = kinds.output_specs(problem, a, b)
     assert specs == [((3, 5, 4), (20, 4, 1))] * 2
     assert kinds.twin_call(problem, a, b) is None  # a matmul called with its own tensors
+
+
+def test_tile_h_is_the_depthwise_knob_only():
+    """A config's TILE_H (the depthwise strip's output rows) is refused by name elsewhere, not
+    ignored: a tuned record with it would say a kernel ran that did not."""
+    from epilab.templates.conv_spec import ConvSpec
+
+    problems = [
+        gemm_spec.Spec(64, 64, 64).problem(),
+        gemm_spec.Spec(1, 256, 256).problem(),
+        gemm_spec.Spec(64, 128, 256, weight="float8_e4m3fn").problem(),
+        ConvSpec(2, 16, 8, 8, 16, 3, 3, stride=1, padding=1).problem(),
+    ]
+    for p in problems:
+        kind = kinds.kind_of(p)
+        config = dataclasses.replace(kinds.default_config(p), TILE_H=4)
+        assert "TILE_H=4 is the depthwise template's knob" in (kind.config_error(p, config) or ""), p.template
+        assert kind.config_error(p, dataclasses.replace(config, TILE_H=1)) is None, p.template
+    grouped = ConvSpec(2, 16, 8, 8, 16, 3, 3, stride=1, padding=1, groups=16).problem()
+    depthwise = kinds.for_template(grouped, "depthwise")
+    config = dataclasses.replace(kinds.default_config(depthwise), TILE_H=4)
+    assert "TILE_H" not in (kinds.kind_of(depthwise).config_error(depthwise, config) or "")
