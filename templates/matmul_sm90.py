@@ -211,7 +211,9 @@ def weight_only_error(problem: Problem, config: Config) -> str | None:
             "columns); the Triton loops have them"
         )
     k = problem.shape.k
-    if isinstance(k, int) and k % TMA_ALIGN_BYTES:
+    if not isinstance(k, int) or k < 1:  # a weight's K is static; its first K step is issued unconditionally
+        return f"{WEIGHT_ONLY} takes a static K of 1 or more (a weight's in-features), not {k}"
+    if k % TMA_ALIGN_BYTES:
         return (
             f"{WEIGHT_ONLY} reads the fp8 weight through TMA: its rows of {k} bytes are not 16-byte aligned"
         )

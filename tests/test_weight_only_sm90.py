@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import sympy
 import torch
 from test_cooperative import H100
 from test_matmul_sm90 import checked_kernel, compile_cases
@@ -26,7 +27,7 @@ from test_weight_only import FP8, WIDE, tensors
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
-from epilab.templates import matmul
+from epilab.templates import matmul, matmul_sm90
 from epilab.templates.dual_weight_only import KIND as DUAL_KIND
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
@@ -64,6 +65,9 @@ def test_what_the_weight_only_kernel_takes_and_refuses():
     assert "K-major" in _error(row_b, TWO)
     ragged_k = Spec(256, 512, 1000, weight="float8_e4m3fn").problem()  # rows of 1000 bytes
     assert "16-byte aligned" in _error(ragged_k, TWO)
+    for k in (0, sympy.Symbol("s2")):  # its first K step is issued unconditionally: K = 0 would hang
+        empty = dataclasses.replace(p, shape=dataclasses.replace(p.shape, k=k))
+        assert "static K of 1 or more" in matmul_sm90.config_error(empty, TWO)
     scaled = acc() * operand("weight_scale", "row")
     stats = Epilogue.build([(scaled, "bfloat16"), (scaled * scaled, "float32", "row_sum")])
     assert "statistics" in _error(dataclasses.replace(p, epilogue=stats), TWO)
