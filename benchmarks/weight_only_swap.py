@@ -13,7 +13,7 @@ registers (``sass.Loop.register_a_mmas``).
 
 Method: FLOPs = 2 x MNK (twice for the dual). Each config of ``CONFIGS`` feasible here (and
 the kind's default) is compiled in a process pool with SWAP_AB 0 and 1, and each of
-``GLUON_CONFIGS`` (not for the dual: the Gluon kernel has none), checked against the
+``GLUON_CONFIGS`` (for the dual those of BLOCK_M 128 at most: two accumulators), checked against the
 float64 reference and timed once (CUDA events, L2 flushed); then the best of each side,
 dequantize + cuBLAS + eager (the kind's baseline: what the unfused graph runs), Inductor
 (torch.compile of that baseline) and cuBLAS on a weight converted to bf16 beforehand are
@@ -56,6 +56,8 @@ GLUON_CONFIGS = [  # the Gluon kernel: 2 warp groups (BLOCK_N 128) or 3 (192) of
     Config(128, 128, 128, 8, num_warps=4, num_stages=3, variant="sm90_weight_only"),
     Config(64, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
     Config(64, 192, 64, 8, num_warps=4, num_stages=6, variant="sm90_weight_only"),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),  # the dual's
+    Config(64, 192, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
 ]
 SIDES = ("dequantize + cuBLAS + eager", "inductor", "cuBLAS, bf16 weight")
 GLUON = "gluon"

@@ -79,7 +79,10 @@ def eager(
 SEEDS = [  # decode tiles first (the two weights' bytes bound it), then the dual's own
     Config(16, 64, 256, 1, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
-    # prefill on Hopper: the weights' converted tiles as the dots' left operands, in registers
+    # prefill on Hopper: the Gluon kernel (two accumulators a warp group of 64 weight rows: BLOCK_M
+    # 128 at most), then the Triton loops with the weights' converted tiles on the dots' left
+    Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
+    Config(64, 128, 128, 8, num_warps=4, num_stages=3, variant="sm90_weight_only"),
     Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
     Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
     Config(128, 128, 64, 8, num_warps=8, num_stages=3, SWAP_AB=1),
@@ -91,7 +94,8 @@ KIND = dataclasses.replace(  # the dual's tensors and space, weight-only's main 
     name=KIND_NAME,
     ops=(OP,),
     seeds=tuple(SEEDS),
-    space={**dual_matmul.KIND.space, "variant": matmul.TRITON_VARIANTS, "SWAP_AB": (0, 1)},  # no Gluon dual
+    space={**dual_matmul.KIND.space, **{k: weight_only.SPACE[k] for k in ("BLOCK_N", "variant", "SWAP_AB")}},
+    source=matmul.source,
     check=config_error,
     problem_of=problem_of,
     bind=lambda problem, config, a, b, operands, out=None: bind_matmul(

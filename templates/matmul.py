@@ -248,7 +248,7 @@ def applies(name: str, chosen: Mapping[str, object]) -> bool:
     if name in PERSISTENT_KNOBS:
         return variant in PERSISTENT_VARIANTS
     if name == "TMA_STORE":
-        stores = (*TMA_VARIANTS, *(v for v in matmul_sm90.VARIANTS if v != matmul_sm90.WEIGHT_ONLY))
+        stores = (*TMA_VARIANTS, *matmul_sm90.SAME_DTYPE_VARIANTS)
         return variant in stores and chosen.get("SPLIT_K", 1) == 1
     if name == "EPILOGUE_SUBTILE":
         return chosen.get("SPLIT_K", 1) == 1 and variant not in matmul_sm90.VARIANTS
@@ -477,7 +477,7 @@ def bind_matmul(
     ep_args = epilogue_args(ep, operands, outs, bt.out_shape, (batch, m, n))
     args.update(ep_args)
     if config.variant in matmul_sm90.VARIANTS:
-        if target == "cuda" and matmul_sm90.descriptors(problem, config, a, b, outs) is None:
+        if target == "cuda" and matmul_sm90.descriptors(problem, config, a, b, outs, extra.get("b2")) is None:
             # views TMA cannot address (a transposed M = 1, an unaligned slice): the classic loop
             config = dataclasses.replace(config, variant="default", TMA_STORE=0)
         else:
@@ -662,7 +662,7 @@ SPACE: dict[str, tuple[int, ...] | tuple[str, ...]] = {
     "GROUP_M": (1, 4, 8, 16),
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3, 4, 5, 6),
-    "variant": tuple(v for v in VARIANTS if v != matmul_sm90.WEIGHT_ONLY),  # the weight-only kinds' own
+    "variant": (*TRITON_VARIANTS, *matmul_sm90.SAME_DTYPE_VARIANTS),  # not the weight-only kinds' own
     "SPLIT_K": (1, 2, 4, 8, 16),  # after the variant: drawn only for the default and tma loops
     "EPILOGUE_SUBTILE": (1, 2, 4),
     "PROGRAMS_PER_SM": (1, 2),

@@ -41,7 +41,7 @@ import torch
 import triton
 
 from epilab.ir import dtypes
-from epilab.ir.problem import BATCHED_OPS, WEIGHT_ONLY_OP, Config, Problem
+from epilab.ir.problem import BATCHED_OPS, DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OPS, Config, Problem
 from epilab.ir.rules import TRITON_DTYPES
 from epilab.templates.bound import Bound, CallScratch, Described
 from epilab.templates.kind import TemplateKind
@@ -51,6 +51,7 @@ SOURCE = "matmul_sm90.py.jinja"
 VARIANTS = ("sm90_persistent", "sm90_pingpong", "sm90_cooperative", "sm90_weight_only")
 COOPERATIVE = "sm90_cooperative"
 WEIGHT_ONLY = "sm90_weight_only"
+SAME_DTYPE_VARIANTS = tuple(v for v in VARIANTS if v != WEIGHT_ONLY)  # A and B of one dtype: any matmul
 INPUT_DTYPES = ("bfloat16", "float16")
 CAPABILITY = 9  # wgmma: sm_90 only (Blackwell has tcgen05 instead)
 # ping-pong registers: the kernel's 12 warps (3 warp groups: 2 consumers, the producer's padded)
@@ -180,7 +181,7 @@ def warp_groups(config: Config) -> int:
 
 def weight_only_error(problem: Problem, config: Config) -> str | None:
     """What the weight-only variant asks beyond the sm90 variants' common rules."""
-    if problem.op != WEIGHT_ONLY_OP:
+    if problem.op not in WEIGHT_ONLY_OPS:
         return f"{WEIGHT_ONLY} takes weight-only problems (a 16-bit A times an fp8 B), not {problem.op}"
     if (problem.layout_a, problem.layout_b) != ("row", "col"):
         return (
@@ -193,10 +194,13 @@ def weight_only_error(problem: Problem, config: Config) -> str | None:
             f"{WEIGHT_ONLY} takes BLOCK_N 128 or 192 (2 or 3 warp groups of 64 weight rows), "
             f"not {config.BLOCK_N}"
         )
-    if config.BLOCK_M not in WEIGHT_ONLY_BLOCK_M[count]:
+    dual = problem.op == DUAL_WEIGHT_ONLY_OP
+    rows = WEIGHT_ONLY_BLOCK_M[count][: -1 if dual else None]  # a dual holds two accumulators
+    if config.BLOCK_M not in rows:
         return (
-            f"{WEIGHT_ONLY} with {count} warp groups takes BLOCK_M in {WEIGHT_ONLY_BLOCK_M[count]} "
-            f"(wgmma's N; each warp group holds a 64 x BLOCK_M accumulator), not {config.BLOCK_M}"
+            f"{WEIGHT_ONLY} with {count} warp groups takes BLOCK_M in {rows} (wgmma's N; each warp "
+            f"group holds {'two' if dual else 'a'} 64 x BLOCK_M accumulator{'s' if dual else ''}), "
+            f"not {config.BLOCK_M}"
         )
     if config.BLOCK_K not in (64, 128):
         return f"{WEIGHT_ONLY} takes BLOCK_K 64 or 128, not {config.BLOCK_K}"
@@ -316,16 +320,23 @@ def _layout(block: tuple[int, int], dtype: torch.dtype) -> object:
 
 
 def descriptors(
-    problem: Problem, config: Config, a: torch.Tensor, b: torch.Tensor, outs: tuple[torch.Tensor, ...]
+    problem: Problem,
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    outs: tuple[torch.Tensor, ...],
+    b2: torch.Tensor | None = None,
 ) -> tuple[Described, ...] | None:
-    """Gluon tensor descriptors of A, B (each as stored: a column-major operand is described
-    transposed) and the staged outputs, or None where TMA cannot address these tensors."""
+    """Gluon tensor descriptors of A, B (and a dual GEMM's B2, strided as B; each as stored: a
+    column-major operand is described transposed) and the staged outputs, or None where TMA
+    cannot address these tensors."""
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     a_row, b_row = problem.layout_a == "row", problem.layout_b == "row"
     staged = staged_outputs(problem, config)
+    weights = (b,) if b2 is None else (b, b2)
     if not (
         tma_readable(a if a_row else a.t())
-        and tma_readable(b if b_row else b.t())
+        and all(tma_readable(w if b_row else w.t()) for w in weights)
         and all(tma_readable(outs[i]) for i in staged)
     ):
         return None
@@ -338,6 +349,11 @@ def descriptors(
     return (
         Described("a_desc", "a_ptr", not a_row, a_block, _layout(a_block, a.dtype)),
         Described("b_desc", "b_ptr", not b_row, b_block, _layout(b_block, b.dtype)),
+        *(
+            ()
+            if b2 is None
+            else (Described("b2_desc", "b2_ptr", not b_row, b_block, _layout(b_block, b.dtype)),)
+        ),
         *(
             Described(f"out{i}_desc", f"out{i}_ptr", False, (bm, bn), _layout((bm, bn), outs[i].dtype))
             for i in staged
@@ -370,13 +386,14 @@ def bind(
             f"the {config.variant} variant needs an sm_90 GPU (wgmma); {a.device} is sm_{cc[0]}{cc[1]}"
         )
     m, n = int(args["M"]), int(args["N"])  # type: ignore[call-overload]
-    described = descriptors(problem, config, a, b, outs)
+    b2 = args.get("b2_ptr")  # a dual GEMM's second weight
+    described = descriptors(problem, config, a, b, outs, b2)  # type: ignore[arg-type]
     if described is None:
         raise ValueError(
             f"the {config.variant} variant reads A and B (and writes staged outputs) through TMA: "
             "they need a unit inner stride and 16-byte aligned rows and addresses"
         )
-    tensors = {"a_ptr": a, "b_ptr": b, **{f"out{i}_ptr": outs[i] for i in range(len(outs))}}
+    tensors = {"a_ptr": a, "b_ptr": b, "b2_ptr": b2, **{f"out{i}_ptr": outs[i] for i in range(len(outs))}}
     tiles = triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N)
     sms = sm_count(a.device)
     grid = (min(sms, tiles),)

@@ -72,7 +72,7 @@ def weight_error(problem: Problem, config: Config) -> str | None:
     """What an fp8 B asks of a config: a Triton loop or the Gluon weight-only kernel (the other
     Gluon variants read one dtype), TMA rows 16-byte aligned in fp8."""
     s = problem.shape
-    if config.variant in matmul_sm90.VARIANTS and config.variant != matmul_sm90.WEIGHT_ONLY:
+    if config.variant in matmul_sm90.SAME_DTYPE_VARIANTS:
         return (
             f"the {config.variant} variant reads A and B of one dtype; weight-only runs on the Triton "
             f"loops and {matmul_sm90.WEIGHT_ONLY}"

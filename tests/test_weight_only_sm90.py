@@ -22,13 +22,14 @@ import sympy
 import torch
 from test_cooperative import H100
 from test_matmul_sm90 import checked_kernel, compile_cases
-from test_weight_only import FP8, WIDE, tensors
+from test_weight_only import FP8, WIDE, swiglu_of_scaled, tensors, weight
 
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.templates import matmul, matmul_sm90
 from epilab.templates.dual_weight_only import KIND as DUAL_KIND
+from epilab.templates.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.verify import checked_launch
@@ -76,17 +77,32 @@ def test_what_the_weight_only_kernel_takes_and_refuses():
 def test_other_kinds_refuse_it_and_only_it_takes_block_n_192():
     bf16 = Spec(2048, 4096, 4096).problem()
     assert "weight-only problems" in _error(bf16, TWO)
-    dual = Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2").problem()
-    assert dual.template == DUAL_KIND.name and "weight-only problems" in _error(dual, TWO)
     p = LLAMA_GATE.problem()
     for variant in ("default", "tma", "tma_persistent"):
         config = dataclasses.replace(THREE, variant=variant)
         assert "BLOCK_N=192 is not a power of two" in _error(p, config), variant
 
 
-def test_the_weight_only_kind_searches_it_and_the_others_do_not():
+def test_a_dual_holds_two_accumulators_a_warp_group():
+    """The gated MLP's gate and up projections in one kernel: each warp group converts a slice
+    of both weights a K step and holds two 64 x BLOCK_M accumulators, so BLOCK_M is one step
+    smaller than a single GEMM's."""
+    dual = Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2").problem()
+    assert dual.template == DUAL_KIND.name
+    assert _error(dual, dataclasses.replace(TWO, BLOCK_M=128)) is None
+    assert "BLOCK_M in (64, 128)" in _error(dual, TWO) and "two 64 x BLOCK_M" in _error(dual, TWO)
+    assert _error(dual, dataclasses.replace(THREE, BLOCK_M=64)) is None
+    assert "BLOCK_M in (64,)" in _error(dual, THREE)
+    assert W in DUAL_KIND.space["variant"] and 192 in DUAL_KIND.space["BLOCK_N"]
+    for seed in (c for c in DUAL_KIND.seeds if c.variant == W):
+        assert _error(dual, seed) is None, seed.short()
+    # B and B2 each in slices of 64 weight rows a stage
+    assert DUAL_KIND.smem_bytes(dual, TWO) == 3 * (256 * 64 * 2 + 2 * 128 * 64)
+
+
+def test_the_weight_only_kinds_search_it_and_the_others_do_not():
     assert W in KIND.space["variant"] and 192 in KIND.space["BLOCK_N"]
-    assert W not in matmul.KIND.space["variant"] and W not in DUAL_KIND.space["variant"]
+    assert W not in matmul.KIND.space["variant"]
     # the Gluon variants that read one dtype are not drawn for an fp8 weight
     assert set(KIND.space["variant"]) == {*matmul.TRITON_VARIANTS, W}
     assert not matmul.KIND.applies("SWAP_AB", {"variant": W})
@@ -109,6 +125,11 @@ COMPILED = [  # (what, spec, config): Llama-3-8B's projections at prefill
     ("two groups, e4m3, bf16", LLAMA_GATE, TWO),
     ("three groups, e4m3, bf16", Spec(2048, 6144, 4096, weight="float8_e4m3fn"), THREE),
     (
+        "dual, two groups, silu(acc) * acc2",
+        Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2"),
+        Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant=W),
+    ),
+    (
         "BLOCK_K 128, e5m2, fp16, gelu + residual",
         Spec(2048, 4096, 14336, dtype="float16", weight="float8_e5m2", epilogue="gelu(acc) + residual"),
         Config(128, 128, 128, 8, num_warps=4, num_stages=3, variant=W),
@@ -119,13 +140,17 @@ COMPILED = [  # (what, spec, config): Llama-3-8B's projections at prefill
 def test_compiles_for_sm90_with_the_weight_in_registers():
     """Compiled for sm_90a: no spills, TMA loads, and every wgmma of each warp group's K loop
     reads the converted weight from registers (the loop unrolled by 2: two slices in turn)."""
-    for (what, _, config), answer in zip(COMPILED, compile_cases(COMPILED), strict=True):
+    for (what, spec, config), answer in zip(COMPILED, compile_cases(COMPILED), strict=True):
         kernel = checked_kernel(answer, what, config)
         loops = kernel["loops"]
         assert len(loops) == config.BLOCK_N // 64, (what, len(loops))  # one a warp group
         for loop in loops:
             mmas = loop["opcodes"]["HGMMA"]
-            assert mmas == 2 * config.BLOCK_K // 16 and loop["register_a_mmas"] == mmas, (what, loop)
+            weights = 2 if "acc2" in spec.epilogue else 1
+            assert mmas == 2 * weights * config.BLOCK_K // 16 and loop["register_a_mmas"] == mmas, (
+                what,
+                loop,
+            )
 
 
 # ------------------------------------------------------------------ GPU
@@ -161,3 +186,22 @@ def test_gpu_matches_float64_and_the_baseline(wide, fp8):
                 (m, n, k),
                 config.short(),
             )
+
+
+@pytest.mark.gpu
+def test_gpu_dual_matches_float64():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon weight-only kernel needs an sm_90 GPU (wgmma)")
+    torch.manual_seed(5)
+    for m, n, k in ((300, 520, 1040), (64, 200, 4096), (1000, 1100, 112)):
+        a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        w1, w3 = weight(n, k, FP8["e4m3"], "cuda"), weight(n, k, FP8["e4m3"], "cuda")
+        scales = [torch.rand(n, device="cuda") / 8 + 0.01 for _ in range(2)]
+        ops_ = {"weight_scale": scales[0], "weight_scale2": scales[1]}
+        problem = make_dual_weight_only_problem(a, w1.t(), w3.t(), swiglu_of_scaled(), ops_)
+        for config in (
+            Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant=W),
+            Config(64, 192, 64, 8, num_warps=4, num_stages=4, variant=W),
+            Config(64, 128, 128, 1, num_warps=4, num_stages=2, variant=W),
+        ):
+            checked_launch(problem, config, a, w1.t(), {"b2": w3.t(), **ops_})
