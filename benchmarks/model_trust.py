@@ -4,7 +4,7 @@
 
 The first run tunes, checks each template in context and measures; the second finds every
 problem served, checks and measures again. Agreement: of the verdicts the first run called
-decided ("faster" or "not faster": its interval cleared the margin), the share the second
+decided ("faster", alone or together, or "not faster": its interval cleared the margin), the share the second
 run decided the same way; of the speedups it called significant, the share the second run
 called significant in the same direction. ``--profile`` lists each variant's kernels (per
 call, torch.profiler) for the decode MLP: what the model runs with the dual GEMV and without.
@@ -37,7 +37,7 @@ from epilab.tuner.model import ModelOptions, ModelReport, tune_model
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner
 
-DECIDED = ("faster", "not faster")
+DECIDED = ("faster", "not faster", "faster together")
 
 
 class QwenMlp(nn.Module):

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-# how a check in context ended (tuner/model.py; only "faster" keeps the template)
-VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor")
+# how a check in context ended (tuner/model.py; "faster", alone or with the other hopeful
+# templates, keeps the template)
+VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor", "faster together")
 
 
 INDUCTOR_MODES = ("default", "max-autotune")  # what a verdict's aten alternative was compiled with
@@ -160,10 +161,13 @@ class Verdict:
             mode += f", Inductor {self.inductor_mode}"
         if self.training:
             mode = f"a training step, {mode}"
-        text = (
-            f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms with the template, "
-            f"{self.without_ms:.4g} ms without"
+        with_ = (
+            "with the template and the other hopeful ones"
+            if self.outcome == "faster together"
+            else "with the template"
         )
+        text = f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms {with_}, "
+        text += f"{self.without_ms:.4g} ms without"
         if self.ratio_low is not None and self.ratio_high is not None:
             text += f" (speedup [{self.ratio_low:.3f}, {self.ratio_high:.3f}] over {self.rounds} rounds)"
         return text

@@ -404,6 +404,46 @@ def test_an_undecided_verdict_keeps_the_aten_op_and_says_so(tmp_path):
     assert all(d.template is None and "no significant difference" in d.reason for d in decisions)
 
 
+@pytest.mark.parametrize("together_ms", [1.05, 1.0])
+def test_hopeful_templates_are_kept_together_only_where_the_model_is_faster_with_them(together_ms, tmp_path):
+    # each template alone: the model without it is 1% slower or 4% slower, round by round
+    # (undecided at the 1% margin, faster at the median); without both: ``together_ms``
+    torch.manual_seed(0)
+    db_path = str(tmp_path / "t.db")
+    model, x = Block().eval(), torch.randn(2, 5, 16)
+    _, problems = _problems(db_path, model, x)
+    _record_wins(db_path, problems)
+    counts: dict[str, int] = {}
+
+    def timer(name, fn):
+        counts[name] = counts.get(name, 0) + 1
+        ms = {"epilab": 1.0, "inductor": 1.1, "epilab kept": together_ms}.get(name)
+        if ms is None:  # "without <key>"
+            ms = 0.99 if counts[name] % 2 else 1.04
+        return Measured(ms, ms, ms, 1, "fake")
+
+    options = ModelOptions(rounds=6, max_rounds=6, measure=False)
+    with TuningDB.open(db_path) as db:
+        with Tuner(db, TuneOptions(interpret=True, jobs=0, baselines=())) as tuner:
+            report = tune_model(model, x, db=db, tuner=tuner, options=options, timer=timer, progress=False)
+        stored = [db.verdict(p.key, INTERPRETER_DEVICE, tuner.versions, cuda_graphs=False) for p in problems]
+    assert len(report.verdicts) == 2 and counts["epilab kept"] == 6
+    decisions, _ = _problems(db_path, model, x)
+    if together_ms > 1.0:  # 5% faster with both: kept as a group, against Inductor too
+        assert [v["outcome"] for v in report.verdicts] == ["faster together"] * 2
+        assert all(v["keep"] and v["ratio"]["low"] == pytest.approx(1.05) for v in report.verdicts)
+        assert all(v is not None and v.keep and v.outcome == "faster together" for v in stored)
+        assert counts["inductor"] == 6
+        assert all(
+            d.template and "with the template and the other hopeful ones" in d.reason for d in decisions
+        )
+    else:  # no faster with both: each stays undecided, and says what the group did
+        assert all(not v["keep"] and v["outcome"] == "undecided" for v in report.verdicts)
+        assert all("the hopeful templates together: not faster" in v["why"] for v in report.verdicts)
+        assert "inductor" not in counts
+        assert all(d.template is None for d in decisions)
+
+
 def test_no_speedup_is_claimed_where_epilab_keeps_no_template(tmp_path):
     # nothing recorded: epilab compiles Inductor's graph; a (noise) ratio of 1.2 is not a speedup
     model, x = Block().eval(), torch.randn(2, 5, 16)

@@ -28,9 +28,13 @@ inference's only at inference.
    (``tuner/interleave.py``). A problem keeps its template only where the model is faster
    with it by ``margin`` at ``confidence`` (``tuner/significance.py``: the sign-test
    interval of the rounds' ratios without/with; rounds are added until it decides, up to
-   ``max_rounds``, else "undecided" and the aten op is kept); then the model with the kept
-   templates is timed against plain Inductor of that mode by the same rule, and unless it
-   is faster every template of the model is rejected. Each verdict is stored (problem,
+   ``max_rounds``, else "undecided" and the aten op is kept). Where two or more are
+   undecided with the model faster with them at the median round ("hopeful": gains of 1-2%
+   each, which no single comparison resolves in the budget), the model with the kept and all
+   hopeful templates is timed against the model with the kept ones alone by the same rule,
+   and where it is faster the hopeful ones are kept as a group ("faster together"). Then the
+   model with the kept templates is timed against plain Inductor of that mode by the same
+   rule, and unless it is faster every template of the model is rejected. Each verdict is stored (problem,
    device, versions, CUDA-graph and Inductor mode, both times, the interval, the rounds,
    the outcome, the model's label); later
    compiles in that mode follow it without measuring. An isolated kernel timing cannot
@@ -805,7 +809,9 @@ def rule_text(options: ModelOptions) -> str:
     return (
         f"rule: a template is kept where the model is faster with it by at least {options.margin:.0%} "
         f"at {options.confidence:.0%} confidence (the paired rounds' sign-test interval of the ratio "
-        f"without/with lies at or above {1 + options.margin:g}), and only while the model with its "
+        f"without/with lies at or above {1 + options.margin:g}), or, two or more undecided alone "
+        "but each faster at the median round, where the model is faster with them together by "
+        "the same rule; and only while the model with its "
         f"kept templates beats Inductor by the same rule; rounds are looked at after "
         f"{', '.join(map(str, schedule))} (each look at {held:.2%}, Bonferroni), and a comparison "
         "still straddling the margin after the last is undecided: Inductor is kept. A speedup is "
@@ -869,16 +875,26 @@ def _check_round(
     own = {key: Comparison(ours=with_all, theirs=v, key=key) for key, v in without.items()}
     _compare(list(own.values()), options, timer)
     kept = [k for k, c in own.items() if c.outcome == sig.FASTER]
+
+    variants: dict[frozenset[str], Variant] = {}
+
+    def keeping(name: str, *keys: str) -> Variant:
+        """The model with this round's templates ``keys`` (and earlier rounds' kept)."""
+        dropped = frozenset(k for k in chosen if k not in keys)
+        if not dropped:
+            return with_all
+        if dropped not in variants:
+            variants[dropped] = compiled(
+                name, _epilab(store, mode, verdicts=False, exclude=[*rejected, *dropped])
+            )
+        return variants[dropped]
+
+    together = _check_together(own, kept, keeping, options, timer, say, mode)
+    if together is not None and together.outcome == sig.FASTER:
+        kept = [*kept, *(k for k in own if k not in kept and _hopeful(own[k]))]
     against: Comparison | None = None
     if kept:
-        final = with_all
-        if len(kept) < len(chosen):
-            final = compiled(
-                "epilab kept",
-                _epilab(
-                    store, mode, verdicts=False, exclude=[*rejected, *(k for k in chosen if k not in kept)]
-                ),
-            )
+        final = keeping("epilab kept", *kept)
         inductor = compiled("inductor", _inductor(mode))
         say(f"{mode}: timing the model with its {len(kept)} kept template(s) against Inductor")
         against = Comparison(ours=final, theirs=inductor, key="inductor")
@@ -887,6 +903,11 @@ def _check_round(
         problem = Problem.from_json(store.problem_json(key)[1])  # type: ignore[index]
         c, ok = own[key], key in kept
         outcome, why = c.outcome, _why(c)
+        if together is not None and _hopeful(c):
+            if ok:  # kept with the group: its comparison is the group's
+                c, outcome, why = together, FASTER_TOGETHER, "faster with it and the other hopeful templates"
+            else:
+                why += f"; the hopeful templates together: {together.outcome}"
         if ok and against is not None and against.outcome != sig.FASTER:
             ok, c, outcome = False, against, "slower than inductor"
             why = "the model with its kept templates was not faster than Inductor"
@@ -926,6 +947,37 @@ def _check_round(
             }
         )
     return True
+
+
+FASTER_TOGETHER = "faster together"  # kept by the group check (``_check_together``)
+
+
+def _hopeful(c: Comparison) -> bool:
+    """Undecided alone, with the model faster with the template at the median round."""
+    return c.outcome == sig.UNDECIDED and c.interval is not None and c.interval.estimate > 1.0
+
+
+def _check_together(
+    own: dict[str, Comparison],
+    kept: list[str],
+    keeping: Callable[..., Variant],
+    options: ModelOptions,
+    timer: Timer,
+    say: Callable[[str], None],
+    mode: str,
+) -> Comparison | None:
+    """The model with the kept templates and every hopeful one (``_hopeful``) against the model
+    with the kept ones alone, by the same rule; None where fewer than two are hopeful (one
+    alone was just compared). Gains of 1-2% each, which no single comparison resolves within
+    the rounds' budget, add up to one that can be; the group is kept or dropped as a whole."""
+    hopeful = [k for k, c in own.items() if k not in kept and _hopeful(c)]
+    if len(hopeful) < 2:
+        return None
+    say(f"{mode}: timing the model with {len(hopeful)} hopeful template(s) together and without them")
+    with_them, without = keeping("epilab hopeful", *kept, *hopeful), keeping("epilab kept", *kept)
+    together = Comparison(ours=with_them, theirs=without, key="together")
+    _compare([together], options, timer)
+    return together
 
 
 def _why(c: Comparison) -> str:
