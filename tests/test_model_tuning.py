@@ -376,14 +376,25 @@ def test_gpu_tune_model_tunes_checks_and_times_a_training_step(tmp_path):
         assert (got - want).norm() <= 2e-2 * want.norm()
 
 
-def test_an_undecided_verdict_keeps_the_aten_op_and_says_so(tmp_path):
-    # the model with and without each template alternate in which is faster: the interval
-    # straddles the margin at every look, the budget ends, Inductor is kept ("undecided")
+def _check_block(tmp_path, timer, options: ModelOptions) -> tuple:
+    """A Block whose two problems' templates win alone, checked in context with ``timer``:
+    (the report, the stored verdicts, the decisions of a compile after)."""
     torch.manual_seed(0)
     db_path = str(tmp_path / "t.db")
     model, x = Block().eval(), torch.randn(2, 5, 16)
     _, problems = _problems(db_path, model, x)
     _record_wins(db_path, problems)
+    with TuningDB.open(db_path) as db:
+        with Tuner(db, TuneOptions(interpret=True, jobs=0, baselines=())) as tuner:
+            report = tune_model(model, x, db=db, tuner=tuner, options=options, timer=timer, progress=False)
+        stored = [db.verdict(p.key, INTERPRETER_DEVICE, tuner.versions, cuda_graphs=False) for p in problems]
+    decisions, _ = _problems(db_path, model, x)
+    return report, stored, decisions
+
+
+def test_an_undecided_verdict_keeps_the_aten_op_and_says_so(tmp_path):
+    # the model with and without each template alternate in which is faster: the interval
+    # straddles the margin at every look, the budget ends, Inductor is kept ("undecided")
     calls = {"n": 0}
 
     def timer(name, fn):
@@ -391,16 +402,13 @@ def test_an_undecided_verdict_keeps_the_aten_op_and_says_so(tmp_path):
         ms = 1.0 if name == "epilab" or name == "inductor" else (0.95 if calls["n"] % 2 else 1.05)
         return Measured(ms, ms, ms, 1, "fake")
 
-    options = ModelOptions(rounds=6, max_rounds=12, measure=False)
-    with TuningDB.open(db_path) as db:
-        with Tuner(db, TuneOptions(interpret=True, jobs=0, baselines=())) as tuner:
-            report = tune_model(model, x, db=db, tuner=tuner, options=options, timer=timer, progress=False)
-        stored = [db.verdict(p.key, INTERPRETER_DEVICE, tuner.versions, cuda_graphs=False) for p in problems]
+    report, stored, decisions = _check_block(
+        tmp_path, timer, ModelOptions(rounds=6, max_rounds=12, measure=False)
+    )
     assert [v["outcome"] for v in report.verdicts] == ["undecided", "undecided"]
     assert all(not v["keep"] and v["rounds"] == 12 for v in report.verdicts)
     assert all(v is not None and v.outcome == "undecided" and v.rounds == 12 for v in stored)
     assert "| undecided |" in report.table() and "rule: a template is kept" in report.table()
-    decisions, _ = _problems(db_path, model, x)
     assert all(d.template is None and "no significant difference" in d.reason for d in decisions)
 
 
@@ -408,11 +416,6 @@ def test_an_undecided_verdict_keeps_the_aten_op_and_says_so(tmp_path):
 def test_hopeful_templates_are_kept_together_only_where_the_model_is_faster_with_them(together_ms, tmp_path):
     # each template alone: the model without it is 1% slower or 4% slower, round by round
     # (undecided at the 1% margin, faster at the median); without both: ``together_ms``
-    torch.manual_seed(0)
-    db_path = str(tmp_path / "t.db")
-    model, x = Block().eval(), torch.randn(2, 5, 16)
-    _, problems = _problems(db_path, model, x)
-    _record_wins(db_path, problems)
     counts: dict[str, int] = {}
 
     def timer(name, fn):
@@ -422,13 +425,10 @@ def test_hopeful_templates_are_kept_together_only_where_the_model_is_faster_with
             ms = 0.99 if counts[name] % 2 else 1.04
         return Measured(ms, ms, ms, 1, "fake")
 
-    options = ModelOptions(rounds=6, max_rounds=6, measure=False)
-    with TuningDB.open(db_path) as db:
-        with Tuner(db, TuneOptions(interpret=True, jobs=0, baselines=())) as tuner:
-            report = tune_model(model, x, db=db, tuner=tuner, options=options, timer=timer, progress=False)
-        stored = [db.verdict(p.key, INTERPRETER_DEVICE, tuner.versions, cuda_graphs=False) for p in problems]
+    report, stored, decisions = _check_block(
+        tmp_path, timer, ModelOptions(rounds=6, max_rounds=6, measure=False)
+    )
     assert len(report.verdicts) == 2 and counts["epilab kept"] == 6
-    decisions, _ = _problems(db_path, model, x)
     if together_ms > 1.0:  # 5% faster with both: kept as a group, against Inductor too
         assert [v["outcome"] for v in report.verdicts] == ["faster together"] * 2
         assert all(v["keep"] and v["ratio"]["low"] == pytest.approx(1.05) for v in report.verdicts)

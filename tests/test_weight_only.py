@@ -566,18 +566,23 @@ def test_gpu_every_loop_matches_float64_and_the_baseline(variant, layout_b):
         assert rel_error(out, base.to(out.dtype)) <= 2 * tolerance("bfloat16", "ieee", "bfloat16")
 
 
+def dual_swiglu(m: int, n: int, k: int) -> tuple:
+    """A gated MLP's gate and up on the GPU: bf16 activations, two e4m3 weights with their
+    scales, ``silu(gate) * up``: (problem, a, w1, w3, operands)."""
+    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    w1, w3 = weight(n, k, FP8["e4m3"], "cuda"), weight(n, k, FP8["e4m3"], "cuda")
+    scales = [torch.rand(n, device="cuda") / 8 + 0.01 for _ in range(2)]
+    ops_ = {"weight_scale": scales[0], "weight_scale2": scales[1]}
+    return make_dual_weight_only_problem(a, w1.t(), w3.t(), swiglu_of_scaled(), ops_), a, w1, w3, ops_
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", TRITON_VARIANTS)
 def test_gpu_dual_weight_only_every_loop(variant):
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 weights need compute capability 8.9 or newer")
-    m, n, k = 300, 520, 1040
     torch.manual_seed(2)
-    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    w1, w3 = weight(n, k, FP8["e4m3"], "cuda"), weight(n, k, FP8["e4m3"], "cuda")
-    scales = [torch.rand(n, device="cuda") / 8 + 0.01 for _ in range(2)]
-    ops_ = {"weight_scale": scales[0], "weight_scale2": scales[1]}
-    problem = make_dual_weight_only_problem(a, w1.t(), w3.t(), swiglu_of_scaled(), ops_)
+    problem, a, w1, w3, ops_ = dual_swiglu(300, 520, 1040)
     for config in (
         Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant=variant),
         Config(16, 64, 256, 1, num_warps=4, num_stages=4, variant=variant),

@@ -22,14 +22,13 @@ import sympy
 import torch
 from test_cooperative import H100
 from test_matmul_sm90 import checked_kernel, compile_cases
-from test_weight_only import FP8, WIDE, swiglu_of_scaled, tensors, weight
+from test_weight_only import FP8, WIDE, dual_swiglu, tensors
 
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.templates import matmul, matmul_sm90
 from epilab.templates.dual_weight_only import KIND as DUAL_KIND
-from epilab.templates.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.verify import checked_launch
@@ -194,11 +193,7 @@ def test_gpu_dual_matches_float64():
         pytest.skip("the Gluon weight-only kernel needs an sm_90 GPU (wgmma)")
     torch.manual_seed(5)
     for m, n, k in ((300, 520, 1040), (64, 200, 4096), (1000, 1100, 112)):
-        a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        w1, w3 = weight(n, k, FP8["e4m3"], "cuda"), weight(n, k, FP8["e4m3"], "cuda")
-        scales = [torch.rand(n, device="cuda") / 8 + 0.01 for _ in range(2)]
-        ops_ = {"weight_scale": scales[0], "weight_scale2": scales[1]}
-        problem = make_dual_weight_only_problem(a, w1.t(), w3.t(), swiglu_of_scaled(), ops_)
+        problem, a, w1, w3, ops_ = dual_swiglu(m, n, k)
         for config in (
             Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant=W),
             Config(64, 192, 64, 8, num_warps=4, num_stages=4, variant=W),

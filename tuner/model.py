@@ -907,7 +907,9 @@ def _check_round(
             if ok:  # kept with the group: its comparison is the group's
                 c, outcome, why = together, FASTER_TOGETHER, "faster with it and the other hopeful templates"
             else:
-                why += f"; the hopeful templates together: {together.outcome}"
+                assert together.interval is not None
+                group = f"{together.outcome} {_ratio_text(together.interval.to_dict())}"
+                why += f"; the hopeful templates together: {group} ({together.rounds} rounds)"
         if ok and against is not None and against.outcome != sig.FASTER:
             ok, c, outcome = False, against, "slower than inductor"
             why = "the model with its kept templates was not faster than Inductor"
