@@ -33,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from zoo.quantized import Fp8Linear
 
 from epilab.db import TuningDB
+from epilab.db.values import FASTER_TOGETHER
 from epilab.tuner.model import ModelOptions, ModelReport, tune_model
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner
 
-DECIDED = ("faster", "not faster", "faster together")
+DECIDED = ("faster", "not faster", FASTER_TOGETHER)
 
 
 class QwenMlp(nn.Module):

@@ -10,7 +10,8 @@ from typing import Any, Protocol
 
 # how a check in context ended (tuner/model.py; "faster", alone or with the other hopeful
 # templates, keeps the template)
-VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor", "faster together")
+FASTER_TOGETHER = "faster together"  # kept with the other hopeful templates (tuner/model.py)
+VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor", FASTER_TOGETHER)
 
 
 INDUCTOR_MODES = ("default", "max-autotune")  # what a verdict's aten alternative was compiled with
@@ -163,7 +164,7 @@ class Verdict:
             mode = f"a training step, {mode}"
         with_ = (
             "with the template and the other hopeful ones"
-            if self.outcome == "faster together"
+            if self.outcome == FASTER_TOGETHER
             else "with the template"
         )
         text = f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms {with_}, "

@@ -84,6 +84,7 @@ import torch
 
 from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.db.models import KIND_LIBRARIES
+from epilab.db.values import FASTER_TOGETHER
 from epilab.ir.problem import Problem, identity_key_of
 from epilab.tables import markdown
 from epilab.tuner import significance as sig
@@ -889,9 +890,10 @@ def _check_round(
             )
         return variants[dropped]
 
-    together = _check_together(own, kept, keeping, options, timer, say, mode)
+    hopeful = [k for k, c in own.items() if _hopeful(c)]
+    together = _check_together(hopeful, kept, keeping, options, timer, say, mode)
     if together is not None and together.outcome == sig.FASTER:
-        kept = [*kept, *(k for k in own if k not in kept and _hopeful(own[k]))]
+        kept = [*kept, *hopeful]
     against: Comparison | None = None
     if kept:
         final = keeping("epilab kept", *kept)
@@ -903,7 +905,7 @@ def _check_round(
         problem = Problem.from_json(store.problem_json(key)[1])  # type: ignore[index]
         c, ok = own[key], key in kept
         outcome, why = c.outcome, _why(c)
-        if together is not None and _hopeful(c):
+        if together is not None and key in hopeful:
             if ok:  # kept with the group: its comparison is the group's
                 c, outcome, why = together, FASTER_TOGETHER, "faster with it and the other hopeful templates"
             else:
@@ -951,16 +953,13 @@ def _check_round(
     return True
 
 
-FASTER_TOGETHER = "faster together"  # kept by the group check (``_check_together``)
-
-
 def _hopeful(c: Comparison) -> bool:
     """Undecided alone, with the model faster with the template at the median round."""
     return c.outcome == sig.UNDECIDED and c.interval is not None and c.interval.estimate > 1.0
 
 
 def _check_together(
-    own: dict[str, Comparison],
+    hopeful: list[str],
     kept: list[str],
     keeping: Callable[..., Variant],
     options: ModelOptions,
@@ -968,11 +967,10 @@ def _check_together(
     say: Callable[[str], None],
     mode: str,
 ) -> Comparison | None:
-    """The model with the kept templates and every hopeful one (``_hopeful``) against the model
-    with the kept ones alone, by the same rule; None where fewer than two are hopeful (one
+    """The model with the kept templates and every ``hopeful`` one (``_hopeful``) against the
+    model with the kept ones alone, by the same rule; None where fewer than two are hopeful (one
     alone was just compared). Gains of 1-2% each, which no single comparison resolves within
     the rounds' budget, add up to one that can be; the group is kept or dropped as a whole."""
-    hopeful = [k for k, c in own.items() if k not in kept and _hopeful(c)]
     if len(hopeful) < 2:
         return None
     say(f"{mode}: timing the model with {len(hopeful)} hopeful template(s) together and without them")
