@@ -13,11 +13,12 @@ registers (``sass.Loop.register_a_mmas``).
 
 Method: FLOPs = 2 x MNK (twice for the dual). Each config of ``CONFIGS`` feasible here (and
 the kind's default) is compiled in a process pool with SWAP_AB 0 and 1, and each of
-``GLUON_CONFIGS`` (for the dual those of BLOCK_M 128 at most: two accumulators), checked against the
-float64 reference and timed once (CUDA events, L2 flushed); then the best of each side,
-dequantize + cuBLAS + eager (the kind's baseline: what the unfused graph runs), Inductor
-(torch.compile of that baseline) and cuBLAS on a weight converted to bf16 beforehand are
-timed in ``--rounds`` interleaved rounds: median of the rounds' medians, spread min..max.
+``GLUON_CONFIGS`` (for the dual those of BLOCK_M 128 at most: two accumulators, and the paired
+form's, BLOCK_N 64, in a column of its own), checked against the float64 reference and timed
+once (CUDA events, L2 flushed); then the best of each side, dequantize + cuBLAS + eager (the
+kind's baseline: what the unfused graph runs), Inductor (torch.compile of that baseline) and
+cuBLAS on a weight converted to bf16 beforehand are timed in ``--rounds`` interleaved rounds:
+median of the rounds' medians, spread min..max.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from split_k import sweep
 
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config
 from epilab.templates.kinds import bind, default_config, kind_of
+from epilab.templates.matmul_sm90 import paired
 from epilab.templates.verify import random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible
@@ -58,9 +60,16 @@ GLUON_CONFIGS = [  # the Gluon kernel: 2 warp groups (BLOCK_N 128) or 3 (192) of
     Config(64, 192, 64, 8, num_warps=4, num_stages=6, variant="sm90_weight_only"),
     Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),  # the dual's
     Config(64, 192, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
+    # a dual's paired form (BLOCK_N 64: a warp group a weight, BLOCK_M tokens in two halves)
+    Config(256, 64, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
+    Config(256, 64, 64, 8, num_warps=4, num_stages=3, variant="sm90_weight_only"),
+    Config(256, 64, 128, 8, num_warps=4, num_stages=2, variant="sm90_weight_only"),
+    Config(128, 64, 64, 8, num_warps=4, num_stages=6, variant="sm90_weight_only"),
+    Config(128, 64, 128, 8, num_warps=4, num_stages=3, variant="sm90_weight_only"),
 ]
 SIDES = ("dequantize + cuBLAS + eager", "inductor", "cuBLAS, bf16 weight")
 GLUON = "gluon"
+PAIRED = "gluon paired"  # a dual's paired form (``matmul_sm90.paired``)
 
 
 def run_problem(index: int, spec, problem, configs: list[Config], rounds: int) -> dict:
@@ -72,7 +81,8 @@ def run_problem(index: int, spec, problem, configs: list[Config], rounds: int) -
     for name, pick in (
         ("swap 0", lambda c: c.variant != GLUON_CONFIGS[0].variant and not c.SWAP_AB),
         ("swap 1", lambda c: bool(c.SWAP_AB)),
-        (GLUON, lambda c: c.variant == GLUON_CONFIGS[0].variant),
+        (GLUON, lambda c: c.variant == GLUON_CONFIGS[0].variant and not paired(problem, c)),
+        (PAIRED, lambda c: paired(problem, c)),
     ):
         ok = [r for r in swept if "ms" in r and pick(r["obj"])]
         if ok:
@@ -116,24 +126,24 @@ def main() -> None:
     print(header)
     print(f"bf16 x e4m3 weight-only; ms: median of {args.rounds} interleaved rounds [min-max], CUDA events")
     print(
-        "| problem | weight right ms | weight left (swap) ms | Gluon ms | config (Gluon) | "
+        "| problem | weight right ms | weight left (swap) ms | Gluon ms | config (Gluon) | Gluon paired ms | "
         + " | ".join(f"{s} ms" for s in SIDES)
         + " | best vs dequantize | best vs inductor | TFLOP/s (best) |"
     )
-    print("|---|---:|---:|---:|---|" + "---:|" * (len(SIDES) + 3))
+    print("|---|---:|---:|---:|---|---:|" + "---:|" * (len(SIDES) + 3))
     for r in results:
         t = r["times"]
 
         def cell(name: str, t: dict = t) -> str:
             return f"{t[name]['ms']:.4f}{spread_text(t[name], False)}" if name in t else "-"
 
-        ours = [t[n]["ms"] for n in ("swap 0", "swap 1", GLUON) if n in t]
+        ours = [t[n]["ms"] for n in ("swap 0", "swap 1", GLUON, PAIRED) if n in t]
         best = min(ours) if ours else None
         versus = [f"{t[s]['ms'] / best:.2f}x" if best else "-" for s in SIDES[:2]]
         rate = f"{r['flops'] / best / 1e9:.0f}" if best else "-"
         print(
             f"| {r['problem']} | {cell('swap 0')} | {cell('swap 1')} | {cell(GLUON)} | "
-            f"{r['configs'].get(GLUON, '-')} | {' | '.join(cell(s) for s in SIDES)} | "
+            f"{r['configs'].get(GLUON, '-')} | {cell(PAIRED)} | {' | '.join(cell(s) for s in SIDES)} | "
             f"{' | '.join(versus)} | {rate} |"
         )
 

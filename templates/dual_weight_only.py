@@ -22,7 +22,7 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config, Problem
-from epilab.templates import dual_matmul, matmul, weight_only
+from epilab.templates import dual_matmul, matmul, matmul_sm90, weight_only
 from epilab.templates.dual_matmul import B2, check_b2
 from epilab.templates.matmul import FILES, bind_matmul, make_problem
 from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
@@ -79,9 +79,13 @@ def eager(
 SEEDS = [  # decode tiles first (the two weights' bytes bound it), then the dual's own
     Config(16, 64, 256, 1, num_warps=4, num_stages=4),
     Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
-    # prefill on Hopper: the Gluon kernel (two accumulators a warp group of 64 weight rows: BLOCK_M
-    # 128 at most), then the Triton loops with the weights' converted tiles on the dots' left
-    Config(128, 128, 64, 8, num_warps=4, num_stages=6, variant="sm90_weight_only"),  # H200's best
+    # prefill on Hopper: the Gluon kernel paired (BLOCK_N 64: a warp group a weight, 256 tokens;
+    # H200's best at M = 2048), then with both weights on each warp group (two accumulators:
+    # BLOCK_M 128 at most; its best at M = 128), then the Triton loops with the weights'
+    # converted tiles on the dots' left (RESULTS.md, 2026-11-30 fourth)
+    Config(256, 64, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
+    Config(128, 128, 64, 8, num_warps=4, num_stages=6, variant="sm90_weight_only"),
+    Config(256, 64, 64, 8, num_warps=4, num_stages=3, variant="sm90_weight_only"),
     Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_weight_only"),
     Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
     Config(128, 128, 128, 8, num_warps=8, num_stages=3, variant="tma", SWAP_AB=1),
@@ -109,4 +113,5 @@ KIND = dataclasses.replace(  # the dual's tensors and space, weight-only's main 
     geometry=WeightGeometry,
     problem_error=weight_only.problem_error,
     b_dtype=weight_dtype,
+    exchange_smem=matmul_sm90.exchange_bytes,
 )

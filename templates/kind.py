@@ -83,6 +83,10 @@ def _not_stream_k(config: Config) -> bool:
     return False
 
 
+def _no_exchange(problem: Problem, config: Config) -> int:
+    return 0
+
+
 def _as_written(epilogue: Epilogue) -> tuple[Epilogue, ...]:
     return (epilogue,)
 
@@ -240,6 +244,9 @@ class TemplateKind:
     device_error: Callable[[str, str, bool], str | None] = _any_device
     # copies of each TMA-stored output tile a program stages in shared memory (one per consumer)
     output_staging: Callable[[Config], int] = _one_copy
+    # shared memory a program's warp groups hand accumulators through, in bytes (the paired
+    # dual weight-only kernel's halves: ``matmul_sm90.exchange_bytes``)
+    exchange_smem: Callable[[Problem, Config], int] = _no_exchange
     # whether ``config`` shares K blocks between programs (stream-K: the tuner's own limits)
     stream_k: Callable[[Config], bool] = _not_stream_k
     # -- geometry: what its problems are beyond (batch, m, n, k), and how they are told apart
@@ -272,11 +279,12 @@ class TemplateKind:
 
     def smem_bytes(self, problem: Problem, config: Config) -> int:
         """Shared memory one program of ``config`` takes: its pipeline's A and B stages (a dual
-        GEMM stages two B tiles), and the staging of TMA-stored outputs: the tile outputs (the
-        statistics and the group outputs are stored by pointers, never staged)."""
+        GEMM stages two B tiles), what its warp groups exchange (``exchange_smem``), and the
+        staging of TMA-stored outputs: the tile outputs (the statistics and the group outputs
+        are stored by pointers, never staged)."""
         a_bytes = config.BLOCK_M * config.BLOCK_K * itemsize(problem.dtype)
         b_bytes = self.accumulators * config.BLOCK_K * config.BLOCK_N * itemsize(self.b_dtype(problem))
-        smem = config.num_stages * (a_bytes + b_bytes)
+        smem = config.num_stages * (a_bytes + b_bytes) + self.exchange_smem(problem, config)
         if config.TMA_STORE:  # each output's slice is staged in shared memory for its TMA store
             out_bytes = sum(itemsize(o.dtype) for o in problem.epilogue.outputs if not o.reduce)
             copies = self.output_staging(config)  # the ping-pong's consumers have one each

@@ -12,6 +12,9 @@ are rendered and bound. Three variants of the matmul kinds:
   from registers; a right operand only from shared memory, so the Triton loops write the
   converted tile back there every K step). The next K step's slice is converted while the
   current wgmma runs. Tile outputs only (no statistics, no group outputs), stored by pointers.
+  A dual GEMM of BLOCK_N 64 runs paired (``paired``): the gate's 64 weight rows on one warp
+  group, the up's on the other, each over the tile's BLOCK_M tokens; they swap halves of their
+  accumulators through shared memory before the epilogue.
 - ``sm90_cooperative``: fp8 with exact accumulation (and block scales, ``block_scaled``):
   warp-specialized, a producer warp and BLOCK_M / 64 consumer warp groups (2 or 3), each
   owning 64 rows of the tile (and with TMA_STORE a staging buffer of those rows). Each K
@@ -74,6 +77,7 @@ SUB_M = 64
 # consumers hold BLOCK_M <= 128 (at 256 ptxas asks for 158 registers of the kernel's 128)
 WEIGHT_ONLY_REGS = {2: (232, PRODUCER_REGS, 168), 3: (160, 32, 128)}
 WEIGHT_ONLY_BLOCK_M = {2: (64, 128, 256), 3: (64, 128)}
+PAIR = 2  # a paired dual's warp groups: the gate's and the up's (``paired``)
 COOPERATIVE_REGS = {2: (232, PRODUCER_REGS, 168), 3: (160, 32, 128)}
 COOPERATIVE_BLOCK_K = 128  # one promotion a K block: the interval of cuBLASLt's exact mode
 MAX_TAIL_SPLIT = 8  # ranges of K a tile of the cooperative kernel's last wave is split into, at most
@@ -168,8 +172,27 @@ def last_wave_split(problem: Problem, config: Config, tiles: int, sms: int, k_st
 
 def consumers(config: Config) -> int:
     """The consumer warp groups of the cooperative kernel (BLOCK_M / 64) or the weight-only one
-    (BLOCK_N / 64)."""
-    return (config.BLOCK_N if config.variant == WEIGHT_ONLY else config.BLOCK_M) // SUB_M
+    (BLOCK_N / 64; 2 at BLOCK_N 64, the paired dual's, ``paired``)."""
+    if config.variant == WEIGHT_ONLY:
+        return max(config.BLOCK_N // SUB_M, PAIR)
+    return config.BLOCK_M // SUB_M
+
+
+def paired(problem: Problem, config: Config) -> bool:
+    """Whether the weight-only kernel runs ``problem`` as a paired dual: BLOCK_N 64 columns of a
+    dual GEMM, the gate's weight rows on one warp group and the up's on the other, each holding
+    its BLOCK_M tokens in two halves. Each converted weight element feeds BLOCK_M MACs, as in a
+    single GEMM's 256-row tile, where a warp group that converts both weights' slices holds
+    BLOCK_M 128 at most (twice the conversions a MAC). After the K loop the two swap halves
+    through shared memory (``exchange_bytes``), so each runs the epilogue on half the tokens
+    with both accumulators."""
+    return config.variant == WEIGHT_ONLY and problem.op == DUAL_WEIGHT_ONLY_OP and config.BLOCK_N == SUB_M
+
+
+def exchange_bytes(problem: Problem, config: Config) -> int:
+    """Shared memory a paired dual's warp groups swap their accumulators' halves through: two
+    64 x BLOCK_M / 2 fp32 halves (0 for every other kernel)."""
+    return 2 * SUB_M * (config.BLOCK_M // 2) * 4 if paired(problem, config) else 0
 
 
 def warp_groups(config: Config) -> int:
@@ -188,14 +211,16 @@ def weight_only_error(problem: Problem, config: Config) -> str | None:
             f"{WEIGHT_ONLY} reads A row-major and the fp8 weight K-major (B column-major: a [N, K] "
             f"weight transposed), got {problem.layout_a} and {problem.layout_b}"
         )
-    count = config.BLOCK_N // SUB_M
-    if config.BLOCK_N % SUB_M or count not in WEIGHT_ONLY_REGS:
-        return (
-            f"{WEIGHT_ONLY} takes BLOCK_N 128 or 192 (2 or 3 warp groups of 64 weight rows), "
-            f"not {config.BLOCK_N}"
-        )
+    count = consumers(config)
     dual = problem.op == DUAL_WEIGHT_ONLY_OP
-    rows = WEIGHT_ONLY_BLOCK_M[count][: -1 if dual else None]  # a dual holds two accumulators
+    pair = paired(problem, config)
+    if not pair and (config.BLOCK_N % SUB_M or config.BLOCK_N // SUB_M not in WEIGHT_ONLY_REGS):
+        return (
+            f"{WEIGHT_ONLY} takes BLOCK_N 128 or 192 (2 or 3 warp groups of 64 weight rows)"
+            f"{', or 64 for a dual (a warp group a weight)' if dual else ''}, not {config.BLOCK_N}"
+        )
+    # a dual's warp group holds two 64 x BLOCK_M accumulators, a paired one two halves
+    rows = WEIGHT_ONLY_BLOCK_M[count][: -1 if dual and not pair else None]
     if config.BLOCK_M not in rows:
         return (
             f"{WEIGHT_ONLY} with {count} warp groups takes BLOCK_M in {rows} (wgmma's N; each warp "
@@ -304,6 +329,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
             "consumers": count,
             "consumer_regs": regs[0],
             "producer_regs": regs[1],
+            "paired": paired(problem, config),
         }
     return {
         "tma_outputs": staged_outputs(problem, config),
@@ -413,7 +439,8 @@ def bind(
         "BATCH": 1,
         "NUM_SMS": grid[0],
         "STAGES": config.num_stages,
-        # wgmma's N: the tile's columns, or for the weight-only kernel (C^T) its rows
+        # wgmma's N: the tile's columns, or for the weight-only kernel (C^T) its rows (one
+        # wgmma a K slice: two of half as many, reading one converted slice, ptxas serializes)
         "INSTR_N": config.BLOCK_M if config.variant == WEIGHT_ONLY else min(config.BLOCK_N, 256),
     }
     if config.variant == "sm90_pingpong":

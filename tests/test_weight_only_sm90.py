@@ -99,6 +99,29 @@ def test_a_dual_holds_two_accumulators_a_warp_group():
     assert DUAL_KIND.smem_bytes(dual, TWO) == 3 * (256 * 64 * 2 + 2 * 128 * 64)
 
 
+PAIRED = Config(256, 64, 64, 8, num_warps=4, num_stages=4, variant=W)  # a dual: a warp group a weight
+
+
+def test_a_paired_dual_gives_each_weight_a_warp_group():
+    """BLOCK_N 64 runs a dual as a pair of warp groups, the gate's weight rows on one and the
+    up's on the other, each holding the tile's tokens in two halves (so BLOCK_M 256, as a single
+    GEMM's) and swapping halves through shared memory before the epilogue."""
+    dual = Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2").problem()
+    single = LLAMA_GATE.problem()
+    assert _error(dual, PAIRED) is None and matmul_sm90.paired(dual, PAIRED)
+    assert matmul_sm90.consumers(PAIRED) == 2
+    assert not matmul_sm90.paired(single, PAIRED) and not matmul_sm90.paired(dual, TWO)
+    assert "or 64 for a dual" in _error(dual, dataclasses.replace(PAIRED, BLOCK_N=32))
+    assert "or 64 for a dual" not in _error(single, PAIRED)
+    assert "BLOCK_M in (64, 128, 256)" in _error(dual, dataclasses.replace(PAIRED, BLOCK_M=32))
+    # stages of A's 256 rows and both weights' 64 rows, and the two exchanged fp32 halves
+    assert DUAL_KIND.smem_bytes(dual, PAIRED) == 4 * (256 * 64 * 2 + 2 * 64 * 64) + 2 * 64 * 128 * 4
+    assert matmul_sm90.exchange_bytes(dual, TWO) == 0
+    assert infeasible(dual, PAIRED, H100) is None
+    assert "shared memory" in infeasible(dual, dataclasses.replace(PAIRED, num_stages=5), H100)
+    assert matmul_sm90.render_vars(dual, PAIRED)["paired"]
+
+
 def test_the_weight_only_kinds_search_it_and_the_others_do_not():
     assert W in KIND.space["variant"] and 192 in KIND.space["BLOCK_N"]
     assert W not in matmul.KIND.space["variant"]
@@ -128,6 +151,7 @@ COMPILED = [  # (what, spec, config): Llama-3-8B's projections at prefill
         Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2"),
         Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant=W),
     ),
+    ("paired dual, silu(acc) * acc2", Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2"), PAIRED),
     (
         "BLOCK_K 128, e5m2, fp16, gelu + residual",
         Spec(2048, 4096, 14336, dtype="float16", weight="float8_e5m2", epilogue="gelu(acc) + residual"),
@@ -138,18 +162,27 @@ COMPILED = [  # (what, spec, config): Llama-3-8B's projections at prefill
 
 def test_compiles_for_sm90_with_the_weight_in_registers():
     """Compiled for sm_90a: no spills, TMA loads, and every wgmma of each warp group's K loop
-    reads the converted weight from registers (the loop unrolled by 2: two slices in turn)."""
+    reads the converted weight from registers (the loop unrolled by 2: two slices in turn),
+    none serialized."""
     for (what, spec, config), answer in zip(COMPILED, compile_cases(COMPILED), strict=True):
         kernel = checked_kernel(answer, what, config)
         loops = kernel["loops"]
-        assert len(loops) == config.BLOCK_N // 64, (what, len(loops))  # one a warp group
+        assert len(loops) == matmul_sm90.consumers(config), (what, len(loops))  # one a warp group
         for loop in loops:
             mmas = loop["opcodes"]["HGMMA"]
-            weights = 2 if "acc2" in spec.epilogue else 1
+            # a warp group converts both weights' slices, but a paired one only its own
+            weights = 2 if "acc2" in spec.epilogue and not matmul_sm90.paired(spec.problem(), config) else 1
             assert mmas == 2 * weights * config.BLOCK_K // 16 and loop["register_a_mmas"] == mmas, (
                 what,
                 loop,
             )
+            # not serialized: ptxas puts a wait and an arrive beside every wgmma where it
+            # serializes them (as it did for two wgmmas reading one converted slice). With an
+            # fp16 A it does so for every config ("insufficient register resources", C7512):
+            # a known defect (the slices converted from fp8 to fp16 alone; bf16's go on to
+            # bf16), pinned here so that its fix updates this line
+            serialized = loop["opcodes"]["WARPGROUP"] >= mmas
+            assert serialized == (spec.dtype == "float16"), (what, loop["opcodes"])
 
 
 # ------------------------------------------------------------------ GPU
@@ -198,5 +231,8 @@ def test_gpu_dual_matches_float64():
             Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant=W),
             Config(64, 192, 64, 8, num_warps=4, num_stages=4, variant=W),
             Config(64, 128, 128, 1, num_warps=4, num_stages=2, variant=W),
+            PAIRED,  # the paired form: a warp group a weight, the halves swapped
+            Config(128, 64, 128, 1, num_warps=4, num_stages=3, variant=W),
+            Config(64, 64, 64, 8, num_warps=4, num_stages=2, variant=W),
         ):
             checked_launch(problem, config, a, w1.t(), {"b2": w3.t(), **ops_})
