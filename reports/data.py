@@ -180,6 +180,16 @@ def shape_text(summary: dict[str, Any]) -> str:
     return f"{m}x{n}x{k}" if b == 1 else f"{b}x{m}x{n}x{k}"
 
 
+def _flops(summary: dict[str, Any]) -> int:
+    """2 x BMNK for each of the problem's GEMMs (a dual's two: its kind's accumulators); 0 for
+    a shape not static."""
+    dims = summary["shape"]
+    if not all(isinstance(d, int) for d in dims):
+        return 0
+    kind = KINDS.get(summary["template"])
+    return 2 * math.prod(dims) * (kind.accumulators if kind is not None else 1)
+
+
 def _pick_device(
     snapshot: Snapshot, name: str | None
 ) -> tuple[DeviceInfo | None, list[tuple[DeviceInfo, int]]]:
@@ -242,7 +252,6 @@ def collect(
         summary = snapshot.problems[key]
         if (wanted is not None and key not in wanted) or (op and summary["op"] != op):
             continue
-        dims = summary["shape"]
         p = ProblemReport(
             key=key,
             op=summary["op"],
@@ -251,7 +260,7 @@ def collect(
             layouts=summary["layouts"],
             shape=shape_text(summary),
             epilogue=summary["epilogue"],
-            flops=2 * math.prod(dims) if all(isinstance(d, int) for d in dims) else 0,
+            flops=_flops(summary),
             nbytes=_bytes_moved(trials[key] + bases[key]),
             stale=not is_current(summary["json"]),
         )

@@ -399,6 +399,15 @@ def test_report_in_headless_chromium(db, tmp_path):
     assert detail_shot.returncode == 0
 
 
+def test_a_dual_gemm_counts_both_gemms_flops():
+    """The report's TFLOP/s and roofline count a dual GEMM's two GEMMs (its kind's accumulators)."""
+    shape = [1, 256, 512, 1024]
+    one = report_data._flops({"shape": shape, "template": "matmul"})
+    assert one == 2 * 256 * 512 * 1024
+    assert report_data._flops({"shape": shape, "template": "dual_weight_only_matmul"}) == 2 * one
+    assert report_data._flops({"shape": [1, None, 512, 1024], "template": "matmul"}) == 0
+
+
 def test_conv_problems_are_first_class_in_the_report(db, tmp_path):
     """`--op conv2d` is accepted, and a convolution is labelled in its own terms (as `tune`
     labels it), not by its GEMM view; every op the compiler anchors and every suite's op is

@@ -26,7 +26,7 @@ from epilab.tuner.phases import PHASES
 from epilab.tuner.search import Budget, Outcome, make_study, search
 from epilab.tuner.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
 from epilab.tuner.suites import SUITES, load_shapes
-from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes
+from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes, problem_flops
 from epilab.tuner.worker import Worker
 
 BIG = Spec(4096, 4096, 4096, epilogue="bias_gelu_tanh").problem()
@@ -480,6 +480,18 @@ def test_inputs_match_their_problem(spec):
     a, _, _ = make_inputs(problem, torch.device("cpu"), seed=3)  # raises if they did not match
     assert a.dtype == getattr(torch, spec.dtype) and not torch.equal(a, torch.zeros_like(a))
     assert problem_bytes(problem) >= a.numel() * a.element_size()
+
+
+def test_a_dual_gemm_counts_both_gemms_flops_and_both_weights_bytes():
+    """A dual GEMM (a gated MLP's gate and up) is two GEMMs of one A: its TFLOP/s, roofline and
+    share of a sweep's time count both GEMMs' FLOPs, and its bytes both weights (and their scales)."""
+    for weight in (None, "float8_e4m3fn"):
+        single = Spec(256, 512, 1024, weight=weight).problem()
+        dual = Spec(256, 512, 1024, weight=weight, epilogue="silu(acc) * acc2").problem()
+        assert problem_flops(single) == 2 * 256 * 512 * 1024
+        assert problem_flops(dual) == 2 * problem_flops(single)
+        b2_bytes = 512 * 1024 * (1 if weight else 2) + (512 * 4 if weight else 0)  # fp8: its scales too
+        assert problem_bytes(dual) - problem_bytes(single) == b2_bytes
 
 
 def test_builtin_suites_build_valid_problems():

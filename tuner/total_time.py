@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from epilab.ir.problem import Problem
 from epilab.tuner.roofline import floor_ms
-from epilab.tuner.tune import problem_bytes
+from epilab.tuner.tune import problem_bytes, problem_flops
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*$")
@@ -38,7 +38,7 @@ def parse_duration(text: str) -> float:
 
 def weight(problem: Problem, device_name: str) -> float:
     """A problem's share of the time, before normalising: its floor in ms on the device."""
-    flops, nbytes = problem.shape.flops(), problem_bytes(problem)
+    flops, nbytes = problem_flops(problem), problem_bytes(problem)
     found = floor_ms(flops, nbytes, problem.dtype, device_name)
     return found if found is not None else floor_ms(flops, nbytes, "bfloat16", "H100") or 0.0
 

@@ -173,6 +173,11 @@ def input_bytes(problem: Problem) -> int:
     return itemsize(problem.dtype) * a + itemsize(kind.b_dtype(problem)) * b
 
 
+def problem_flops(problem: Problem) -> int:
+    """The problem's FLOPs: 2 x MNK (times the batch) for each of its GEMMs (a dual's two)."""
+    return problem.shape.flops() * kind_of(problem).accumulators
+
+
 def problem_bytes(problem: Problem) -> int:
     """Fewest bytes a kernel must move: A and B read (as stored: a convolution's input and
     weight, not its im2col matrix), operands read, outputs written."""
@@ -339,7 +344,7 @@ class Tuner:
         phases = Counter() if phases is None else phases
         compiles = CompileStats() if compiles is None else compiles
         problem_json = problem.to_json()
-        flops, nbytes = problem.shape.flops(), problem_bytes(problem)
+        flops, nbytes = problem_flops(problem), problem_bytes(problem)
         compiled = (
             self.pool.compiled(problem_json, [c.to_dict() for c in configs])
             if self.pool
@@ -547,7 +552,7 @@ class Tuner:
             stop=stop,
             good_enough_ms=self.roofline_ms(problem),
         )
-        flops = problem.shape.flops()
+        flops = problem_flops(problem)
         timed = time.monotonic()
         baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))
         phases["baselines"] += time.monotonic() - timed
@@ -593,7 +598,7 @@ class Tuner:
         """A best time that stops the search at the device's roofline (``tuner/roofline.py``)."""
         if self.options.interpret:
             return None
-        flops, nbytes = problem.shape.flops(), problem_bytes(problem)
+        flops, nbytes = problem_flops(problem), problem_bytes(problem)
         return good_enough_ms(flops, nbytes, problem.dtype, self.device.name)
 
     def _recorded(self, problem: Problem, study: str) -> dict[Config, Outcome]:
