@@ -180,12 +180,12 @@ def consumers(config: Config) -> int:
 
 def paired(problem: Problem, config: Config) -> bool:
     """Whether the weight-only kernel runs ``problem`` as a paired dual: BLOCK_N 64 columns of a
-    dual GEMM, the gate's weight rows on one warp group and the up's on the other, each holding
-    its BLOCK_M tokens in two halves. Each converted weight element feeds BLOCK_M MACs, as in a
-    single GEMM's 256-row tile, where a warp group that converts both weights' slices holds
-    BLOCK_M 128 at most (twice the conversions a MAC). After the K loop the two swap halves
-    through shared memory (``exchange_bytes``), so each runs the epilogue on half the tokens
-    with both accumulators."""
+    dual GEMM, the gate's weight rows on one warp group and the up's on the other, each over
+    the tile's BLOCK_M tokens. Each converted weight element feeds BLOCK_M MACs, as in a single
+    GEMM's 256-row tile, where a warp group that converts both weights' slices holds BLOCK_M
+    128 at most (twice the conversions a MAC). After the K loop the two swap halves of their
+    accumulators through shared memory (``exchange_bytes``), so each runs the epilogue on half
+    the tokens with both accumulators."""
     return config.variant == WEIGHT_ONLY and problem.op == DUAL_WEIGHT_ONLY_OP and config.BLOCK_N == SUB_M
 
 
