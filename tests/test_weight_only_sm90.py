@@ -2,11 +2,12 @@
 16-bit A times an fp8 weight, the weight's converted slice wgmma's left operand in registers.
 
 CPU: what it takes and refuses (weight-only problems only, A row-major and the weight K-major,
-2 or 3 warp groups of 64 weight rows, BLOCK_M by warp groups, no SWAP_AB, TMA stores,
-statistics or groups, 16-byte weight rows), BLOCK_N = 192 for this variant only, the search
-spaces (the weight-only kind draws it, the matmul and dual kinds do not), the tuner's
-feasibility (never in the interpreter), and that it compiles for sm_90a without spills with
-every wgmma of its K loops reading the weight from registers (``templates/cross.py``). GPU
+2 or 3 warp groups of 64 weight rows, or a dual's pair, BLOCK_M by warp groups, no SWAP_AB, TMA
+stores, statistics or groups, 16-byte weight rows), BLOCK_N = 192 for this variant only, the
+search spaces (the weight-only kind draws it, the matmul and dual kinds do not), the tuner's
+feasibility (never in the interpreter), and that it (and every Gluon seed of both kinds)
+compiles for sm_90a without spills and without wgmmas serialized by ptxas, every wgmma of its K
+loops reading the weight from registers (``templates/cross.py``). GPU
 (``-m gpu``): ragged shapes (partial tiles, weight rows past N, a partial last K step, an odd
 and an even number of K steps), both fp8 formats, fp16 and bf16 A, an epilogue with the
 weight's scales, a bias, GELU, a residual and a second fp32 output, against float64 and the
@@ -183,6 +184,22 @@ def test_compiles_for_sm90_with_the_weight_in_registers():
             # bf16), pinned here so that its fix updates this line
             serialized = loop["opcodes"]["WARPGROUP"] >= mmas
             assert serialized == (spec.dtype == "float16"), (what, loop["opcodes"])
+
+
+def test_every_gluon_seed_compiles_unserialized_with_a_bf16_a():
+    """The Gluon seeds of both weight-only kinds (the configs a study tries first) compile for
+    sm_90a without spills and with no wgmma serialized by ptxas, on Llama-3-8B's gate shape."""
+    single = LLAMA_GATE
+    dual = Spec(2048, 14336, 4096, weight="float8_e4m3fn", epilogue="silu(acc) * acc2")
+    cases = [
+        (f"{kind.name} seed {c.short()}", spec, c)
+        for kind, spec in ((KIND, single), (DUAL_KIND, dual))
+        for c in kind.seeds
+        if c.variant == W
+    ]
+    for (what, _, config), answer in zip(cases, compile_cases(cases), strict=True):
+        for loop in checked_kernel(answer, what, config)["loops"]:
+            assert loop["opcodes"]["WARPGROUP"] < loop["opcodes"]["HGMMA"], (what, loop["opcodes"])
 
 
 # ------------------------------------------------------------------ GPU
