@@ -39,6 +39,7 @@ from epilab.templates.verify import random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.space import DeviceLimits, infeasible
 from epilab.tuner.suites import suite
+from epilab.tuner.tune import problem_flops
 
 CONFIGS = [  # tiles of the 16-bit loops on Hopper (benchmarks/matmul_hopper.py) and the swapped probe's
     Config(256, 128, 128, 8, num_warps=8, num_stages=3, variant="tma"),
@@ -92,10 +93,9 @@ def run_problem(index: int, spec, problem, configs: list[Config], rounds: int) -
     runs[SIDES[0]] = lambda: eager(a, b, ops)
     runs[SIDES[1]] = lambda: compiled(a, b, ops)
     runs[SIDES[2]] = scaled_mm_alone(problem, a, b, ops)
-    gemms = 2 if problem.op == DUAL_WEIGHT_ONLY_OP else 1
     return {
-        "problem": f"{spec.m}x{spec.n}x{spec.k}" + (" dual" if gemms == 2 else ""),
-        "flops": 2 * gemms * spec.m * spec.n * spec.k,
+        "problem": f"{spec.m}x{spec.n}x{spec.k}" + (" dual" if problem.op == DUAL_WEIGHT_ONLY_OP else ""),
+        "flops": problem_flops(problem),
         "configs": {name: c.short() for name, c in variants.items()},
         "sweep": [{k: v for k, v in r.items() if k != "obj"} for r in swept],
         "times": interleaved(runs, rounds),
