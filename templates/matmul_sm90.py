@@ -189,6 +189,17 @@ def paired(problem: Problem, config: Config) -> bool:
     return config.variant == WEIGHT_ONLY and problem.op == DUAL_WEIGHT_ONLY_OP and config.BLOCK_N == SUB_M
 
 
+def block_loop(problem: Problem) -> bool:
+    """Whether the weight-only consumers run the K-block loop: a wgmma a K block of 16, each
+    block's slice converted while the blocks before it run, one wait a K step. Taken for an
+    fp16 A: the step loop (a whole step's slice converted while the step before runs, two
+    slices in turn) is serialized by ptxas there, every wgmma waited for (C7512), and ran
+    6-8% slower on an H200. For a bf16 A the step loop is not serialized and was as fast or
+    faster (up to 13% at 128x4096x14336 on 64x128x128 tiles: a block's conversion is not
+    hidden under a 64-token wgmma); RESULTS.md, 2026-11-30 (fifth)."""
+    return problem.dtype == "float16"
+
+
 def exchange_bytes(problem: Problem, config: Config) -> int:
     """Shared memory a paired dual's warp groups swap their accumulators' halves through: two
     64 x BLOCK_M / 2 fp32 halves (0 for every other kernel)."""
@@ -330,6 +341,8 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
             "consumer_regs": regs[0],
             "producer_regs": regs[1],
             "paired": paired(problem, config),
+            "block_loop": block_loop(problem),
+            "k_blocks": config.BLOCK_K // 16,  # the block loop's wgmmas a K step (16 deep each)
         }
     return {
         "tma_outputs": staged_outputs(problem, config),

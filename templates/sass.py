@@ -52,6 +52,7 @@ class Loop:
     waits_on_loads: tuple[str, ...]
     load_places: tuple[str, ...] = ()
     register_a_mmas: int = 0  # wgmma whose left operand is in registers (not a shared-memory descriptor)
+    mma_waits: int = 0  # waits for wgmma (WARPGROUP.DEPBAR): one beside each where ptxas serializes them
 
 
 def instructions(sass: str) -> list[Instruction]:
@@ -121,4 +122,5 @@ def _loop(body: list[Instruction]) -> Loop:
             if ins.opcode.startswith("LDG")
         ),
         register_a_mmas=sum(1 for ins in body if ins.is_mma and _REGISTER_A.search(ins.text)),
+        mma_waits=sum(1 for ins in body if ins.text.startswith("WARPGROUP.DEPBAR")),
     )

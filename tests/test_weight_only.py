@@ -566,14 +566,15 @@ def test_gpu_every_loop_matches_float64_and_the_baseline(variant, layout_b):
         assert rel_error(out, base.to(out.dtype)) <= 2 * tolerance("bfloat16", "ieee", "bfloat16")
 
 
-def dual_swiglu(m: int, n: int, k: int) -> tuple:
-    """A gated MLP's gate and up on the GPU: bf16 activations, two e4m3 weights with their
-    scales, ``silu(gate) * up``: (problem, a, w1, w3, operands)."""
-    a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+def dual_swiglu(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """A gated MLP's gate and up on the GPU: 16-bit activations (bf16 unless ``dtype``), two
+    e4m3 weights with their scales, ``silu(gate) * up``: (problem, a, w1, w3, operands)."""
+    a = torch.randn(m, k, dtype=dtype, device="cuda")
     w1, w3 = weight(n, k, FP8["e4m3"], "cuda"), weight(n, k, FP8["e4m3"], "cuda")
     scales = [torch.rand(n, device="cuda") / 8 + 0.01 for _ in range(2)]
     ops_ = {"weight_scale": scales[0], "weight_scale2": scales[1]}
-    return make_dual_weight_only_problem(a, w1.t(), w3.t(), swiglu_of_scaled(), ops_), a, w1, w3, ops_
+    epilogue = swiglu_of_scaled(str(dtype).split(".")[1])
+    return make_dual_weight_only_problem(a, w1.t(), w3.t(), epilogue, ops_), a, w1, w3, ops_
 
 
 @pytest.mark.gpu
