@@ -193,10 +193,11 @@ def block_loop(problem: Problem) -> bool:
     """Whether the weight-only consumers run the K-block loop: a wgmma a K block of 16, each
     block's slice converted while the blocks before it run, one wait a K step. Taken for an
     fp16 A: the step loop (a whole step's slice converted while the step before runs, two
-    slices in turn) is serialized by ptxas there, every wgmma waited for (C7512), and ran
-    6-8% slower on an H200. For a bf16 A the step loop is not serialized and was as fast or
-    faster (up to 13% at 128x4096x14336 on 64x128x128 tiles: a block's conversion is not
-    hidden under a 64-token wgmma); RESULTS.md, 2026-11-30 (fifth)."""
+    slices in turn) is serialized by ptxas there, every wgmma waited for (C7512), and took
+    1.05-1.10x the block loop's time at M = 2048 on an H200. For a bf16 A the step loop is
+    not serialized and was as fast (0.98-1.03x at M = 2048) or faster: the block loop took
+    1.15x its time at 128x4096x14336 on 64x128x128 tiles, a block's conversion not hidden
+    under a 64-token wgmma (RESULTS.md, 2026-11-30 fifth)."""
     return problem.dtype == "float16"
 
 
