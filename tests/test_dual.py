@@ -82,6 +82,23 @@ def test_dual_matmul_shapes_layouts_dtypes_epilogues(layout, dtype, name):
     run_dual(37, 45, 29, layout, DTYPES[dtype], name)
 
 
+def test_an_fp16_swiglu_that_passes_65504_is_verified_with_its_overflow():
+    """Gate times up in fp16 overflows where the float64 value passes 65504 (as a Llama-sized
+    K = 4096 does on random data): the kernel's inf there is what rounding gives, so the check
+    passes (it failed every config before: no such problem could be tuned)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    a, b, b2, _ = _tensors(37, 45, 29, "NT", torch.float16, "swiglu", gen)
+    a = (a.float() * 40).to(torch.float16)
+    ep = _epilogue("swiglu", torch.float16)
+    problem = make_dual_problem(a, b, b2, ep, {})
+    outs = launch(problem, default_config(problem, "cuda" if GPU else "interpreter"), a, b, {B2: b2})
+    refs = kinds.kind_of(problem).reference(problem, a, b, {B2: b2})
+    over = refs[0].abs() > torch.finfo(torch.float16).max
+    assert over.sum() > 20, "the test must overflow"
+    assert torch.isinf(outs[0][over]).all() and torch.isfinite(outs[0][~over]).all()
+    assert failure(output_errors(problem, outs, refs)) is None
+
+
 @pytest.mark.parametrize(
     "config",
     [
