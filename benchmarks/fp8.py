@@ -9,7 +9,9 @@ eager epilogue, _scaled_mm alone, Inductor and Inductor max-autotune, in one pro
 Block-scaled problems (suite ``fp8-block``) are compared with _scaled_mm's block scaling
 (cuBLASLt, the one block-scaled GEMM installable here: DeepGEMM and FlashInfer are not); every
 baseline side gets the scales laid out as cuBLASLt takes them (``baseline_layouts``), once,
-outside the timed calls, as the tuner's baseline does.
+outside the timed calls, as the tuner's baseline does. Where DeepGEMM published a shape's rate
+(``DEEPGEMM_PUBLISHED``) a second table puts it beside epilab's, labelled as published: another
+GPU, not run here.
 Weight-only problems (suite ``fp8-weight``: bf16 activations, e4m3 weights) are compared
 with their baseline, the weight converted to bf16 then cuBLAS then the eager epilogue
 ("dequantize + cuBLAS + eager", what the unfused graph runs), and with cuBLAS on a bf16 weight
@@ -204,6 +206,47 @@ def run_problem(index: int, problem: Problem, label: str, args: argparse.Namespa
     }
 
 
+# DeepGEMM's published rates, TFLOP/s by (M, N, K): its README at 55ab91f (2025-03-25), "Normal
+# GEMMs for dense models", measured on an H800 SXM5 (an H100 SXM's SMs and clocks) with NVCC 12.8,
+# e4m3 with DeepSeek-V3's block scales, bf16 out. Later READMEs dropped the per-shape table
+# (the 2025-04 kernels: "up to 1550 TFLOPS on H800", no shapes given).
+DEEPGEMM_SOURCE = "DeepGEMM README 55ab91f (2025-03-25), H800 SXM5, NVCC 12.8"
+DEEPGEMM_PUBLISHED = {
+    (4096, 2112, 7168): 1009,
+    (4096, 24576, 1536): 1125,
+    (4096, 32768, 512): 751,
+    (4096, 7168, 16384): 1426,
+    (4096, 4096, 7168): 1265,
+    (4096, 7168, 2048): 1168,
+    (128, 2112, 7168): 352,
+    (128, 24576, 1536): 535,
+    (128, 32768, 512): 358,
+    (128, 7168, 16384): 645,
+    (128, 4096, 7168): 533,
+    (128, 7168, 2048): 510,
+}
+
+
+def published_table(results: list[dict]) -> str:
+    """epilab's rate on this GPU beside DeepGEMM's published one for the block-scaled problems
+    it published (empty when none is among ``results``)."""
+    rows = []
+    for r in results:
+        rate = DEEPGEMM_PUBLISHED.get((r["m"], r["n"], r["k"]))
+        if rate is None or "block" not in r["problem"] or "epilab" not in r["times"]:
+            continue
+        mine = r["flops"] / (like_with_like(r["times"])[1]["epilab"] * 1e-3) / 1e12
+        rows.append(f"| {r['problem']} | {mine:.0f} | {rate} | {mine / rate:.2f}x |")
+    if not rows:
+        return ""
+    head = [
+        f"Beside DeepGEMM's published rates ({DEEPGEMM_SOURCE}; not run here, another GPU):",
+        "| problem | epilab TFLOP/s (this run) | DeepGEMM TFLOP/s (published) | epilab / DeepGEMM |",
+        "|---|---:|---:|---:|",
+    ]
+    return "\n".join(head + rows)
+
+
 def table(results: list[dict]) -> str:
     names = [*results[0].get("sides", SIDES["scaled"]), "inductor", "max-autotune"]
     lines = [
@@ -253,7 +296,8 @@ def table(results: list[dict]) -> str:
             f"vs {n} {geomean(xs):.3f}x (min {min(xs):.3f}x, n={len(xs)})" for n, xs in group.items() if xs
         ]
         lines.append(f"- geomean, {label}: " + "; ".join(parts))
-    return "\n".join(lines)
+    published = published_table(results)
+    return "\n".join(lines + (["", published] if published else []))
 
 
 def main() -> None:
