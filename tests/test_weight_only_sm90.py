@@ -181,8 +181,8 @@ def test_compiles_for_sm90_with_the_weight_in_registers():
                 loop,
             )
             # ptxas serializes wgmmas it cannot keep in flight: a wait beside each. The step loop
-            # was serialized for every fp16 A, and a block loop that carries a converted slice
-            # across its turn while wgmmas run was serialized for both dtypes
+            # was serialized for every fp16 A, and block loops that keep wgmmas in flight across
+            # their turn were serialized for a bf16 A (fp16 not tried)
             assert loop["mma_waits"] == steps, (what, loop["opcodes"], loop["mma_waits"])
 
 
