@@ -11,7 +11,8 @@ are rendered and bound. Three variants of the matmul kinds:
   is loaded into registers, converted and given to wgmma as its left operand (which wgmma reads
   from registers; a right operand only from shared memory, so the Triton loops write the
   converted tile back there every K step). The next K step's slice is converted while the
-  current wgmma runs. Tile outputs only (no statistics, no group outputs), stored by pointers.
+  current wgmma runs (for an fp16 A each 16-deep K block's while the blocks before it run:
+  ``block_loop``). Tile outputs only (no statistics, no group outputs), stored by pointers.
   A dual GEMM of BLOCK_N 64 runs paired (``paired``): the gate's 64 weight rows on one warp
   group, the up's on the other, each over the tile's BLOCK_M tokens; they swap halves of their
   accumulators through shared memory before the epilogue.
