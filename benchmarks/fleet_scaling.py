@@ -19,8 +19,10 @@ command's wall time, start-up included.
 
 ``compare`` reads runs: problems per hour against the first run; where the wall time of each
 went (start-up until the first lease, the workers' tuning and their first problems, each
-worker idle at the list's end while another finishes, the command's end); and per problem,
-each run's best time over the first run's. Two runs of one GPU give the run-to-run noise
+worker idle at the list's end while another finishes, the command's end); the fixed part
+(start-up, end, each worker's cold first problem) against the divisible rest, and the ratio each
+run would reach were the first run's divisible seconds divided exactly by its workers; and per
+problem, each run's best time over the first run's. Two runs of one GPU give the run-to-run noise
 those ratios are judged against.
 
 ``hosts`` starts a PostgreSQL server (``.ci/start-postgres``; the binaries of the ``pgserver``
@@ -224,6 +226,7 @@ def compare(args: argparse.Namespace) -> None:
                 f"| {w['first_problem_s']:.1f} | {w['tail_idle_s']:.1f} | {w['longest_problem_s']:.1f} |"
             )
     _phase_sums(runs)
+    _fixed_part(runs)
     for n in names[1:]:
         _best_ratios(names[0], base, n, runs[n][1], args.rows)
 
@@ -241,6 +244,57 @@ def _phase_sums(runs: dict[str, tuple[dict, dict[str, dict]]]) -> None:
         built = sum(int(r["compiles"].get("built", 0)) for r in results.values())
         cells = " | ".join(f"{phases[k]:.1f}" for k in shown)
         print(f"| {n} | {total:.1f} | {cells} | {other:.1f} | {built} |")
+
+
+def _fixed_part(runs: dict[str, tuple[dict, dict[str, dict]]]) -> None:
+    """What more GPUs cannot divide: start-up, the command's end and each worker's cold first
+    problem (its seconds over the run's median problem; the workers pay theirs at once). The
+    rest of the wall is the divisible part. "If divided" is the ratio a run would reach over
+    the first one had the first run's divisible seconds been divided by its workers exactly,
+    with its own fixed part: above the measured ratio, the problems cost more with more GPUs;
+    at it, the fixed part is the cap."""
+    names = list(runs)
+    parts = {n: _split(meta) for n, (meta, _) in runs.items()}
+    print(
+        "\n| run | workers | start-up s | end s | cold first problem s (over the median) "
+        "| fixed s | divisible s | vs run " + names[0] + " | if divided |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    base_wall = runs[names[0]][0]["seconds"]
+    base_divisible = parts[names[0]]["divisible_s"] if parts[names[0]] else None
+    for n, part in parts.items():
+        if not part:
+            continue
+        wall = runs[n][0]["seconds"]
+        ideal = (
+            "-"
+            if base_divisible is None
+            else f"{base_wall / (part['fixed_s'] + base_divisible / part['workers']):.2f}x"
+        )
+        print(
+            f"| {n} | {part['workers']} | {part['startup_s']:.1f} | {part['end_s']:.1f} "
+            f"| {part['cold_s']:.1f} | {part['fixed_s']:.1f} | {part['divisible_s']:.1f} "
+            f"| {base_wall / wall:.2f}x | {ideal} |"
+        )
+
+
+def _split(meta: dict) -> dict[str, float]:
+    """``_fixed_part``'s numbers of one run (empty without leases)."""
+    w = where_time_went(meta)
+    if not w:
+        return {}
+    leases = [x for x in meta["leases"] if x["start_s"] is not None and x["end_s"] is not None]
+    median = statistics.median(x["end_s"] - x["start_s"] for x in leases)
+    cold = max(0.0, w["first_problem_s"] - median)
+    fixed = w["startup_s"] + w["end_s"] + cold
+    return {
+        "workers": w["workers"],
+        "startup_s": w["startup_s"],
+        "end_s": w["end_s"],
+        "cold_s": cold,
+        "fixed_s": fixed,
+        "divisible_s": meta["seconds"] - fixed,
+    }
 
 
 def _best_ratios(base_name: str, base: dict, name: str, other: dict, rows: int) -> None:
