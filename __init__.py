@@ -1,7 +1,8 @@
 """epilab: autotuned Triton templates for matmul-like ops with fused epilogues.
 
 Public surface (see docs/design.md): ``torch.compile(model, backend="epilab")`` and
-``epilab.compile`` (the backend), ``epilab.explain()`` (its decisions),
+``epilab.compile`` (the backend), ``epilab.aot_compile`` (an AOTInductor package with the
+templates as its kernels), ``epilab.explain()`` (its decisions),
 ``epilab.matmul`` (one fused matmul), ``epilab.gated_matmul`` (a gated MLP's gate and up
 projections in one dual GEMM), ``epilab.grouped_matmul`` (a mixture of experts' projections,
 one grouped GEMM), ``epilab.tune_model`` (record, tune, check in
@@ -38,6 +39,7 @@ _LAZY = {
     "gated_matmul": "epilab.templates.matmul_api",
     "grouped_matmul": "epilab.templates.grouped_api",
     "compile": "epilab.compiler.backend",
+    "aot_compile": "epilab.compiler.aot",
     "tune_model": "epilab.tuner.model",
     "explain": "epilab.compiler.explain",
 }
@@ -47,6 +49,7 @@ __all__ = [
     "Epilogue",
     "acc",
     "acc2",
+    "aot_compile",
     "compile",
     "const",
     "explain",

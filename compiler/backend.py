@@ -8,7 +8,9 @@
 ``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``,
 ``progress``, ``mode``; and, for ``tuner/model.py``'s measurements, ``exclude``: problem keys to leave
 to the aten op, ``verdicts``: False to ignore the verdicts recorded from models, ``cuda_graphs``:
-decide as under CUDA graphs where the caller replays the compiled step in one itself) and any
+decide as under CUDA graphs where the caller replays the compiled step in one itself,
+``kernels``: False to run every chosen template through the custom op ``epilab::template_call``
+instead of as Inductor's own kernel launches, ``compiler/emit.py``) and any
 Inductor option; ``mode`` is Inductor's (``reduce-overhead``
 gives CUDA graphs). torch 2.11 refuses ``mode=`` and ``options=`` together, so
 the mode may also go in ``options``. Everything else is Inductor's ``compile_fx``, with the pass as
@@ -36,7 +38,17 @@ if TYPE_CHECKING:
     from epilab.compiler import replay
 
 log = logging.getLogger("epilab.compiler")
-EPILAB_OPTIONS = ("policy", "db", "tune_missing", "mode", "exclude", "verdicts", "progress", "cuda_graphs")
+EPILAB_OPTIONS = (
+    "policy",
+    "db",
+    "tune_missing",
+    "mode",
+    "exclude",
+    "verdicts",
+    "progress",
+    "cuda_graphs",
+    "kernels",
+)
 TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
 
 _dbs: dict[str, TuningDB] = {}
@@ -72,6 +84,7 @@ def epilab_backend(
     context, facts = _context(policy, ours.get("db"), tune_missing, cuda_graphs, example_inputs, progress)
     context.exclude = _keys(ours.get("exclude", ()))
     context.verdicts = bool(ours.get("verdicts", True))
+    context.emit = "kernels" if bool(ours.get("kernels", True)) else "op"
     autotune = patches.get("max_autotune", inductor_config.max_autotune) or patches.get(
         "max_autotune_gemm", inductor_config.max_autotune_gemm
     )
@@ -79,7 +92,7 @@ def epilab_backend(
     context.training = _training(gm, example_inputs)
     facts += (
         f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}|{context.inductor_mode}"
-        f"|training={context.training}"
+        f"|training={context.training}|emit={context.emit}"
     )
     key = replay.graph_key(gm, example_inputs, facts)
     entry = replay.load(key)

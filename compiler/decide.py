@@ -118,6 +118,9 @@ class Decision:
     candidates: tuple[str, ...] = ()  # keys of the problems that could run the group (its twins)
     tried: bool = False  # decided on a trial copy of the graph (a norm fold tried), not applied
     replayed: bool = False  # Inductor served the graph from its cache; decided when it was compiled
+    # how the template runs in the graph: "kernel" (launched by Inductor's output code:
+    # ``compiler/emit.py``), or "op: <why not a kernel>" (the custom op ``epilab::template_call``)
+    runs_as: str = ""
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,11 @@ class Context:
     verdicts: bool = True  # follow the verdicts of models measured with and without a template
     inductor_mode: str = "default"  # or "max-autotune": what the aten op becomes (verdicts are per mode)
     training: bool = False  # a training step's graph (forward or backward): verdicts of training steps
+    # how chosen templates enter the graph: "kernels" (as Inductor's own kernel launches where they
+    # can, ``compiler/emit.py``; else the custom op), "kernels_only" (where they cannot, the aten
+    # op stays: an AOTInductor package, ``compiler/aot.py``), "op" (the custom op always), or
+    # "interpreted" (kernels also for the interpreter: a graph run eagerly, as tests do)
+    emit: str = "kernels"
 
 
 _time = comparable_ms  # compare like with like: CUDA-graph times when both have them

@@ -3,7 +3,8 @@
 Every anchor the pass sees adds one ``Decision``. With ``EPILAB_LOG=1`` (or the
 INFO level) each compilation's decisions are also printed as a table. A graph
 that Inductor serves from its cache adds the decisions stored when it was compiled
-(``replay.py``), marked ``replayed``.
+(``replay.py``), marked ``replayed``. A template's row says how it runs: as a kernel
+Inductor launches, or through the custom op, and why (``Decision.runs_as``).
 """
 
 from __future__ import annotations
@@ -57,12 +58,14 @@ def table(decisions: list[Decision]) -> str:
             d.template or "aten",
             d.source or "",
             "" if d.config is None else _short(d.config),
+            _clip(d.runs_as, 50),
             d.reason,
             _clip(d.epilogue, 60),
         ]
         for d in decisions
     ]
-    return markdown(["anchor", "shape", "template", "source", "config", "reason", "epilogue"], rows, left=7)
+    header = ["anchor", "shape", "template", "source", "config", "runs as", "reason", "epilogue"]
+    return markdown(header, rows, left=8)
 
 
 def _short(config: dict) -> str:

@@ -25,12 +25,15 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from epilab.compiler import explain, replay
 from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide, norm_group_loses
+from epilab.compiler.emit import NotEmitted
+from epilab.compiler.emit import emit as emit_call
 from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.norms import fold_norms
 from epilab.compiler.op import TEMPLATE_CALL
 from epilab.compiler.unpad import PADDED, unpad
 from epilab.ir.problem import Problem
+from epilab.templates import kinds
 from epilab.templates.kinds import code_hash
 
 log = logging.getLogger("epilab.compiler")
@@ -145,9 +148,9 @@ class EpilabPass(CustomGraphPass):
                 (decision, plan, chosen),
                 GATHERED,
             )
-        decisions.append(decision)
         if plan is not None:
-            _rewrite(graph, group, plan, chosen)
+            decision = _ran(decision, _rewrite(graph, group, plan, chosen, self.context.emit))
+        decisions.append(decision)
 
     def _fused_or_plain(
         self,
@@ -269,11 +272,10 @@ class EpilabPass(CustomGraphPass):
                 GATHERED,
             )
         decision, plan, chosen = decided
+        if plan is not None:
+            decision = _ran(decision, _rewrite(graph, group, plan, chosen, self.context.emit))
         decisions.append(decision)
-        if plan is None:
-            return False
-        _rewrite(graph, group, plan, chosen)
-        return True
+        return decision.template is not None
 
     def _record_seen(self, group: Group) -> None:
         """Store static problems in the database, so that ``epilab tune --seen`` finds them."""
@@ -334,9 +336,11 @@ def _shape(anchor: fx.Node) -> str:
 VIEW_STEPS = {"reshape": torch.ops.aten.reshape.default, "permute": torch.ops.aten.permute.default}
 
 
-def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> None:
+def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem, emit: str = "kernels") -> str:
     """Replace the group's nodes by one call of ``problem``'s template (the group's
-    problem, or the same problem for another template) and views of its outputs."""
+    problem, or the same problem for another template) and views of its outputs: its
+    kernels' launches where they can be Inductor's (``emit.py``; ``emit``: the context's
+    ``Context.emit``), else the custom op. How it runs (``Decision.runs_as``)."""
     members = set(group.nodes)
     order = {n: i for i, n in enumerate(graph.nodes)}
     by_name = {o.name: o for o in group.operands}
@@ -372,15 +376,19 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
                 with fake:
                     moved = torch.ops.aten.reshape.default(val(o.node), list(o.reshape))
                 args.append(add(torch.ops.aten.reshape.default, (o.node, list(o.reshape)), moved))
-        problem_json, plan_json = problem.to_json(), plan.to_json()
-        fake_args = (problem_json, plan_json, val(a), val(b), [val(x) for x in args])
-        with fake:
-            outs = TEMPLATE_CALL(*fake_args)
-        call = add(TEMPLATE_CALL, (problem_json, plan_json, a, b, args), outs)
-        # The strides the problem was made for: Inductor holds the call's inputs to exactly these
-        # (the op's needs_exact_strides tag reads them here; without them it may re-layout them)
-        call.meta["eager_input_vals"] = (fake_args, {})
-        items = [add(operator.getitem, (call, i), out) for i, out in enumerate(outs)]
+        items, runs_as = _emitted(graph, problem, plan, a, b, args, fake, emit)
+        if items is None and runs_as.startswith(KEPT_ATEN):
+            return runs_as  # the group stays as it is (the views made above are dead code)
+        if items is None:
+            problem_json, plan_json = problem.to_json(), plan.to_json()
+            fake_args = (problem_json, plan_json, val(a), val(b), [val(x) for x in args])
+            with fake:
+                outs = TEMPLATE_CALL(*fake_args)
+            call = add(TEMPLATE_CALL, (problem_json, plan_json, a, b, args), outs)
+            # The strides the problem was made for: Inductor holds the call's inputs to exactly these
+            # (the op's needs_exact_strides tag reads them here; without them it may re-layout them)
+            call.meta["eager_input_vals"] = (fake_args, {})
+            items = [add(operator.getitem, (call, i), out) for i, out in enumerate(outs)]
         for use in group.uses:
             new = items[use.output]
             if use.permute is not None:
@@ -396,6 +404,48 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem) -> Non
     for node in reversed(group.nodes):
         if not node.users:
             graph.erase_node(node)
+    return runs_as
+
+
+def _emitted(
+    graph: fx.Graph,
+    problem: Problem,
+    plan: Plan,
+    a: fx.Node,
+    b: fx.Node,
+    args: list[fx.Node],
+    fake: object,
+    emit: str,
+) -> tuple[list[fx.Node] | None, str]:
+    """The output nodes of the call's kernels emitted as Inductor's (None where it stays the
+    custom op), and how it runs."""
+    if emit == "op":
+        return None, "op: asked for (the backend's option kernels=False)"
+    names = (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
+    try:
+        items = emit_call(graph, problem, plan, a, b, args, names, fake, interpreted=emit == "interpreted")
+    except NotEmitted as e:
+        if emit == "kernels_only":
+            return None, f"{KEPT_ATEN}{e}"
+        log.debug("epilab: %s stays the custom op: %s", problem.key[:12], e)
+        return None, f"op: {e}"
+    return items, "kernel"
+
+
+KEPT_ATEN = "aten: "
+
+
+def _ran(decision: Decision, runs_as: str) -> Decision:
+    """``decision`` with how its template runs; where the group was left to aten (the
+    context's ``emit`` is kernels_only), a decision for the aten op that says why."""
+    if not runs_as.startswith(KEPT_ATEN):
+        return dataclasses.replace(decision, runs_as=runs_as)
+    why = runs_as.removeprefix(KEPT_ATEN)
+    reason = (
+        f"{decision.reason}; the aten op kept, as only kernels Inductor launches were asked for "
+        f"(an AOTInductor package) and {decision.template}'s call is not one: {why}"
+    )
+    return dataclasses.replace(decision, template=None, config=None, reason=reason, runs_as="")
 
 
 class ChainedPass(CustomGraphPass):

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+Launch = tuple[object, tuple[int, ...], Mapping[str, object]]  # a jitted kernel, its grid, its arguments
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -26,6 +28,20 @@ class Bound:
     descriptors: tuple[Described, ...] = ()  # TMA descriptor arguments: remade for new tensors
     workspace: Workspace | CallScratch | None = None  # scratch arguments (stream-K, split tails)
     fills: tuple[tuple[int, float], ...] = ()  # outputs filled before each launch (atomic statistics)
+    steps: tuple[Launch, ...] = ()  # a call of several launches (two-pass split-K): each, in order
+    zeroed: tuple[str, ...] = ()  # scratch arguments that must be zero at a launch (it leaves them so)
+
+    @property
+    def launches(self) -> tuple[Launch, ...]:
+        """Every launch of the call, in order, each with arguments that run it again as it is
+        (after ``fills``): what a compiled graph launches in its place (``compiler/emit.py``).
+        Empty where the call does more than launch kernels (ordered statistics sum their
+        partials with torch; a trivial call launches nothing)."""
+        if self.steps:
+            return self.steps
+        if self.kernel is None or self.args is None or self.grid is None:
+            return ()
+        return ((self.kernel, self.grid, self.args),)
 
 
 @dataclass(frozen=True)

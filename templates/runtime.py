@@ -17,7 +17,7 @@ from epilab.config import settings
 from epilab.ir import dtypes
 from epilab.ir.epilogue import REDUCTIONS, Epilogue
 from epilab.ir.problem import Config, Dim, OperandSpec, Problem
-from epilab.templates.bound import Bound, CallScratch, Workspace
+from epilab.templates.bound import Bound, CallScratch, Launch, Workspace
 from epilab.templates.build import build, interpreter_active
 from epilab.templates.kind import TemplateKind
 from epilab.templates.render import Target, kernel_name, render
@@ -28,33 +28,37 @@ INT32_MAX = 2**31 - 1
 # ------------------------------------------------------------------ tensors in
 
 
-# Set while binding launches for a CUDA target without a GPU (``templates/cross.py``): CPU
-# tensors then stand for CUDA ones of a device with this many SMs, and nothing is launched.
-_cross_sms: ContextVar[int | None] = ContextVar("epilab_cross_sms", default=None)
+# Set while binding launches without launching them: on CPU tensors for CUDA without a GPU
+# (``templates/cross.py``), or on meta tensors for a kernel a compiled graph launches
+# (``compiler/emit.py``). Such tensors then stand for ones of a device with this many SMs
+# whose kernels are built for this target, and nothing is launched.
+_binding: ContextVar[tuple[int, Target] | None] = ContextVar("epilab_binding", default=None)
 
 
 @contextlib.contextmanager
-def cross_binding(sms: int) -> Iterator[None]:
-    """Bind launches for CUDA on CPU tensors (a device of ``sms`` SMs), to compile them."""
-    token = _cross_sms.set(sms)
+def cross_binding(sms: int, target: Target = "cuda") -> Iterator[None]:
+    """Bind launches for ``target`` on CPU or meta tensors (a device of ``sms`` SMs), to
+    compile them or to emit them into a graph, not to run them."""
+    token = _binding.set((sms, target))
     try:
         yield
     finally:
-        _cross_sms.reset(token)
+        _binding.reset(token)
 
 
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of ``device`` (the interpreter's: 4; a cross binding's: its own)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    cross = _cross_sms.get()
-    return 4 if cross is None else cross
+    binding = _binding.get()
+    return 4 if binding is None else binding[0]
 
 
 def target_for(device: torch.device) -> Target:
     """Where kernels run: compiled for CUDA, or in Triton's interpreter when it is on."""
-    if device.type == "cpu" and _cross_sms.get() is not None:
-        return "cuda"
+    binding = _binding.get()
+    if device.type in ("cpu", "meta") and binding is not None:
+        return binding[1]
     if device.type not in ("cpu", "cuda"):
         raise ValueError(
             f"device {device} is not supported; use a CUDA device (or CPU with EPILAB_INTERPRET=1)"
@@ -333,7 +337,10 @@ def single_launch(
         stats.fill()
         return launcher(**args)
 
-    return Bound(outs, run, compile_only, kernel, args, grid, workspace=workspace, fills=stats.fills)
+    zeroed = ("flags_ptr",) if workspace is not None else ()
+    return Bound(
+        outs, run, compile_only, kernel, args, grid, workspace=workspace, fills=stats.fills, zeroed=zeroed
+    )
 
 
 @dataclass(frozen=True)
@@ -388,9 +395,6 @@ class Statistics:
             t.fill_(value)
 
 
-Launch = tuple[object, tuple[int, ...], Mapping[str, object]]  # a jitted kernel, its grid, its arguments
-
-
 def two_pass_bound(
     outs: tuple[torch.Tensor, ...],
     target: Target,
@@ -416,7 +420,10 @@ def two_pass_bound(
             for kernel, grid, args in (first, second):
                 kernel.warmup(grid=grid, **args)  # type: ignore[attr-defined]
 
-    return Bound(outs, run_both, compile_both)
+    if stats is not None and stats.finish is not None:  # partials summed by torch: not launches alone
+        return Bound(outs, run_both, compile_both)
+    fills = () if stats is None else stats.fills
+    return Bound(outs, run_both, compile_both, fills=fills, steps=(first, second))
 
 
 REDUCE_BLOCK = (32, 128)  # the split-K reduction's tile (M x N), 4 warps

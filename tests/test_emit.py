@@ -1,0 +1,351 @@
+"""Template calls emitted as Inductor's own kernel launches (``compiler/emit.py``).
+
+Inductor compiles an emitted launch from its kernel's source for a GPU, which Triton's
+interpreter has none of: on the CPU the emitted graph runs eagerly instead, where the
+higher-order op's own implementation launches the interpreted kernels with the arguments,
+grid and launch options the graph holds. Each case traces a call of the custom op, replaces
+it by its emitted launches and runs both: the outputs must be bitwise equal (the same kernel,
+the same config, the same inputs), and every output poisoned buffer written. On the GPU
+(``-m gpu``) the same graphs go through Inductor, and ``torch.compile`` is checked end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_template_call import CASES, _problem_of
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from epilab.compiler import backend, graph_pass
+from epilab.compiler.decide import Plan
+from epilab.compiler.emit import NotEmitted, emit
+from epilab.compiler.op import TEMPLATE_CALL
+from epilab.config import patch
+from epilab.ir.check import rel_error
+from epilab.ir.problem import Config, Problem
+from epilab.templates import kinds
+from epilab.templates.kinds import default_config
+
+HOP = torch.ops.higher_order.triton_kernel_wrapper_functional
+
+
+def _traced(problem: Problem, plan: Plan, a, b, operands) -> torch.fx.GraphModule:
+    """A graph of one custom-op call (fake values on every node, as Inductor's graphs have)."""
+    pj, plj = problem.to_json(), plan.to_json()
+
+    def call(a, b, *operands):
+        return TEMPLATE_CALL(pj, plj, a, b, list(operands))
+
+    return make_fx(call, tracing_mode="fake")(a, b, *operands)
+
+
+def _emitted(gm: torch.fx.GraphModule, problem: Problem, plan: Plan) -> torch.fx.GraphModule:
+    """``gm`` with its custom-op call replaced by the emitted launches."""
+    graph = gm.graph
+    (node,) = graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
+    _, _, a, b, operands = node.args
+    names = (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
+    fake = node.meta["val"][0].fake_mode
+    with graph.inserting_before(node):
+        outs = emit(graph, problem, plan, a, b, operands, names, fake, interpreted=True)
+    for user in list(node.users):
+        assert user.target is operator.getitem
+        user.replace_all_uses_with(outs[user.args[1]])
+        graph.erase_node(user)
+    graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _check_emitted(problem: Problem, config: Config, a, b, operands) -> torch.fx.GraphModule:
+    plan = Plan(config=config)
+    args = [operands[spec.name] for spec in problem.operands]
+    extra = [operands[name] for name in kinds.kind_of(problem).inputs_of(problem)]
+    want = TEMPLATE_CALL(problem.to_json(), plan.to_json(), a, b, [*extra, *args])
+    gm = _emitted(_traced(problem, plan, a, b, [*extra, *args]), problem, plan)
+    assert not gm.graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
+    assert gm.graph.find_nodes(op="call_function", target=HOP), "no launch was emitted"
+    got = gm(a, b, *extra, *args)
+    got = got if isinstance(got, (list, tuple)) else [got]
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype), f"output {i}'s layout"
+        same = torch.equal(g, w) or ((torch.isnan(g) == torch.isnan(w)).all() and torch.equal(
+            g.nan_to_num(), w.nan_to_num()
+        ))
+        assert same, f"output {i}: relative error {rel_error(g, w.double()):.3g} against the op's"
+    return gm
+
+
+def _variant(problem: Problem, **changes) -> Config:
+    return dataclasses.replace(default_config(problem, "interpreter"), **changes)
+
+
+# (case of test_template_call, config changes): every classic main loop of the matmul
+# family, split-K's two launches, gemv's split forms, and the convolutions
+VARIANTS = [
+    ("matmul", {}),
+    ("matmul", {"variant": "persistent"}),
+    ("matmul", {"variant": "stream_k", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}),  # its workspace
+    ("matmul", {"SPLIT_K": 2, "BLOCK_K": 16}),  # two launches through a scratch buffer
+    ("matmul-from-col", {}),
+    ("bmm", {}),
+    ("gemv-small-m", {}),
+    ("gemv-small-m", {"variant": "two_pass", "SPLIT_K": 2, "BLOCK_K": 16}),
+    ("gemv-small-n", {}),
+    ("conv2d-nhwc", {}),
+    ("conv2d-nchw", {}),
+    ("conv1x1-twin", {}),  # the twin's matrix views of a 4-D input and output
+]
+
+
+@pytest.mark.parametrize(("case", "changes"), VARIANTS, ids=lambda v: v if isinstance(v, str) else str(v))
+def test_emitted_launches_match_the_custom_op_bitwise(case, changes):
+    template, made_from, _ = CASES[case]
+    call = made_from()
+    problem = _problem_of(template, call)
+    _check_emitted(problem, _variant(problem, **changes), call.a, call.b, call.operands)
+
+
+# (suite, the first spec's fields changed to small ones, the twin's template or None): a
+# problem of every other kind, made by its own spec format, its inputs by the kind
+KINDS = [
+    ("mlp", {"m": 9, "n": 40, "k": 24}, None),  # the dual GEMM: a second weight
+    ("mlp", {"m": 3, "n": 40, "k": 24}, "dual_gemv"),
+    ("depthwise", {"n": 2, "c": 16, "h": 6, "w": 7, "k": 16, "groups": 16}, "depthwise"),
+    ("conv", {"n": 2, "c": 8, "h": 6, "w": 7, "k": 12}, None),
+    ("moe", {"experts": 4, "tokens": 9, "n": 40, "k": 24}, None),  # the dual grouped GEMM
+    ("moe-routed", {"experts": 4, "tokens": 9, "n": 40, "k": 24}, None),  # rows gathered in the kernel
+    ("moe-routed", {"experts": 4, "tokens": 9, "n": 24, "k": 40}, None, 1),  # scattered back, added
+    ("fp8", {"m": 33, "n": 40, "k": 64}, None),  # row-wise scaled fp8
+    ("fp8-block", {"m": 9, "n": 128, "k": 256}, None),  # scales per 128-deep K block
+    ("fp8-weight", {"m": 9, "n": 40, "k": 64}, None),  # the weight converted in the main loop
+    ("fp8-weight", {"m": 2, "n": 40, "k": 64}, "weight_only_gemv"),
+]
+
+
+@pytest.mark.parametrize("case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}")
+def test_every_kind_emits_launches_that_match_its_custom_op(case):
+    from epilab.templates.verify import random_inputs
+    from epilab.tuner import suites
+
+    name, fields, twin, *index = case
+    spec = dataclasses.replace(suites.suite(name)[index[0] if index else 0], **fields)
+    problem = spec.problem()
+    if twin is not None:
+        (problem,) = [t for t in kinds.twins(problem) if t.template == twin]
+    a, b, operands = random_inputs(problem, torch.device("cpu"), 0)
+    _check_emitted(problem, default_config(problem, "interpreter"), a, b, operands)
+
+
+def test_a_stream_k_workspace_is_zeros_and_split_k_scratch_is_left_empty():
+    template, made_from, _ = CASES["matmul"]
+    call = made_from()
+    problem = _problem_of(template, call)
+    stream_k = _variant(problem, variant="stream_k", BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    gm = _check_emitted(problem, stream_k, call.a, call.b, call.operands)
+    zeros = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.full.default)
+    assert [n.args[1] for n in zeros] == [0.0] and zeros[0].meta["val"].dtype == torch.int32  # the flags
+    gm = _check_emitted(problem, _variant(problem, SPLIT_K=2, BLOCK_K=16), call.a, call.b, call.operands)
+    assert not gm.graph.find_nodes(op="call_function", target=torch.ops.aten.full.default)
+    first, second = gm.graph.find_nodes(op="call_function", target=HOP)
+    assert "ws_ptr" in first.kwargs["tensors_to_clone"]
+    assert second.kwargs["kwargs"]["ws_ptr"].args == (first, "ws_ptr")  # the second reads the first's sums
+
+
+def test_launch_options_travel_as_the_one_config_of_an_autotune_wrapper():
+    template, made_from, _ = CASES["matmul"]
+    call = made_from()
+    problem = _problem_of(template, call)
+    config = _variant(problem, num_warps=2, num_stages=1)
+    gm = _check_emitted(problem, config, call.a, call.b, call.operands)
+    (hop,) = gm.graph.find_nodes(op="call_function", target=HOP)
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    wrapper = kernel_side_table.get_kernel(hop.kwargs["kernel_idx"])
+    (only,) = wrapper.configs
+    assert (only.num_warps, only.num_stages) == (2, 1)
+    constants = kernel_side_table.get_constant_args(hop.kwargs["constant_args_idx"])
+    assert constants["BLOCK_M"] == config.BLOCK_M and "num_warps" not in constants
+
+
+def _statistics_problem() -> tuple[Problem, torch.Tensor, torch.Tensor]:
+    from epilab.ir.epilogue import Epilogue, acc
+    from epilab.templates.matmul import make_problem
+
+    a, b = torch.randn(37, 7), torch.randn(7, 45)
+    ep = Epilogue.build([(acc(), "float32"), (acc() * acc(), "float32", "row_sum"), (acc(), "float32", "col_max")])
+    return make_problem(a, b, ep, {}), a, b
+
+
+def test_atomic_statistics_are_emitted_into_outputs_filled_before_the_launch():
+    problem, a, b = _statistics_problem()
+    gm = _check_emitted(problem, _variant(problem, BLOCK_M=16, BLOCK_N=16), a, b, {})
+    fills = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.full.default)
+    assert sorted(n.args[1] for n in fills) == [-float("inf"), 0.0]  # the sum's and the max's
+
+
+def test_ordered_statistics_stay_the_custom_op_with_the_reason():
+    problem, a, b = _statistics_problem()
+    plan = Plan(config=default_config(problem, "interpreter"))
+    gm = _traced(problem, plan, a, b, [])
+    with patch(deterministic=True), pytest.raises(NotEmitted, match="more than launch kernels"):
+        _emitted(gm, problem, plan)
+    assert len(gm.graph.find_nodes(op="call_function", target=TEMPLATE_CALL)) == 1  # left as it was
+    assert not gm.graph.find_nodes(op="call_function", target=HOP)
+
+
+def _pass_graph(f, inputs, db_path, emit: str = "interpreted"):
+    """``f`` traced to ATen as Inductor decomposes it, with epilab's pass run under policy
+    always (emitting interpreted kernels), and the decisions."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    gm = make_fx(f, decomposition_table=select_decomp_table(), tracing_mode="fake")(*inputs)
+    context, facts = backend._context("always", str(db_path), False, False, inputs)
+    context.emit = emit
+    from epilab.compiler import explain
+
+    explain.explain(clear=True)
+    graph_pass.EpilabPass(context, facts)(gm.graph)
+    gm.recompile()
+    return gm, explain.explain(clear=True)
+
+
+def test_the_pass_emits_a_linear_block_and_explain_says_it_runs_as_a_kernel(tmp_path):
+    def block(x, w, bias, r):
+        return F.gelu(x @ w.t() + bias) + r
+
+    inputs = (torch.randn(9, 24), torch.randn(40, 24), torch.randn(40), torch.randn(9, 40))
+    gm, decisions = _pass_graph(block, inputs, tmp_path / "t.db")
+    (d,) = decisions
+    assert d.template is not None and d.runs_as == "kernel"
+    assert "| kernel |" in str(decisions)
+    assert gm.graph.find_nodes(op="call_function", target=HOP)
+    assert not gm.graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
+    ref = block(*(t.double() for t in inputs))
+    assert rel_error(gm(*inputs), ref) < 1e-5
+
+
+def test_without_a_gpu_the_backend_keeps_the_custom_op_and_says_why(tmp_path):
+    def block(x, w):
+        return torch.relu(x @ w)
+
+    inputs = (torch.randn(9, 24), torch.randn(24, 40))
+    gm, (d,) = _pass_graph(block, inputs, tmp_path / "t.db", emit="kernels")
+    assert d.runs_as.startswith("op: its tensors are not on a GPU")
+    assert gm.graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
+    _, (d,) = _pass_graph(block, inputs, tmp_path / "t.db", emit="op")
+    assert d.runs_as.startswith("op: asked for")
+
+
+def test_kernels_only_leaves_a_call_that_cannot_be_a_kernel_to_aten_and_says_why(tmp_path):
+    def block(x, w):
+        return torch.relu(x @ w)
+
+    inputs = (torch.randn(9, 24), torch.randn(24, 40))
+    gm, (d,) = _pass_graph(block, inputs, tmp_path / "t.db", emit="kernels_only")
+    assert d.template is None and "not on a GPU" in d.reason and "AOTInductor" in d.reason
+    assert not gm.graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
+    assert not gm.graph.find_nodes(op="call_function", target=HOP)
+    assert torch.equal(gm(*inputs), block(*inputs))
+
+
+# ------------------------------------------------------------------------- GPU
+
+
+class _Block(torch.nn.Module):
+    """A transformer MLP's shape: Linear + GELU(tanh), Linear, residual."""
+
+    def __init__(self, d: int = 512, f: int = 1536) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(d, f), torch.nn.Linear(f, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x), approximate="tanh")) + x
+
+
+def _gpu_block(m: int = 256):
+    torch.manual_seed(0)
+    model = _Block().to("cuda", torch.bfloat16)
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    return model, x
+
+
+def _kernels(decisions) -> list:
+    used = [d for d in decisions if d.template]
+    assert used, "no template was chosen"
+    return used
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize("wrapper", ["python", "cpp"])
+def test_gpu_templates_are_kernels_in_inductors_output_code(wrapper, tmp_path):
+    from torch._inductor.utils import run_and_get_code
+
+    import epilab
+
+    model, x = _gpu_block()
+    options = {"policy": "always", "db": str(tmp_path / "t.db")}
+    if wrapper == "cpp":
+        options["cpp_wrapper"] = True
+    fn = torch.compile(model, backend="epilab", options=options)
+    with torch.no_grad():
+        out, codes = run_and_get_code(fn, x)
+        ref = copy_double(model)(x.double())
+    code = "\n".join(codes)
+    assert "template_call" not in code and "triton_kernel_wrapper" not in code
+    assert all(d.runs_as == "kernel" for d in _kernels(epilab.explain())), epilab.explain()
+    assert rel_error(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("fresh_compiler")
+def test_gpu_dynamic_shapes_keep_the_custom_op_and_stay_correct(tmp_path):
+    import epilab
+
+    model, _ = _gpu_block()
+    fn = torch.compile(model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")}, dynamic=True)
+    with torch.no_grad():
+        for m in (33, 100):
+            x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+            assert rel_error(fn(x), copy_double(model)(x.double())) < 1e-2
+    assert all(d.runs_as.startswith("op: its shapes are not static") for d in _kernels(epilab.explain()))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("fresh_compiler")
+def test_gpu_an_aot_package_runs_in_a_process_without_epilab(tmp_path):
+    import subprocess
+    import sys
+
+    import epilab
+
+    model, x = _gpu_block()
+    path = epilab.aot_compile(model, (x,), tmp_path / "block.pt2", db=tmp_path / "t.db", policy="always")
+    assert all(d.runs_as == "kernel" for d in _kernels(epilab.explain(clear=True)))
+    torch.save(x.cpu(), tmp_path / "x.pt")
+    script = (
+        "import sys, torch\n"
+        "runner = torch._inductor.aoti_load_package(sys.argv[1])\n"
+        "out = runner(torch.load(sys.argv[2]).cuda())\n"
+        "torch.save(out.cpu(), sys.argv[3])\n"
+        "assert not [m for m in sys.modules if m.startswith('epilab')], 'epilab was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script, path, tmp_path / "x.pt", tmp_path / "out.pt"], check=True, cwd=tmp_path)
+    packaged = torch.load(tmp_path / "out.pt").cuda()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})(x)
+        assert rel_error(packaged, copy_double(model)(x.double())) < 1e-2
+    assert torch.equal(packaged, compiled), f"the package and the compiled model differ: {rel_error(packaged, compiled.double()):.3g}"
+
+
+def copy_double(model: torch.nn.Module) -> torch.nn.Module:
+    import copy
+
+    return copy.deepcopy(model).double()
