@@ -143,6 +143,53 @@ def test_every_kind_emits_launches_that_match_its_custom_op(case):
     _check_emitted(problem, default_config(problem, "interpreter"), a, b, operands)
 
 
+@pytest.mark.parametrize("case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}")
+def test_inductor_takes_the_source_of_every_kinds_gpu_kernels(case):
+    """What Inductor does with an emitted kernel before it compiles it for the GPU, done here
+    without one: the launches bound for an H100 (132 SMs, sm_90 defaults) and each kernel's
+    source with every jitted function it calls, as Inductor puts it in its output code."""
+    from torch._inductor.codegen.triton import TritonKernel
+    from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+
+    from epilab.templates.runtime import cross_binding
+    from epilab.templates.verify import random_inputs
+    from epilab.tuner import suites
+
+    name, fields, twin, *index = case
+    spec = dataclasses.replace(suites.suite(name)[index[0] if index else 0], **fields)
+    problem = spec.problem()
+    if twin is not None:
+        (problem,) = [t for t in kinds.twins(problem) if t.template == twin]
+    with cross_binding(132, "cuda"):
+        a, b, operands = random_inputs(problem, torch.device("cpu"), 0)
+        config = default_config(problem, "cuda", sm_count=132, capability="9.0")
+        bound = kinds.bind(problem, config, a, b, operands)
+    assert bound.launches, config.short()
+    for kernel, _, _ in bound.launches:
+        assert not kernel.is_gluon()
+        imports = TritonKernel.gen_common_triton_imports()  # what Inductor puts before it
+        source = imports + user_defined_triton_kernel_transitive_closure_source_code(kernel, None)
+        namespace: dict = {}
+        exec(compile(source, kernel.fn.__name__, "exec"), namespace)
+        assert kernel.fn.__name__ in namespace
+        assert not _undefined(source, namespace), f"{kernel.fn.__name__} reads names its source lacks"
+
+
+def _undefined(source: str, namespace: dict) -> set[str]:
+    """The global names the functions of ``source`` read that ``namespace`` (the module it
+    made) and the builtins do not define."""
+    import ast
+    import builtins
+
+    missing: set[str] = set()
+    for fn in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)):
+        local = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)}
+        local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        missing |= {name for name in read - local if name not in namespace and not hasattr(builtins, name)}
+    return missing
+
+
 def test_a_stream_k_workspace_is_zeros_and_split_k_scratch_is_left_empty():
     template, made_from, _ = CASES["matmul"]
     call = made_from()
