@@ -36,8 +36,8 @@ Policy ``auto`` (the default):
    RESULTS.md, "Untuned heuristic vs Inductor"), so no shape rule we measured keeps
    the promise that switching the backend on never makes a model slower.
 
-Launch-bound problems: without CUDA graphs a template call costs more CPU time
-than what it replaces (benchmarks/launch_overhead.py; RESULTS.md, "Launch cost"),
+Launch-bound problems: without CUDA graphs a template call through the custom op costs more
+CPU time than what it replaces (benchmarks/launch_overhead.py; RESULTS.md, "Launch cost"),
 and for short kernels that decides the model's speed. So, unless the graph is
 replayed as a CUDA graph (``mode="reduce-overhead"``, where kernel times alone
 decide), the aten op is kept when the tuned kernel takes under
@@ -46,7 +46,9 @@ nothing (its aten path is a single cuBLAS call); between the two it must save at
 least ``LAUNCH_EXTRA_MS`` (the measured difference of the two launches) over the
 best baseline, and without a recorded baseline it is not used at all. The
 thresholds come from the end-to-end runs of benchmarks/e2e.py (RESULTS.md, issues 5
-and 6), where short fused templates made small models slower than Inductor.
+and 6), where short fused templates made small models slower than Inductor. A call that
+Inductor launches as its own kernel (``launches_as_kernel``, ``compiler/emit.py``) costs the
+host no more than the kernels it replaces, and is held to the kernel times alone.
 
 Policy ``always`` uses the template wherever it applies (the recorded config, else the
 heuristic: for a static M or N <= 16 the gemv template's, never a 16-row matmul tile);
@@ -69,14 +71,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from epilab.config import settings
 from epilab.db import DeviceInfo, Lookup, TuningDB, Verdict, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.ir.problem import Config, Problem, identity_key_of
-from epilab.templates.kinds import default_config, for_template, twins, untuned_choice
+from epilab.templates.kinds import default_config, for_template, kind_of, twins, untuned_choice
 from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
 from epilab.tuner.space import run_error
 from epilab.tuner.suites import problem_label
@@ -188,6 +193,21 @@ def fuses_nothing(problem: Problem) -> bool:
     return len(ep.outputs) == 1 and all(n.op in ("acc", "cast") for n in ep.nodes)
 
 
+def launches_as_kernel(ctx: Context, problem: Problem, config: Mapping[str, Any]) -> bool:
+    """Whether the template's call will be launched by Inductor's output code as its own kernel
+    (``compiler/emit.py``): a GPU, static shapes, a ``triton.jit`` kernel (not a Gluon one:
+    those the interpreter cannot run either, ``TemplateKind.device_error``) and no ordered
+    statistics. Such a call costs the host what Inductor's own kernels cost, so the
+    launch-bound rules, measured for the custom op, do not hold it back."""
+    if ctx.emit == "op" or ctx.target != "cuda" or not problem.shape.is_static():
+        return False
+    ordered = settings().deterministic or torch.are_deterministic_algorithms_enabled()
+    if problem.epilogue.reductions and ordered:
+        return False
+    variant = str(config.get("variant", "default"))
+    return kind_of(problem).device_error(variant, "9.0", True) is None
+
+
 def _verdict(ctx: Context, hit: Lookup, problem: Problem, aten_dequantizes: bool = False) -> tuple[bool, str]:
     """Whether the record beats the baselines recorded beside it, and the evidence. Where the
     aten path dequantizes fp8 inputs (``Group.aten_dequantizes``) the baselines, fp8 GEMMs of
@@ -208,7 +228,7 @@ def _verdict(ctx: Context, hit: Lookup, problem: Problem, aten_dequantizes: bool
         if tr >= tb:
             return False, f"{best.library} {tb:.4g} ms is faster than the tuned {tr:.4g} ms"
         won, saved = f"tuned {tr:.4g} ms beats {best.library} {tb:.4g} ms ({tb / tr:.2f}x)", tb - tr
-    if ctx.cuda_graphs or tr >= LAUNCH_BOUND_MS:
+    if ctx.cuda_graphs or tr >= LAUNCH_BOUND_MS or launches_as_kernel(ctx, problem, hit.record.config or {}):
         return True, won
     if fuses_nothing(problem):
         return False, f"{won}, but launch-bound with nothing fused: one cuBLAS launch costs less"

@@ -396,3 +396,17 @@ def copy_double(model: torch.nn.Module) -> torch.nn.Module:
     import copy
 
     return copy.deepcopy(model).double()
+
+
+def test_only_calls_that_will_be_inductor_kernels_skip_the_launch_bound_rules():
+    from epilab.compiler.decide import Context, launches_as_kernel
+    from epilab.templates.matmul_sm90 import VARIANTS as GLUON
+
+    problem, _, _ = _statistics_problem()
+    on_gpu = Context("auto", None, "cuda", None, None)  # type: ignore[arg-type]
+    assert launches_as_kernel(on_gpu, problem, {"variant": "persistent"})
+    assert not launches_as_kernel(on_gpu, problem, {"variant": GLUON[0]})  # a Gluon kernel: the op
+    with patch(deterministic=True):  # ordered statistics: the op
+        assert not launches_as_kernel(on_gpu, problem, {})
+    assert not launches_as_kernel(dataclasses.replace(on_gpu, emit="op"), problem, {})
+    assert not launches_as_kernel(dataclasses.replace(on_gpu, target="interpreter"), problem, {})
