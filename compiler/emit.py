@@ -252,7 +252,7 @@ def _launch(
     results = {name: buffers.fake_empty(written[name]) for name in cloned}
     node = buffers.add(triton_kernel_wrapper_functional, (), results, call)
     # the strides this launch was bound for: Inductor holds its inputs to exactly these
-    node.meta["eager_input_vals"] = ((), {**call, "kwargs": {k: v.meta["val"] for k, v in kwargs.items()}})
+    node.meta["eager_input_vals"] = ((), fx.node.map_arg(node.kwargs, lambda n: n.meta["val"]))
     for name in cloned:
         buffers.wrote(written[name], buffers.add(operator.getitem, (node, name), results[name]))
 

@@ -62,6 +62,11 @@ class EpilabPass(CustomGraphPass):
     def uuid(self) -> str:
         return hashlib.sha256((code_version() + "\0" + self.facts).encode()).hexdigest()
 
+    def __deepcopy__(self, memo: dict) -> EpilabPass:
+        """Inductor deep-copies its config patches (AOTInductor does): the pass and its context,
+        which holds an open database, are shared, not copied."""
+        return self
+
     def __call__(self, graph: fx.Graph) -> None:
         tried: list[Decision] = []
         if self.context.device is not None:  # before anchors are found: a fold makes new ones

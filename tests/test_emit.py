@@ -410,3 +410,43 @@ def test_only_calls_that_will_be_inductor_kernels_skip_the_launch_bound_rules():
         assert not launches_as_kernel(on_gpu, problem, {})
     assert not launches_as_kernel(dataclasses.replace(on_gpu, emit="op"), problem, {})
     assert not launches_as_kernel(dataclasses.replace(on_gpu, target="interpreter"), problem, {})
+
+
+WARM_SCRIPT = """
+import sys, torch, epilab
+torch.manual_seed(0)
+up, down = torch.nn.Linear(512, 1536), torch.nn.Linear(1536, 512)
+model = torch.nn.Sequential(up, torch.nn.GELU(approximate="tanh"), down).to("cuda", torch.bfloat16)
+x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+with torch.no_grad():
+    out = torch.compile(model, backend="epilab", options={"policy": "always", "db": sys.argv[1]})(x)
+used = [d for d in epilab.explain() if d.template]
+print("DECISIONS", sorted({(d.runs_as, d.replayed) for d in used}), len(used))
+torch.save(out.cpu(), sys.argv[2])
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_warm_fx_graph_cache_serves_the_emitted_kernels_and_their_decisions(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "warm.py"
+    script.write_text(WARM_SCRIPT)
+    env = {
+        **os.environ,
+        "EPILAB_CACHE_DIR": str(tmp_path / "kernels"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
+
+    def run(i: int) -> str:
+        args = [sys.executable, str(script), str(tmp_path / "t.db"), str(tmp_path / f"out{i}.pt")]
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (line,) = [x for x in done.stdout.splitlines() if x.startswith("DECISIONS")]
+        return line
+
+    assert run(0) == "DECISIONS [('kernel', False)] 2"
+    assert run(1) == "DECISIONS [('kernel', True)] 2"  # served warm: the kernels from the cached code
+    assert torch.equal(torch.load(tmp_path / "out0.pt"), torch.load(tmp_path / "out1.pt"))
