@@ -30,10 +30,9 @@ from epilab.compiler.emit import emit as emit_call
 from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.norms import fold_norms
-from epilab.compiler.op import TEMPLATE_CALL
+from epilab.compiler.op import TEMPLATE_CALL, operand_names
 from epilab.compiler.unpad import PADDED, unpad
 from epilab.ir.problem import Problem
-from epilab.templates import kinds
 from epilab.templates.kinds import code_hash
 
 log = logging.getLogger("epilab.compiler")
@@ -426,8 +425,8 @@ def _emitted(
     custom op), and how it runs."""
     if emit == "op":
         return None, "op: asked for (the backend's option kernels=False)"
-    names = (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
     try:
+        names = operand_names(problem)
         items = emit_call(graph, problem, plan, a, b, args, names, fake, interpreted=emit == "interpreted")
     except NotEmitted as e:
         if emit == "kernels_only":

@@ -33,13 +33,18 @@ _replays: dict[tuple, tuple[Replay, kinds.TwinCall | None]] = {}
 MAX_REPLAYS = 4096
 
 
+def operand_names(problem: Problem) -> tuple[str, ...]:
+    """The names of a call's operand list: its kind's extra inputs (a dual GEMM's B2, a
+    grouped GEMM's offsets and routing indices), then the epilogue's operands (sorted by
+    name); the custom op's and the emitted launches' (``emit.py``) alike."""
+    return (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
+
+
 @lru_cache(maxsize=4096)
 def _problem(text: str) -> tuple[Problem, tuple[str, ...]]:
-    """The problem, and the names of its call's operand list: its kind's extra inputs (a
-    dual GEMM's B2, a grouped GEMM's offsets and routing indices), then the epilogue's
-    operands (sorted by name)."""
+    """The problem, and the names of its call's operand list (``operand_names``)."""
     problem = Problem.from_json(text)
-    return problem, (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
+    return problem, operand_names(problem)
 
 
 @lru_cache(maxsize=4096)

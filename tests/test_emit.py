@@ -23,7 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from epilab.compiler import backend, graph_pass
 from epilab.compiler.decide import Plan
 from epilab.compiler.emit import NotEmitted, emit
-from epilab.compiler.op import TEMPLATE_CALL
+from epilab.compiler.op import TEMPLATE_CALL, operand_names
 from epilab.config import patch
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Problem
@@ -48,10 +48,9 @@ def _emitted(gm: torch.fx.GraphModule, problem: Problem, plan: Plan) -> torch.fx
     graph = gm.graph
     (node,) = graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
     _, _, a, b, operands = node.args
-    names = (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
     fake = node.meta["val"][0].fake_mode
     with graph.inserting_before(node):
-        outs = emit(graph, problem, plan, a, b, operands, names, fake, interpreted=True)
+        outs = emit(graph, problem, plan, a, b, operands, operand_names(problem), fake, interpreted=True)
     for user in list(node.users):
         assert user.target is operator.getitem
         user.replace_all_uses_with(outs[user.args[1]])
