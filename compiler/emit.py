@@ -11,7 +11,9 @@ AOTInductor packages and the C++ wrapper (the custom op, ``op.py``, can be in no
 The launches are bound as a call binds them (``kinds.bind``), on meta tensors of the inputs'
 sizes, strides and storage offsets, under ``runtime.cross_binding`` (the device's SMs, the
 target), so every argument is the one a call with such tensors passes. Each tensor argument
-is then traced back to the graph: an input (or an ``as_strided`` view of its storage), an
+is then traced back to the graph: an input (the input itself where the kernel takes a pointer
+to where it starts, since the strides are arguments of their own; else an ``as_strided`` view
+of its storage: a TMA descriptor's tensor, a view from another offset, each made per call), an
 output (a new ``empty_strided``; a ``full`` where the kernel adds into it, ``Bound.fills``)
 or scratch (``empty_strided``; zeros where a launch needs them, ``Bound.zeroed``). The
 functional nodes list every output and scratch argument as written (``tensors_to_clone``);
@@ -40,6 +42,7 @@ from torch._higher_order_ops.triton_kernel_wrap import (
     kernel_side_table,
     triton_kernel_wrapper_functional,
 )
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from epilab.compiler.decide import Plan
 from epilab.compiler.op import output_specs
@@ -86,9 +89,15 @@ class _Buffers:
         with self.fake:  # type: ignore[attr-defined]
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=self.device)
 
-    def input(self, t: torch.Tensor) -> fx.Node:
-        """The node of input tensor ``t`` (a meta input, or a view of one's storage)."""
+    def input(self, t: torch.Tensor, pointer: bool = False) -> fx.Node:
+        """The node of input tensor ``t`` (a meta input, or a view of one's storage).
+        ``pointer``: the kernel reads only ``t``'s address (its strides are arguments of
+        their own), so a view that starts where its input does is the input itself, and the
+        input, where it is a view (a weight's transpose), the tensor it views: no view is made
+        on every call."""
         meta, node = self.inputs[id(_root(t))]
+        if pointer and t.storage_offset() == meta.storage_offset():
+            return _first_at_address(node)
         if t is meta:
             return node
         size, stride, offset = list(t.shape), list(t.stride()), t.storage_offset()
@@ -230,7 +239,7 @@ def _launch(
             constants[name] = value
             continue
         if id(_root(value)) in buffers.inputs:
-            kwargs[name] = buffers.input(value)
+            kwargs[name] = buffers.input(value, pointer=name not in tma)
             continue
         fill = fills.get(id(_root(value)))
         kwargs[name] = buffers.buffer(value, fill, name in bound.zeroed)
@@ -291,6 +300,25 @@ def _target(device: torch.device, interpreted: bool) -> str:
             "Inductor compiles kernels from their source for a GPU)"
         )
     return "cuda"
+
+
+def _first_at_address(node: fx.Node) -> fx.Node:
+    """The node furthest up ``node``'s chain of views (each of its first argument) whose tensor
+    starts at the same address, of the same dtype: what a kernel taking a pointer to
+    ``node``'s tensor may take instead."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node):
+        view, base = node.meta.get("val"), node.args[0].meta.get("val")
+        if not (isinstance(view, torch.Tensor) and isinstance(base, torch.Tensor)):
+            break
+        if _start(view) != _start(base):
+            break
+        node = node.args[0]
+    return node
+
+
+def _start(v: torch.Tensor) -> tuple:
+    """Where a tensor's data starts: its storage, offset, dtype and device."""
+    return (StorageWeakRef(v.untyped_storage()), v.storage_offset(), v.dtype, v.device)
 
 
 def _root(t: torch.Tensor) -> torch.Tensor:

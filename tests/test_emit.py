@@ -74,9 +74,9 @@ def _check_emitted(problem: Problem, config: Config, a, b, operands) -> torch.fx
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype), f"output {i}'s layout"
-        same = torch.equal(g, w) or ((torch.isnan(g) == torch.isnan(w)).all() and torch.equal(
-            g.nan_to_num(), w.nan_to_num()
-        ))
+        same = torch.equal(g, w) or (
+            (torch.isnan(g) == torch.isnan(w)).all() and torch.equal(g.nan_to_num(), w.nan_to_num())
+        )
         assert same, f"output {i}: relative error {rel_error(g, w.double()):.3g} against the op's"
     return gm
 
@@ -128,7 +128,9 @@ KINDS = [
 ]
 
 
-@pytest.mark.parametrize("case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}")
+@pytest.mark.parametrize(
+    "case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}"
+)
 def test_every_kind_emits_launches_that_match_its_custom_op(case):
     from epilab.templates.verify import random_inputs
     from epilab.tuner import suites
@@ -142,7 +144,9 @@ def test_every_kind_emits_launches_that_match_its_custom_op(case):
     _check_emitted(problem, default_config(problem, "interpreter"), a, b, operands)
 
 
-@pytest.mark.parametrize("case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}")
+@pytest.mark.parametrize(
+    "case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}"
+)
 def test_inductor_takes_the_source_of_every_kinds_gpu_kernels(case):
     """What Inductor does with an emitted kernel before it compiles it for the GPU, done here
     without one: the launches bound for an H100 (132 SMs, sm_90 defaults) and each kernel's
@@ -225,7 +229,9 @@ def _statistics_problem() -> tuple[Problem, torch.Tensor, torch.Tensor]:
     from epilab.templates.matmul import make_problem
 
     a, b = torch.randn(37, 7), torch.randn(7, 45)
-    ep = Epilogue.build([(acc(), "float32"), (acc() * acc(), "float32", "row_sum"), (acc(), "float32", "col_max")])
+    ep = Epilogue.build(
+        [(acc(), "float32"), (acc() * acc(), "float32", "row_sum"), (acc(), "float32", "col_max")]
+    )
     return make_problem(a, b, ep, {}), a, b
 
 
@@ -275,6 +281,21 @@ def test_the_pass_emits_a_linear_block_and_explain_says_it_runs_as_a_kernel(tmp_
     assert not gm.graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
     ref = block(*(t.double() for t in inputs))
     assert rel_error(gm(*inputs), ref) < 1e-5
+
+
+def test_a_launch_takes_a_transposed_weight_as_the_weight_itself(tmp_path):
+    """The kernel reads a pointer and strides of its own: a view that starts where its
+    tensor does is passed as that tensor (no view made on every call)."""
+
+    def linear(x, w):
+        return torch.relu(x @ w.t())
+
+    inputs = (torch.randn(9, 24), torch.randn(40, 24))
+    gm, _ = _pass_graph(linear, inputs, tmp_path / "t.db")
+    (launch,) = gm.graph.find_nodes(op="call_function", target=HOP)
+    x, w = gm.graph.find_nodes(op="placeholder")
+    assert {x, w} <= set(launch.kwargs["kwargs"].values())
+    assert rel_error(gm(*inputs), linear(*(t.double() for t in inputs))) < 1e-5
 
 
 def test_without_a_gpu_the_backend_keeps_the_custom_op_and_says_why(tmp_path):
@@ -356,7 +377,9 @@ def test_gpu_dynamic_shapes_keep_the_custom_op_and_stay_correct(tmp_path):
     import epilab
 
     model, _ = _gpu_block()
-    fn = torch.compile(model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")}, dynamic=True)
+    fn = torch.compile(
+        model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")}, dynamic=True
+    )
     with torch.no_grad():
         for m in (33, 100):
             x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -383,12 +406,18 @@ def test_gpu_an_aot_package_runs_in_a_process_without_epilab(tmp_path):
         "torch.save(out.cpu(), sys.argv[3])\n"
         "assert not [m for m in sys.modules if m.startswith('epilab')], 'epilab was imported'\n"
     )
-    subprocess.run([sys.executable, "-c", script, path, tmp_path / "x.pt", tmp_path / "out.pt"], check=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-c", script, path, tmp_path / "x.pt", tmp_path / "out.pt"], check=True, cwd=tmp_path
+    )
     packaged = torch.load(tmp_path / "out.pt").cuda()
     with torch.no_grad():
-        compiled = torch.compile(model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")})(x)
+        compiled = torch.compile(
+            model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")}
+        )(x)
         assert rel_error(packaged, copy_double(model)(x.double())) < 1e-2
-    assert torch.equal(packaged, compiled), f"the package and the compiled model differ: {rel_error(packaged, compiled.double()):.3g}"
+    assert torch.equal(packaged, compiled), (
+        f"the package and the compiled model differ: {rel_error(packaged, compiled.double()):.3g}"
+    )
 
 
 def copy_double(model: torch.nn.Module) -> torch.nn.Module:
