@@ -10,14 +10,16 @@ Rows go from the bare Triton launch up to the custom op as Inductor's compiled
 code calls it, with cuBLAS and an Inductor-compiled addmm for comparison.
 
 **A graph of N calls** (``--graph``): N layers of Linear + GELU(tanh) at a small M, compiled
-five ways: Inductor as it is (cuBLAS mm + a fused pointwise kernel a layer), Inductor's own
+six ways: Inductor as it is (cuBLAS mm + a fused pointwise kernel a layer), Inductor's own
 Triton mm template with GELU in its epilogue (max-autotune, Triton only: one Triton kernel a
 layer that Inductor emits itself), epilab under policy ``always`` with its templates as
-Inductor's kernels (``compiler/emit.py``), epilab through its custom op (``kernels=False``),
-and each of them again with Inductor's C++ wrapper (``cpp_wrapper``), where the custom op
-cannot go. Host-bound: the time per model call (no CUDA graphs) is the host's cost of its
-N launches. Variants run in interleaved rounds in one process (median and the range of the
-rounds); the per-template difference is (model time - Inductor Triton's) / N.
+Inductor's kernels (``compiler/emit.py``; launched by Triton's own launcher, Inductor's default
+for a user's kernels, and again by Inductor's static CUDA launcher, which launches its own),
+epilab through its custom op (``kernels=False``), and each of them again with Inductor's C++
+wrapper (``cpp_wrapper``), where the custom op cannot go. Host-bound: the time per model call
+(no CUDA graphs) is the host's cost of its N launches. Variants run in interleaved rounds in
+one process (median and the range of the rounds); the per-template difference is (model time
+- Inductor Triton's) / N.
 """
 
 from __future__ import annotations
@@ -95,11 +97,14 @@ class Layers(torch.nn.Module):
         return x
 
 
-def graph_variants(model: torch.nn.Module, db: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+def graph_variants(
+    model: torch.nn.Module, db: str, cpp_wrapper: bool = True
+) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     triton_mm = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON"}
     epilab = {"policy": "always", "db": db}
     made: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-    for wrapper, extra in (("", {}), (" (cpp_wrapper)", {"cpp_wrapper": True})):
+    wrappers = (("", {}), (" (cpp_wrapper)", {"cpp_wrapper": True}))
+    for wrapper, extra in wrappers if cpp_wrapper else wrappers[:1]:
         made[f"Inductor: cuBLAS mm + pointwise{wrapper}"] = torch.compile(model, options={**extra})
         made[f"Inductor: its Triton mm template{wrapper}"] = torch.compile(
             model, options={**triton_mm, **extra}
@@ -108,20 +113,25 @@ def graph_variants(model: torch.nn.Module, db: str) -> dict[str, Callable[[torch
             model, backend="epilab", options={**epilab, **extra}
         )
         if not wrapper:  # the custom op's string arguments cannot go into the C++ wrapper
+            made["epilab: templates as Inductor kernels, static launcher"] = torch.compile(
+                model, backend="epilab", options={**epilab, "static_launch_user_defined_triton_kernels": True}
+            )
             made["epilab: templates through the custom op"] = torch.compile(
                 model, backend="epilab", options={**epilab, "kernels": False}
             )
     return made
 
 
-def graph(layers: int, m: int, d: int, rounds: int, calls: int, out: Path | None) -> None:
+def graph(
+    layers: int, m: int, d: int, rounds: int, calls: int, out: Path | None, cpp_wrapper: bool = True
+) -> None:
     import epilab
 
     torch.manual_seed(0)
     model = Layers(layers, d).to("cuda", torch.bfloat16)
     x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        variants = graph_variants(model, str(Path(tmp) / "t.db"))
+        variants = graph_variants(model, str(Path(tmp) / "t.db"), cpp_wrapper)
         ref = model(x).float()
         errors = {}
         for name, fn in variants.items():  # compile (and check) each before any timing
@@ -136,7 +146,7 @@ def graph(layers: int, m: int, d: int, rounds: int, calls: int, out: Path | None
             for name, fn in variants.items():
                 times[name].append(per_call_us(lambda fn=fn: fn(x), calls))
     base = statistics.median(times["Inductor: its Triton mm template"])
-    base_cpp = statistics.median(times["Inductor: its Triton mm template (cpp_wrapper)"])
+    base_cpp = statistics.median(times.get("Inductor: its Triton mm template (cpp_wrapper)", [0.0]))
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton_version()}")
     print(f"{layers} x (Linear({d}, {d}) + GELU(tanh)), M = {m}, bf16; {rounds} rounds of {calls} calls")
     print("| variant | us per model call, median | rounds' range | per layer vs Inductor Triton | rel. err |")
@@ -173,10 +183,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--json", type=Path, default=None, help="write the rounds' times here")
+    parser.add_argument(
+        "--no-cpp-wrapper", action="store_true", help="leave out the C++ wrapper's variants (slow to compile)"
+    )
     args = parser.parse_args()
     if not args.graph:
         one_call()
-    graph(args.layers, args.m, args.d, args.rounds, args.calls, args.json)
+    graph(args.layers, args.m, args.d, args.rounds, args.calls, args.json, not args.no_cpp_wrapper)
 
 
 if __name__ == "__main__":

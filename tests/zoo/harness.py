@@ -73,6 +73,7 @@ class Outcome:
     templates: Counter = field(default_factory=Counter)  # template -> anchors replaced
     anchors: int = 0
     compile_s: float = 0.0
+    kernels: int = 0  # templates Inductor launches as its own kernels (the rest: the custom op)
 
     @property
     def bound(self) -> float:
@@ -89,7 +90,9 @@ class Outcome:
     @property
     def decisions(self) -> str:
         used = ", ".join(f"{t} {n}" for t, n in sorted(self.templates.items()))
-        return f"{sum(self.templates.values())}/{self.anchors}" + (f" ({used})" if used else "")
+        total = sum(self.templates.values())
+        runs = f"; {self.kernels}/{total} as kernels" if total else ""
+        return f"{total}/{self.anchors}" + (f" ({used}{runs})" if used else "")
 
     def describe(self) -> str:
         return (
@@ -209,6 +212,7 @@ def run(case: Case, size: str, device: str) -> Outcome:
         Counter(d.template for d in decisions if d.template),
         len(decisions),
         seconds,
+        sum(1 for d in decisions if d.template and d.runs_as == "kernel"),
     )
 
 
