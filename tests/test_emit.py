@@ -396,6 +396,7 @@ def test_gpu_an_aot_package_runs_in_a_process_without_epilab(tmp_path):
     import epilab
 
     model, x = _gpu_block()
+    _skip_unless_torch_loads_packages(model, x, tmp_path)
     path = epilab.aot_compile(model, (x,), tmp_path / "block.pt2", db=tmp_path / "t.db", policy="always")
     assert all(d.runs_as == "kernel" for d in _kernels(epilab.explain(clear=True)))
     torch.save(x.cpu(), tmp_path / "x.pt")
@@ -418,6 +419,24 @@ def test_gpu_an_aot_package_runs_in_a_process_without_epilab(tmp_path):
     assert torch.equal(packaged, compiled), (
         f"the package and the compiled model differ: {rel_error(packaged, compiled.double()):.3g}"
     )
+
+
+def _skip_unless_torch_loads_packages(model: torch.nn.Module, x: torch.Tensor, tmp_path) -> None:
+    """Skip where torch cannot load an AOTInductor package of plain Inductor (no epilab in
+    it) in a fresh process: torch 2.11.0+cu130's loader segfaults so on our H100 host
+    (benchmarks/RESULTS.md, 2026-12-06), and a crash of ours could not be told from it."""
+    import subprocess
+    import sys
+
+    path = torch._inductor.aoti_compile_and_package(
+        torch.export.export(model, (x,)), package_path=str(tmp_path / "plain.pt2")
+    )
+    load = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1])"
+    done = subprocess.run([sys.executable, "-c", load, path], capture_output=True, cwd=tmp_path)
+    if done.returncode != 0:
+        pytest.skip(
+            f"torch {torch.__version__} cannot load a plain Inductor package here (exit {done.returncode})"
+        )
 
 
 def copy_double(model: torch.nn.Module) -> torch.nn.Module:
