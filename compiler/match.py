@@ -1407,8 +1407,11 @@ class _DualGrower(_MatmulGrower):
         return a, kernel_b
 
     def joins(self) -> bool:
-        """Whether a member reads both accumulators (the halves meet in the group)."""
-        return any(_accumulators(self.values[n]) >= set(ACCUMULATORS) for n in self.order)
+        """Whether a member's value reads both accumulators (the halves meet in the group);
+        a row statistic (``self.reduced``: an MoE router's softmax beside its expert's
+        projection) is no meeting."""
+        both = set(ACCUMULATORS)
+        return any(n in self.values and _accumulators(self.values[n]) >= both for n in self.order)
 
 
 def same_input(x: object, y: object) -> bool:

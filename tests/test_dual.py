@@ -301,6 +301,32 @@ def test_projections_that_never_meet_stay_apart(tmp_path):
     assert not _dual_decisions()
 
 
+ROW_STATISTIC_BESIDE_A_PROJECTION = {  # two GEMMs of one x, one of them reduced over its row
+    "router softmax": lambda x, w1, w2: (torch.softmax(x @ w1, -1), F.silu(x @ w2)),
+    "mean times": lambda x, w1, w2: (x @ w1).mean(-1, keepdim=True) * (x @ w2),
+    "amax plus": lambda x, w1, w2: (x @ w1).amax(-1, keepdim=True) + F.silu(x @ w2),
+}
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+@pytest.mark.parametrize("form", sorted(ROW_STATISTIC_BESIDE_A_PROJECTION))
+def test_a_row_statistic_of_one_projection_beside_another_compiles(tmp_path, form):
+    """The dual matcher asked of a reduction's node a value it never held (KeyError: amax, and
+    the compile failed under the default policy): a statistic is no meeting of the halves."""
+    f = ROW_STATISTIC_BESIDE_A_PROJECTION[form]
+    torch.manual_seed(0)
+    args = [
+        torch.randn(12, 16, device=DEVICE),
+        torch.randn(16, 24, device=DEVICE),
+        torch.randn(16, 24, device=DEVICE),
+    ]
+    got = torch.compile(f, backend="epilab", options={"policy": "auto", "db": str(tmp_path / "t.db")})(*args)
+    want = f(*(t.double() for t in args))
+    for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want)), strict=True):
+        assert rel_error(g, w) < 1e-5
+    assert not _dual_decisions()
+
+
 @pytest.mark.usefixtures("fresh_compiler")
 def test_auto_keeps_two_aten_gemms_without_a_record_and_takes_the_dual_with_one(tmp_path):
     from records import record
