@@ -10,8 +10,9 @@
 to the aten op, ``verdicts``: False to ignore the verdicts recorded from models, ``cuda_graphs``:
 decide as under CUDA graphs where the caller replays the compiled step in one itself,
 ``kernels``: False to run every chosen template through the custom op ``epilab::template_call``
-instead of as Inductor's own kernel launches, ``compiler/emit.py``) and any
-Inductor option; ``mode`` is Inductor's (``reduce-overhead``
+instead of as Inductor's own kernel launches, ``compiler/emit.py``; under Inductor's C++
+wrapper, which cannot call the op, a template that cannot be a kernel leaves its group to the
+aten op) and any Inductor option; ``mode`` is Inductor's (``reduce-overhead``
 gives CUDA graphs). torch 2.11 refuses ``mode=`` and ``options=`` together, so
 the mode may also go in ``options``. Everything else is Inductor's ``compile_fx``, with the pass as
 ``post_grad_custom_post_pass`` (after a user's own, if one is set).
@@ -85,6 +86,11 @@ def epilab_backend(
     context.exclude = _keys(ours.get("exclude", ()))
     context.verdicts = bool(ours.get("verdicts", True))
     context.emit = "kernels" if bool(ours.get("kernels", True)) else "op"
+    if patches.get("cpp_wrapper", inductor_config.cpp_wrapper):
+        # torch's C++ wrapper cannot call our op (torch 2.11 to 2.13): it writes the op's JSON
+        # into C string literals unescaped, and takes its list of outputs for one tensor (a
+        # segfault); a template that cannot be a kernel leaves its group to aten, as in a package
+        context.emit = "kernels_only"
     autotune = patches.get("max_autotune", inductor_config.max_autotune) or patches.get(
         "max_autotune_gemm", inductor_config.max_autotune_gemm
     )

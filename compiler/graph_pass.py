@@ -447,7 +447,8 @@ def _ran(decision: Decision, runs_as: str) -> Decision:
     why = runs_as.removeprefix(KEPT_ATEN)
     reason = (
         f"{decision.reason}; the aten op kept, as only kernels Inductor launches were asked for "
-        f"(an AOTInductor package) and {decision.template}'s call is not one: {why}"
+        f"(an AOTInductor package or Inductor's C++ wrapper: neither can call the custom op) and "
+        f"{decision.template}'s call is not one: {why}"
     )
     return dataclasses.replace(decision, template=None, config=None, reason=reason, runs_as="")
 

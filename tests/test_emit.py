@@ -322,6 +322,24 @@ def test_kernels_only_leaves_a_call_that_cannot_be_a_kernel_to_aten_and_says_why
     assert torch.equal(gm(*inputs), block(*inputs))
 
 
+@pytest.mark.usefixtures("fresh_compiler")
+def test_the_cpp_wrapper_leaves_a_call_that_cannot_be_a_kernel_to_aten(tmp_path):
+    """Inductor's C++ wrapper cannot call the custom op (its JSON went into C string literals
+    unescaped, then its list of outputs was read as one tensor: a segfault): on the CPU, where
+    no template is a kernel, the model compiles and runs on aten, and explain() says why."""
+    import epilab
+
+    def block(x, w, bias):
+        return F.gelu(x @ w + bias)
+
+    inputs = (torch.randn(8, 16), torch.randn(16, 24), torch.randn(24))
+    options = {"policy": "always", "db": str(tmp_path / "t.db"), "cpp_wrapper": True}
+    out = torch.compile(block, backend="epilab", options=options)(*inputs)
+    assert rel_error(out, block(*(t.double() for t in inputs))) < 1e-5
+    (d,) = epilab.explain(clear=True)
+    assert d.template is None and "C++ wrapper" in d.reason and "not on a GPU" in d.reason
+
+
 # ------------------------------------------------------------------------- GPU
 
 
