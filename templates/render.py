@@ -111,16 +111,23 @@ class _StoredOutput:
     axis: str = ""  # ... over the tile's columns ("n": one value per row) or rows ("m")
     group: int = 0  # a group output: the max over each group of this many columns, stored once
     smem: bool = False  # through its shared-memory buffer and a TMA store (Gluon kernels)
+    added: str = ""  # the interpreter's combine "add": the sum of old value ``outN_old`` and this
 
 
 def _epilogue_hooks(
-    ep: Epilogue, *, tma_store: bool = False, smem_outputs: tuple[int, ...] = (), fast: bool = True
+    ep: Epilogue,
+    *,
+    tma_store: bool = False,
+    smem_outputs: tuple[int, ...] = (),
+    fast: bool = True,
+    interpret: bool = False,
 ) -> dict[str, object]:
     """``epilogue_params()``, ``epilogue_args()`` (the same names, to pass them on) and
     ``store_output(...)``; with ``tma_store`` every output is stored through its tensor
     descriptor ``out{i}_desc`` at (m0, n0) instead of by pointers; outputs ``smem_outputs`` are
     written to their shared-memory buffer ``out{i}_smem`` and stored from it by TMA (Gluon);
-    ``fast`` lets the fast nodes take their fast forms."""
+    ``fast`` lets the fast nodes take their fast forms; ``interpret``: for Triton's
+    interpreter, which has no 16-bit atomics (a combine "add" adds its rows in order there)."""
     operands = [{"name": name, "broadcast": broadcast} for name, broadcast in ep.operands]
 
     def epilogue_params() -> str:
@@ -180,7 +187,9 @@ def _epilogue_hooks(
                 value = var if node_kind == "bool" else f"{var} != 0.0"
             else:  # a predicate stored as a float is 0.0 / 1.0 (the rounding helpers bit-cast fp32)
                 value = rounded(var if node_kind == "float" else f"{var}.to(tl.float32)", out.dtype)
-            outputs.append(_StoredOutput(value, smem=len(outputs) in smem_outputs))
+            i = len(outputs)
+            added = rounded(f"(out{i}_old + ({value}).to(tl.float32))", out.dtype) if combine else ""
+            outputs.append(_StoredOutput(value, smem=i in smem_outputs, added=added))
         return (
             _ENV.get_template("store_output.py.jinja")
             .render(
@@ -200,6 +209,7 @@ def _epilogue_hooks(
                 out_rm=out_rm or rm,
                 out_mask=out_mask or "c_mask",
                 combine=combine,
+                interpret=interpret,
             )
             .rstrip("\n")
         )
@@ -266,5 +276,6 @@ def render(
             tma_store=bool(config.TMA_STORE) and "tma_outputs" not in variables,
             smem_outputs=tuple(variables.get("tma_outputs", ())),  # type: ignore[arg-type]
             fast=not settings().exact_math,
+            interpret=target == "interpreter",
         ),
     )

@@ -435,6 +435,24 @@ def test_a_routed_layer_matches_torch_gather_grouped_mm_and_index_add(dtype):
     assert rel_error(stored.view(tokens, topk, K).double().sum(1), unweighted) < 2e-2
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_16_bit_combine_adds_every_row_a_token_has_in_one_tile(dtype):
+    """The combine "add" into a 16-bit output (atomics on a GPU; in the interpreter, which has
+    no 16-bit atomics, the rows one at a time): tokens 0..2 have two rows in each expert's
+    tile (12 rows, top-2: six output rows, three of them no row's), so rows of one tile add
+    into one output row."""
+    dt = DTYPES[dtype]
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    rows = torch.randn(12, K, generator=gen, device=DEVICE).to(dt)
+    w = torch.randn(2, N, K, generator=gen, device=DEVICE).to(dt).transpose(-1, -2)
+    offs = torch.tensor([6, 12], dtype=torch.int32, device=DEVICE)
+    token = torch.tensor([0, 0, 1, 1, 2, 2] * 2, device=DEVICE)
+    got = epilab.grouped_matmul(rows, w, offs, scatter=token, topk=2, out_dtype=dt)
+    products = torch.cat([rows[6 * e : 6 * (e + 1)].double() @ w[e].double() for e in range(2)])
+    want = torch.zeros(6, N, dtype=torch.float64, device=DEVICE).index_add_(0, token, products)
+    assert got.dtype == dt and rel_error(got, want) < 1e-2
+
+
 def test_routing_indices_out_of_range_read_zeros_and_are_dropped():
     problem = GroupedSpec(
         3, 8, 16, 24, topk=2, dtype="float32", epilogue=(("acc", "float32"),), gather=True, scatter="add"
