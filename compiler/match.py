@@ -1379,6 +1379,9 @@ class _DualGrower(_MatmulGrower):
             and len({s.dtype for s in sources if s is not None}) == 1
             and len({w.permute for w in weights if w is not None}) == 1
         )
+        second = val(self.second)
+        if second is None or not same_shape(second.shape, self.O):  # before its bias is taken
+            raise NoGroup("the two anchors' outputs differ in shape")
         a, b, value = self.take_anchor(self.anchor, leaves[0], names[0])
         a2, b2, value2 = self.take_anchor(self.second, leaves[1], names[1])
         if not same_input(a, a2):
@@ -1391,8 +1394,6 @@ class _DualGrower(_MatmulGrower):
             or not same_shape(b2v.stride(), bv.stride())
         ):
             raise NoGroup("the two anchors' B differ in shape, dtype or strides")
-        if not same_shape(val(self.second).shape, self.O):  # type: ignore[union-attr]
-            raise NoGroup("the two anchors' outputs differ in shape")
         self.inputs2 = [n for n in self.second.all_input_nodes if n is not a]  # B2 and its bias
         for node, v in ((self.anchor, value), (self.second, value2)):
             self.values[node] = v

@@ -252,13 +252,13 @@ def test_ordered_statistics_stay_the_custom_op_with_the_reason():
     assert not gm.graph.find_nodes(op="call_function", target=HOP)
 
 
-def _pass_graph(f, inputs, db_path, emit: str = "interpreted"):
-    """``f`` traced to ATen as Inductor decomposes it, with epilab's pass run under policy
-    always (emitting interpreted kernels), and the decisions."""
+def _pass_graph(f, inputs, db_path, emit: str = "interpreted", policy: str = "always"):
+    """``f`` traced to ATen as Inductor decomposes it, with epilab's pass run under ``policy``
+    (emitting interpreted kernels), and the decisions."""
     from torch._inductor.decomposition import select_decomp_table
 
     gm = make_fx(f, decomposition_table=select_decomp_table(), tracing_mode="fake")(*inputs)
-    context, facts = backend._context("always", str(db_path), False, False, inputs)
+    context, facts = backend._context(policy, str(db_path), False, False, inputs)
     context.emit = emit
     from epilab.compiler import explain
 
