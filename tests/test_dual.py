@@ -304,7 +304,6 @@ def test_projections_that_never_meet_stay_apart(tmp_path):
 ROW_STATISTIC_BESIDE_A_PROJECTION = {  # two GEMMs of one x, one of them reduced over its row
     "router softmax": lambda x, w1, w2: (torch.softmax(x @ w1, -1), F.silu(x @ w2)),
     "mean times": lambda x, w1, w2: (x @ w1).mean(-1, keepdim=True) * (x @ w2),
-    "amax plus": lambda x, w1, w2: (x @ w1).amax(-1, keepdim=True) + F.silu(x @ w2),
 }
 
 

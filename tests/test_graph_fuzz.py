@@ -23,7 +23,8 @@ from test_emit import _pass_graph
 
 from epilab.ir.check import rel_error
 
-M, K = 8, 16
+ROWS = (8, 24)  # a gemv's rows, and a matmul tile's
+K = 16
 WIDTHS = (16, 24)
 UNARY = {
     "relu": torch.relu,
@@ -38,7 +39,7 @@ REDUCTIONS = {
     "amax": lambda v: v.amax(-1, keepdim=True),
 }
 SEEDS = range(4)
-GRAPHS = 10  # per seed
+GRAPHS = 6  # per seed
 
 
 @dataclass
@@ -49,15 +50,21 @@ class Graph:
     widths: list[int] = field(default_factory=lambda: [K])  # each value's last dim
     weights: list[tuple[int, ...]] = field(default_factory=list)  # each weight's shape
     outputs: list[int] = field(default_factory=list)
+    m: int = ROWS[0]
+    batched: bool = False  # x is [2, m / 2, K]: each GEMM flattens it, as nn.Linear does
+    dtype: torch.dtype = torch.float32
 
     def __call__(self, x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values = [x]
+        values = [x.reshape(self.m, K)]
         for step in self.steps:
             values.append(_run(step, values, weights))
-        return tuple(values[i] for i in self.outputs)
+        return tuple(
+            values[i].reshape(2, self.m // 2, -1) if self.batched else values[i] for i in self.outputs
+        )
 
     def describe(self) -> str:
-        return "; ".join(f"v{i + 1} = {step}" for i, step in enumerate(self.steps)) + f"; out {self.outputs}"
+        steps = "; ".join(f"v{i + 1} = {step}" for i, step in enumerate(self.steps))
+        return f"{str(self.dtype)[6:]}{' batched' if self.batched else ''}: {steps}; out {self.outputs}"
 
 
 def _run(step: tuple, values: list[torch.Tensor], weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -68,6 +75,9 @@ def _run(step: tuple, values: list[torch.Tensor], weights: tuple[torch.Tensor, .
     if op == "linear":
         v, w, bias = args
         return F.linear(values[v], weights[w], weights[bias] if bias is not None else None)
+    if op == "glu":  # a gated MLP's two projections of one value
+        v, gate, up, act = args
+        return UNARY[act](values[v] @ weights[gate]) * (values[v] @ weights[up])
     if op in UNARY:
         return UNARY[op](values[args[0]])
     if op in ("add", "mul"):
@@ -80,12 +90,17 @@ def _run(step: tuple, values: list[torch.Tensor], weights: tuple[torch.Tensor, .
         return torch.softmax(values[args[0]], -1)
     if op == "view":
         v = values[args[0]]
-        return v.reshape(M // 2, 2, -1).transpose(0, 1).reshape(M, -1).t().contiguous().t()
+        m = v.shape[0]
+        return v.reshape(m // 2, 2, -1).transpose(0, 1).reshape(m, -1).t().contiguous().t()
     raise AssertionError(op)
 
 
 def random_graph(rng: random.Random) -> Graph:
-    g = Graph()
+    g = Graph(
+        m=rng.choice(ROWS),
+        batched=rng.random() < 0.3,
+        dtype=rng.choice([torch.float32, torch.float32, torch.bfloat16]),
+    )
 
     def weight(shape: tuple[int, ...]) -> int:
         g.weights.append(shape)
@@ -95,7 +110,7 @@ def random_graph(rng: random.Random) -> Graph:
         return [i for i, w in enumerate(g.widths) if w == width]
 
     for _ in range(rng.randint(3, 7)):
-        kind = rng.choice(["gemm", "gemm", "gemm", "unary", "binary", "reduce", "softmax", "view"])
+        kind = rng.choice(["gemm", "gemm", "gemm", "glu", "unary", "binary", "reduce", "softmax", "view"])
         src = rng.randrange(len(g.widths))
         width = g.widths[src]
         if kind == "gemm":
@@ -105,6 +120,10 @@ def random_graph(rng: random.Random) -> Graph:
             else:
                 bias = weight((n,)) if rng.random() < 0.5 else None
                 g.steps.append(("linear", src, weight((n, width)), bias))
+            g.widths.append(n)
+        elif kind == "glu":
+            n = rng.choice(WIDTHS)
+            g.steps.append(("glu", src, weight((width, n)), weight((width, n)), rng.choice(sorted(UNARY))))
             g.widths.append(n)
         elif kind == "unary":
             g.steps.append((rng.choice(sorted(UNARY)), src))
@@ -130,7 +149,12 @@ def random_graph(rng: random.Random) -> Graph:
 
 def _inputs(g: Graph, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(M, K, generator=gen), *(torch.randn(s, generator=gen) * 0.3 for s in g.weights))
+    x = torch.randn((2, g.m // 2, K) if g.batched else (g.m, K), generator=gen)
+    return tuple(t.to(g.dtype) for t in (x, *(torch.randn(s, generator=gen) * 0.3 for s in g.weights)))
+
+
+# bound on each output's error against float64 eager: bf16 rounds every step (eager too)
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 
 
 CASES = [(seed, i) for seed in SEEDS for i in range(GRAPHS)]
@@ -147,7 +171,11 @@ def test_the_pass_runs_every_random_graph_and_matches_eager(case, policy, tmp_pa
     got = gm(*inputs)
     want = g(*(t.double() for t in inputs))
     for out, (o, w) in zip(g.outputs, zip(got, want, strict=True), strict=True):
-        assert rel_error(o, w) < 1e-4, f"output v{out} of {g.describe()} ({len(decisions)} decisions)"
+        assert o.shape == w.shape and o.dtype == g.dtype, f"output v{out} of {g.describe()}"
+        error = rel_error(o, w)
+        assert error < TOLERANCE[g.dtype], (
+            f"output v{out} of {g.describe()}: {error:.3g} ({len(decisions)} decisions)"
+        )
 
 
 def test_the_fuzzer_makes_graphs_the_pass_takes_templates_in():
@@ -156,5 +184,6 @@ def test_the_fuzzer_makes_graphs_the_pass_takes_templates_in():
     graphs = [random_graph(random.Random(seed * 1000 + i)) for seed, i in CASES]
     ops = [[step[0] for step in g.steps] for g in graphs]
     assert sum("mm" in o or "linear" in o for o in ops) >= len(graphs) * 3 // 4
-    assert any(o.count("mm") + o.count("linear") >= 2 for o in ops)
+    assert any(o.count("mm") + o.count("linear") >= 2 for o in ops) and any("glu" in o for o in ops)
+    assert {g.m for g in graphs} == set(ROWS) and {g.dtype for g in graphs} == {torch.float32, torch.bfloat16}
     assert any(set(o) & set(REDUCTIONS) for o in ops) and any("softmax" in o for o in ops)
