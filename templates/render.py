@@ -188,7 +188,9 @@ def _epilogue_hooks(
             else:  # a predicate stored as a float is 0.0 / 1.0 (the rounding helpers bit-cast fp32)
                 value = rounded(var if node_kind == "float" else f"{var}.to(tl.float32)", out.dtype)
             i = len(outputs)
-            added = rounded(f"(out{i}_old + ({value}).to(tl.float32))", out.dtype) if combine else ""
+            added = ""  # the interpreter's in-order combine (store_output.py.jinja)
+            if combine and interpret:
+                added = rounded(f"(out{i}_old + ({value}).to(tl.float32))", out.dtype)
             outputs.append(_StoredOutput(value, smem=i in smem_outputs, added=added))
         return (
             _ENV.get_template("store_output.py.jinja")
