@@ -49,6 +49,8 @@ from epilab.compiler.op import output_specs
 from epilab.ir.problem import Problem
 from epilab.templates import kinds
 from epilab.templates.bound import Bound
+from epilab.templates.build import with_constexprs
+from epilab.templates.render import Target
 from epilab.templates.runtime import cross_binding, extent, sm_count
 
 # what a launch takes beside the kernel's own arguments (``triton.Config``'s options)
@@ -194,7 +196,7 @@ def emit(
     fills = {id(_root(into[i])): value for i, value in bound.fills}
     try:
         for kernel, grid, args in launches:
-            _launch(buffers, kernel, grid, args, bound, fills)
+            _launch(buffers, kernel, grid, args, bound, fills, target)
         missing = [i for i, o in enumerate(outs) if id(o) not in buffers.written]
         if missing:
             raise NotEmitted(f"no launch writes output {missing[0]}")
@@ -211,6 +213,7 @@ def _launch(
     args: Mapping[str, object],
     bound: Bound,
     fills: Mapping[int, float],
+    target: Target,
 ) -> None:
     """One launch as a ``triton_kernel_wrapper_functional`` node, and its written tensors'
     nodes (``getitem`` of it) noted as their buffers' latest."""
@@ -244,6 +247,7 @@ def _launch(
         fill = fills.get(id(_root(value)))
         kwargs[name] = buffers.buffer(value, fill, name in bound.zeroed)
         written[name] = value
+    kernel = folded(kernel, constants, target)
     # one name per written buffer (a TMA store's descriptor shares its output's): a buffer
     # named twice would be copied for the second, and the kernel's two writes would part
     by_buffer: dict[int, str] = {}
@@ -264,6 +268,15 @@ def _launch(
     node.meta["eager_input_vals"] = ((), fx.node.map_arg(node.kwargs, lambda n: n.meta["val"]))
     for name in cloned:
         buffers.wrote(written[name], buffers.add(operator.getitem, (node, name), results[name]))
+
+
+def folded(kernel: object, args: Mapping[str, object], target: Target) -> object:
+    """``kernel`` with its numeric arguments in ``args`` as constexprs. A static graph passes
+    the same sizes and strides on every call: folded in, they leave the launch (Inductor's
+    own templates bake them in too: its launcher then passes only the tensors) and the
+    kernel's index arithmetic is done at compile time."""
+    numbers = [n for n, v in args.items() if isinstance(v, int | float)]
+    return with_constexprs(kernel, numbers, target=target)
 
 
 def _checked(bound: Bound, target: str) -> tuple:
@@ -291,7 +304,7 @@ def _wrap(kernel: object, options: Mapping[str, object]) -> object:
     return wrapped
 
 
-def _target(device: torch.device, interpreted: bool) -> str:
+def _target(device: torch.device, interpreted: bool) -> Target:
     if device.type == "cpu" and interpreted:
         return "interpreter"
     if device.type != "cuda":

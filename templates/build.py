@@ -11,15 +11,19 @@ that at decoration time), which is why it is part of the key.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import os
 import tempfile
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import triton
+import triton.language
 
 from epilab.config import SettingsError, settings
 from epilab.templates.render import TARGETS, Target
@@ -92,3 +96,29 @@ def build(source: str, *, target: Target) -> ModuleType:
             spec.loader.exec_module(module)
         _modules[key] = module
         return module
+
+
+def with_constexprs(kernel: Any, names: Collection[str], *, target: Target) -> Any:
+    """``kernel`` built again with its parameters ``names`` declared ``tl.constexpr``: a call
+    that passes those arguments the same value every time (a launch emitted for static
+    shapes passes its sizes and strides so) gets a kernel with them folded in and fewer
+    arguments to launch. Parameters already annotated are left as they are; ``kernel`` itself
+    where none is left to change."""
+    fn = kernel.fn
+    path = Path(fn.__code__.co_filename)
+    source = path.read_text()
+    tree = ast.parse(source)
+    defs = [d for d in tree.body if isinstance(d, ast.FunctionDef) and d.name == fn.__name__]
+    if len(defs) != 1:
+        raise ValueError(f"{path} does not define one function {fn.__name__}")
+    params = [a for a in defs[0].args.args if a.annotation is None and a.arg in names]
+    if not params:
+        return kernel
+    if fn.__globals__.get("tl") is not triton.language:
+        raise ValueError(f"{path} does not import triton.language as tl")
+    lines = source.splitlines(keepends=True)
+    for a in sorted(params, key=lambda a: (a.lineno, a.col_offset), reverse=True):
+        assert a.end_lineno is not None and a.end_col_offset is not None
+        line = lines[a.end_lineno - 1]
+        lines[a.end_lineno - 1] = f"{line[: a.end_col_offset]}: tl.constexpr{line[a.end_col_offset :]}"
+    return getattr(build("".join(lines), target=target), fn.__name__)

@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from epilab.compiler import backend, graph_pass
 from epilab.compiler.decide import Plan
-from epilab.compiler.emit import NotEmitted, emit
+from epilab.compiler.emit import NotEmitted, emit, folded
 from epilab.compiler.op import TEMPLATE_CALL, operand_names
 from epilab.config import patch
 from epilab.ir.check import rel_error
@@ -144,13 +144,42 @@ def test_every_kind_emits_launches_that_match_its_custom_op(case):
     _check_emitted(problem, default_config(problem, "interpreter"), a, b, operands)
 
 
-@pytest.mark.parametrize(
-    "case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}"
-)
-def test_inductor_takes_the_source_of_every_kinds_gpu_kernels(case):
+def test_inductor_takes_every_kinds_folded_gpu_kernels_with_only_tensors_to_pass():
     """What Inductor does with an emitted kernel before it compiles it for the GPU, done here
-    without one: the launches bound for an H100 (132 SMs, sm_90 defaults) and each kernel's
-    source with every jitted function it calls, as Inductor puts it in its output code."""
+    without one, for every kind and matmul's main loops: the launches bound for an H100 (132
+    SMs, sm_90 defaults), their sizes and strides folded in as constexprs (``emit.folded``),
+    each kernel's source with every jitted function it calls, as Inductor puts it in its
+    output code, and its Triton IR for sm_90 as Inductor makes it, whose only arguments left
+    are tensors: a launch passes nothing but pointers (and TMA descriptors). In a process of
+    its own: Triton compiles nothing in a process that runs its interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EPILAB_INTERPRET")}
+    code = "import json, test_emit; print(json.dumps(test_emit.gpu_kernels_checked()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    checked = json.loads(done.stdout.splitlines()[-1])
+    assert len(checked) == len(KINDS) + len(MAIN_LOOPS)
+    assert all(n > 0 for n in checked.values()), checked
+
+
+# matmul's main loops beside the default one (changes to its sm_90 default config)
+MAIN_LOOPS = [
+    {"variant": "persistent"},
+    {"variant": "stream_k"},
+    {"SPLIT_K": 4},  # two launches through a workspace
+]
+
+
+def gpu_kernels_checked() -> dict[str, int]:
+    """The cases of ``test_inductor_takes_every_kinds_folded_gpu_kernels_with_only_tensors_to_pass``
+    (run where Triton compiles): each case's name and how many kernels it checked."""
     from torch._inductor.codegen.triton import TritonKernel
     from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
 
@@ -158,24 +187,73 @@ def test_inductor_takes_the_source_of_every_kinds_gpu_kernels(case):
     from epilab.templates.verify import random_inputs
     from epilab.tuner import suites
 
-    name, fields, twin, *index = case
-    spec = dataclasses.replace(suites.suite(name)[index[0] if index else 0], **fields)
-    problem = spec.problem()
-    if twin is not None:
-        (problem,) = [t for t in kinds.twins(problem) if t.template == twin]
+    cases = []
+    for name, fields, twin, *index in KINDS:
+        spec = dataclasses.replace(suites.suite(name)[index[0] if index else 0], **fields)
+        problem = spec.problem()
+        if twin is not None:
+            (problem,) = [t for t in kinds.twins(problem) if t.template == twin]
+        cases.append((f"{name}{index[0] if index else ''}-{twin}-{sorted(fields.values())}", problem, {}))
+    template, made_from, _ = CASES["matmul"]
     with cross_binding(132, "cuda"):
-        a, b, operands = random_inputs(problem, torch.device("cpu"), 0)
-        config = default_config(problem, "cuda", sm_count=132, capability="9.0")
-        bound = kinds.bind(problem, config, a, b, operands)
-    assert bound.launches, config.short()
-    for kernel, _, _ in bound.launches:
-        assert not kernel.is_gluon()
-        imports = TritonKernel.gen_common_triton_imports()  # what Inductor puts before it
-        source = imports + user_defined_triton_kernel_transitive_closure_source_code(kernel, None)
-        namespace: dict = {}
-        exec(compile(source, kernel.fn.__name__, "exec"), namespace)
-        assert kernel.fn.__name__ in namespace
-        assert not _undefined(source, namespace), f"{kernel.fn.__name__} reads names its source lacks"
+        matmul = _problem_of(template, made_from())
+    cases += [(f"matmul-{changes}", matmul, changes) for changes in MAIN_LOOPS]
+    checked = {}
+    for case, problem, changes in cases:
+        with cross_binding(132, "cuda"):
+            a, b, operands = random_inputs(problem, torch.device("cpu"), 0)
+            config = default_config(problem, "cuda", sm_count=132, capability="9.0")
+            bound = kinds.bind(problem, dataclasses.replace(config, **changes), a, b, operands)
+        assert bound.launches, f"{case}: {config.short()}"
+        for kernel, _, args in bound.launches:
+            assert not kernel.is_gluon(), case
+            kernel = folded(kernel, {n: v for n, v in args.items() if n in kernel.arg_names}, "cuda")
+            imports = TritonKernel.gen_common_triton_imports()  # what Inductor puts before it
+            source = imports + user_defined_triton_kernel_transitive_closure_source_code(kernel, None)
+            namespace = _imported(source, kernel.fn.__name__)
+            assert kernel.fn.__name__ in namespace, case
+            assert not _undefined(source, namespace), f"{case}: {kernel.fn.__name__} reads names its source lacks"
+            passed = _launch_arguments(kernel, args)
+            described = {d.arg for d in bound.descriptors}
+            scalars = [n for n in passed if not isinstance(args[n], torch.Tensor) and n not in described]
+            assert passed and not scalars, f"{case}: {kernel.fn.__name__} is passed {scalars} per launch"
+        checked[case] = len(bound.launches)
+    return checked
+
+
+def _imported(source: str, name: str) -> dict:
+    """The namespace of ``source`` imported from a file (Triton reads a kernel's source from
+    its file, as from Inductor's output code)."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="epilab-emitted-")) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return vars(module)
+
+
+def _launch_arguments(kernel, args) -> list[str]:
+    """The arguments of ``kernel``'s Triton IR for an H100 (the names a launch passes), made
+    as Inductor makes it for a user's kernel (it asks the driver for the target: none here)."""
+    from unittest import mock
+
+    import triton.runtime
+    from torch._higher_order_ops.triton_kernel_wrap import generate_ttir
+    from triton.backends.compiler import GPUTarget
+
+    class H100:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    values = {n: torch.empty(2, dtype=v.dtype) if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+    with mock.patch.object(triton.runtime.driver, "_active", H100(), create=True):
+        _, names = generate_ttir(kernel, {n: values[n] for n in kernel.arg_names}, {})
+    return names
 
 
 def _undefined(source: str, namespace: dict) -> set[str]:
