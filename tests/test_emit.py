@@ -161,7 +161,12 @@ def test_inductor_takes_every_kinds_folded_gpu_kernels_with_only_tensors_to_pass
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EPILAB_INTERPRET")}
     code = "import json, test_emit; print(json.dumps(test_emit.gpu_kernels_checked()))"
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     checked = json.loads(done.stdout.splitlines()[-1])
@@ -212,7 +217,9 @@ def gpu_kernels_checked() -> dict[str, int]:
             source = imports + user_defined_triton_kernel_transitive_closure_source_code(kernel, None)
             namespace = _imported(source, kernel.fn.__name__)
             assert kernel.fn.__name__ in namespace, case
-            assert not _undefined(source, namespace), f"{case}: {kernel.fn.__name__} reads names its source lacks"
+            assert not _undefined(source, namespace), (
+                f"{case}: {kernel.fn.__name__} reads names its source lacks"
+            )
             passed = _launch_arguments(kernel, args)
             described = {d.arg for d in bound.descriptors}
             scalars = [n for n in passed if not isinstance(args[n], torch.Tensor) and n not in described]
