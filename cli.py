@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import warnings
+from collections import Counter
 from typing import Annotated, Any
 
 import typer
@@ -700,16 +701,24 @@ def tune_compile_server(
     """This user's compile servers on this host (the processes `epilab tune` compiles in, shared by
     its commands): each one's pid, the commands connected, its processes and compiles, and when
     it leaves if no command comes."""
-    from epilab.tuner.compile_server import servers, stop
+    from epilab.tuner.compile_server import holder, servers, stop
 
     found = servers()
     if not found:
         typer.echo("no compile server is running")
         return
     rows = []
+    done: Counter[str] = Counter()
     for sock, status in found:
+        if stop_them:
+            done[stop(sock)] += 1
         if status is None:
-            rows.append([sock.stem, "-", "-", "-", "-", "-", "not answering (stale)"])
+            pid = holder(sock)
+            if pid is None:
+                rows.append([sock.stem, "-", "-", "-", "-", "-", "stale: its server is gone"])
+            else:
+                shown = str(pid) if pid > 0 else "?"
+                rows.append([sock.stem, shown, "-", "-", "-", "-", "not answering (stopped or hung)"])
             continue
         leaves = status["leaves_in_s"]
         rows.append(
@@ -723,12 +732,16 @@ def tune_compile_server(
                 "with its commands" if leaves is None else f"in {leaves:.0f} s",
             ]
         )
-        if stop_them:
-            stop(sock)
     headers = ["fingerprint", "pid", "commands", "processes", "compiles", "up", "leaves"]
     _print_table("compile servers", headers, rows)
     if stop_them:
-        typer.echo(f"stopped {sum(s is not None for _, s in found)} server(s)")
+        said = {
+            "stopped": "stopped {} server(s)",
+            "killed": "killed {} server(s) that did not answer",
+            "removed": "removed {} stale socket(s)",
+            "not answering": "left {} server(s) that do not answer and whose pid is unknown",
+        }
+        typer.echo("; ".join(said[k].format(n) for k, n in done.items()))
 
 
 @tune_app.command("status")

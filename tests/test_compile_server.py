@@ -5,6 +5,7 @@ compile here (a module of the test's), so no GPU is needed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ def host(monkeypatch):
     with open(os.path.join(root, "stand_in_server.py"), "w") as f:
         f.write(STAND_IN)
     monkeypatch.setattr(tempfile, "tempdir", root)
+    monkeypatch.syspath_prepend(root)  # for a command's own pool where it falls back
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("EPILAB_COMPILE_SERVER_IDLE", "60")
     yield root
@@ -255,7 +257,7 @@ def test_the_cli_lists_and_stops_the_servers(host):
     runner = CliRunner()
     pool = ServerPool(1, -1, task=TASK)
     try:
-        list(pool.compiled("{}", [{"tag": 0}]))
+        served = list(pool.compiled("{}", [{"tag": 0}]))
         [(_, status)] = servers()
         shown = runner.invoke(app, ["tune", "compile-server"])
         assert shown.exit_code == 0 and str(status["pid"]) in shown.output
@@ -266,7 +268,8 @@ def test_the_cli_lists_and_stops_the_servers(host):
         while any(s is not None for _, s in servers()) and time.monotonic() < end:
             time.sleep(0.1)
         assert all(s is None for _, s in servers())
-        assert [r["status"] for r in pool.compiled("{}", [{"tag": 1}])] == ["unknown"]  # its server left
+        [after] = pool.compiled("{}", [{"tag": 1}])  # its server left: compiled in the command's own
+        assert after["status"] == "compiled" and after["pid"] not in _pids(served)
     finally:
         pool.close()
     assert runner.invoke(app, ["tune", "compile-server"]).output.count("stale") <= 1
@@ -285,3 +288,124 @@ def test_a_socket_path_too_long_for_unix_is_refused_before_anything_starts(host,
     monkeypatch.setattr(tempfile, "tempdir", deep)
     with pytest.raises(ServerUnavailable, match="too long for a Unix socket"):
         ServerPool(1, -1, task=TASK)
+
+
+# -- the third round of attacks (issue 89): a client or server that never answers, the
+# address taken by another user, code in the command's directory, orphans
+
+
+def _server_pid() -> int:
+    [(_, status)] = servers()
+    assert status is not None
+    return status["pid"]
+
+
+def test_a_client_that_never_answers_holds_up_no_other(host, monkeypatch):
+    import socket
+
+    monkeypatch.setattr(compile_server, "HANDSHAKE_S", 1.0)
+    first = ServerPool(1, -1, task=TASK)
+    [(sock, _)] = servers()
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.connect(str(sock))  # and says nothing: the handshake is its own thread's, not the accept's
+    try:
+        started = time.monotonic()
+        second = ServerPool(1, -1, task=TASK)
+        try:
+            assert [r["status"] for r in second.compiled("{}", [{"tag": 0}])] == ["compiled"]
+        finally:
+            second.close()
+        assert time.monotonic() - started < 10
+        assert mute.recv(1024)  # the challenge it was sent; then cut off, after HANDSHAKE_S
+        mute.settimeout(10)
+        while mute.recv(1024):
+            pass
+    finally:
+        mute.close()
+        first.close()
+
+
+def test_a_stopped_server_is_given_up_and_the_command_compiles_on_its_own(host, monkeypatch):
+    import signal
+
+    monkeypatch.setattr(compile_server, "HANDSHAKE_S", 1.0)
+    monkeypatch.setattr(compile_server, "SILENT_S", 1.0)
+    pool = ServerPool(1, -1, task=TASK)
+    served = list(pool.compiled("{}", [{"tag": 0}]))
+    pid = _server_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        [mine] = pool.compiled("{}", [{"tag": 1}])  # silent twice SILENT_S: its own process compiles
+        assert mine["status"] == "compiled" and mine["pid"] not in _pids(served)
+        assert time.monotonic() - started < 15
+        started = time.monotonic()
+        with pytest.raises(ServerUnavailable, match="did not answer within 1 s"):
+            ServerPool(1, -1, task=TASK)  # a later command gives it up at once
+        with config.patch(compile_server_idle_s=60.0):
+            fallback = compile_pool(1, -1)  # and compiles in processes of its own
+        assert isinstance(fallback, CompilePool) and time.monotonic() - started < 10
+        fallback.close()
+        started = time.monotonic()
+        found = servers()  # what `epilab tune compile-server` lists: it does not hang either
+        assert [s for _, s in found] == [None] and time.monotonic() - started < 30
+        assert compile_server.holder(found[0][0]) == pid
+        assert stop(found[0][0]) == "killed"  # a server that does not answer, killed by --stop
+        assert servers() == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        pool.close()
+
+
+def test_the_address_taken_by_a_file_or_a_dangling_link_falls_back(host):
+    where = os.path.join(host, f"epilab-{os.getuid()}")
+    for make in (lambda: open(where, "w").close(), lambda: os.symlink(os.path.join(host, "nowhere"), where)):
+        make()
+        with pytest.raises(ServerUnavailable, match="not a directory of this user's"):
+            compile_server.address_dir()
+        with config.patch(compile_server_idle_s=60.0):
+            fallback = compile_pool(1, -1)  # not FileExistsError: processes of the command's own
+        assert isinstance(fallback, CompilePool)
+        fallback.close()
+        os.unlink(where)
+
+
+def test_the_server_runs_no_module_of_the_commands_directory(host, monkeypatch, tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "argparse.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    pool = ServerPool(1, -1, task=TASK)
+    try:
+        assert [r["status"] for r in pool.compiled("{}", [{"tag": 0}])] == ["compiled"]
+    finally:
+        pool.close()
+    assert not marker.exists()
+
+
+def test_a_killed_servers_processes_leave_and_stop_removes_its_socket(host):
+    import signal
+
+    pool = ServerPool(2, -1, task=TASK)
+    try:
+        workers = _pids(pool.compiled("{}", [{"sleep": 0.3, "tag": 0}, {"sleep": 0.3, "tag": 1}]))
+        server = _server_pid()
+        os.kill(server, signal.SIGKILL)
+        end = time.monotonic() + 20
+        while any(_alive(p) for p in workers) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers), "the pool's processes outlived their server"
+    finally:
+        pool.close()
+    [(sock, status)] = servers()
+    assert status is None and compile_server.holder(sock) is None  # stale: nobody holds its lock
+    assert stop(sock) == "removed" and servers() == []
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -47,6 +47,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -58,7 +59,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,8 @@ SHARED_COMPILES = 8192  # candidates whose compiles a later request may share (t
 MAX_SOCKET_PATH = 100  # bytes: a Unix socket's address holds 107 on Linux (and 103 on macOS)
 MAX_LOG_BYTES = 1 << 20  # the servers' log beside the socket starts again past this size
 START_TIMEOUT_S = 60.0  # a server that does not answer by then is given up: the command compiles itself
+HANDSHAKE_S = 5.0  # a peer that has not proven it holds the key by then is cut off (either side)
+SILENT_S = 30.0  # a server silent this long is asked whether it lives; silent as long again: given up
 # the parts of the package a compile runs (renders, builds, checks), fingerprinted by name, size and mtime
 COMPILED_FROM = ("__init__.py", "config.py", "files.py", "ir", "templates", "tuner")
 
@@ -80,13 +83,19 @@ def address_dir() -> Path:
     """``<tmp>/epilab-<uid>``, made if missing; refused unless this user owns it and nobody else
     may enter it (another user's socket there could be handed our tasks, or hand us results)."""
     where = Path(tempfile.gettempdir()) / f"epilab-{os.getuid()}"
-    where.mkdir(mode=0o700, exist_ok=True)
+    try:
+        where.mkdir(mode=0o700)
+    except FileExistsError:  # ours from before, or anything another user put there: looked at below
+        pass
+    except OSError as e:
+        why = f"cannot make {where} ({e.strerror}); set TMPDIR to a directory of this user's"
+        raise ServerUnavailable(why) from e
     st = where.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise ServerUnavailable(
-            f"{where} is not a directory of this user's that only it may enter (mode "
-            f"{stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}); remove it, or set "
-            "EPILAB_COMPILE_SERVER_IDLE=0"
+            f"{where} is not a directory of this user's that only it may enter ({_kind(st.st_mode)}, "
+            f"mode {stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}); remove it, set TMPDIR to another "
+            "directory, or set EPILAB_COMPILE_SERVER_IDLE=0"
         )
     return where
 
@@ -124,12 +133,81 @@ def _paths(where: Path, print_: str) -> dict[str, Path]:
     return {ext: where / f"{print_}.{ext}" for ext in ("sock", "key", "lock", "log")}
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a directory" if stat.S_ISDIR(mode) else "not a directory"
+
+
 def _try_connect(sock: Path, key_file: Path) -> Connection | None:
+    """A connection to the server at ``sock`` that has proven it holds our key, and we its;
+    None where there is none to connect to (not up yet, gone) or it holds another key. Raises
+    ``ServerUnavailable`` where one took the connection and did not answer within
+    ``HANDSHAKE_S`` (stopped or hung: waiting for it would hang the command)."""
     try:
         key = key_file.read_bytes()
-        return Client(str(sock), family="AF_UNIX", authkey=key)
-    except (OSError, EOFError, mp.AuthenticationError):  # not up yet, gone, or another's key
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            raw.settimeout(HANDSHAKE_S)  # a full backlog (a stopped server's) blocks connect
+            raw.connect(str(sock))
+            raw.settimeout(None)
+        except BaseException:
+            raw.close()
+            raise
+    except OSError:
         return None
+    conn = Connection(raw.detach())
+    try:
+        if _authenticated(conn, key, server=False):
+            return conn
+    except TimeoutError:
+        conn.close()
+        raise ServerUnavailable(
+            f"the compile server at {sock} did not answer within {HANDSHAKE_S:.0f} s (stopped or hung; "
+            "`epilab tune compile-server --stop` ends it)"
+        ) from None
+    conn.close()
+    return None
+
+
+def _authenticated(conn: Connection, key: bytes, *, server: bool) -> bool:
+    """``multiprocessing``'s HMAC challenge each way (the server's first), within
+    ``HANDSHAKE_S``: a peer that stalls is cut off (``TimeoutError``), and only the connection
+    it holds waits. False where the peer failed it (another key, or it left)."""
+    from multiprocessing.connection import answer_challenge, deliver_challenge
+
+    late = threading.Event()
+
+    def cut() -> None:
+        late.set()
+        _shut_down(conn)
+
+    timer = threading.Timer(HANDSHAKE_S, cut)
+    timer.start()
+    try:
+        if server:
+            deliver_challenge(conn, key)
+            answer_challenge(conn, key)
+        else:
+            answer_challenge(conn, key)
+            deliver_challenge(conn, key)
+    except (OSError, EOFError, mp.AuthenticationError):
+        if late.is_set():
+            raise TimeoutError from None
+        return False
+    finally:
+        timer.cancel()
+    if late.is_set():
+        raise TimeoutError
+    return True
+
+
+def _shut_down(conn: Connection) -> None:
+    """Shut ``conn``'s socket down: a thread blocked reading it wakes (a dup of it, so that the
+    connection's own descriptor stays for its owner to close)."""
+    unix = (socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(OSError), socket.fromfd(conn.fileno(), *unix) as dup:
+        dup.shutdown(socket.SHUT_RDWR)
 
 
 def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIMEOUT_S) -> Connection:
@@ -144,13 +222,22 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
     conn = _try_connect(paths["sock"], paths["key"])
     if conn is not None:
         return conn
-    command = [sys.executable, "-m", "epilab.tuner.compile_server", "--address", str(paths["sock"])]
-    command += ["--jobs", str(jobs), *(["--task", task] if task else [])]
+    # cwd and sys.path[0] the private directory: a module in the directory the command started
+    # in (an ``argparse.py``) would run inside the server, which serves later commands
+    isolated = ["-P"] if sys.version_info >= (3, 11) else []
+    command = [sys.executable, *isolated, "-m", "epilab.tuner.compile_server"]
+    command += ["--address", str(paths["sock"]), "--jobs", str(jobs), *(["--task", task] if task else [])]
     log_file = paths["log"]
     fresh = not log_file.exists() or log_file.stat().st_size > MAX_LOG_BYTES  # (a server's lines each)
     with open(log_file, "wb" if fresh else "ab") as log:
         server = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+            command,
+            cwd=paths["sock"].parent,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
         )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -229,6 +316,7 @@ class ServerPool:
         self.device_index = device_index
         self.target = device_target(device_index)
         self.cancelled = False
+        self._task = task
         self._conn: Connection | None = connect(jobs, task=task)
         self._ids = itertools.count()
         self._local: CompilePool | None = None
@@ -246,16 +334,13 @@ class ServerPool:
     def _lost(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            # a dup of its socket, shut down, wakes a thread blocked reading it
-            unix = (socket.AF_UNIX, socket.SOCK_STREAM)
-            with contextlib.suppress(OSError), socket.fromfd(conn.fileno(), *unix) as dup:
-                dup.shutdown(socket.SHUT_RDWR)
+            _shut_down(conn)
             with contextlib.suppress(OSError):
                 conn.close()
 
     def _own_pool(self) -> CompilePool:
         if self._local is None:
-            self._local = CompilePool(self.jobs, self.device_index)
+            self._local = CompilePool(self.jobs, self.device_index, _load_task(self._task))
         return self._local
 
     def start(self) -> None:
@@ -272,15 +357,39 @@ class ServerPool:
         done = 0
         while done < len(configs):
             try:
-                message = self._conn.recv()  # type: ignore[union-attr]
+                message = self._receive()
             except (EOFError, OSError, AttributeError):  # the server left, or cancel() closed it
                 self._lost()
                 why = "cancelled" if self.cancelled else "the compile server went away"
                 yield from ({"status": "unknown", "detail": why} for _ in range(len(configs) - done))
                 return
+            if message is None:  # alive but silent (stopped, or hung): compiled here instead
+                logging.getLogger("epilab").warning(
+                    "the compile server did not answer for %.0f s: compiling in this command's own processes",
+                    2 * SILENT_S,
+                )
+                self._lost()
+                yield from self._own_pool().compiled(problem_json, configs[done:])
+                return
             if message[0] == "result" and message[1] == request:  # (not a batch left unread)
                 done += 1
                 yield message[3]
+
+    def _receive(self) -> tuple | None:
+        """The server's next message; None where it stays silent ``SILENT_S`` after being asked
+        whether it lives (a compile may take long; a server that answers is waited for)."""
+        asked = False
+        while True:
+            if self._conn.poll(SILENT_S):  # type: ignore[union-attr]
+                message = self._conn.recv()  # type: ignore[union-attr]
+                if message[0] != "pong":
+                    return message
+                asked = False
+            elif asked:
+                return None
+            else:
+                self._conn.send(("ping",))  # type: ignore[union-attr]
+                asked = True
 
     def warm(self, problem_json: str, configs: list[dict[str, Any]]) -> None:
         if not self.cancelled and configs:
@@ -317,8 +426,11 @@ def compile_pool(jobs: int, device_index: int) -> ServerPool | CompilePool:
 
 
 class Server:
-    def __init__(self, jobs: int, idle_s: float, task: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(
+        self, jobs: int, idle_s: float, task: Callable[[dict[str, Any]], dict[str, Any]], key: bytes
+    ) -> None:
         self.jobs = jobs
+        self.key = key
         self.idle_s = idle_s
         self.task = task
         self.pools: dict[int, ProcessPoolExecutor] = {}
@@ -339,7 +451,7 @@ class Server:
                     max_workers=self.jobs,
                     mp_context=mp.get_context("spawn"),
                     initializer=_init_compile_worker,
-                    initargs=(_env(), device),
+                    initargs=(_env(), device, os.getpid()),
                 )
             return pool
 
@@ -418,8 +530,8 @@ class Server:
         threading.Thread(target=self._watch, daemon=True, name="idle watch").start()
         while True:
             try:
-                conn = listener.accept()
-            except (OSError, EOFError, mp.AuthenticationError):  # a client that failed the handshake
+                conn = listener.accept()  # no handshake here: a client that never answers held
+            except OSError:  # every later one behind it
                 continue
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
@@ -446,6 +558,11 @@ class Server:
         queued: list[Future] = []
         counted = False
         try:
+            try:
+                if not _authenticated(conn, self.key, server=True):
+                    return
+            except TimeoutError:
+                return
             while True:
                 try:
                     message = conn.recv()
@@ -533,7 +650,10 @@ def servers() -> list[tuple[Path, dict[str, Any] | None]]:
         return []
     found = []
     for sock in sorted(where.glob("*.sock")):
-        conn = _try_connect(sock, sock.with_suffix(".key"))
+        try:
+            conn = _try_connect(sock, sock.with_suffix(".key"))
+        except ServerUnavailable:  # alive and silent
+            conn = None
         status = None
         if conn is not None:
             with contextlib.suppress(OSError, EOFError), conn:
@@ -544,15 +664,55 @@ def servers() -> list[tuple[Path, dict[str, Any] | None]]:
     return found
 
 
-def stop(sock: Path) -> bool:
-    """Ask the server at ``sock`` to leave now; False where none answered."""
-    conn = _try_connect(sock, sock.with_suffix(".key"))
-    if conn is None:
-        return False
-    with contextlib.suppress(OSError, EOFError), conn:
-        conn.send(("stop",))
-        conn.poll(5)
-    return True
+def holder(sock: Path) -> int | None:
+    """The pid of the server that holds ``sock``'s lock (alive, answering or not); None where
+    none does (the socket is a killed server's)."""
+    import fcntl
+
+    try:
+        fd = os.open(sock.with_suffix(".lock"), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # held: a server lives
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def stop(sock: Path) -> str:
+    """Make the server at ``sock`` leave now. What was done: ``"stopped"`` (it answered and was
+    asked), ``"killed"`` (it holds its lock but does not answer: stopped or hung; its pool's
+    processes end with it), ``"removed"`` (a killed server's socket and key, left behind),
+    ``"not answering"`` (alive, and its pid unknown)."""
+    try:
+        conn = _try_connect(sock, sock.with_suffix(".key"))
+    except ServerUnavailable:  # alive and silent
+        conn = None
+    if conn is not None:
+        with contextlib.suppress(OSError, EOFError), conn:
+            conn.send(("stop",))
+            conn.poll(5)
+        return "stopped"
+    pid = holder(sock)
+    if pid is not None and pid <= 0:
+        return "not answering"
+    done = "removed"
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        end = time.monotonic() + 5
+        while holder(sock) is not None and time.monotonic() < end:
+            time.sleep(0.05)
+        done = "killed"
+    for path in (sock, sock.with_suffix(".key")):
+        path.unlink(missing_ok=True)
+    return done
 
 
 def _shareable(future: Future) -> bool:
@@ -589,17 +749,19 @@ def main(argv: list[str] | None = None) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # another server of this fingerprint is up (or starting): it serves
         return
+    os.ftruncate(lock, 0)
+    os.write(lock, str(os.getpid()).encode())  # for ``stop`` of a server that does not answer
     sock.unlink(missing_ok=True)  # a killed server's
     key = os.urandom(32)
     tmp = sock.with_suffix(f".key.{os.getpid()}")
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(key)
-    listener = Listener(str(sock), family="AF_UNIX", authkey=key)
+    listener = Listener(str(sock), family="AF_UNIX")  # each connection authenticated on its own thread
     os.chmod(sock, 0o600)
     os.replace(tmp, sock.with_suffix(".key"))
     print(f"compile server {os.getpid()} at {sock}: {args.jobs} processes a device", flush=True)
-    Server(max(1, args.jobs), settings().compile_server_idle_s, task).serve(listener)
+    Server(max(1, args.jobs), settings().compile_server_idle_s, task, key).serve(listener)
 
 
 if __name__ == "__main__":

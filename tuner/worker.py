@@ -35,6 +35,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+PARENT_WATCH_S = 0.5  # how often a pool's process looks whether the process that started it is gone
+
 
 class TuningBug(RuntimeError):
     """A task failed in a way no config should cause: stop the run and report it."""
@@ -321,7 +323,7 @@ class CompilePool:
             max_workers=self.jobs,
             mp_context=mp.get_context("spawn"),
             initializer=_init_compile_worker,
-            initargs=(_env(), self.device_index),
+            initargs=(_env(), self.device_index, os.getpid()),
         )
 
     def compiled(self, problem_json: str, configs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -382,15 +384,32 @@ class CompilePool:
             proc.kill()
 
 
-def _init_compile_worker(env: dict[str, str], device_index: int) -> None:
+def _init_compile_worker(env: dict[str, str], device_index: int, parent: int) -> None:
     os.environ.update(env)
     _ignore_interrupts()
+    _leave_with(parent)
     import epilab.tuner.evaluate  # noqa: F401  (torch, Triton and the templates: once, at start)
 
     if device_index >= 0:
         import torch
 
         torch.cuda.set_device(device_index)
+
+
+def _leave_with(parent: int) -> None:
+    """End this process once ``parent`` (the pid that started it) is gone: a pool's processes
+    outlived a command or compile server killed with SIGKILL, each holding a CUDA context. A
+    thread watches the parent (Linux's ``PR_SET_PDEATHSIG`` fires when the *thread* that
+    started a process ends, and a pool starts its processes from whichever thread submits)."""
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="epilab parent watch").start()
 
 
 def _started() -> None:
