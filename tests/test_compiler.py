@@ -47,8 +47,9 @@ def db_path(tmp_path):
     return str(tmp_path / "tuning.db")
 
 
-def compiled(model, db_path, policy="always", mode=None, **kw):
+def compiled(model, db_path, policy="always", mode=None, kernels=True, **kw):
     options = {"policy": policy, "db": db_path, **({"mode": mode} if mode else {})}
+    options |= {} if kernels else {"kernels": False}
     return torch.compile(model, backend="epilab", options=options, **kw)
 
 
@@ -537,11 +538,14 @@ def test_gpu_compiler_runs_the_gemv_template_where_its_record_wins(db_path, m, n
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", [True, False], ids=["as-kernels", "as-op"])
 @pytest.mark.parametrize("variant", ["tma", "tma_persistent", "stream_k", "tma_stream_k"])
-def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, variant):
-    """A recorded tma (or stream-K) config runs through the backend; later calls replay the
-    launch with TMA descriptors remade over their own tensors (new inputs give their own
-    results) and stream-K's workspace looked up per call."""
+def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, variant, kernels):
+    """A recorded tma (or stream-K) config runs through the backend, on each call's own
+    tensors (new inputs give their own results): emitted as Inductor's kernels (descriptors
+    over each call's tensors, stream-K's workspace a buffer of the graph), and through the
+    custom op (``kernels=False``), whose later calls replay the launch with TMA descriptors
+    remade over their tensors and stream-K's workspace looked up per call."""
     from epilab.db import DeviceInfo
 
     torch.manual_seed(0)
@@ -557,10 +561,15 @@ def test_gpu_compiler_replays_a_tma_record_with_each_calls_tensors(db_path, vari
         tma = {**CONFIG, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "variant": variant}
         record(db_path, problem, tma, 0.5, 0.9, device=DeviceInfo.of_cuda(0))
         torch._dynamo.reset()
-        run = compiled(model, db_path, policy="auto")
+        epilab.explain(clear=True)
+        run = compiled(model, db_path, policy="auto", kernels=kernels)
         for x in xs:  # the first call binds, the others replay
             check_close(run(x).float(), F.gelu(as64(lin)(x.double()), approximate="tanh"), torch.bfloat16)
-    assert all(d.template == "matmul" and d.config["variant"] == variant for d in used(epilab.explain()))
+    decisions = used(epilab.explain())
+    assert decisions and all(d.template == "matmul" and d.config["variant"] == variant for d in decisions)
+    assert all((d.runs_as == "kernel") == kernels for d in decisions), [d.runs_as for d in decisions]
+    if kernels:
+        return
     from epilab.compiler import op
 
     replayed = [r for r, _ in op._replays.values()]
