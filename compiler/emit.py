@@ -19,7 +19,9 @@ or scratch (``empty_strided``; zeros where a launch needs them, ``Bound.zeroed``
 functional nodes list every output and scratch argument as written (``tensors_to_clone``);
 Inductor's reinplacing pass drops the copies of fresh buffers, so each launch writes its
 outputs in place. ``num_warps`` and ``num_stages`` travel as the one config of a
-``triton.autotune`` wrapper (Inductor launches a plain kernel with its own defaults).
+``triton.autotune`` wrapper (Inductor launches a plain kernel with its own defaults). The
+launch's sizes and strides are the kernel's constexprs (``folded``): a launch passes only
+its tensors.
 
 Where a call cannot be emitted so, ``emit`` returns why, and the pass inserts the custom op
 instead: kernels in Triton's interpreter (Inductor compiles kernels from their source for a
