@@ -279,15 +279,17 @@ def tune(
         str | None,
         typer.Option(
             help="tune on several GPUs of this host, one worker each: 'all' or indices like 0,1,3 "
-            "(overrides --device; with --interpret, that many interpreter workers)"
+            "(overrides --device; with --interpret, that many interpreter workers, at most one a "
+            "CPU core)"
         ),
     ] = None,
     lease_ttl: Annotated[
         float,
         typer.Option(
             min=1,
+            max=config.MAX_LEASE_TTL_S,
             help="seconds a problem stays leased to a worker that stopped renewing it (killed, host "
-            "down) before another worker takes it over",
+            "down) before another worker takes it over (at most a day)",
         ),
     ] = 60.0,
     resume: Annotated[
@@ -649,7 +651,7 @@ def _tune_devices(device: str, devices: str | None, lease_ttl: float, interpret:
         raise ValueError(f"{device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
     from epilab.tuner.fleet import FleetOptions, parse_devices
 
-    count = torch.cuda.device_count() if not interpret else 64
+    count = torch.cuda.device_count() if not interpret else max(1, os.cpu_count() or 1)  # a worker a core
     fleet = FleetOptions(
         devices=parse_devices(devices, count) if devices is not None else (device_index,),
         lease_ttl_s=lease_ttl,
@@ -963,6 +965,8 @@ def _run_fleet(
                     tasks[(e.worker, e.key)], completed=trials, description=f"{name(e)}  best {best}{vs}"
                 )
                 progress.advance(overall)
+            elif e.what == "waiting" and e.detail:
+                out.print(f"worker {printable(e.worker)} waits: {printable(e.detail)}")
             elif e.what == "stopped" and e.detail:  # the last line of a traceback: its error
                 why = printable(e.detail.strip().splitlines()[-1][:300])
                 out.print(f"[yellow]worker {printable(e.worker)} stopped[/yellow]: {why}")
@@ -1420,20 +1424,43 @@ def db_import(
     """Merge an export into the database: all rows are checked first; the newer record wins."""
     from epilab.db.transfer import import_json
 
+    stale: list[str] = []
+
+    def parse(text: str) -> tuple[str, str]:
+        now, epilogue = parse_problem(text)
+        if not _is_current(now):
+            stale.append(now)
+        return now, epilogue
+
     with _open_db(db, write=True) as store:
-        report = import_json(store, file, parse_problem=parse_problem, validate_config=validate_config)
+        report = import_json(store, file, parse_problem=parse, validate_config=validate_config)
     console.print(
         f"imported {report.problems} problems, {report.trials} trial records and "
         f"{report.baselines} baselines from {printable(file)} (newer records win)"
     )
+    if stale:
+        console.print(
+            f"warning: {len(stale)} of its problems were recorded for other versions of their "
+            "templates: their records are stale and never used (`epilab db stats` counts them, "
+            "`epilab db prune --stale` removes them)"
+        )
 
 
 def parse_problem(text: str) -> tuple[str, str]:
     """What `db import` checks of a problem's JSON: (its JSON as this epilab writes it,
-    canonical epilogue text); an older epilab's form is read as what it means."""
+    canonical epilogue text); an older epilab's form is read as what it means, and a problem
+    exported before revision 0008 gets its kernel hash of today where it was current then,
+    as the migration gives a stored one (else every record of an older export was stale)."""
+    import dataclasses
+    from importlib import import_module
+
     from epilab.ir.problem import Problem
 
     problem = Problem.from_json(text)
+    then = import_module("epilab.db.migrations.versions.0008_kernel_hashes")
+    hashed = then.hash_now(problem.template, problem.to_json())
+    if hashed is not None:
+        problem = dataclasses.replace(problem, template_hash=hashed)
     return problem.to_json(), problem.epilogue.text()
 
 

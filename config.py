@@ -47,6 +47,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LOG_SWITCH = {"1": "INFO", "TRUE": "INFO", "YES": "INFO", "ON": "INFO", "0": "WARNING", "": "WARNING"}
 POLICIES = ("auto", "always", "never")
+MAX_LEASE_TTL_S = 86400.0  # `tune --lease-ttl`: a killed worker's problems wait at most a day for another
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ the store writes them, and records, lookups and summaries as it reads them."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import select
@@ -14,6 +14,7 @@ from epilab.db.fields import (
     check_num,
     check_str,
     clean_detail,
+    now,
 )
 from epilab.db.keys import canonical, family_key, problem_key
 from epilab.db.models import (
@@ -108,10 +109,19 @@ def baseline_values(
     return {"library": library, **_timed_values(timing, max_rel_error, versions, created_at)}
 
 
+FUTURE_SLACK = timedelta(days=1)  # clocks of a fleet's hosts may disagree; a record from later is not
+
+
 def _timed_values(
     timing: Timing | None, max_rel_error: float | None, versions: Versions, created_at: datetime
 ) -> dict[str, Any]:
     t = timing
+    if t is not None:
+        _check_timing(t)
+    created = aware(created_at).astimezone(timezone.utc)
+    if created > now() + FUTURE_SLACK:
+        # the newer record wins a merge: one from the future would win every later one
+        raise ValueError(f"created_at {created.isoformat()} is in the future")
     return {
         "median_ms": check_num("median_ms", t.median_ms if t else None),
         "p20_ms": check_num("p20_ms", t.p20_ms if t else None),
@@ -123,8 +133,22 @@ def _timed_values(
         "timing_method": check_str("timing method", t.method if t else "none", METHOD_LEN),
         "torch_version": check_str("torch version", versions.torch, VERSION_LEN),
         "triton_version": check_str("triton version", versions.triton, VERSION_LEN),
-        "created_at": aware(created_at).astimezone(timezone.utc),
+        "created_at": created,
     }
+
+
+def _check_timing(t: Timing) -> None:
+    """A measured time is more than 0 (a time of 0 was never measured: it would win every
+    lookup), and its quantiles in order: p20 <= median <= p80."""
+    for name in ("median_ms", "p20_ms", "p80_ms", "graph_ms"):
+        value = check_num(name, getattr(t, name))
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be more than 0 (a measured time), got {value!r}")
+    if not t.p20_ms <= t.median_ms <= t.p80_ms:
+        raise ValueError(
+            f"the quantiles are out of order: p20 {t.p20_ms!r:.12} <= median {t.median_ms!r:.12} <= "
+            f"p80 {t.p80_ms!r:.12} must hold"
+        )
 
 
 def is_stale(p: Any, is_current: IsCurrent) -> bool:

@@ -130,7 +130,7 @@ def import_json(
         raise ValueError(f"{path} is nested too deeply to be an epilab export") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path} is not an epilab export (format must be {FORMAT!r})")
-    if doc.get("version") != VERSION:
+    if type(doc.get("version")) is not int or doc["version"] != VERSION:  # (true == 1 in Python)
         raise ValueError(f"{path} has export version {doc.get('version')!r}; this epilab reads {VERSION}")
     errors: list[str] = []
     problems = _checked_problems(doc.get("problems"), parse_problem, errors)

@@ -29,6 +29,16 @@ if TYPE_CHECKING:  # imported where a symbolic dim is parsed: 0.4-0.7 s a proces
     import sympy
 
 LAYOUTS = ("row", "col", "strided")  # row: the last dim has stride 1; col: the one before it
+# the layouts an operand of each broadcast is recorded with (``templates.runtime.operand_layout``,
+# a convolution's ``conv_geometry.conv_layout``): a vector of one value a row or column, a
+# scalar, a tile as a matrix or an image (a convolution records a per-pixel column as an image)
+_TILE_LAYOUTS = (*LAYOUTS, "nhwc", "nchw")
+ALLOWED_OPERAND_LAYOUTS = {
+    "row": ("vector",),
+    "col": ("vector", *_TILE_LAYOUTS),
+    "scalar": ("scalar",),
+    "tile": _TILE_LAYOUTS,
+}
 # how a dot accumulates: ieee (fp32; fp8 products of PROMOTE K blocks summed by the tensor
 # cores, then added in fp32: templates/matmul.py's EXACT_PROMOTION_MAX_K bounds the interval),
 # tf32 (float32 inputs rounded to tf32), fast (fp8 only: the tensor cores' accumulator carries
@@ -272,7 +282,8 @@ def _dim_parse(v: Any) -> Dim:
 
 @dataclass(frozen=True)
 class OperandSpec:
-    """Dtype and layout of one epilogue operand tensor."""
+    """Dtype and layout of one epilogue operand tensor (``ALLOWED_OPERAND_LAYOUTS``: the
+    layouts each broadcast may have)."""
 
     name: str
     dtype: str
@@ -363,9 +374,16 @@ class Problem:
         given = {o.name for o in self.operands}
         if declared != given:
             raise ValueError(f"operand specs {sorted(given)} do not match the epilogue's {sorted(declared)}")
+        broadcasts = dict(self.epilogue.operands)
         for o in self.operands:
             if o.dtype not in OPERAND_DTYPES:
                 raise ValueError(f"operand {o.name!r} dtype {o.dtype!r} is not one of {OPERAND_DTYPES}")
+            layouts = ALLOWED_OPERAND_LAYOUTS[broadcasts[o.name]]
+            if o.layout not in layouts:
+                raise ValueError(
+                    f"operand {o.name!r} is broadcast as {broadcasts[o.name]!r}: its layout must be one "
+                    f"of {layouts}, not {o.layout!r:.40}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return {

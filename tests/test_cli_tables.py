@@ -100,7 +100,7 @@ def test_interpreter_records_show_no_gpu_numbers(tmp_path):
             },
             status="ok",
             timing=Timing(
-                12.0, 11.0, 13.0, "interpreter wall-clock (not GPU time)", tflops=4e-5, graph_ms=0.0
+                12.0, 11.0, 13.0, "interpreter wall-clock (not GPU time)", tflops=4e-5, graph_ms=None
             ),
             max_rel_error=1e-6,
             versions=VERSIONS,

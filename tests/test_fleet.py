@@ -33,7 +33,7 @@ from epilab.db.leases import LeaseBoard, fleet_status
 from epilab.db.models import LeaseRecord, WorkerRecord
 from epilab.ir.problem import Config
 from epilab.templates.kinds import twins
-from epilab.tuner.fleet import parse_devices
+from epilab.tuner.fleet import FleetOptions, parse_devices
 from epilab.tuner.search import STATUS_ATTR, Budget, Outcome, adopt, make_study, search
 from epilab.tuner.suites import load_shapes
 
@@ -214,6 +214,52 @@ def test_workers_racing_for_leases_take_each_problem_once(db_target, tmp_path):
 def test_lease_time_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="lease time must be positive"):
         LeaseBoard(TuningDB.open(tmp_path / "x.db"), INTERPRETER_DEVICE, NOW, ttl_s=0)
+
+
+@pytest.mark.parametrize("ttl", [1e9, 1e12, float("inf")])
+def test_lease_time_is_at_most_a_day(ttl):
+    """A killed worker's problem waited out its lease: 31 years at 1e9 s (and 1e11 s killed
+    the heartbeat thread, inf and 1e12 failed after the database was made)."""
+    with pytest.raises(ValueError, match="at most 86400 s"):
+        FleetOptions(lease_ttl_s=ttl)
+    out = CliRunner().invoke(app, ["tune", "--suite", "small", "--interpret", "--lease-ttl", str(ttl)])
+    assert out.exit_code == 2 and "--lease-ttl" in out.output
+
+
+def test_interpreter_workers_are_at_most_one_a_cpu_core():
+    from epilab.cli import _tune_devices
+
+    _, fleet = _tune_devices("cuda:0", "all", 60.0, True)
+    assert len(fleet.devices) == max(1, os.cpu_count() or 1)  # not 64 on a 2-core machine
+
+
+def test_a_worker_says_what_it_waits_for(db_target, tmp_path):
+    """The rest of the list leased to a worker that no longer renews: this one says so, waits
+    out the lease, takes the problem over and tunes it."""
+    import torch
+    import triton
+
+    from epilab.tuner.fleet import run_fleet
+    from epilab.tuner.tune import TuneOptions
+
+    items = _work(tmp_path, 1)
+    gone = LeaseBoard(
+        TuningDB.open(db_target),
+        INTERPRETER_DEVICE,
+        Versions(torch.__version__, triton.__version__),
+        ttl_s=2.0,
+    )
+    gone.enqueue(items, trials=1)
+    assert gone.take("gone") is not None  # and never renewed: its worker was killed
+    events = []
+    options = TuneOptions(budget=Budget(trials=1, batch=1), interpret=True, jobs=0, baselines=(), warm=False)
+    with TuningDB.open(db_target) as db:
+        report = run_fleet(
+            db, items, options, FleetOptions(lease_ttl_s=2.0, poll_s=0.2), trials=1, listener=events.append
+        )
+    waiting = [e for e in events if e.what == "waiting"]
+    assert len(waiting) == 1 and "leased to other workers" in waiting[0].detail, events
+    assert [r.key for r in report.results] == [items[0][1].key]
 
 
 @pytest.mark.parametrize(

@@ -172,9 +172,23 @@ def export_doc(tmp: Path) -> dict:
     return json.loads((tmp / "valid.json").read_text())
 
 
-def spoiled_export(spoil: Callable[[dict], object]) -> Callable[[Path], None]:
+def spoiled_export(spoil: Callable[[dict], object], *, epilogue: str | None = None) -> Callable[[Path], None]:
+    """An export spoiled, to import into a database of its own; ``epilogue``: the export's
+    problem has this epilogue instead (its operands to spoil)."""
+
     def prepare(d: Path) -> None:
-        doc = export_doc(d)
+        if epilogue is None:
+            doc = export_doc(d)
+        else:
+            record(
+                str(d / "source.db"),
+                Spec(32, 32, 32, dtype="float32", epilogue=epilogue).problem(),
+                CONFIG,
+                0.5,
+            )
+            with TuningDB.open(d / "source.db") as db:
+                export_json(db, d / "valid.json")
+            doc = json.loads((d / "valid.json").read_text())
         spoil(doc)
         (d / "import.json").write_text(json.dumps(doc))
         epilab_db(d / "target.db")
@@ -203,14 +217,14 @@ def _set_configs(**values: object) -> Callable[[dict], None]:
     return spoil
 
 
-def _retemplated(template: str) -> Callable[[dict], None]:
-    """The problem's JSON names another template; key and references follow, so only the
+def _problem_edited(edit: Callable[[dict], object]) -> Callable[[dict], None]:
+    """The first problem's JSON edited; its key and the references to it follow, so only the
     Problem's own check can refuse it."""
 
     def spoil(doc: dict) -> None:
         problem = doc["problems"][0]
         d = json.loads(problem["json"])
-        d["template"] = template
+        edit(d)
         text = json.dumps(d, sort_keys=True, separators=(",", ":"))
         key = hashlib.sha256(text.encode()).hexdigest()
         for row in (*doc["trials"], *doc["baselines"]):
@@ -218,6 +232,40 @@ def _retemplated(template: str) -> Callable[[dict], None]:
         problem.update(json=text, key=key)
 
     return spoil
+
+
+def _retemplated(template: str) -> Callable[[dict], None]:
+    """The problem's JSON names another template."""
+    return _problem_edited(lambda d: d.update(template=template))
+
+
+def _operand_layout(layout: str) -> Callable[[dict], None]:
+    """The bias operand's layout (a row vector's is "vector")."""
+    return _problem_edited(lambda d: d["operands"][0].update(layout=layout))
+
+
+def _at_revision_0007(doc: dict) -> None:
+    """The file as an epilab at schema revision 0007 exported it: each problem's hash was
+    its template's hash of every file then (``0008_kernel_hashes.HASHES_AT_0007``)."""
+    from importlib import import_module
+
+    at_0007 = import_module("epilab.db.migrations.versions.0008_kernel_hashes").HASHES_AT_0007
+    doc["schema_revision"] = "0007"
+    _problem_edited(lambda d: d.update(template_hash=at_0007[d["template"]]))(doc)
+
+
+def _quantiles_reversed(doc: dict) -> None:
+    trial = doc["trials"][0]
+    trial["p20_ms"], trial["p80_ms"] = trial["median_ms"] * 2, trial["median_ms"] / 2
+
+
+def _no_stale_problem(d: Path, output: str) -> None:
+    from epilab.cli import _is_current
+
+    assert "warning" not in output
+    with TuningDB.open(d / "target.db") as db:
+        stats = db.stats(_is_current)
+    assert stats.problems == 1 and stats.stale_problems == 0, stats  # merged into today's problem
 
 
 def _set_device_name(name: str) -> Callable[[dict], None]:
@@ -528,6 +576,44 @@ ATTACKS = [
         "import: an mm problem on the conv2d template",
         spoiled_export(_retemplated("conv2d")),
         says="the conv2d template does not run mm problems",
+    ),
+    # --- issue 89: imports that lie
+    import_attack(
+        "import: a record dated 9999-12-31 (it would win every later merge)",
+        spoiled_export(_set_trial("created_at", "9999-12-31T23:59:59+00:00")),
+        says="is in the future",
+    ),
+    import_attack(
+        "import: a median of 0.0 ms",
+        spoiled_export(_set_trial("median_ms", 0.0)),
+        says="median_ms must be more than 0",
+    ),
+    import_attack(
+        "import: p20 above p80",
+        spoiled_export(_quantiles_reversed),
+        says="quantiles are out of order",
+    ),
+    import_attack(
+        "import: an operand layout of arbitrary text",
+        spoiled_export(_operand_layout("diagonal"), epilogue="bias"),
+        says=r"its layout must be one of \('vector',\), not 'diagonal'",
+    ),
+    import_attack(
+        "import: a row vector laid out as a tile",
+        spoiled_export(_operand_layout("row"), epilogue="bias"),
+        says="broadcast as 'row': its layout must be",
+    ),
+    import_attack(
+        "import: version true",
+        spoiled_export(lambda doc: doc.update(version=True)),
+        says="has export version True",
+    ),
+    import_attack(
+        "import: an export of schema revision 0007 (its problems current then)",
+        spoiled_export(_at_revision_0007),
+        code=0,
+        says="imported 1 problems, 1 trial records",
+        check=_no_stale_problem,
     ),
     import_attack(
         "import: a duplicated trial",

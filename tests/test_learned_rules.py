@@ -103,3 +103,26 @@ def test_the_tuner_never_compiles_a_config_learned_to_fail(db_path):
         tried = [Config.from_dict(r.config) for r in db.records(target.key)]
     assert result.evaluated == 3 and first not in tried
     assert result.compiles["refused_as_learned"] == 1
+
+
+def test_a_problem_every_config_of_which_failed_says_why_and_restart_tries_again(db_path, monkeypatch):
+    """Where every config the search draws was learned to fail, the problem is not silently
+    left with no trial: it says why, and ``--restart`` (``restart=True``) tries them again.
+    (Every config is made a learned failure here by the rules' own check, once one is known.)"""
+    target = problem(m=64)
+    failed(db_path, problem(m=128, n=256), CONFIG)
+
+    def every_one(self, config):
+        if not self._failed:
+            return None
+        self.refused.add(config)
+        return "learned"
+
+    monkeypatch.setattr(LearnedRules, "why", every_one)
+    options = TuneOptions(budget=Budget(trials=2, batch=2), interpret=True, jobs=0, baselines=(), warm=False)
+    with TuningDB.open(db_path) as db, Tuner(db, options) as tuner:
+        nothing = tuner.tune_problem(target, "target")
+        assert nothing.evaluated == 0 and nothing.best is None
+        assert nothing.refused is not None and "--restart" in nothing.refused
+        again = tuner.tune_problem(target, "target", restart=True)
+    assert again.evaluated == 2 and again.refused is None

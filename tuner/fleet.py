@@ -31,9 +31,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from epilab.config import MAX_LEASE_TTL_S
 from epilab.db import TuningDB
 from epilab.db.leases import Lease, LeaseBoard, worker_name
 from epilab.ir.problem import Config, Problem
+from epilab.tuner.progress import duration
 from epilab.tuner.search import Outcome, TakenOver
 from epilab.tuner.tune import DeviceLost, ProblemResult, TuneOptions, Tuner
 from epilab.tuner.worker import Cancelled
@@ -53,13 +55,18 @@ class FleetOptions:
             raise ValueError(f"devices must be distinct device indices, got {self.devices}")
         if not self.lease_ttl_s > 0 or not self.poll_s > 0:
             raise ValueError("the lease time and the poll interval must be positive")
+        if not self.lease_ttl_s <= MAX_LEASE_TTL_S:
+            raise ValueError(
+                f"the lease time must be at most {MAX_LEASE_TTL_S:.0f} s (a day), got "
+                f"{self.lease_ttl_s!r:.20}: a killed worker's problems would wait that long for another"
+            )
 
 
 @dataclass(frozen=True)
 class Event:
     """What a worker tells the caller's progress display (from the worker's thread)."""
 
-    what: str  # start, trial, end, stopped
+    what: str  # start, trial, end, waiting (for others' leases), stopped
     worker: str  # the device label: cuda:1
     label: str = ""
     key: str = ""
@@ -148,16 +155,26 @@ class FleetWorker:
                 self.ended.set()
 
     def _loop(self) -> None:
+        waiting = False
         while not self.stop.is_set():
             lease = self.board.take(self.name, after=self._last)
             if lease is None:
                 wait = self.board.held_elsewhere(self.name)
                 if wait is None:
                     return  # every problem of the list is finished
+                if not waiting:  # said once a wait, not on every poll
+                    waiting = True
+                    soonest = "now" if wait <= 0 else f"in {duration(wait)}"
+                    why = (
+                        "the rest of the list is leased to other workers; the soonest lease ends "
+                        f"{soonest} unless its worker renews it (then this worker takes it over)"
+                    )
+                    self.listener(Event("waiting", self.tuner.device_label, detail=why))
                 with self.changed:  # woken at once by this process's workers, else polls for others'
                     if not self.stop.is_set():
                         self.changed.wait(min(max(wait, 0.2), self.poll_s))
                 continue
+            waiting = False
             with self._lock:
                 self._lease, self._lost = lease, None
             self._last = lease.key

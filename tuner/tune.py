@@ -515,7 +515,10 @@ class Tuner:
         if exclusive:
             adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
         seeds = [] if study.get_trials(deepcopy=False) else self.seeds(problem)  # a new study's only
-        learned = LearnedRules(problem, self.db.failed_compiles(problem, self.device, self.versions.triton))
+        # --restart tries the configs Triton failed to build before again (a fixed Triton, a
+        # rule learned from a failure that was the host's): nothing else clears them
+        failed = [] if restart else self.db.failed_compiles(problem, self.device, self.versions.triton)
+        learned = LearnedRules(problem, failed)
         phases["database"] += time.monotonic() - opened  # (and the problem's row, stored above)
         statuses: Counter[str] = Counter()
 
@@ -558,6 +561,12 @@ class Tuner:
         phases["baselines"] += time.monotonic() - timed
         best_ms = result.best_ms
         compared = self._compared(problem)
+        refused = None
+        if result.evaluated == 0 and learned.refused:
+            refused = (
+                f"every config drawn ({len(learned.refused)}) is one Triton failed to build before for "
+                "a problem like this (learned compile failures); `epilab tune --restart` tries them again"
+            )
         seconds = time.monotonic() - started
         phases["search"] += max(0.0, seconds - sum(phases.values()))
         return ProblemResult(
@@ -577,6 +586,7 @@ class Tuner:
             phases=add_phases({}, phases),
             compiles={**compiles.to_dict(), "refused_as_learned": len(learned.refused)},
             trials_profile=tuple(trace or ()),
+            refused=refused,
         )
 
     def _recorded_baselines(self, problem: Problem) -> dict[str, float]:

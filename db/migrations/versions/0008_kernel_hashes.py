@@ -56,20 +56,24 @@ def _rehash(new_hash: Callable[[str, str], str | None]) -> None:
     rekey_problems(op.get_bind(), rewrite)
 
 
-def upgrade() -> None:
+def hash_now(template: str, text: str) -> str | None:
+    """The hash a problem recorded under 0007 has now: its kernel hash where it was current
+    then; None where it was stale then, or cannot be read (it stays as it was). ``epilab db
+    import`` gives a problem of an older export the same."""
     from epilab.ir.problem import Problem
     from epilab.templates.kinds import template_hash
 
-    def now(template: str, text: str) -> str | None:
-        try:
-            problem = Problem.from_json(text)
-        except ValueError:
-            return None  # a problem this epilab cannot read stays as it was
-        if problem.template_hash != HASHES_AT_0007.get(template):
-            return None
-        return template_hash(template, problem.epilogue)
+    try:
+        problem = Problem.from_json(text)
+    except ValueError:
+        return None
+    if problem.template_hash != HASHES_AT_0007.get(template):
+        return None
+    return template_hash(template, problem.epilogue)
 
-    _rehash(now)
+
+def upgrade() -> None:
+    _rehash(hash_now)
 
 
 def downgrade() -> None:
