@@ -505,11 +505,16 @@ def tune(
             freezing=freezing,
             train=train,
         )
+        import torch
+
+        from epilab.tuner.model import build_model
+
+        # the model first: a factory that fails (or a model on no device) leaves no database made
+        where = torch.device("cpu") if interpret else torch.device(device)
+        built = build_model(model, inputs or [], where, seed=seed, dtype=dtype, train=train)
         store = _open_db(db, write=True)
         with store, config.patch(interpret=interpret), Tuner(store, options) as tuner:
-            _tune_model(
-                tuner, store, model, inputs or [], dtype, device, how, fleet, trials, out_file, json_out
-            )
+            _tune_model(tuner, store, built, how, fleet, trials, out_file, json_out)
         return
     work = [] if seen else _listed_work(suite, shapes, only)  # before the database is opened (or created)
     store = _open_db(db, write=True)
@@ -842,24 +847,16 @@ def _not_served(store: Any, device: Any, recorded: list[str]) -> list[Any]:
 def _tune_model(
     tuner: Any,
     store: Any,
-    target: str,
-    inputs: list[str],
-    dtype: str | None,
-    device: str,
+    built: tuple[Any, tuple[Any, ...], str],
     how: Any,
     fleet: Any,
     trials: int,
     out_file: str | None,
     json_out: bool,
 ) -> None:
-    import torch
+    from epilab.tuner.model import save, tune_model
 
-    from epilab.tuner.model import build_model, save, tune_model
-
-    where = torch.device("cpu") if tuner.options.interpret else torch.device(device)
-    net, example, label = build_model(
-        target, inputs, where, seed=tuner.options.seed, dtype=dtype, train=how.train
-    )
+    net, example, label = built
     out = err_console if json_out else console
     report = tune_model(
         net,

@@ -659,6 +659,12 @@ class TuningDB:
         """(key, JSON) of the one problem whose key starts with ``key_or_prefix``."""
         if len(key_or_prefix) < 6:
             raise ValueError("give at least 6 characters of the problem key")
+        if len(key_or_prefix) > 64 or not all(c in "0123456789abcdefABCDEF" for c in key_or_prefix):
+            # (a 100k-character prefix made SQLite's LIKE fail: "pattern too complex")
+            raise ValueError(
+                f"a problem key is up to 64 hexadecimal characters (a sha256), got {key_or_prefix[:24]!r}"
+                + ("..." if len(key_or_prefix) > 24 else "")
+            )
         with self.session() as s:
             rows = s.execute(
                 select(ProblemRow.key, ProblemRow.json)

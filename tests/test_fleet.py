@@ -276,6 +276,7 @@ def test_devices_are_parsed(text, count, want):
         ("0,0", 2, "named twice"),
         ("3", 2, "does not exist"),
         ("gpu0", 2, "device indices"),
+        ("\u00b2", 2, "device indices"),  # a superscript two: a digit to str.isdigit, not to int
         ("all", 0, "no CUDA"),
     ],
 )

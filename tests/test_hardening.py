@@ -796,6 +796,37 @@ ATTACKS = [
         says="example inputs must be tensors, got str",
         subprocess=True,
     ),
+    # --- issue 89: one-line errors, and nothing made before the model is
+    Attack(
+        "tune: a --model factory that fails makes no database",
+        (*TUNE, "--model", "os:system", *DB),
+        says="calling it failed",
+        absent=("t.db",),
+    ),
+    Attack(
+        "tune: a factory of a model on the meta device",
+        (*TUNE, "--model", "metafactory:make", "--input", "2x4:float32", *DB),
+        write(
+            "metafactory.py",
+            "import torch\n\ndef make():\n    return torch.nn.Linear(4, 4, device='meta')\n",
+        ),
+        env={"PYTHONPATH": "{d}"},
+        says="is on the meta device",
+        absent=("t.db",),
+        subprocess=True,
+    ),
+    Attack(
+        "tune: --devices of a superscript two",
+        (*TUNE, "--suite", "small", "--devices", "\u00b2", *DB),
+        says="give 'all' or device indices",
+    ),
+    Attack(
+        "show: a key of 100k characters",
+        ("db", "show", "a" * 100_000, *DB),
+        at("t.db", epilab_db),
+        says="a problem key is up to 64 hexadecimal characters",
+        unchanged=("t.db",),
+    ),
     Attack(
         "tune: --input of 1e22 elements",
         (*TUNE, "--model", "os:getcwd", "--input", "99999999999x99999999999:bfloat16", *DB),
@@ -1215,3 +1246,31 @@ def test_one_problem_the_database_cannot_store_does_not_stop_the_others(tmp_path
             done = tuner.tune(good)
     assert refused.refused == "not stored: epilogue is longer than 20000 characters"
     assert done.refused is None and done.best is not None
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
+    """A write that fails (no space left) names no file of its own: the error says which."""
+    import errno
+
+    from epilab import files
+    from epilab.cli import user_error
+
+    class Full:
+        def __init__(self, fd, *args, **kw):
+            os.close(fd)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fdopen", Full)
+    target = tmp_path / "report.html"
+    with pytest.raises(OSError) as caught:
+        files.write_text_atomic(target, "<html>")
+    assert user_error(caught.value) == f"No space left on device: {target}"
+    assert list(tmp_path.iterdir()) == []  # and its temporary file is gone

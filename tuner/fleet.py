@@ -356,7 +356,7 @@ def parse_devices(text: str, count: int) -> tuple[int, ...]:
     picked: list[int] = []
     for part in text.split(","):
         part = part.strip().removeprefix("cuda:")
-        if not part.isdigit():
+        if not (part.isascii() and part.isdigit()):  # '²' is a digit to Python, not to int()
             raise ValueError(f"--devices {text!r}: give 'all' or device indices such as 0,1,3")
         index = int(part)
         if index >= count:

@@ -305,7 +305,16 @@ def build_model(
     except (RuntimeError, MemoryError) as e:  # out of memory, mostly
         raise ModelSpecError(f"--model {target!r}: cannot make the example inputs: {_one_line(e)}") from None
     floating = next((t.dtype for t in example if t.dtype.is_floating_point), None)
-    model = made.to(device)
+    if any(t.is_meta for t in (*made.parameters(), *made.buffers(), *given)):
+        raise ModelSpecError(
+            f"--model {target!r}: the factory's model (or its inputs) is on the meta device: its weights "
+            "hold no data to time or check; materialize them (to_empty and an init, or a checkpoint)"
+        )
+    try:
+        model = made.to(device)
+    except (RuntimeError, NotImplementedError, MemoryError) as e:  # out of memory, mostly
+        why = _one_line(e)
+        raise ModelSpecError(f"--model {target!r}: cannot move the model to {device}: {why}") from None
     cast_model(model, cast_to, floating)
     shapes = ",".join(
         "x".join(map(str, t.shape)) + f":{str(t.dtype).removeprefix('torch.')}" for t in example
