@@ -32,6 +32,7 @@ import triton
 
 from epilab.config import POLICIES, settings
 from epilab.db import DeviceInfo, TuningDB, Versions
+from epilab.db.engine import resolve_url
 from epilab.ir.problem import Problem
 from epilab.templates.build import interpreter_active
 
@@ -52,7 +53,7 @@ EPILAB_OPTIONS = (
 )
 TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
 
-_dbs: dict[str, TuningDB] = {}
+_dbs: dict[str, tuple[TuningDB, tuple[int, int] | None]] = {}  # with its file's identity
 _tuners: dict[tuple[str, str], Any] = {}
 
 
@@ -115,7 +116,20 @@ def epilab_backend(
     compiled = compile_fx(gm, example_inputs, config_patches=patches)
     if not ours_pass.ran:  # served by Inductor's caches: report what was decided on that graph
         explain.record([dataclasses.replace(d, replayed=True) for d in entry.decisions])
+        _record_again(context.db, entry.problems)
     return compiled
+
+
+def _record_again(db: TuningDB | None, problems: Sequence[str]) -> None:
+    """The problems a cold compile of a graph served warm recorded (``replay.Entry``), recorded
+    in ``db``: a fresh database where the earlier one was learns them too."""
+    if db is None or not problems:
+        return
+    try:
+        for text in problems:
+            db.put_problem(Problem.from_json(text))
+    except Exception as e:  # a read-only or busy database must not fail the compile
+        log.warning("could not record the problems of a graph served warm in %s: %s", db.url, e)
 
 
 def _training(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> bool:
@@ -220,16 +234,33 @@ def _context(
 
 
 def _open_db(target: str) -> tuple[TuningDB | None, str | None]:
-    """The tuning database, opened once per process; a database that cannot be opened
-    leaves decisions to the rules for unrecorded problems (and is logged)."""
-    if target in _dbs:
-        return _dbs[target], None
+    """The tuning database, opened once per process, and again where its file was deleted or
+    replaced since (its engine read a file no longer there: "no such table"); a database that
+    cannot be opened leaves decisions to the rules for unrecorded problems (and is logged)."""
+    _, path = resolve_url(target)
+    have = _dbs.get(target)
+    if have is not None:
+        db, identity = have
+        if identity == _identity(path):
+            return db, None
+        del _dbs[target]
+        db.close()
     try:
-        db = _dbs[target] = TuningDB.open(target)
+        db = TuningDB.open(target)
+        _dbs[target] = (db, _identity(path))
         return db, None
     except Exception as e:  # unreadable, locked, newer schema: compile without records
         log.warning("epilab: tuning database %s unavailable, deciding without it: %s", target, e)
         return None, f"{type(e).__name__}: {e}"
+
+
+def _identity(path: Path | None) -> tuple[int, int] | None:
+    """Which file ``path`` is now (device and inode; None where there is none, or a server's)."""
+    try:
+        st = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_dev, st.st_ino)
 
 
 def _tune_now(

@@ -56,6 +56,7 @@ class EpilabPass(CustomGraphPass):
         self.context = context
         self.facts = facts  # policy, database fingerprint, device...: all that decisions read
         self.kept = kept  # where this compile's decisions are stored for warm caches (replay.py)
+        self.recorded: list[str] = []  # the problems recorded for `tune --seen` (JSON), kept there too
         self.ran = False
 
     def uuid(self) -> str:
@@ -83,8 +84,9 @@ class EpilabPass(CustomGraphPass):
         if self.kept is not None:
             key, entry = self.kept
             if not self.ran:  # Inductor missed: what an older compile stored is replaced
-                entry.decisions = []
+                entry.decisions, entry.problems = [], []
             entry.decisions += decisions + tried
+            entry.problems += [p for p in self.recorded if p not in entry.problems]
             replay.save(key, entry)
         self.ran = True
 
@@ -289,6 +291,7 @@ class EpilabPass(CustomGraphPass):
         try:
             for problem in candidates_of(group.problem):
                 db.put_problem(problem)
+                self.recorded.append(problem.to_json())
         except Exception as e:  # a read-only or busy database must not fail the compile
             log.warning("could not record problem %s in %s: %s", group.problem.key[:12], db.url, e)
 

@@ -9,7 +9,10 @@ directory: the decisions the pass made on it, and a nonce that goes into the pas
 ``uuid()``. Inductor's caches can only hit on a uuid whose nonce came from a stored entry, so
 a hit always has its decisions to replay; a missing or unreadable entry draws a new nonce,
 which makes Inductor compile again. An entry whose compile tuned problems now (the database
-lacked their records then) is never reused: a database at that state lacks them again.
+lacked their records then) is never reused: a database at that state lacks them again. The
+problems a compile records for ``epilab tune --seen`` are kept in the entry too, and recorded
+again when the graph is served warm: a fresh database at the path of an earlier one (the same
+facts, no records either) learns them as a cold compile would have taught it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class Entry:
     nonce: str = field(default_factory=lambda: secrets.token_hex(8))
     decisions: list[Decision] = field(default_factory=list)
     tuned: int = 0  # problems tuned now while compiling (tune_missing)
+    # the problems the compile recorded in the database (JSON), recorded again where a warm
+    # cache serves the graph: a fresh database at the same path learns them too
+    problems: list[str] = field(default_factory=list)
 
     @property
     def reusable(self) -> bool:
@@ -71,7 +77,8 @@ def load(key: str) -> Entry | None:
         decisions = [
             Decision(**{**d, "candidates": tuple(d.get("candidates", ()))}) for d in data["decisions"]
         ]
-        return Entry(str(data["nonce"]), decisions, int(data["tuned"]))
+        problems = [str(p) for p in data.get("problems", [])]
+        return Entry(str(data["nonce"]), decisions, int(data["tuned"]), problems)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:  # a torn or foreign file: compile again
@@ -88,6 +95,7 @@ def save(key: str, entry: Entry) -> None:
         "nonce": entry.nonce,
         "tuned": entry.tuned,
         "decisions": [dataclasses.asdict(d) for d in entry.decisions],
+        "problems": entry.problems,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

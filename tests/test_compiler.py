@@ -300,6 +300,50 @@ def test_a_warm_inductor_cache_still_reports_decisions_and_tunes_a_fresh_databas
         assert opened.fingerprint().split(";")[0] != "0:None:None"
 
 
+DELETED_SCRIPT = """
+import os, sys, torch, epilab
+from epilab.db import TuningDB
+torch.manual_seed(0)
+lin = torch.nn.Linear(16, 24)
+for deleted in (False, True):
+    if deleted:
+        os.unlink(sys.argv[1])  # under this live process, whose backend opened it
+    torch._dynamo.reset()
+    with torch.no_grad():
+        epilab.compile(lambda t: torch.relu(lin(t)), db=sys.argv[1])(torch.randn(10, 16))
+    with TuningDB.open(sys.argv[1]) as db:
+        print("PROBLEMS", db.stats(lambda text: True).problems, flush=True)
+print("REPLAYED", [d.replayed for d in epilab.explain()])
+"""
+
+
+def test_a_database_deleted_under_a_live_process_is_made_again_and_learns_a_warm_graphs_problems(tmp_path):
+    """The backend kept its engine of a deleted file ("no such table"); and a graph Inductor's
+    cache served warm recorded none of its problems in the fresh database at the same path
+    (its facts were the same: no records in either), so `tune --seen` found nothing."""
+    script = tmp_path / "deleted.py"
+    script.write_text(DELETED_SCRIPT)
+    env = {
+        **os.environ,
+        "EPILAB_INTERPRET": "1",
+        "EPILAB_CACHE_DIR": str(tmp_path / "kernels"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "t.db")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [x for x in done.stdout.splitlines() if x.startswith(("PROBLEMS", "REPLAYED"))]
+    said = done.stdout + done.stderr[-3000:]
+    assert len(lines) == 3 and lines[2] == "REPLAYED [False, True]", said  # the second served warm
+    first, fresh = (int(x.split()[1]) for x in lines[:2])
+    assert first > 0 and fresh == first, said  # the fresh database learned the problems (and twins)
+
+
 def test_explain_prints_as_the_table_and_iterates_as_decisions(db_path):
     lin = nn.Linear(8, 8)
     with torch.no_grad():
