@@ -558,8 +558,11 @@ def test_import_merge_rule_newer_record_wins(db, tmp_path):
     doc = json.loads(path.read_text())
     (row,) = doc["trials"]
     created = datetime.fromisoformat(row["created_at"])
-    older = {**row, "median_ms": 0.99, "created_at": (created - timedelta(days=1)).isoformat()}
-    newer = {**row, "median_ms": 0.11, "created_at": (created + timedelta(days=1)).isoformat()}
+    def timed(ms: float) -> dict:
+        return {"median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.03}
+
+    older = {**row, **timed(0.99), "created_at": (created - timedelta(days=1)).isoformat()}
+    newer = {**row, **timed(0.11), "created_at": (created + timedelta(hours=1)).isoformat()}
     for variant, expected in ((older, 0.30), (newer, 0.11)):
         path.write_text(json.dumps({**doc, "trials": [variant]}))
         import_json(db, path, parse_problem=_parse_problem, validate_config=_validate_config)
