@@ -116,9 +116,9 @@ def with_constexprs(kernel: Any, names: Collection[str], *, target: Target) -> A
         return kernel
     if fn.__globals__.get("tl") is not triton.language:
         raise ValueError(f"{path} does not import triton.language as tl")
-    lines = source.splitlines(keepends=True)
+    lines = [line.encode() for line in source.splitlines(keepends=True)]  # ast's offsets count bytes
     for a in sorted(params, key=lambda a: (a.lineno, a.col_offset), reverse=True):
         assert a.end_lineno is not None and a.end_col_offset is not None
-        line = lines[a.end_lineno - 1]
-        lines[a.end_lineno - 1] = f"{line[: a.end_col_offset]}: tl.constexpr{line[a.end_col_offset :]}"
-    return getattr(build("".join(lines), target=target), fn.__name__)
+        line, at = lines[a.end_lineno - 1], a.end_col_offset
+        lines[a.end_lineno - 1] = line[:at] + b": tl.constexpr" + line[at:]
+    return getattr(build(b"".join(lines).decode(), target=target), fn.__name__)
