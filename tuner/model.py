@@ -312,7 +312,7 @@ def build_model(
         )
     try:
         model = made.to(device)
-    except (RuntimeError, NotImplementedError, MemoryError) as e:  # out of memory, mostly
+    except (RuntimeError, MemoryError) as e:  # the device out of memory
         why = _one_line(e)
         raise ModelSpecError(f"--model {target!r}: cannot move the model to {device}: {why}") from None
     cast_model(model, cast_to, floating)
