@@ -10,7 +10,9 @@
 to the aten op, ``verdicts``: False to ignore the verdicts recorded from models, ``cuda_graphs``:
 decide as under CUDA graphs where the caller replays the compiled step in one itself,
 ``kernels``: False to run every chosen template through the custom op ``epilab::template_call``
-instead of as Inductor's own kernel launches, ``compiler/emit.py``; under Inductor's C++
+instead of as Inductor's own kernel launches, ``compiler/emit.py``; ``switches``: a
+``compiler/switch.Switches`` whose flags choose at run time, per problem, between each
+template and its aten path (never cached); under Inductor's C++
 wrapper, which cannot call the op, a template that cannot be a kernel leaves its group to the
 aten op) and any Inductor option; ``mode`` is Inductor's (``reduce-overhead``
 gives CUDA graphs). torch 2.11 refuses ``mode=`` and ``options=`` together, so
@@ -38,6 +40,7 @@ from epilab.templates.build import interpreter_active
 
 if TYPE_CHECKING:
     from epilab.compiler import replay
+    from epilab.compiler.switch import Switches
 
 log = logging.getLogger("epilab.compiler")
 EPILAB_OPTIONS = (
@@ -50,7 +53,10 @@ EPILAB_OPTIONS = (
     "progress",
     "cuda_graphs",
     "kernels",
+    "switches",
 )
+# a switched compile (``compiler/switch.py``) is never cached: its flags are this process's tensors
+SWITCHED_PATCHES = {"fx_graph_cache": False}
 TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
 
 _dbs: dict[str, tuple[TuningDB, tuple[int, int] | None]] = {}  # with its file's identity
@@ -87,6 +93,9 @@ def epilab_backend(
     context.exclude = _keys(ours.get("exclude", ()))
     context.verdicts = bool(ours.get("verdicts", True))
     context.emit = "kernels" if bool(ours.get("kernels", True)) else "op"
+    context.switches = _switches(ours.get("switches"))
+    if context.switches is not None:  # its flags are this process's tensors: never cached
+        patches |= SWITCHED_PATCHES
     if patches.get("cpp_wrapper", inductor_config.cpp_wrapper):
         # torch's C++ wrapper cannot call our op (torch 2.11 to 2.13): it writes the op's JSON
         # into C string literals unescaped, and takes its list of outputs for one tensor (a
@@ -100,6 +109,7 @@ def epilab_backend(
     facts += (
         f"|exclude={sorted(context.exclude)}|verdicts={context.verdicts}|{context.inductor_mode}"
         f"|training={context.training}|emit={context.emit}"
+        f"|switches={None if context.switches is None else id(context.switches)}"
     )
     key = replay.graph_key(gm, example_inputs, facts)
     entry = replay.load(key)
@@ -107,7 +117,8 @@ def epilab_backend(
         entry = replay.Entry()
     if context.tune is not None:
         context.tune = _counted(context.tune, entry)
-    kept = None if inductor_config.force_disable_caches else (key, entry)  # nothing is served warm
+    served = inductor_config.force_disable_caches or context.switches is not None
+    kept = None if served else (key, entry)  # nothing is served warm
     ours_pass = EpilabPass(context, facts + f"|decided={entry.nonce}", kept)
     user_pass = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = (
@@ -194,6 +205,14 @@ def _keys(value: object) -> frozenset[str]:
     if not isinstance(value, (list, tuple, set, frozenset)) or not all(isinstance(k, str) for k in value):
         raise ValueError(f"epilab option exclude takes a list of problem keys, got {value!r:.80}")
     return frozenset(value)
+
+
+def _switches(value: object) -> Switches | None:
+    from epilab.compiler.switch import Switches
+
+    if value is None or isinstance(value, Switches):
+        return value
+    raise ValueError(f"epilab option switches takes an epilab.compiler.switch.Switches, got {value!r:.80}")
 
 
 def _device(example_inputs: Sequence[object]) -> torch.device:

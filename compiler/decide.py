@@ -73,7 +73,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -85,6 +85,9 @@ from epilab.templates.kinds import default_config, for_template, kind_of, twins,
 from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
 from epilab.tuner.space import run_error
 from epilab.tuner.suites import problem_label
+
+if TYPE_CHECKING:
+    from epilab.compiler.switch import Switches
 
 LAUNCH_BOUND_MS = 0.05  # without CUDA graphs: shorter templates that fuse nothing keep aten
 FUSED_LAUNCH_BOUND_MS = 0.02  # without CUDA graphs: shorter templates keep aten
@@ -182,6 +185,9 @@ class Context:
     # op stays: an AOTInductor package, ``compiler/aot.py``), "op" (the custom op always), or
     # "interpreted" (kernels also for the interpreter: a graph run eagerly, as tests do)
     emit: str = "kernels"
+    # tune --model's check: each group given a template runs it or its aten path by its
+    # problem's flag in these (``compiler/switch.py``)
+    switches: Switches | None = None
 
 
 _time = comparable_ms  # compare like with like: CUDA-graph times when both have them

@@ -31,6 +31,7 @@ from epilab.compiler.halves import split_halves
 from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
 from epilab.compiler.norms import fold_norms
 from epilab.compiler.op import TEMPLATE_CALL, operand_names
+from epilab.compiler.switch import NotSwitched, switch
 from epilab.compiler.unpad import PADDED, unpad
 from epilab.ir.problem import Problem
 from epilab.templates.kinds import code_hash
@@ -78,7 +79,7 @@ class EpilabPass(CustomGraphPass):
             from torch._inductor.pattern_matcher import stable_topological_sort
 
             stable_topological_sort(graph)
-            graph.eliminate_dead_code()
+            _drop_dead(graph)
             graph.lint()
         explain.record(decisions + tried)
         if self.kept is not None:
@@ -155,8 +156,33 @@ class EpilabPass(CustomGraphPass):
                 GATHERED,
             )
         if plan is not None:
-            decision = _ran(decision, _rewrite(graph, group, plan, chosen, self.context.emit))
+            decision = self._apply(graph, group, plan, chosen, decision)
         decisions.append(decision)
+
+    def _apply(
+        self, graph: fx.Graph, group: Group, plan: Plan, chosen: Problem, decision: Decision
+    ) -> Decision:
+        """Rewrite ``group`` as its decision says (``_rewrite``); with the context's switches
+        (``tune --model``'s check), as a site that runs the template or the group's aten path
+        by its problem's flag (``switch.py``)."""
+        switches, key = self.context.switches, decision.problem_key
+        if switches is None or key is None:
+            return _ran(decision, _rewrite(graph, group, plan, chosen, self.context.emit)[0])
+        ran: list[str] = []
+
+        def rewrite() -> dict[fx.Node, fx.Node]:
+            runs_as, replaced = _rewrite(graph, group, plan, chosen, self.context.emit)
+            ran.append(runs_as)
+            return replaced
+
+        try:
+            switched = switch(graph, group.nodes, rewrite, switches, key)
+        except NotSwitched:  # raised before the rewrite: a trial copy of the graph
+            return _ran(decision, _rewrite(graph, group, plan, chosen, self.context.emit)[0])
+        decision = _ran(decision, ran[0])
+        if switched:
+            decision = dataclasses.replace(decision, runs_as=f"{decision.runs_as}, {SWITCHED}")
+        return decision
 
     def _fused_or_plain(
         self,
@@ -279,7 +305,7 @@ class EpilabPass(CustomGraphPass):
             )
         decision, plan, chosen = decided
         if plan is not None:
-            decision = _ran(decision, _rewrite(graph, group, plan, chosen, self.context.emit))
+            decision = self._apply(graph, group, plan, chosen, decision)
         decisions.append(decision)
         return decision.template is not None
 
@@ -294,6 +320,16 @@ class EpilabPass(CustomGraphPass):
                 self.recorded.append(problem.to_json())
         except Exception as e:  # a read-only or busy database must not fail the compile
             log.warning("could not record problem %s in %s: %s", group.problem.key[:12], db.url, e)
+
+
+def _drop_dead(graph: fx.Graph) -> None:
+    """Erase the nodes whose values nothing uses, in ``graph`` alone: ``Graph.eliminate_dead_code``
+    also enters the subgraphs of its module (torch 2.11), where it erased the kernel launches
+    of a switched site's template branch (``switch.py``): a launch writes its output in place
+    and has no user."""
+    for node in reversed(graph.nodes):
+        if node.op == "call_function" and not node.users and not node.is_impure():
+            graph.erase_node(node)
 
 
 def _copy(graph: fx.Graph) -> fx.Graph:
@@ -343,11 +379,14 @@ def _shape(anchor: fx.Node) -> str:
 VIEW_STEPS = {"reshape": torch.ops.aten.reshape.default, "permute": torch.ops.aten.permute.default}
 
 
-def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem, emit: str = "kernels") -> str:
+def _rewrite(
+    graph: fx.Graph, group: Group, plan: Plan, problem: Problem, emit: str = "kernels"
+) -> tuple[str, dict[fx.Node, fx.Node]]:
     """Replace the group's nodes by one call of ``problem``'s template (the group's
     problem, or the same problem for another template) and views of its outputs: its
     kernels' launches where they can be Inductor's (``emit.py``; ``emit``: the context's
-    ``Context.emit``), else the custom op. How it runs (``Decision.runs_as``)."""
+    ``Context.emit``), else the custom op. How it runs (``Decision.runs_as``), and the node
+    that replaced each member used outside the group (none where the group stays)."""
     members = set(group.nodes)
     order = {n: i for i, n in enumerate(graph.nodes)}
     by_name = {o.name: o for o in group.operands}
@@ -355,6 +394,7 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem, emit: 
     inputs = [*members, *(o.node for o in operands), group.a, group.b, *group.extra]
     last = max(inputs, key=order.__getitem__)
     fake = fake_mode_of(val(group.anchor))
+    replaced: dict[fx.Node, fx.Node] = {}
 
     def add(target: object, args: tuple, value: object) -> fx.Node:
         node = graph.call_function(target, args)  # type: ignore[arg-type]
@@ -385,7 +425,7 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem, emit: 
                 args.append(add(torch.ops.aten.reshape.default, (o.node, list(o.reshape)), moved))
         items, runs_as = _emitted(graph, problem, plan, a, b, args, fake, emit)
         if items is None and runs_as.startswith(KEPT_ATEN):
-            return runs_as  # the group stays as it is (the views made above are dead code)
+            return runs_as, {}  # the group stays as it is (the views made above are dead code)
         if items is None:
             problem_json, plan_json = problem.to_json(), plan.to_json()
             fake_args = (problem_json, plan_json, val(a), val(b), [val(x) for x in args])
@@ -408,10 +448,11 @@ def _rewrite(graph: fx.Graph, group: Group, plan: Plan, problem: Problem, emit: 
             if use.cast is not None:
                 new = add(torch.ops.prims.convert_element_type.default, (new, use.cast), val(use.node))
             use.node.replace_all_uses_with(new, delete_user_cb=lambda user: user not in members)
+            replaced[use.node] = new
     for node in reversed(group.nodes):
         if not node.users:
             graph.erase_node(node)
-    return runs_as
+    return runs_as, replaced
 
 
 def _emitted(
@@ -440,6 +481,7 @@ def _emitted(
 
 
 KEPT_ATEN = "aten: "
+SWITCHED = "switched at run time with its aten path"
 
 
 def _ran(decision: Decision, runs_as: str) -> Decision:

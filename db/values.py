@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-# how a check in context ended (tuner/model.py; "faster", alone or with the other hopeful
-# templates, keeps the template)
-FASTER_TOGETHER = "faster together"  # kept with the other hopeful templates (tuner/model.py)
-VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor", FASTER_TOGETHER)
+# how a check in context ended (tuner/in_context.py; "faster", alone or with the others of its
+# group, keeps the template)
+FASTER_TOGETHER = "faster together"  # kept with the other templates of its group (tuner/in_context.py)
+SKIPPED = "skipped"  # too small a share of the model's time to move it by the margin: aten kept
+VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor", FASTER_TOGETHER, SKIPPED)
 
 
 INDUCTOR_MODES = ("default", "max-autotune")  # what a verdict's aten alternative was compiled with
@@ -163,10 +164,12 @@ class Verdict:
         if self.training:
             mode = f"a training step, {mode}"
         with_ = (
-            "with the template and the other hopeful ones"
+            "with the template and the others of its group"
             if self.outcome == FASTER_TOGETHER
             else "with the template"
         )
+        if self.outcome == SKIPPED:
+            return f"skipped in {self.context} ({mode}): too small a share of its {self.with_ms:.4g} ms"
         text = f"checked in {self.context} ({mode}): {self.with_ms:.4g} ms {with_}, "
         text += f"{self.without_ms:.4g} ms without"
         if self.ratio_low is not None and self.ratio_high is not None:
@@ -180,6 +183,7 @@ class Verdict:
         return {
             "undecided": "no significant difference within the rounds' budget: the aten op is kept",
             "slower than inductor": "the model with its kept templates was not faster than Inductor",
+            SKIPPED: "its share of the model's time is too small to move the model by the margin",
         }.get(self.outcome or "", "the model is faster without it")
 
 

@@ -21,25 +21,16 @@ inference's only at inference.
 3. Steps 1-2 repeat until a pass finds no new problem (``max_passes``): decisions change
    the graph (a template that fuses a SwiGLU's ``silu(gate) * up`` changes what is left
    for the up projection), so the problems of a tuned model are not all visible at first.
-4. **Check in context** (``compiler/decide.py`` reads the verdicts). In each mode, the
-   model with every template the records choose is timed against the same model with
-   one template's problem left to the aten op (Inductor's cuBLAS call, or its autotuned
-   kernel, and its fusions), problem by problem, in paired interleaved rounds
-   (``tuner/interleave.py``). A problem keeps its template only where the model is faster
-   with it by ``margin`` at ``confidence`` (``tuner/significance.py``: the sign-test
-   interval of the rounds' ratios without/with; rounds are added until it decides, up to
-   ``max_rounds``, else "undecided" and the aten op is kept). Where two or more are
-   undecided with the model faster with them at the median round ("hopeful": gains of 1-2%
-   each, which no single comparison resolves in the budget), the model with the kept and all
-   hopeful templates is timed against the model with the kept ones alone by the same rule,
-   and where it is faster the hopeful ones are kept as a group ("faster together"). Then the
-   model with the kept templates is timed against plain Inductor of that mode by the same
-   rule, and unless it is faster every template of the model is rejected. Each verdict is stored (problem,
-   device, versions, CUDA-graph and Inductor mode, both times, the interval, the rounds,
-   the outcome, the model's label); later
-   compiles in that mode follow it without measuring. An isolated kernel timing cannot
-   see what Inductor fuses around the op it replaces (a residual add folded into the next
-   norm, cuBLASLt's bias+GELU epilogue), the compiled model can.
+4. **Check in context** (``tuner/in_context.py``; ``compiler/decide.py`` reads the
+   verdicts). Per Inductor mode the model is compiled once with every chosen template
+   switchable at run time against its aten path (``compiler/switch.py``); the templates are
+   judged in groups on that one compile (all at once, halves where a group may lose), problems
+   too small to move the model by ``margin`` are skipped, and the model with the kept
+   templates, compiled without switches, is timed against Inductor: unless it is faster by the
+   same rule (``margin`` at ``confidence``, ``tuner/significance.py``), every template of the
+   model is rejected. Each verdict is stored (problem, device, versions, CUDA-graph and
+   Inductor mode, both times, the interval, the rounds, the outcome, the model's label); later
+   compiles in that mode follow it without measuring.
 5. **Measure.** In each mode, Inductor and epilab (and eager, per call) in interleaved
    rounds until epilab's paired ratios against each decide: every time with its interval,
    every speedup with its interval, called significant only where that excludes 1 (and
@@ -84,7 +75,7 @@ import torch
 
 from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.db.models import KIND_LIBRARIES
-from epilab.db.values import FASTER_TOGETHER
+from epilab.db.values import SKIPPED
 from epilab.ir.problem import Problem, identity_key_of
 from epilab.tables import markdown
 from epilab.tuner import significance as sig
@@ -370,6 +361,7 @@ class ModelReport:
     rows: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     compiling: dict[str, float] = field(default_factory=dict)  # a step's seconds spent compiling variants
+    compiles: dict[str, int] = field(default_factory=dict)  # ... and how many compiles
     interrupted: bool = False
     method: str = ""
     rule: str = ""  # the confidence rule the verdicts and speedups were decided by
@@ -394,6 +386,7 @@ class ModelReport:
             "rows": self.rows,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "compiling": {k: round(v, 1) for k, v in self.compiling.items()},
+            "compiles": self.compiles,
             "tune_phases": {k: round(v, 1) for k, v in self.tune_phases.items()},
             "interrupted": self.interrupted,
             "method": self.method,
@@ -403,7 +396,9 @@ class ModelReport:
 
     def _seconds_text(self, step: str, seconds: float) -> str:
         compiling = self.compiling.get(step)
-        return f"{step} {seconds:.0f}" + ("" if compiling is None else f" (compiling {compiling:.0f})")
+        if compiling is None:
+            return f"{step} {seconds:.0f}"
+        return f"{step} {seconds:.0f} (compiling {compiling:.0f}, {self.compiles.get(step, 0)} compiles)"
 
     def speedups(self, mode: str) -> dict[str, float]:
         """epilab against each other variant of ``mode``: the median of the rounds' paired
@@ -446,9 +441,7 @@ class ModelReport:
         if self.verdicts:
             verdicts = []
             for v in self.verdicts:
-                verdict = (
-                    "keep" if v["keep"] else ("undecided" if v["outcome"] == sig.UNDECIDED else "reject")
-                )
+                verdict = "keep" if v["keep"] else _NOT_KEPT.get(v["outcome"], "reject")
                 ratio = v.get("ratio")
                 verdicts.append(
                     [
@@ -458,7 +451,7 @@ class ModelReport:
                         f"{v['with_ms']:.4f}",
                         f"{v['without_ms']:.4f}",
                         "" if ratio is None else _ratio_text(ratio),
-                        str(v["rounds"]),
+                        str(v["rounds"] or "-"),
                         v["why"],
                     ]
                 )
@@ -471,6 +464,9 @@ class ModelReport:
         if self.tuned:
             out.append(f"tuning's seconds went to: {phase_text(self.tune_phases)}")
         return "\n".join(out)
+
+
+_NOT_KEPT = {sig.UNDECIDED: "undecided", SKIPPED: "skipped"}  # the table's word for a verdict
 
 
 def _ratio_text(ratio: dict[str, Any]) -> str:
@@ -604,9 +600,10 @@ def tune_model(
                 timed = _replayable(work, store, modes, on_gpu, report, say)
                 report.seconds["capture probe"] = time.monotonic() - started
             if options.check_context:
+                from epilab.tuner.in_context import check_in_context
+
                 started = time.monotonic()
-                for mode in timed:
-                    _check_in_context(work, store, tuner, mode, options, report, timers[mode], say)
+                check_in_context(work, store, tuner, timed, options, report, timers, say)
                 report.seconds["context check"] = time.monotonic() - started
             if options.measure:
                 started = time.monotonic()
@@ -721,6 +718,7 @@ def _compile(work: Workload, name: str, mode: str, how: dict[str, Any]) -> Varia
 def _counted(report: ModelReport, step: str, variant: Variant) -> Variant:
     """``variant``, its compile (and first call) added to ``step``'s seconds spent compiling."""
     report.compiling[step] = report.compiling.get(step, 0.0) + variant.compile_s
+    report.compiles[step] = report.compiles.get(step, 0) + 1
     return variant
 
 
@@ -827,175 +825,6 @@ def rule_text(options: ModelOptions) -> str:
         "still straddling the margin after the last is undecided: Inductor is kept. A speedup is "
         "called significant where its interval excludes 1."
     )
-
-
-def _check_in_context(
-    work: Workload,
-    store: TuningDB,
-    tuner: Tuner,
-    mode: str,
-    options: ModelOptions,
-    report: ModelReport,
-    timer: Timer,
-    say: Callable[[str], None],
-) -> None:
-    """Verdicts for the templates the records choose in ``mode`` (see the module's text).
-    Rounds until every template chosen has one: rejecting a problem can bring others in
-    (a norm is folded only where its projections get templates: without them the unfolded
-    projections' problems are chosen instead), and those are checked in the next round with
-    the rejected ones left out."""
-    checked: dict[str, bool] = {}
-    for _ in range(options.max_passes):
-        if not _check_round(work, store, tuner, mode, options, report, timer, say, checked):
-            break
-    torch._dynamo.reset()
-
-
-def _check_round(
-    work: Workload,
-    store: TuningDB,
-    tuner: Tuner,
-    mode: str,
-    options: ModelOptions,
-    report: ModelReport,
-    timer: Timer,
-    say: Callable[[str], None],
-    checked: dict[str, bool],
-) -> bool:
-    """One round of ``_check_in_context``: verdicts for the chosen problems not in
-    ``checked`` (problem key -> kept), with the rejected ones left out; False when none."""
-    torch._dynamo.reset()
-    rejected = [k for k, ok in checked.items() if not ok]
-
-    def compiled(name: str, how: dict[str, Any]) -> Variant:
-        return _counted(report, "context check", _compile(work, name, mode, how))
-
-    with_all = compiled("epilab", _epilab(store, mode, verdicts=False, exclude=rejected))
-    chosen = {d.problem_key: d for d in with_all.decisions if d.template and d.problem_key}
-    chosen = {key: d for key, d in chosen.items() if key not in checked}
-    if not chosen:
-        if not checked:
-            say(f"{mode}: no template chosen; nothing to check")
-        return False
-    without = {
-        key: compiled(f"without {key[:12]}", _epilab(store, mode, verdicts=False, exclude=[*rejected, key]))
-        for key in chosen
-    }
-    say(f"{mode}: timing the model with each of {len(chosen)} template problem(s) and without it")
-    own = {key: Comparison(ours=with_all, theirs=v, key=key) for key, v in without.items()}
-    _compare(list(own.values()), options, timer)
-    kept = [k for k, c in own.items() if c.outcome == sig.FASTER]
-
-    variants: dict[frozenset[str], Variant] = {}
-
-    def keeping(name: str, *keys: str) -> Variant:
-        """The model with this round's templates ``keys`` (and earlier rounds' kept)."""
-        dropped = frozenset(k for k in chosen if k not in keys)
-        if not dropped:
-            return with_all
-        if dropped not in variants:
-            variants[dropped] = compiled(
-                name, _epilab(store, mode, verdicts=False, exclude=[*rejected, *dropped])
-            )
-        return variants[dropped]
-
-    hopeful = [k for k, c in own.items() if _hopeful(c)]
-    together = _check_together(hopeful, kept, keeping, options, timer, say, mode)
-    if together is not None and together.outcome == sig.FASTER:
-        kept = [*kept, *hopeful]
-    against: Comparison | None = None
-    if kept:
-        final = keeping("epilab kept", *kept)
-        inductor = compiled("inductor", _inductor(mode))
-        say(f"{mode}: timing the model with its {len(kept)} kept template(s) against Inductor")
-        against = Comparison(ours=final, theirs=inductor, key="inductor")
-        _compare([against], options, timer)
-    for key, d in chosen.items():
-        problem = Problem.from_json(store.problem_json(key)[1])  # type: ignore[index]
-        c, ok = own[key], key in kept
-        outcome, why = c.outcome, _why(c)
-        if together is not None and key in hopeful:
-            if ok:  # kept with the group: its comparison is the group's
-                c, outcome, why = together, FASTER_TOGETHER, "faster with it and the other hopeful templates"
-            else:
-                assert together.interval is not None
-                group = f"{together.outcome} {_ratio_text(together.interval.to_dict())}"
-                why += f"; the hopeful templates together: {group} ({together.rounds} rounds)"
-        if ok and against is not None and against.outcome != sig.FASTER:
-            ok, c, outcome = False, against, "slower than inductor"
-            why = "the model with its kept templates was not faster than Inductor"
-            if against.outcome == sig.UNDECIDED:
-                why += " (undecided within the rounds' budget)"
-        assert c.interval is not None
-        checked[key] = ok
-        store.record_verdict(
-            problem,
-            tuner.device,
-            cuda_graphs=cuda_graphs(mode),
-            inductor_mode=inductor_mode(mode),
-            training=work.train,
-            keep=ok,
-            with_ms=statistics.median(c.ours_ms),
-            without_ms=statistics.median(c.theirs_ms),
-            ratio_low=c.interval.low,
-            ratio_high=c.interval.high,
-            rounds=c.rounds,
-            outcome=outcome,
-            context=report.label[:128],
-            timing_method="model, paired interleaved rounds, median (tuner/model.py)",
-            versions=tuner.versions,
-        )
-        report.verdicts.append(
-            {
-                "mode": mode,
-                "problem": key,
-                "label": f"{d.anchor} {d.shape}",
-                "keep": ok,
-                "outcome": outcome,
-                "with_ms": statistics.median(c.ours_ms),
-                "without_ms": statistics.median(c.theirs_ms),
-                "ratio": c.interval.to_dict(),
-                "rounds": c.rounds,
-                "why": why,
-            }
-        )
-    return True
-
-
-def _hopeful(c: Comparison) -> bool:
-    """Undecided alone, with the model faster with the template at the median round."""
-    return c.outcome == sig.UNDECIDED and c.interval is not None and c.interval.estimate > 1.0
-
-
-def _check_together(
-    hopeful: list[str],
-    kept: list[str],
-    keeping: Callable[..., Variant],
-    options: ModelOptions,
-    timer: Timer,
-    say: Callable[[str], None],
-    mode: str,
-) -> Comparison | None:
-    """The model with the kept templates and every ``hopeful`` one (``_hopeful``) against the
-    model with the kept ones alone, by the same rule; None where fewer than two are hopeful (one
-    alone was just compared). Gains of 1-2% each, which no single comparison resolves within
-    the rounds' budget, add up to one that can be; the group is kept or dropped as a whole."""
-    if len(hopeful) < 2:
-        return None
-    say(f"{mode}: timing the model with {len(hopeful)} hopeful template(s) together and without them")
-    with_them, without = keeping("epilab hopeful", *kept, *hopeful), keeping("epilab kept", *kept)
-    together = Comparison(ours=with_them, theirs=without, key="together")
-    _compare([together], options, timer)
-    return together
-
-
-def _why(c: Comparison) -> str:
-    if c.outcome == sig.FASTER:
-        return "faster with it"
-    if c.outcome == sig.UNDECIDED:
-        return "undecided within the rounds' budget: the aten op kept"
-    assert c.interval is not None and c.interval.high is not None
-    return "faster without it" if c.interval.high < 1.0 else "no gain as large as the margin"
 
 
 def _measure(
