@@ -272,6 +272,9 @@ def test_tune_model_tunes_what_the_model_needs_until_no_new_problem_appears(tmp_
             )
     assert again.passes == 1 and again.tuned == []  # resumed: nothing left to tune
     assert "epilab: pass 1: " in told and told.count("epilab: tuned [") == 4, told
+    # no total time given: one by the model's size (4 problems: the 45 s floor), said up front
+    assert "epilab: expected: tuning 4 problem(s) in about 45 s" in told, told
+    assert "compiles of ~" in told and " min in all" in told
     assert "epilab: tuned [4/4] " in told and " trials, " in told
     assert capsys.readouterr().err == ""  # progress=False: silent
 

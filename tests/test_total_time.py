@@ -13,7 +13,7 @@ from epilab.db import TuningDB
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import is_current
 from epilab.tuner.search import Budget
-from epilab.tuner.total_time import parse_duration, spread, weight
+from epilab.tuner.total_time import model_tuning_s, parse_duration, spread, weight
 from epilab.tuner.tune import TuneOptions, Tuner
 
 SMALL, BIG = Spec(4096, 4096, 4096).problem(), Spec(8192, 4096, 4096).problem()
@@ -44,6 +44,19 @@ def test_the_time_left_is_shared_by_the_problems_floors():
     )
     assert spread(time.monotonic() - 1, [SMALL, BIG], "interpreter") == {SMALL.key: 0.0, BIG.key: 0.0}
     assert weight(SMALL, "interpreter") == weight(SMALL, "NVIDIA H100")  # no figure: the H100's stand in
+
+
+def test_a_models_sites_and_floors_weigh_in_and_its_default_grows_with_it():
+    h100 = "NVIDIA H100 80GB HBM3"
+    deadline = time.monotonic() + 300
+    # SMALL at three sites of the model outweighs BIG at one
+    shares = spread(deadline, [SMALL, BIG], h100, counts={SMALL.key: 3})
+    assert shares[SMALL.key] == pytest.approx(1.5 * shares[BIG.key], rel=1e-6)
+    # each problem gets the floor first, the rest by weight; a floor the time cannot cover is dropped
+    floored = spread(deadline, [SMALL, BIG], h100, floor_s=50)
+    assert floored[SMALL.key] - 50 == pytest.approx((floored[BIG.key] - 50) / 2, rel=1e-4)
+    assert spread(time.monotonic() + 10, [SMALL, BIG], h100, floor_s=50)[SMALL.key] < 5
+    assert [model_tuning_s(n) for n in (1, 9, 21, 60, 500)] == [45.0, 47.0, 83.0, 200.0, 240.0]
 
 
 def test_a_share_caps_the_search_seconds_and_never_raises_them(tmp_path):

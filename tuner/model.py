@@ -57,7 +57,9 @@ of a GPU.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import functools
 import importlib
 import json
@@ -510,6 +512,10 @@ class ModelOptions:
     # output that requires grad): the forward's and the backward's problems are tuned, checked
     # and stored as verdicts of training steps. The module's train()/eval() mode is the caller's
     train: bool = False
+    # seconds for tuning all the model's problems, spread by each one's share of the model
+    # (``tuner/total_time.py``); None: ``model_tuning_s`` of the problems the first pass finds.
+    # Used where the tuner has no deadline of its own (``--total-time``)
+    tuning_s: float | None = None
 
 
 def tune_model(
@@ -734,6 +740,8 @@ def _record_and_tune(
 ) -> None:
     seen: set[str] = set()
     record_s = tune_s = 0.0
+    compile_s: list[float] = []
+    own_deadline = tuner.options.deadline is None  # no --total-time: the model's size sets one
     for n in range(1, options.max_passes + 1):
         report.passes = n
         started = time.monotonic()
@@ -743,6 +751,7 @@ def _record_and_tune(
                 continue  # the same problems; max-autotune compiles take minutes
             torch._dynamo.reset()
             variant = _compile(work, "epilab", mode, _epilab(store, mode))
+            compile_s.append(variant.compile_s)
             keys += [k for d in variant.decisions for k in d.candidates]
         torch._dynamo.reset()
         record_s += time.monotonic() - started
@@ -753,6 +762,10 @@ def _record_and_tune(
         say(f"pass {n}: {len(new)} new problem(s), {len(jobs)} to tune")
         if not jobs:
             break
+        if own_deadline:
+            _share_time(tuner, options, jobs, collections.Counter(keys), n == 1, say)
+            if n == 1:
+                say(expected_text(tuner, options, modes, len(jobs), statistics.median(compile_s)))
         started = time.monotonic()
         results, interrupted = (tune_jobs or _tune_all)(tuner, jobs)
         tune_s += time.monotonic() - started
@@ -762,6 +775,50 @@ def _record_and_tune(
             break
     report.seconds["record"] = record_s
     report.seconds["tune"] = tune_s
+
+
+def _share_time(
+    tuner: Tuner,
+    options: ModelOptions,
+    jobs: list[tuple[str, Problem]],
+    counts: collections.Counter[str],
+    first: bool,
+    say: Callable[[str], None],
+) -> None:
+    """The tuner's options with a deadline (set on the first pass: ``options.tuning_s``, else
+    ``total_time.model_tuning_s`` of the problems found) and each job's share of the time left
+    (``total_time.spread``: by its weight times its sites in the model, at least
+    ``MODEL_FLOOR_S``)."""
+    from epilab.tuner.total_time import MODEL_FLOOR_S, model_tuning_s, spread
+
+    o = tuner.options
+    deadline = o.deadline
+    if first or deadline is None:
+        seconds = options.tuning_s if options.tuning_s is not None else model_tuning_s(len(jobs))
+        deadline = time.monotonic() + seconds
+    shares = spread(deadline, [p for _, p in jobs], tuner.device.name, floor_s=MODEL_FLOOR_S, counts=counts)
+    tuner.options = dataclasses.replace(o, deadline=deadline, seconds_for={**o.seconds_for, **shares})
+
+
+def expected_text(
+    tuner: Tuner, options: ModelOptions, modes: Sequence[str], jobs: int, compile_s: float
+) -> str:
+    """How long the run is expected to take, said before its tuning starts: the tuning's total
+    time, then the check's and the measurement's compiles (each about as long as the record
+    step's) and their timing rounds (a guess: 3 variants a comparison, 0.1 s a variant and round)."""
+    tuning = max(0.0, (tuner.options.deadline or time.monotonic()) - time.monotonic())
+    inductor_modes = len({inductor_mode(m) for m in modes})
+    compiles = (3 * inductor_modes if options.check_context else 0) + (
+        2 * len(modes) if options.measure else 0
+    )
+    steps = int(options.check_context) + int(options.measure)
+    timing = steps * len(modes) * options.rounds * 2 * 3 * 0.1
+    total = tuning + compiles * compile_s + timing
+    return (
+        f"expected: tuning {jobs} problem(s) in about {tuning:.0f} s (by the model's size; "
+        f"--total-time sets it), then about {compiles} compiles of ~{compile_s:.0f} s and the "
+        f"timing rounds: about {total / 60:.1f} min in all"
+    )
 
 
 def _silent(_: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from epilab.ir.problem import Problem
 from epilab.tuner.roofline import floor_ms
@@ -43,12 +43,37 @@ def weight(problem: Problem, device_name: str) -> float:
     return found if found is not None else floor_ms(flops, nbytes, "bfloat16", "H100") or 0.0
 
 
-def spread(deadline: float, problems: Sequence[Problem], device_name: str, gpus: int = 1) -> dict[str, float]:
+def spread(
+    deadline: float,
+    problems: Sequence[Problem],
+    device_name: str,
+    gpus: int = 1,
+    floor_s: float = 0.0,
+    counts: Mapping[str, int] | None = None,
+) -> dict[str, float]:
     """Problem key -> seconds of search: the time until ``deadline`` (``time.monotonic``) on
-    ``gpus`` GPUs, by each problem's ``weight``; 0 for all once the deadline has passed."""
+    ``gpus`` GPUs, by each problem's ``weight`` (times its ``counts``: the sites a model runs
+    it at, default 1); 0 for all once the deadline has passed. ``floor_s``: every problem's
+    seconds first, where the time left covers them all (a small problem still gets its seeds
+    tried), the rest by weight."""
     left = max(0.0, deadline - time.monotonic()) * max(gpus, 1)
-    weights = {p.key: weight(p, device_name) for p in problems}
+    counts = counts or {}
+    weights = {p.key: weight(p, device_name) * counts.get(p.key, 1) for p in problems}
+    floor = floor_s if floor_s * len(weights) <= left else 0.0
+    left -= floor * len(weights)
     total = sum(weights.values())
     if total <= 0:
-        return {k: left / max(len(weights), 1) for k in weights}
-    return {k: left * w / total for k, w in weights.items()}
+        return {k: floor + left / max(len(weights), 1) for k in weights}
+    return {k: floor + left * w / total for k, w in weights.items()}
+
+
+# ``tune --model`` without ``--total-time``: the tuning of a model's problems takes
+# MODEL_BASE_S + MODEL_PER_PROBLEM_S a problem, within MODEL_LIMITS_S, spread by weight with at
+# least MODEL_FLOOR_S each: a 2-layer decoder's 9 problems ~50 s, a convnet's 60 ~3 min
+MODEL_BASE_S, MODEL_PER_PROBLEM_S, MODEL_LIMITS_S, MODEL_FLOOR_S = 20.0, 3.0, (45.0, 240.0), 1.5
+
+
+def model_tuning_s(problems: int) -> float:
+    """The default seconds for tuning a model's ``problems`` (see the constants above)."""
+    low, high = MODEL_LIMITS_S
+    return min(high, max(low, MODEL_BASE_S + MODEL_PER_PROBLEM_S * problems))
