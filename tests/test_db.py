@@ -558,6 +558,7 @@ def test_import_merge_rule_newer_record_wins(db, tmp_path):
     doc = json.loads(path.read_text())
     (row,) = doc["trials"]
     created = datetime.fromisoformat(row["created_at"])
+
     def timed(ms: float) -> dict:
         return {"median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.03}
 

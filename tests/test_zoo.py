@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from zoo import MODELS, ZOO
-from zoo.harness import Case, Outcome, run
+from zoo.harness import Case, Outcome, is_image, run
 
 FP32, BF16 = torch.float32, torch.bfloat16
 
@@ -78,8 +78,8 @@ class Table:
     still leaves its rows) to ``$EPILAB_ARTIFACT_DIR/zoo-<cpu|gpu>.md``; under pytest-xdist
     one table a worker (``zoo-gpu-gw3.md``), so no worker overwrites another's rows."""
 
-    def __init__(self) -> None:
-        self.outcomes: list[Outcome] = []
+    def __init__(self, name: str = "zoo") -> None:
+        self.name, self.outcomes = name, []
 
     def add(self, o: Outcome) -> None:
         self.outcomes.append(o)
@@ -87,7 +87,7 @@ class Table:
         folder.mkdir(parents=True, exist_ok=True)
         device = "gpu" if o.device.startswith("NVIDIA") else "cpu"
         worker = os.environ.get("PYTEST_XDIST_WORKER")
-        (folder / f"zoo-{device}{'-' + worker if worker else ''}.md").write_text(self.text())
+        (folder / f"{self.name}-{device}{'-' + worker if worker else ''}.md").write_text(self.text())
 
     def text(self) -> str:
         first = self.outcomes[0]
@@ -100,7 +100,7 @@ class Table:
         ]
         for o in self.outcomes:
             c = o.case
-            layout = ("nhwc" if c.channels_last else "nchw") if ZOO["tiny"][c.model].image else ""
+            layout = ("nhwc" if c.channels_last else "nchw") if is_image(c.model) else ""
             step = ("train" if c.training else "eval") + (", dynamic batch" if c.dynamic else "")
             lines.append(
                 f"| {c.model} | {str(c.dtype)[6:]} | {layout} | {c.policy} | {c.mode} | {step} | "

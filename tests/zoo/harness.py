@@ -46,6 +46,25 @@ CALLS = 3
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def spec_of(size: str, model: str) -> Spec:
+    """The zoo's model, or one built from a library (``zoo.libraries``), at ``size``."""
+    from zoo.libraries import LIBRARY_ZOO
+
+    spec = ZOO[size].get(model) or LIBRARY_ZOO[size].get(model)
+    if spec is None:
+        raise KeyError(f"no {size} model {model!r} in the zoo (or its library is not installed)")
+    return spec
+
+
+def is_image(model: str) -> bool:
+    """Whether ``model`` takes an NCHW image (at any size)."""
+    from zoo.libraries import TORCHVISION, TRANSFORMERS
+
+    return any(
+        model in z and z[model].image for zoo in (ZOO, TORCHVISION, TRANSFORMERS) for z in zoo.values()
+    )
+
+
 @dataclass(frozen=True)
 class Case:
     model: str
@@ -59,7 +78,7 @@ class Case:
     @property
     def id(self) -> str:
         parts = [self.model, DTYPE_NAMES[self.dtype]]
-        parts += ["nhwc" if self.channels_last else "nchw"] if ZOO["tiny"][self.model].image else []
+        parts += ["nhwc" if self.channels_last else "nchw"] if is_image(self.model) else []
         parts += [self.policy, self.mode, "train" if self.training else "eval"]
         return "-".join(parts + (["dynamic"] if self.dynamic else []))
 
@@ -189,7 +208,7 @@ def _options(policy: str, db: str, mode: str) -> dict:
 def run(case: Case, size: str, device: str) -> Outcome:
     """Compile and check ``case`` at ``size`` on ``device``, against a fresh tuning database
     (``always``) or the mixed one of its model and layout (``mixed``, made once per process)."""
-    spec = ZOO[size][case.model]
+    spec = spec_of(size, case.model)
     db = mixed_db(spec, case, device) if case.policy == "mixed" else str(Path(_scratch()) / "empty.db")
     if case.policy != "mixed":
         Path(db).unlink(missing_ok=True)
