@@ -38,7 +38,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -49,11 +49,29 @@ from epilab.db.values import FASTER_TOGETHER, SKIPPED
 from epilab.ir.problem import Problem
 from epilab.tuner import significance as sig
 from epilab.tuner.interleave import Comparison, Timer, Variant, compare
+from epilab.tuner.variants import (
+    ModelOptions,
+    compile_variant,
+    counted,
+    cuda_graphs,
+    epilab_options,
+    inductor_mode,
+    inductor_options,
+)
 
 if TYPE_CHECKING:
-    from epilab.tuner.model import ModelOptions, ModelReport
     from epilab.tuner.step import Workload
     from epilab.tuner.tune import Tuner
+
+
+class ModelReport(Protocol):
+    """What the check writes into ``tuner/model.ModelReport``."""
+
+    label: str
+    verdicts: list[dict[str, Any]]
+    compiling: dict[str, float]
+    compiles: dict[str, int]
+
 
 STEP = "context check"
 PER_CALL_SITE_MS = 0.005  # per call: the host time of one kernel launch a site could save
@@ -82,8 +100,6 @@ def check_in_context(
 ) -> None:
     """Verdicts for the templates the records choose in each of ``modes`` (see the module's
     text); the modes of one Inductor mode share its switched compile and its Inductor."""
-    from epilab.tuner.model import inductor_mode
-
     by_inductor: dict[str, list[str]] = {}
     for mode in modes:
         by_inductor.setdefault(inductor_mode(mode), []).append(mode)
@@ -108,18 +124,14 @@ class _Check:
         self.inductor: Variant | None = None
 
     def compiled(self, name: str, mode: str, how: dict[str, Any]) -> Variant:
-        from epilab.tuner.model import _compile, _counted
-
-        return _counted(self.report, STEP, _compile(self.work, name, mode, how))
+        return counted(self.report, STEP, compile_variant(self.work, name, mode, how))
 
     def switched(self, mode: str, rejected: Sequence[str]) -> tuple[Variant, Switches]:
         """The model with every chosen template switchable, ``rejected`` ones left out; decided
         as under CUDA graphs (a template the launch-bound rules would hold back per call is
         checked too: the compiler applies those rules before any verdict)."""
-        from epilab.tuner.model import _epilab
-
         switches = Switches()
-        how = _epilab(self.store, mode, verdicts=False, exclude=list(rejected), switches=switches)
+        how = epilab_options(self.store, mode, verdicts=False, exclude=list(rejected), switches=switches)
         how["options"]["cuda_graphs"] = True
         return self.compiled("epilab switched", mode, how), switches
 
@@ -129,8 +141,6 @@ class _Check:
             self.run_mode(mode, shared, timers[mode])
 
     def run_mode(self, mode: str, shared: tuple[Variant, Switches], timer: Timer) -> None:
-        from epilab.tuner.model import _epilab, _inductor
-
         judged: dict[str, Judged] = {}
         labels: dict[str, str] = {}
         fixed: set[str] = set()  # chosen, but a site of theirs could not be switched
@@ -150,7 +160,7 @@ class _Check:
                 judged |= self.judge(mode, model, switches, keys, kept, sites, timer)
             rejected = [k for k, j in judged.items() if not j.keep]
             final = self.compiled(
-                "epilab kept", mode, _epilab(self.store, mode, verdicts=False, exclude=rejected)
+                "epilab kept", mode, epilab_options(self.store, mode, verdicts=False, exclude=rejected)
             )
             new = [k for k in _chosen(final) if k not in judged and k not in fixed]
             if not new:
@@ -166,7 +176,7 @@ class _Check:
         against = None
         if any(j.keep for j in judged.values()):
             if self.inductor is None:
-                self.inductor = self.compiled("inductor", mode, _inductor(mode))
+                self.inductor = self.compiled("inductor", mode, inductor_options(mode))
             theirs = _again(self.inductor, mode)
             kept = sum(j.keep for j in judged.values())
             self.say(f"{mode}: timing the model with its {kept} kept template(s) against Inductor")
@@ -186,8 +196,6 @@ class _Check:
         timer: Timer,
     ) -> dict[str, Judged]:
         """Verdicts for ``keys`` in the switched ``model``, ``kept`` switched on throughout."""
-        from epilab.tuner.model import cuda_graphs
-
         variants: dict[frozenset[str], Variant] = {}
 
         def variant(on: frozenset[str]) -> Variant:
@@ -266,8 +274,6 @@ class _Check:
         )
 
     def store_verdict(self, mode: str, key: str, label: str, j: Judged, against: Comparison | None) -> None:
-        from epilab.tuner.model import cuda_graphs, inductor_mode
-
         c, ok, outcome, why = j.comparison, j.keep, j.outcome, j.why
         if ok and against is not None and against.outcome != sig.FASTER:
             ok, c, outcome = False, against, "slower than inductor"
@@ -297,7 +303,7 @@ class _Check:
             rounds=rounds,
             outcome=outcome,
             context=self.report.label[:128],
-            timing_method="model, paired interleaved rounds, median (tuner/model.py)",
+            timing_method="model, paired interleaved rounds, median (tuner/in_context.py)",
             versions=self.tuner.versions,
         )
         self.report.verdicts.append(

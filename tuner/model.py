@@ -86,12 +86,19 @@ from epilab.tuner.phases import add_phases, phase_text
 from epilab.tuner.step import NothingToTrain, Workload
 from epilab.tuner.timing import Measured, time_wall
 from epilab.tuner.tune import ProblemResult, Tuner
+from epilab.tuner.variants import (
+    MAX_ROUNDS,
+    MODES,
+    ROUNDS,
+    ModelOptions,
+    compile_variant,
+    counted,
+    cuda_graphs,
+    epilab_options,
+    inductor_mode,
+    inductor_options,
+)
 
-# how the model runs: per call or replayed as CUDA graphs, Inductor default or max-autotune
-MODES = ("per call", "CUDA graphs", "per call, max-autotune", "CUDA graphs, max-autotune")
-MAX_PASSES = 4
-ROUNDS = 8  # rounds before the first look at the intervals (tuner/interleave.py)
-MAX_ROUNDS = 32  # ... and the most rounds a comparison gets before it is left undecided
 _DTYPE_ALIASES = {
     "bf16": "bfloat16",
     "fp16": "float16",
@@ -101,21 +108,6 @@ _DTYPE_ALIASES = {
 }
 # runs the tuning of (label, problem) jobs: returns the results and whether it was interrupted
 TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult], bool]]
-
-
-def cuda_graphs(mode: str) -> bool:
-    return mode.startswith("CUDA graphs")
-
-
-def inductor_mode(mode: str) -> str:
-    """The verdicts' name of Inductor's mode: "default" or "max-autotune"."""
-    return "max-autotune" if mode.endswith("max-autotune") else "default"
-
-
-def torch_mode(mode: str) -> str | None:
-    """``torch.compile``'s ``mode`` for one of ``MODES``: never Inductor's CUDA-graph trees,
-    the CUDA-graph modes replay the compiled step in a CUDA graph of their own (``replayed``)."""
-    return "max-autotune-no-cudagraphs" if inductor_mode(mode) == "max-autotune" else None
 
 
 REPLAY_CALLS = 10  # steps per CUDA graph in the CUDA-graph modes
@@ -494,30 +486,6 @@ def _speedup_text(speedup: dict[str, Any] | None) -> str:
     return text if speedup["significant"] else f"no significant difference ({text})"
 
 
-@dataclass(frozen=True)
-class ModelOptions:
-    modes: tuple[str, ...] = MODES  # of MODES; CUDA graphs and max-autotune on a GPU only
-    rounds: int = ROUNDS  # rounds before the first look at the intervals, and between looks
-    max_rounds: int = MAX_ROUNDS  # a comparison still undecided after these is left undecided
-    confidence: float = sig.CONFIDENCE  # of every decision, over all looks (tuner/significance.py)
-    margin: float = sig.MARGIN  # a template is kept where the model is faster with it by this much
-    max_passes: int = MAX_PASSES
-    check_context: bool = True
-    measure: bool = True
-    eager: bool = True  # time eager PyTorch too (per call)
-    # every variant compiled with Inductor's freezing (weights as constants: inference only),
-    # what the norm fold (``compiler/norms.py``) needs; Inductor is compared under it too
-    freezing: bool = False
-    # a call is a training step (``tuner/step.py``: grads reset, forward, backward of every
-    # output that requires grad): the forward's and the backward's problems are tuned, checked
-    # and stored as verdicts of training steps. The module's train()/eval() mode is the caller's
-    train: bool = False
-    # seconds for tuning all the model's problems, spread by each one's share of the model
-    # (``tuner/total_time.py``); None: ``model_tuning_s`` of the problems the first pass finds.
-    # Used where the tuner has no deadline of its own (``--total-time``)
-    tuning_s: float | None = None
-
-
 def tune_model(
     model: torch.nn.Module,
     *example_inputs: Any,
@@ -681,7 +649,7 @@ def _replayable(
         if on_gpu and cuda_graphs(mode):
             torch._dynamo.reset()
             try:
-                for how in (_inductor(mode), _epilab(store, mode)):
+                for how in (inductor_options(mode), epilab_options(store, mode)):
                     step = work.bind(torch.compile(work.model, **how))
                     step()
                     replayed(step)
@@ -692,40 +660,6 @@ def _replayable(
         if mode not in report.skipped:
             out.append(mode)
     return out
-
-
-def _epilab(store: TuningDB, mode: str, **extra: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {"db": store.url, "policy": "auto", **extra}
-    if cuda_graphs(mode):
-        options["cuda_graphs"] = True  # decided as under CUDA graphs: the step is replayed in one
-    if torch_mode(mode) is not None:
-        options["mode"] = torch_mode(mode)
-    return {"backend": "epilab", "options": options}
-
-
-def _inductor(mode: str) -> dict[str, Any]:
-    return {"backend": "inductor", **({"mode": torch_mode(mode)} if torch_mode(mode) else {})}
-
-
-def _compile(work: Workload, name: str, mode: str, how: dict[str, Any]) -> Variant:
-    """The workload compiled as ``how`` says (eager: not compiled), called once (its forward
-    and, for a training step, its backward compiled then): its step and decisions."""
-    from epilab.compiler.explain import explain
-
-    explain(clear=True)
-    step = work.bind(work.model if name == "eager" else torch.compile(work.model, **how))
-    started = time.perf_counter()
-    step()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return Variant(name, mode, step, time.perf_counter() - started, explain(clear=True))
-
-
-def _counted(report: ModelReport, step: str, variant: Variant) -> Variant:
-    """``variant``, its compile (and first call) added to ``step``'s seconds spent compiling."""
-    report.compiling[step] = report.compiling.get(step, 0.0) + variant.compile_s
-    report.compiles[step] = report.compiles.get(step, 0) + 1
-    return variant
 
 
 def _record_and_tune(
@@ -750,7 +684,7 @@ def _record_and_tune(
             if inductor_mode(mode) != "default":
                 continue  # the same problems; max-autotune compiles take minutes
             torch._dynamo.reset()
-            variant = _compile(work, "epilab", mode, _epilab(store, mode))
+            variant = compile_variant(work, "epilab", mode, epilab_options(store, mode))
             compile_s.append(variant.compile_s)
             keys += [k for d in variant.decisions for k in d.candidates]
         torch._dynamo.reset()
@@ -896,11 +830,13 @@ def _measure(
     torch._dynamo.reset()
     variants = []
     if options.eager and mode == "per call":
-        variants.append(_compile(work, "eager", mode, {}))
+        variants.append(compile_variant(work, "eager", mode, {}))
     say(f"{mode}: compiling inductor")
-    variants.append(_counted(report, "measure", _compile(work, "inductor", mode, _inductor(mode))))
+    inductor = compile_variant(work, "inductor", mode, inductor_options(mode))
+    variants.append(counted(report, "measure", inductor))
     say(f"{mode}: compiling epilab")
-    variants.append(_counted(report, "measure", _compile(work, "epilab", mode, _epilab(store, mode))))
+    epilab = compile_variant(work, "epilab", mode, epilab_options(store, mode))
+    variants.append(counted(report, "measure", epilab))
     ours = variants[-1]
     # with no template the epilab step is Inductor's graph: timed alongside, never decided
     # (it ran every per-call measurement to MAX_ROUNDS, 25 of MobileNet's 32 s of measuring)

@@ -1,0 +1,99 @@
+"""A model's variants: the modes it runs in, the options of ``tune --model``, and one
+compile of the model in a mode (``tuner/model.py`` records, checks and measures with them;
+``tuner/in_context.py`` checks).
+
+Modes (``MODES``): the model runs per call or replayed as CUDA graphs, compiled by Inductor
+default or max-autotune (where Inductor autotunes the kernels of the matmuls it keeps).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from epilab.db import TuningDB
+from epilab.tuner import significance as sig
+from epilab.tuner.interleave import Variant
+from epilab.tuner.step import Workload
+
+# how the model runs: per call or replayed as CUDA graphs, Inductor default or max-autotune
+MODES = ("per call", "CUDA graphs", "per call, max-autotune", "CUDA graphs, max-autotune")
+MAX_PASSES = 4
+ROUNDS = 8  # rounds before the first look at the intervals (tuner/interleave.py)
+MAX_ROUNDS = 32  # ... and the most rounds a comparison gets before it is left undecided
+
+
+def cuda_graphs(mode: str) -> bool:
+    return mode.startswith("CUDA graphs")
+
+
+def inductor_mode(mode: str) -> str:
+    """The verdicts' name of Inductor's mode: "default" or "max-autotune"."""
+    return "max-autotune" if mode.endswith("max-autotune") else "default"
+
+
+def torch_mode(mode: str) -> str | None:
+    """``torch.compile``'s ``mode`` for one of ``MODES``: never Inductor's CUDA-graph trees,
+    the CUDA-graph modes replay the compiled step in a CUDA graph of their own (``replayed``)."""
+    return "max-autotune-no-cudagraphs" if inductor_mode(mode) == "max-autotune" else None
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    modes: tuple[str, ...] = MODES  # of MODES; CUDA graphs and max-autotune on a GPU only
+    rounds: int = ROUNDS  # rounds before the first look at the intervals, and between looks
+    max_rounds: int = MAX_ROUNDS  # a comparison still undecided after these is left undecided
+    confidence: float = sig.CONFIDENCE  # of every decision, over all looks (tuner/significance.py)
+    margin: float = sig.MARGIN  # a template is kept where the model is faster with it by this much
+    max_passes: int = MAX_PASSES
+    check_context: bool = True
+    measure: bool = True
+    eager: bool = True  # time eager PyTorch too (per call)
+    # every variant compiled with Inductor's freezing (weights as constants: inference only),
+    # what the norm fold (``compiler/norms.py``) needs; Inductor is compared under it too
+    freezing: bool = False
+    # a call is a training step (``tuner/step.py``: grads reset, forward, backward of every
+    # output that requires grad): the forward's and the backward's problems are tuned, checked
+    # and stored as verdicts of training steps. The module's train()/eval() mode is the caller's
+    train: bool = False
+    # seconds for tuning all the model's problems, spread by each one's share of the model
+    # (``tuner/total_time.py``); None: ``model_tuning_s`` of the problems the first pass finds.
+    # Used where the tuner has no deadline of its own (``--total-time``)
+    tuning_s: float | None = None
+
+
+def epilab_options(store: TuningDB, mode: str, **extra: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {"db": store.url, "policy": "auto", **extra}
+    if cuda_graphs(mode):
+        options["cuda_graphs"] = True  # decided as under CUDA graphs: the step is replayed in one
+    if torch_mode(mode) is not None:
+        options["mode"] = torch_mode(mode)
+    return {"backend": "epilab", "options": options}
+
+
+def inductor_options(mode: str) -> dict[str, Any]:
+    return {"backend": "inductor", **({"mode": torch_mode(mode)} if torch_mode(mode) else {})}
+
+
+def compile_variant(work: Workload, name: str, mode: str, how: dict[str, Any]) -> Variant:
+    """The workload compiled as ``how`` says (eager: not compiled), called once (its forward
+    and, for a training step, its backward compiled then): its step and decisions."""
+    from epilab.compiler.explain import explain
+
+    explain(clear=True)
+    step = work.bind(work.model if name == "eager" else torch.compile(work.model, **how))
+    started = time.perf_counter()
+    step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return Variant(name, mode, step, time.perf_counter() - started, explain(clear=True))
+
+
+def counted(report: Any, step: str, variant: Variant) -> Variant:
+    """``variant``, its compile (and first call) added to ``step``'s seconds spent compiling."""
+    report.compiling[step] = report.compiling.get(step, 0.0) + variant.compile_s
+    report.compiles[step] = report.compiles.get(step, 0) + 1
+    return variant
