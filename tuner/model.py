@@ -734,24 +734,35 @@ def _share_time(
     tuner.options = dataclasses.replace(o, deadline=deadline, seconds_for={**o.seconds_for, **shares})
 
 
+# seconds one variant takes to time in a round (a guess from the H100 host): per call a short
+# window of calls, under CUDA graphs a capture and its replays
+VARIANT_S = {"per call": 0.1, "CUDA graphs": 0.3}
+
+
 def expected_text(
     tuner: Tuner, options: ModelOptions, modes: Sequence[str], jobs: int, compile_s: float
 ) -> str:
     """How long the run is expected to take, said before its tuning starts: the tuning's total
-    time, then the check's and the measurement's compiles (each about as long as the record
-    step's) and their timing rounds (a guess: 3 variants a comparison, 0.1 s a variant and round)."""
+    time; the check's and the measurement's compiles, each about as long as the record step's;
+    their timing rounds: per mode, the check's comparisons where one template of ``jobs``
+    loses (1 + 2 log2 of them, ``tuner/in_context.py``) and the measurement's, each its first
+    look's rounds of two or three variants (``VARIANT_S``). More losers, or undecided
+    comparisons that take more rounds, take longer."""
     tuning = max(0.0, (tuner.options.deadline or time.monotonic()) - time.monotonic())
     inductor_modes = len({inductor_mode(m) for m in modes})
-    compiles = (3 * inductor_modes if options.check_context else 0) + (
-        2 * len(modes) if options.measure else 0
+    compiles = 3 * inductor_modes * options.check_context + 2 * len(modes) * options.measure
+    comparisons = 1 + 2 * math.ceil(math.log2(max(jobs, 2)))
+    timing = sum(
+        options.rounds
+        * VARIANT_S["CUDA graphs" if cuda_graphs(m) else "per call"]
+        * (2 * comparisons * options.check_context + 3 * options.measure)
+        for m in modes
     )
-    steps = int(options.check_context) + int(options.measure)
-    timing = steps * len(modes) * options.rounds * 2 * 3 * 0.1
     total = tuning + compiles * compile_s + timing
     return (
         f"expected: tuning {jobs} problem(s) in about {tuning:.0f} s (by the model's size; "
-        f"--total-time sets it), then about {compiles} compiles of ~{compile_s:.0f} s and the "
-        f"timing rounds: about {total / 60:.1f} min in all"
+        f"--total-time sets it), then about {compiles} compiles of ~{compile_s:.0f} s and "
+        f"~{timing:.0f} s of timing rounds: about {total / 60:.1f} min in all"
     )
 
 
