@@ -48,9 +48,10 @@ from epilab.db import TuningDB, comparable_ms
 from epilab.db.values import FASTER_TOGETHER, SKIPPED
 from epilab.ir.problem import Problem
 from epilab.tuner import significance as sig
-from epilab.tuner.interleave import Comparison, Timer, Variant, compare
+from epilab.tuner.interleave import Comparison, Timer, Variant
 from epilab.tuner.variants import (
     ModelOptions,
+    compared,
     compile_variant,
     counted,
     cuda_graphs,
@@ -181,7 +182,7 @@ class _Check:
             kept = sum(j.keep for j in judged.values())
             self.say(f"{mode}: timing the model with its {kept} kept template(s) against Inductor")
             against = Comparison(ours=final, theirs=theirs, key="inductor")
-            self.compare([against], timer)
+            compared([against], self.options, timer)
         for key, j in judged.items():
             self.store_verdict(mode, key, labels.get(key, ""), j, against)
 
@@ -230,7 +231,7 @@ class _Check:
             self.say(
                 f"{mode}: timing the model with and without {sizes} template(s) in {len(level)} group(s)"
             )
-            self.compare(comparisons, timer)
+            compared(comparisons, self.options, timer)
             later = []
             for g, c in zip(level, comparisons, strict=True):
                 if c.outcome == sig.FASTER:
@@ -261,17 +262,6 @@ class _Check:
             return None
         aten = min(comparable_ms(b) for b in bases)
         return sites * (2.0 * aten + per_call_ms)
-
-    def compare(self, comparisons: list[Comparison], timer: Timer) -> None:
-        o = self.options
-        compare(
-            comparisons,
-            rounds=o.rounds,
-            max_rounds=o.max_rounds,
-            confidence=o.confidence,
-            margin=o.margin,
-            timer=timer,
-        )
 
     def store_verdict(self, mode: str, key: str, label: str, j: Judged, against: Comparison | None) -> None:
         c, ok, outcome, why = j.comparison, j.keep, j.outcome, j.why

@@ -81,7 +81,7 @@ from epilab.db.values import SKIPPED
 from epilab.ir.problem import Problem, identity_key_of
 from epilab.tables import markdown
 from epilab.tuner import significance as sig
-from epilab.tuner.interleave import Comparison, Timer, Variant, compare
+from epilab.tuner.interleave import Comparison, Timer, Variant
 from epilab.tuner.phases import add_phases, phase_text
 from epilab.tuner.step import NothingToTrain, Workload
 from epilab.tuner.timing import Measured, time_wall
@@ -91,6 +91,7 @@ from epilab.tuner.variants import (
     MODES,
     ROUNDS,
     ModelOptions,
+    compared,
     compile_variant,
     counted,
     cuda_graphs,
@@ -800,18 +801,6 @@ def unserved(store: TuningDB, device: DeviceInfo, problems: Sequence[Problem]) -
     return out
 
 
-def _compare(comparisons: Sequence[Comparison], options: ModelOptions, timer: Timer) -> float:
-    """``interleave.compare`` with the options' rounds and confidence rule."""
-    return compare(
-        comparisons,
-        rounds=options.rounds,
-        max_rounds=options.max_rounds,
-        confidence=options.confidence,
-        margin=options.margin,
-        timer=timer,
-    )
-
-
 def rule_text(options: ModelOptions) -> str:
     """The confidence rule, as the report states it."""
     schedule = sig.looks(options.rounds, options.max_rounds)
@@ -855,7 +844,7 @@ def _measure(
         Comparison(ours=ours, theirs=v, key=v.name, follows=_same_graph(ours, v)) for v in variants[:-1]
     ]
     say(f"{mode}: timing {len(variants)} variants in interleaved rounds until the intervals decide")
-    held = _compare(comparisons, options, timer)
+    held = compared(comparisons, options, timer)
     speedups = {c.key: c for c in comparisons}
     for v in variants:
         interval = v.interval(held)

@@ -9,6 +9,7 @@ default or max-autotune (where Inductor autotunes the kernels of the matmuls it 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 
 from epilab.db import TuningDB
 from epilab.tuner import significance as sig
-from epilab.tuner.interleave import Variant
+from epilab.tuner.interleave import Comparison, Timer, Variant, compare
 from epilab.tuner.step import Workload
 
 # how the model runs: per call or replayed as CUDA graphs, Inductor default or max-autotune
@@ -97,3 +98,16 @@ def counted(report: Any, step: str, variant: Variant) -> Variant:
     report.compiling[step] = report.compiling.get(step, 0.0) + variant.compile_s
     report.compiles[step] = report.compiles.get(step, 0) + 1
     return variant
+
+
+def compared(comparisons: Sequence[Comparison], options: ModelOptions, timer: Timer) -> float:
+    """``interleave.compare`` with the options' rounds and confidence rule: the confidence
+    each look was held to."""
+    return compare(
+        comparisons,
+        rounds=options.rounds,
+        max_rounds=options.max_rounds,
+        confidence=options.confidence,
+        margin=options.margin,
+        timer=timer,
+    )
