@@ -328,7 +328,7 @@ def _drop_dead(graph: fx.Graph) -> None:
     of a switched site's template branch (``switch.py``): a launch writes its output in place
     and has no user."""
     for node in reversed(graph.nodes):
-        if node.op == "call_function" and not node.users and not node.is_impure():
+        if node.op in ("call_function", "get_attr") and not node.users and not node.is_impure():
             graph.erase_node(node)
 
 
