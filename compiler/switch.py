@@ -35,6 +35,7 @@ from torch._higher_order_ops.triton_kernel_wrap import (
     triton_kernel_wrapper_functional,
     triton_kernel_wrapper_mutation,
 )
+from torch.multiprocessing.reductions import StorageWeakRef
 
 
 class Switches:
@@ -117,6 +118,8 @@ def switch(
     if missing:  # the rewrite is done: a site it cannot switch is a fault of the pass
         raise AssertionError(f"the rewrite replaced no node for the group's outputs {missing}")
     outs = [replaced[m] for m in escaping]
+    if aliased(escaping) or aliased(outs):  # a cond's outputs may not share storage: left on
+        return False
     template_inputs = _inputs(made)
     operands = list(dict.fromkeys([*aten_inputs, *template_inputs]))
     template = _region(made, outs, operands)
@@ -143,6 +146,22 @@ def switch(
 
 
 _TEMPLATE_BRANCH = "_epilab_template"
+
+
+def aliased(nodes: Sequence[fx.Node]) -> bool:
+    """Whether two of ``nodes`` hold views of one storage (a member and its reshape both used
+    outside the group): Inductor refuses a cond whose outputs alias, so such a site stays
+    its template, unswitched (and unchecked: ``tuner/in_context.py`` says so)."""
+    seen: set[StorageWeakRef] = set()
+    for node in nodes:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        ref = StorageWeakRef(value.untyped_storage())
+        if ref in seen:
+            return True
+        seen.add(ref)
+    return False
 
 
 def _hold_operand_strides() -> None:

@@ -18,7 +18,7 @@ from zoo.quantized import Fp8Linear
 
 import epilab
 from epilab.compiler.graph_pass import SWITCHED
-from epilab.compiler.switch import Switches
+from epilab.compiler.switch import Switches, aliased
 from epilab.ir.check import rel_error
 
 pytestmark = pytest.mark.usefixtures("fresh_compiler")
@@ -129,3 +129,19 @@ def test_an_operand_keeps_the_strides_the_aten_op_was_traced_with(tmp_path):
 def test_the_backend_refuses_switches_that_are_not_switches(tmp_path):
     with pytest.raises(Exception, match=r"switches takes an epilab\.compiler\.switch\.Switches"):
         switched(Block(), str(tmp_path / "t.db"), {"a": True})(torch.randn(2, 16))
+
+
+def test_outputs_that_share_a_storage_are_not_switched():
+    # a member and a view of it both used outside the group: a cond may not return both
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.fx.Graph()
+    with FakeTensorMode():
+        base = torch.empty(4, 6)
+        values = {"a": base, "view": base.view(6, 4), "other": torch.empty(4, 6)}
+    nodes = {}
+    for name, value in values.items():
+        nodes[name] = g.placeholder(name)
+        nodes[name].meta["val"] = value
+    assert aliased([nodes["a"], nodes["view"]])
+    assert not aliased([nodes["a"], nodes["other"]])
