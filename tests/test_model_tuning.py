@@ -19,6 +19,7 @@ import epilab
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.ir.problem import Problem
+from epilab.tuner.in_context import split
 from epilab.tuner.model import (
     ModelOptions,
     ModelSpecError,
@@ -480,6 +481,14 @@ def test_problems_too_small_to_move_the_model_are_skipped_and_say_so(tmp_path):
     assert all(v is not None and v.outcome == "skipped" and "skipped in" in v.describe() for v in stored)
     assert "| skipped |" in report.table()
     assert all(d.template is None and "too small a share" in d.reason for d in decisions)
+
+
+def test_a_group_that_may_lose_is_halved_then_judged_one_by_one():
+    # largest potential first: the halves alternate so that each holds about half of it
+    assert split(tuple("abcdefghi")) == [tuple("acegi"), tuple("bdfh")]
+    # four or fewer: one by one (all losing, 4 comparisons where halving takes 2 + 4)
+    assert split(tuple("abcd")) == [("a",), ("b",), ("c",), ("d",)]
+    assert split(("a", "b")) == [("a",), ("b",)]
 
 
 def test_no_speedup_is_claimed_where_epilab_keeps_no_template(tmp_path):

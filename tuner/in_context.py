@@ -20,8 +20,9 @@ can. Per Inductor mode (default, max-autotune):
    of them against the model with none (the rule of ``tuner/significance.py``: faster by
    ``margin`` at ``confidence``). A group found faster is kept whole. A group not found faster
    whose interval reaches below 1 (the model may be slower with it: a loser may hide in it) is
-   split in two halves of about equal potential, each judged against the templates kept so far,
-   down to single templates; one whose interval stays at or above 1 (a gain, too small to
+   split, each part judged against the templates kept so far, down to single templates: in
+   two halves of about equal potential, or straight into its templates one by one once it
+   has ``SINGLES_AT`` or fewer (never more comparisons than halving, fewer where all lose); one whose interval stays at or above 1 (a gain, too small to
    decide) is rejected whole, as its halves' smaller gains would be.
 4. **Against Inductor.** The model compiled with the kept templates only (no switches: what a
    later compile gives) is timed against Inductor by the same rule; unless it is faster, every
@@ -76,6 +77,7 @@ class ModelReport(Protocol):
 
 STEP = "context check"
 PER_CALL_SITE_MS = 0.005  # per call: the host time of one kernel launch a site could save
+SINGLES_AT = 4  # a suspected group this small is judged template by template, not halved
 
 
 @dataclass
@@ -244,7 +246,7 @@ class _Check:
                     )
                     out |= {k: Judged(True, outcome, why, c) for k in g}
                 elif len(g) > 1 and _loss_suspected(c):
-                    later += halves(g)
+                    later += split(g)
                 else:
                     why = _why(c) + ("" if len(g) == 1 else f" (judged in a group of {len(g)})")
                     out |= {k: Judged(False, c.outcome, why, c) for k in g}
@@ -325,8 +327,13 @@ def negligible(potential: dict[str, float | None], budget_ms: float) -> set[str]
     return out
 
 
-def halves(group: Sequence[str]) -> list[tuple[str, ...]]:
-    """``group`` (ordered by potential, largest first) split in two of about equal potential."""
+def split(group: Sequence[str]) -> list[tuple[str, ...]]:
+    """``group`` (ordered by potential, largest first) split for its next comparisons: one by
+    one where it has ``SINGLES_AT`` templates or fewer (a group of 4 whose every template
+    loses costs 4 comparisons so, 2 + 4 halved; one loser among them 4, 2 + 2 halved), else
+    in two of about equal potential."""
+    if len(group) <= SINGLES_AT:
+        return [(k,) for k in group]
     return [tuple(group[0::2]), tuple(group[1::2])]
 
 
@@ -378,4 +385,4 @@ def _sites(v: Variant) -> dict[str, list[Any]]:
     return {k: ds for k, ds in _chosen(v).items() if all(SWITCHED in d.runs_as for d in ds)}
 
 
-__all__ = ["Judged", "check_in_context", "halves", "negligible"]
+__all__ = ["Judged", "check_in_context", "negligible", "split"]
