@@ -22,8 +22,9 @@ can. Per Inductor mode (default, max-autotune):
    whose interval reaches below 1 (the model may be slower with it: a loser may hide in it) is
    split, each part judged against the templates kept so far, down to single templates: in
    two halves of about equal potential, or straight into its templates one by one once it
-   has ``SINGLES_AT`` or fewer (never more comparisons than halving, fewer where all lose); one whose interval stays at or above 1 (a gain, too small to
-   decide) is rejected whole, as its halves' smaller gains would be.
+   has ``SINGLES_AT`` or fewer (never more comparisons than halving, fewer where all lose).
+   A group whose interval stays at or above 1 (a gain, too small to decide) is rejected
+   whole, as its halves' smaller gains would be.
 4. **Against Inductor.** The model compiled with the kept templates only (no switches: what a
    later compile gives) is timed against Inductor by the same rule; unless it is faster, every
    template kept is rejected ("slower than inductor"). Where rejecting a template brings
