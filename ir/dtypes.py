@@ -45,6 +45,30 @@ INPUT_DTYPES = tuple(name for name, d in TABLE.items() if d.input)
 WIDE_INPUT_DTYPES = tuple(name for name in INPUT_DTYPES if name not in FP8_DTYPES)
 OPERAND_DTYPES = tuple(name for name, d in TABLE.items() if d.operand)
 OUTPUT_DTYPES = tuple(name for name, d in TABLE.items() if d.output)
+
+
+# short names users write for dtypes (``--input 8x64:bf16``, ``"dtype": "bf16"`` in a shapes file)
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "fp64": "float64",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    """A dtype's canonical name for a name a user wrote (an alias of ``DTYPE_ALIASES``, or
+    the name itself: what it is checked against is its reader's business)."""
+    return DTYPE_ALIASES.get(name.strip().lower(), name) if isinstance(name, str) else name
+
+
+def default_output_dtype(dtype: str) -> str:
+    """The dtype an epilogue's outputs are stored in unless it says otherwise: the inputs',
+    bfloat16 for fp8 inputs (a scaled matmul's output)."""
+    return "bfloat16" if dtype in FP8_DTYPES else dtype
+
+
 _BY_TORCH = {d.torch: name for name, d in TABLE.items()}
 
 

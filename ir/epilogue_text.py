@@ -16,7 +16,13 @@ A small recursive-descent parser of our own (nothing is evaluated). The language
 - activations without an op of their own (``relu6``, ``hardsigmoid``, ``hardswish``,
   ``softplus``, ``mish``: ``patterns.COMPOSITES``) as the ops PyTorch decomposes them into;
 - ``row_total(x)``: ``x`` summed over every column of its output row (a LayerNorm's mean is
-  ``row_total(x) / C``), for the kinds whose programs hold whole rows.
+  ``row_total(x) / C``), for the kinds whose programs hold whole rows; ``group_max(x, 128)``:
+  the max of ``x`` over its group of 128 columns, broadcast back.
+
+A whole epilogue (``parse_text``, what ``ir/epilogue_print.readable`` writes) is its outputs
+separated by ``;``, each an expression, stored in the problem's dtype unless ``-> dtype``
+follows it, or a reduction of it: ``-> row_sum`` (``row_max``, ``col_sum``, ``col_max``) or
+``-> group_max[128]``: ``acc + bias[n] ; gelu(acc + bias[n])``, ``acc -> float32``.
 
 Errors are ValueErrors that name the column and show it under the text.
 """
@@ -28,15 +34,21 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from epilab.ir.dtypes import OUTPUT_DTYPES
 from epilab.ir.epilogue import (
+    GROUP_OPS,
+    GROUP_REDUCE,
+    REDUCTIONS,
     ROW_OPS,
     Epilogue,
     Expr,
+    OutputLike,
     acc,
     acc2,
     apply,
     check_operand_name,
     const,
+    group_max,
     operand,
     row_total,
 )
@@ -53,6 +65,9 @@ _ALIASES = {"max": "maximum", "min": "minimum"}
 _COMPARE = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 _INDEX_BROADCASTS = {("n",): "row", ("m",): "col", ("m", "n"): "tile", (): "scalar"}
 _CONSTANTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi}
+SEPARATOR = " ; "  # between the outputs of a whole epilogue's text
+ARROW = " -> "  # before an output's dtype or reduction
+_GROUP_OUTPUT = re.compile(rf"{GROUP_REDUCE}\[(\d+)\]")
 
 
 @dataclass(frozen=True)
@@ -231,9 +246,11 @@ class _Parser:
             return self.composite(name, COMPOSITES[op])
         if op in ROW_OPS:
             return self.composite(name, row_total)
+        if op in GROUP_OPS:
+            return self.group(name)
         rule = RULES.get(op)
         if rule is None:
-            known = ", ".join(sorted([*RULES, *COMPOSITES, *ROW_OPS]))
+            known = ", ".join(sorted([*RULES, *COMPOSITES, *ROW_OPS, *GROUP_OPS]))
             raise self.error(f"unknown op {name.text!r}; known: {known}", name)
         open_tok = self.tok
         self.expect("(", "")
@@ -282,6 +299,22 @@ class _Parser:
             self.expect(")", f"to close the call of {name.text}")
         return build(arg)
 
+    def group(self, name: _Token) -> Expr:
+        """``group_max(x, size)`` (or ``size=``): a power of two from 2 to 1024."""
+        open_tok = self.tok
+        self.expect("(", "")
+        with self.nested(open_tok):
+            arg = self.compare()
+            self.expect(",", f"and the group's size after {name.text}'s argument")
+            if self.tok.kind == "name" and self.tok.text == "size" and self.toks[self.i + 1].text == "=":
+                self.i += 2
+            size = self.constant_of(self.unary(), name, f"{name.text}'s size")
+            self.expect(")", f"to close the call of {name.text}")
+        try:
+            return group_max(arg, int(size) if size == int(size) else size)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise self.error(str(e), name) from None
+
     def attribute(self, op: str, key: str) -> object:
         tok = self.tok
         if key in STRING_ATTRS:
@@ -318,6 +351,43 @@ class _Depth:
 def parse_expr(text: str) -> Expr:
     """The expression ``text`` (see the module doc) as the IR's expression tree."""
     return _Parser(text).parse()
+
+
+def parse_text(text: str, dtype: str) -> Epilogue:
+    """A whole epilogue from its one-line text (the module's text; ``readable``'s form):
+    outputs separated by ``;``, each stored in ``dtype`` unless ``-> dtype`` or ``-> reduction``
+    follows it."""
+    if not isinstance(text, str):
+        raise ValueError(f"an epilogue must be a string, got {type(text).__name__}")
+    outputs: list[OutputLike] = []
+    broadcasts: dict[str, str] = {}
+    for part in text.split(";"):
+        expr_text, arrow, how = part.partition("->")
+        parser = _Parser(expr_text.strip())
+        parser.broadcasts = broadcasts
+        outputs.append((parser.parse(), *_output_of(how.strip() if arrow else "", dtype, part)))
+    try:
+        return Epilogue.build(outputs)
+    except ValueError as e:
+        raise ValueError(f"epilogue {text[:200]!r}: {e}") from None
+
+
+def _output_of(how: str, dtype: str, part: str) -> tuple[str] | tuple[str, str] | tuple[str, str, int]:
+    """An output's (dtype[, reduction[, group]]) from what follows its ``->``."""
+    if not how:
+        return (dtype,)
+    if how in OUTPUT_DTYPES:
+        return (how,)
+    if how in REDUCTIONS:
+        return ("float32", how)
+    group = _GROUP_OUTPUT.fullmatch(how)
+    if group is not None:
+        return ("float32", GROUP_REDUCE, int(group.group(1)))
+    raise ValueError(
+        f"epilogue output {part.strip()[:120]!r}: after '->' write a dtype "
+        f"({', '.join(sorted(OUTPUT_DTYPES))}), a reduction ({', '.join(REDUCTIONS)}) "
+        f"or {GROUP_REDUCE}[size]; got {how!r}"
+    )
 
 
 def parse_epilogue(outputs: Sequence[tuple[str, str | None]], dtype: str) -> Epilogue:

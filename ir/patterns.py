@@ -213,6 +213,11 @@ def recognise(ep: Epilogue) -> Epilogue:
     return _fixpoint(ep, drop_rounding=False)
 
 
+def readable_form(ep: Epilogue) -> Epilogue:
+    """``identity`` with the operands' own names: what ``ir/epilogue_print.py`` prints."""
+    return _fixpoint(ep, drop_rounding=True)
+
+
 def identity(ep: Epilogue) -> Epilogue:
     """The epilogue as far as performance goes (see the module doc): named ops, no
     intermediate rounding, operands named by broadcast and position."""

@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Union
 
-from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES, OPERAND_DTYPES
+from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES, OPERAND_DTYPES, default_output_dtype
 from epilab.ir.epilogue import MALFORMED, Epilogue
+from epilab.ir.epilogue_print import readable
 from epilab.ir.patterns import identity_with_names
 
 if TYPE_CHECKING:  # imported where a symbolic dim is parsed: 0.4-0.7 s a process otherwise
@@ -420,6 +421,10 @@ class Problem:
             epilogue=ep,
             operands=tuple(dataclasses.replace(o, name=names[o.name]) for o in self.operands),
         )
+
+    def epilogue_text(self) -> str:
+        """The epilogue as users read it everywhere (``ir/epilogue_print.readable``)."""
+        return readable(self.epilogue, default_output_dtype(self.dtype))
 
     @cached_property
     def identity_key(self) -> str:

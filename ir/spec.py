@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from epilab.ir.catalog import EPILOGUES, epilogue
-from epilab.ir.dtypes import FP8_DTYPES
+from epilab.ir.dtypes import canonical_dtype, default_output_dtype
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.epilogue_text import parse_epilogue
+from epilab.ir.epilogue_print import readable
+from epilab.ir.epilogue_text import parse_epilogue, parse_text
 from epilab.ir.problem import Problem
 
-# a spec's epilogue: a catalog name, one expression (epilogue_text), or outputs as
+# a spec's epilogue: a catalog name, a whole epilogue's text (epilogue_text.parse_text), or outputs as
 # (expression, dtype or None for the input dtype) pairs
 EpilogueSpec = str | tuple[tuple[str, str | None], ...]
 
@@ -63,6 +64,8 @@ class SpecFormat:
             raise ValueError(f"missing {sorted(missing)} for {self.what}")
         if "epilogue" in d:
             d = {**d, "epilogue": epilogue_value(d["epilogue"])}
+        if "dtype" in d:
+            d = {**d, "dtype": canonical_dtype(d["dtype"])}  # "bf16" as --input takes it
         return self.make(**d)
 
 
@@ -81,11 +84,12 @@ def format_of(d: Mapping[str, Any], formats: Sequence[SpecFormat]) -> SpecFormat
 
 
 def spec_epilogue(value: EpilogueSpec, dtype: str) -> Epilogue:
-    """The epilogue a spec names or writes out (see ``EpilogueSpec``): for fp8 inputs its
-    outputs default to bfloat16."""
-    dtype = "bfloat16" if dtype in FP8_DTYPES else dtype
+    """The epilogue a spec names or writes out (see ``EpilogueSpec``; a string is a catalog
+    name or a whole epilogue's text, as every table shows one): for fp8 inputs its outputs
+    default to bfloat16."""
+    dtype = default_output_dtype(dtype)
     if isinstance(value, str):
-        return epilogue(value, dtype) if value in EPILOGUES else parse_epilogue([(value, None)], dtype)
+        return epilogue(value, dtype) if value in EPILOGUES else parse_text(value, dtype)
     return parse_epilogue(list(value), dtype)
 
 
@@ -112,9 +116,17 @@ def epilogue_value(v: Any) -> EpilogueSpec:
     return tuple(outputs)
 
 
-def epilogue_label(value: EpilogueSpec) -> str:
-    text = value if isinstance(value, str) else " ; ".join(e if d is None else f"{e} : {d}" for e, d in value)
-    return text if len(text) <= 60 else text[:57] + "..."
+def epilogue_label(value: EpilogueSpec, dtype: str) -> str:
+    """A spec's epilogue as every label shows one (``ir/epilogue_print.readable``), clipped."""
+    return clip(readable(spec_epilogue(value, dtype), default_output_dtype(dtype)), LABEL_EPILOGUE)
+
+
+LABEL_EPILOGUE = 60  # characters of an epilogue in a one-line label
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, "..." saying it was."""
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def int_in(name: str, v: Any, lo: int, hi: int) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, Record, Snapshot, comparable_ms
 from epilab.db.models import KIND_LIBRARIES
+from epilab.ir.spec import LABEL_EPILOGUE, clip
 from epilab.templates.kinds import KINDS
 
 # name fragment -> (dense fp16/bf16 tensor TFLOP/s, fp32 TFLOP/s, memory GB/s); first match wins
@@ -55,7 +56,7 @@ class ProblemReport:
     dtype: str
     layouts: str
     shape: str
-    epilogue: str
+    epilogue: str  # as users read it (``epilogue_text``)
     flops: int
     nbytes: int
     stale: bool
@@ -70,7 +71,8 @@ class ProblemReport:
 
     @property
     def label(self) -> str:
-        return f"{self.shape} {self.dtype} {self.layouts} {epilogue_summary(self.epilogue)} [{self.template}]"
+        epilogue = clip(self.epilogue, LABEL_EPILOGUE)
+        return f"{self.shape} {self.dtype} {self.layouts} {epilogue} [{self.template}]"
 
     @property
     def library(self) -> str:
@@ -144,20 +146,6 @@ class ReportData:
         return dict(sorted(out.items()))
 
 
-def epilogue_summary(text: str) -> str:
-    """'bias+gelu_tanh+residual' for the canonical epilogue text: operand names and the
-    ops that are not plain arithmetic or casts, in order; 'none' for a bare product."""
-    parts = []
-    for stmt in text.split(";"):
-        m = re.match(r"\s*%\d+ = (\w+)(\[[^\]]*\])?", stmt)
-        if m is None or m.group(1) in ("acc", "acc2", "cast", "add", "sub", "mul", "div", "const"):
-            continue
-        name = re.search(r"name=(\w+)", m.group(2) or "")
-        parts.append(name.group(1) if m.group(1) == "operand" and name else m.group(1))
-    outputs = text.count("; out ") + text.startswith("out ")
-    return "+".join(parts or ["none"]) + (f" ({outputs} outputs)" if outputs > 1 else "")
-
-
 def _bytes_moved(records: list[Record]) -> int:
     """The problem's bytes (A, B, operands, outputs once), as the tuner recorded them with
     each time (GB/s x ms); 0 when no record has them."""
@@ -178,6 +166,17 @@ def shape_text(summary: dict[str, Any]) -> str:
         pass
     b, m, n, k = ("?" if d is None else d for d in summary["shape"])
     return f"{m}x{n}x{k}" if b == 1 else f"{b}x{m}x{n}x{k}"
+
+
+def epilogue_text(summary: dict[str, Any]) -> str:
+    """The problem's epilogue as every table shows it (``Problem.epilogue_text``); an older or
+    foreign record's stored text where its JSON does not read."""
+    from epilab.ir.problem import Problem
+
+    try:
+        return Problem.from_json(summary["json"]).epilogue_text()
+    except (KeyError, ValueError, TypeError):
+        return str(summary.get("epilogue", ""))
 
 
 def _flops(summary: dict[str, Any]) -> int:
@@ -259,7 +258,7 @@ def collect(
             dtype=summary["dtype"],
             layouts=summary["layouts"],
             shape=shape_text(summary),
-            epilogue=summary["epilogue"],
+            epilogue=epilogue_text(summary),
             flops=_flops(summary),
             nbytes=_bytes_moved(trials[key] + bases[key]),
             stale=not is_current(summary["json"]),

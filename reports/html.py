@@ -18,7 +18,7 @@ import jinja2
 from epilab.files import write_text_atomic
 from epilab.ir.problem import config_text
 from epilab.reports import plots
-from epilab.reports.data import ReportData, epilogue_summary
+from epilab.reports.data import ReportData
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent),
@@ -87,7 +87,6 @@ def render(data: ReportData, *, db: Any = None, detail_limit: int = DETAIL_LIMIT
         plotly_js=jinja2.utils.markupsafe.Markup(_plotly_js().replace("</script", "<\\/script")),
         fmt=_fmt,
         config_text=config_text,
-        summary=epilogue_summary,
         json_attr=lambda v: json.dumps(v),
     )
 

@@ -42,9 +42,10 @@ def _text(s: str) -> str:
 
 
 def throughput(data: ReportData) -> str | None:
-    """TFLOP/s of the tuned kernel and of each baseline, per problem."""
+    """TFLOP/s of the tuned kernel and of each baseline, per problem; none for the
+    interpreter's wall times (no throughput: the axis read `10μ TFLOP/s`)."""
     rows = [p for p in data.tuned if p.flops]
-    if not rows:
+    if not rows or data.interpreter:
         return None
     labels = [_text(p.label) for p in rows]
     fig = go.Figure()
@@ -64,9 +65,10 @@ def throughput(data: ReportData) -> str | None:
 
 
 def roofline(data: ReportData) -> str | None:
-    """Arithmetic intensity against achieved TFLOP/s, with the memory and compute ceilings."""
+    """Arithmetic intensity against achieved TFLOP/s, with the memory and compute ceilings;
+    none for the interpreter's wall times."""
     rows = [p for p in data.tuned if p.flops and p.nbytes]
-    if not rows:
+    if not rows or data.interpreter:
         return None
     fig = go.Figure()
     ais = [p.intensity for p in rows]

@@ -122,7 +122,7 @@ class ConvSpec:
         )
         return (
             f"conv {self.n}x{self.c}x{self.h}x{self.w} -> {self.k}x{g.p}x{g.q} {self.r}x{self.s}{extra} "
-            f"{self.dtype} {self.layout} {epilogue_label(self.epilogue)}"
+            f"{self.dtype} {self.layout} {epilogue_label(self.epilogue, self.dtype)}"
         )
 
     def flops(self) -> int:

@@ -89,6 +89,9 @@ KEYS = frozenset(
 )
 
 
+LAYOUT_WORDS = {"N": "row", "T": "col"}  # a spec's layout letters as every label shows layouts
+
+
 def _layout(sizes: tuple[int, int], letter: str) -> str:
     """The layout a tensor of ``sizes`` stored as ``letter`` says it has (``layout_of``): a
     matrix with a dimension of 1 is both, and the problem must be the one its inputs make."""
@@ -257,10 +260,11 @@ class Spec:
         suffix = "" if self.template == own else f" [{self.template}]"
         scales = f" {self.scales}-scaled" if self.scales != "none" else " unscaled"
         scales = scales if self.dtype in FP8_DTYPES else f" x {self.weight} weight" if self.weight else ""
-        ep_label = epilogue_label(self.epilogue) + (
+        ep_label = epilogue_label(self.epilogue, self.dtype) + (
             f" quantized per {self.quantize}" if self.quantize else ""
         )
-        return f"{shape} {self.dtype}{scales} {self.layout} {ep_label}{suffix}"
+        layouts = "/".join(LAYOUT_WORDS[letter] for letter in self.layout)
+        return f"{shape} {self.dtype}{scales} {layouts} {ep_label}{suffix}"
 
     def flops(self) -> int:
         return 2 * (self.batch or 1) * self.m * self.n * self.k

@@ -99,7 +99,7 @@ class GroupedSpec:
     def label(self) -> str:
         return (
             f"moe {self.tokens} tokens x top{self.topk} / {self.experts} experts -> {self.n}x{self.k} "
-            f"{self.dtype} {epilogue_label(self.epilogue)}"
+            f"{self.dtype} {epilogue_label(self.epilogue, self.dtype)}"
             + (" gathered" if self.gather else "")
             + (f" {self.scatter}ed back" if self.scatter else "")
         )

@@ -142,6 +142,14 @@ def test_shapes_file_with_expressions_batches_outputs_and_convolutions(tmp_path)
     assert "silu(acc) * up" in specs[1].label()
 
 
+def test_a_shapes_file_takes_the_dtype_names_input_takes(tmp_path):
+    """`--input 8x64:bf16` and `"dtype": "bf16"`: one set of dtype names (``DTYPE_ALIASES``)."""
+    f = tmp_path / "s.json"
+    f.write_text('[{"m": 8, "n": 8, "k": 8, "dtype": "bf16"}, {"m": 8, "n": 8, "k": 8, "dtype": "FP16"}]')
+    short, upper = (s.problem() for s in load_shapes(str(f)))
+    assert short == Spec(8, 8, 8, dtype="bfloat16").problem() and upper.dtype == "float16"
+
+
 @pytest.mark.parametrize(
     "body, says",
     [

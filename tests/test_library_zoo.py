@@ -43,6 +43,7 @@ def _needs(case: Case) -> None:
 
 def _check(outcome: Outcome) -> None:
     assert outcome.ok, outcome.describe()
+    assert not outcome.unreadable, outcome.unreadable  # every epilogue's text reads back
     used = sum(outcome.templates.values())
     assert used > 0, f"no template was used: {outcome.describe()}"
     if outcome.case.policy == "mixed":

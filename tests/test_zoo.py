@@ -119,6 +119,7 @@ def table() -> Table:
 
 def _check(outcome: Outcome) -> None:
     assert outcome.ok, outcome.describe()
+    assert not outcome.unreadable, outcome.unreadable  # every epilogue's text reads back
     c = outcome.case
     used = sum(outcome.templates.values())
     if c.policy == "always" and not c.dynamic:

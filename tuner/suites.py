@@ -27,20 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from epilab.files import read_text_bounded
-from epilab.ir.epilogue import LEAVES
 from epilab.ir.epilogue_text import EpilogueSyntaxError
 from epilab.ir.problem import Problem
-from epilab.ir.spec import ProblemSpec, format_of
+from epilab.ir.spec import LABEL_EPILOGUE, ProblemSpec, clip, format_of
 from epilab.templates.kinds import default_template, kind_of, spec_formats
 
 
 def problem_label(problem: Problem) -> str:
     """A short label of any problem (one the compiler recorded, say): op, shape, dtype,
-    layouts of A and B, and the epilogue's ops."""
-    ops_ = [n.op for n in problem.epilogue.nodes if n.op not in LEAVES]
-    epilogue = "+".join(ops_) if ops_ else "none"
-    if len(epilogue) > 40:
-        epilogue = epilogue[:37] + "..."
+    layouts of A and B, and the epilogue (``Problem.epilogue_text``, clipped)."""
+    epilogue = clip(problem.epilogue_text(), LABEL_EPILOGUE)
     suffix = "" if problem.template == default_template(problem.op) else f" [{problem.template}]"
     layouts = f"{problem.layout_a}/{problem.layout_b}"
     return f"{problem.op} {shape_label(problem)} {problem.dtype} {layouts} {epilogue}{suffix}"

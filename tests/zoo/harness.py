@@ -33,6 +33,10 @@ from records import record, record_slower_in_context
 import epilab
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB
 from epilab.ir.check import rel_error
+from epilab.ir.dtypes import default_output_dtype
+from epilab.ir.epilogue_print import readable
+from epilab.ir.epilogue_text import parse_text
+from epilab.ir.patterns import identity
 from epilab.ir.problem import Problem
 from epilab.templates.kinds import default_config
 from zoo import ZOO, Spec
@@ -93,6 +97,7 @@ class Outcome:
     anchors: int = 0
     compile_s: float = 0.0
     kernels: int = 0  # templates Inductor launches as its own kernels (the rest: the custom op)
+    unreadable: list[str] = field(default_factory=list)  # epilogue texts that do not read back
 
     @property
     def bound(self) -> float:
@@ -232,7 +237,30 @@ def run(case: Case, size: str, device: str) -> Outcome:
         len(decisions),
         seconds,
         sum(1 for d in decisions if d.template and d.runs_as == "kernel"),
+        _unreadable(decisions, db),
     )
+
+
+def _unreadable(decisions: list, db: str) -> list[str]:
+    """The decisions' epilogue texts (``Problem.epilogue_text``) that do not parse back to
+    their problem's epilogue, as far as performance goes: every zoo model's epilogues round-trip."""
+    bad = []
+    with TuningDB.open(db) as store:
+        for d in decisions:
+            found = store.problem_json(d.problem_key) if d.problem_key else None
+            if found is None:
+                continue
+            problem = Problem.from_json(found[1])
+            dtype = default_output_dtype(problem.dtype)
+            text = problem.epilogue_text()
+            try:
+                back = parse_text(text, dtype)
+            except ValueError as e:
+                bad.append(f"{text}: {e}")
+                continue
+            if identity(back) != identity(problem.epilogue) or readable(back, dtype) != text:
+                bad.append(f"{text} reads back as {readable(back, dtype)}")
+    return bad
 
 
 _inductor_errors: dict[tuple, float] = {}
