@@ -5,6 +5,9 @@ where every character and every column is kept."""
 
 from __future__ import annotations
 
+import io
+import shutil
+import sys
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -60,3 +63,25 @@ def print_table(
             f"(left out to fit {console.width} columns: {', '.join(left_out)}; "
             "a wider terminal or a pipe shows every column)"
         )
+
+
+def table_text(
+    title: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    left: int = 1,
+    optional: tuple[str, ...] = (),
+    terminal: bool | None = None,
+    width: int | None = None,
+) -> str:
+    """``print_table``'s text, for objects that print as a table (``print(epilab.explain())``):
+    the rich table at the terminal's width where standard output is a terminal (``terminal``
+    and ``width`` say otherwise), else the Markdown table."""
+    terminal = sys.stdout.isatty() if terminal is None else terminal
+    if not terminal:
+        return f"{title}\n{markdown(headers, rows, left=left)}"
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=width or shutil.get_terminal_size().columns)
+    print_table(console, title, headers, rows, left=left, optional=optional)
+    return out.getvalue().rstrip("\n")

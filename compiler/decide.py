@@ -115,7 +115,7 @@ class Decision:
     """One anchor's fate, as ``epilab.explain()`` shows it."""
 
     anchor: str  # the aten op, e.g. "aten.addmm"
-    epilogue: str  # canonical text of the fused epilogue ("" when no group was formed)
+    epilogue: str  # the fused epilogue as users read it (Problem.epilogue_text; "" when no group)
     shape: str  # M x N x K (batch x M x N x K for bmm)
     template: str | None  # the template used, or None where the aten op was kept
     config: dict[str, Any] | None  # the config (or M-bucket table) of the template call
@@ -129,6 +129,7 @@ class Decision:
     # how the template runs in the graph: "kernel" (launched by Inductor's output code:
     # ``compiler/emit.py``), or "op: <why not a kernel>" (the custom op ``epilab::template_call``)
     runs_as: str = ""
+    module: str = ""  # the module its anchor was traced in (``graph_pass.module_of``); "" unknown
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,7 @@ def decide(
         return (
             Decision(
                 anchor=anchor,
-                epilogue=problem.epilogue.text(),
+                epilogue=problem.epilogue_text(),
                 shape=shape,
                 template=chosen.template if template else None,
                 config=plan.describe() if plan is not None else None,

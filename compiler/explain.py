@@ -15,7 +15,8 @@ import threading
 
 from epilab.compiler.decide import Decision
 from epilab.ir.problem import config_text
-from epilab.tables import markdown
+from epilab.ir.spec import clip
+from epilab.tables import table_text
 
 log = logging.getLogger("epilab.compiler")
 _lock = threading.Lock()
@@ -23,10 +24,14 @@ _decisions: list[Decision] = []
 
 
 class Decisions(list[Decision]):
-    """The decisions, a list that prints as the table (``table``)."""
+    """The decisions, a list that prints as the table (``table``): rich at a terminal's width,
+    Markdown elsewhere (and in a notebook)."""
 
     def __str__(self) -> str:
         return table(self) if self else "no decisions: nothing was compiled with backend='epilab'"
+
+    def _repr_markdown_(self) -> str:
+        return table(self, terminal=False)
 
 
 def record(decisions: list[Decision]) -> None:
@@ -36,7 +41,7 @@ def record(decisions: list[Decision]) -> None:
         cached = (
             " (Inductor's cache served it: decided when it was compiled)" if decisions[0].replayed else ""
         )
-        log.info("epilab decisions for one graph%s:\n%s", cached, table(decisions))
+        log.info("epilab decisions for one graph%s:\n%s", cached, table(decisions, terminal=False))
 
 
 def explain(clear: bool = False) -> Decisions:
@@ -49,23 +54,35 @@ def explain(clear: bool = False) -> Decisions:
     return out
 
 
-def table(decisions: list[Decision]) -> str:
-    """A Markdown table (``tables.markdown``): one row per anchor."""
+HEADERS = ["module", "anchor", "shape", "template", "config", "source", "runs as", "reason", "epilogue"]
+# left out first where a terminal is too narrow (the reason and the epilogue fold instead)
+OPTIONAL = ("runs as", "source", "config", "shape", "anchor")
+
+
+def table(decisions: list[Decision], *, terminal: bool | None = None, width: int | None = None) -> str:
+    """One row per anchor (``tables.table_text``): the module it belongs to, what ran and
+    why, the epilogue as users read it; a decision Inductor's cache served says "replayed"."""
     rows = [
         [
+            d.module or "-",
             d.anchor,
             d.shape,
             d.template or "aten",
-            d.source or "",
             "" if d.config is None else _short(d.config),
-            _clip(d.runs_as, 50),
+            ", ".join(filter(None, [d.source, "replayed" if d.replayed else ""])),
+            clip(d.runs_as, 50),
             d.reason,
-            _clip(d.epilogue, 60),
+            clip(d.epilogue, 80),
         ]
         for d in decisions
     ]
-    header = ["anchor", "shape", "template", "source", "config", "runs as", "reason", "epilogue"]
-    return markdown(header, rows, left=8)
+    replayed = (
+        " (some replayed: Inductor's cache served their graph)" if any(d.replayed for d in decisions) else ""
+    )
+    title = f"epilab: {len(decisions)} decision(s){replayed}"
+    return table_text(
+        title, HEADERS, rows, left=len(HEADERS), optional=OPTIONAL, terminal=terminal, width=width
+    )
 
 
 def _short(config: dict) -> str:
@@ -74,7 +91,3 @@ def _short(config: dict) -> str:
     if all(k in config for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")):
         return config_text(config)
     return json.dumps(config, sort_keys=True)
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import operator
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,7 +111,11 @@ class EpilabPass(CustomGraphPass):
             if anchor.graph is not graph or anchor not in graph.nodes:
                 continue
             before = len(decisions)
+            module = module_of(anchor)
             self._decide_anchor(graph, anchor, anchors[i + 1 :], precision, decisions)
+            decisions[before:] = [
+                dataclasses.replace(d, module=d.module or module) for d in decisions[before:]
+            ]
             if by_anchor is not None:
                 by_anchor[anchor] = decisions[before:]
         for u in unpadded:
@@ -369,6 +374,20 @@ def _a_of(anchor: fx.Node) -> fx.Node | None:
         return None
     a = anchor.args[0 if op != "addmm" else 1]
     return a if isinstance(a, fx.Node) else None
+
+
+def module_of(node: fx.Node) -> str:
+    """The module a node was traced in, as the model names it (``layers.0.mlp.up_proj``) and
+    its class (``Linear``): the innermost entry of its ``nn_module_stack``; "" where the graph
+    has none (a backward graph's nodes)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, cls = list(stack.values())[-1]
+    path = re.sub(r"^L\[['\"][^'\"]*['\"]\]\.?", "", str(path))  # dynamo's L['self'] prefix
+    path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path).lstrip(".")  # [0] and ['key'] as .0 and .key
+    name = getattr(cls, "__name__", str(cls))
+    return f"{path} ({name})" if path else name
 
 
 def _shape(anchor: fx.Node) -> str:

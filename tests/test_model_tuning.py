@@ -204,6 +204,9 @@ def test_templates_are_kept_only_where_the_model_is_faster_with_them(tmp_path):
         compiling = f"(compiling {report.compiling[step]:.0f}, {report.compiles[step]} compiles)"
         assert f"{step} {report.seconds[step]:.0f} {compiling}" in report.table()
     assert report.to_dict()["compiling"].keys() == {"context check", "measure"}
+    # print(report) prints its tables; its repr is one line, not the dataclass's fields
+    assert str(report) == report.table() and "\n" not in repr(report) and len(repr(report)) < 300
+    assert "1 of 2 verdict(s) kept" in repr(report)
     # a later compile follows the verdicts without measuring
     decisions, _ = _problems(db_path, model, x)
     by_key = {d.problem_key: d for d in decisions}

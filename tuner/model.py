@@ -78,6 +78,7 @@ import torch
 from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.db.models import KIND_LIBRARIES
 from epilab.db.values import SKIPPED
+from epilab.ir.dtypes import canonical_dtype
 from epilab.ir.problem import Problem, identity_key_of
 from epilab.tables import markdown
 from epilab.tuner import significance as sig
@@ -100,13 +101,6 @@ from epilab.tuner.variants import (
     inductor_options,
 )
 
-_DTYPE_ALIASES = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "fp32": "float32",
-    "fp64": "float64",
-}
 # runs the tuning of (label, problem) jobs: returns the results and whether it was interrupted
 TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult], bool]]
 
@@ -177,8 +171,7 @@ def parse_input(text: str) -> InputSpec:
             f"--input {text!r}: {math.prod(shape):.3g} elements, more than any device holds "
             f"(at most {MAX_INPUT_ELEMENTS:.3g})"
         )
-    name = parts[1].strip().lower()
-    dtype = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+    dtype = getattr(torch, canonical_dtype(parts[1].strip().lower()), None)
     if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype in INTEGER_INPUTS):
         raise ModelSpecError(
             f"--input {text!r}: {parts[1]!r} is not a dtype an example input can have: a float dtype "
@@ -224,8 +217,7 @@ CASTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def parse_dtype(text: str) -> torch.dtype:
     """``--dtype``: one of ``CASTABLE`` (or an alias: bf16, fp16, half, fp32, fp64)."""
-    name = text.strip().lower()
-    dtype = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+    dtype = getattr(torch, canonical_dtype(text.strip().lower()), None)
     if dtype not in CASTABLE:
         raise ModelSpecError(
             f"--dtype {text!r}: cast the model to one of "
@@ -403,6 +395,18 @@ class ModelReport:
             for r in self.rows
             if r["mode"] == mode and r.get("speedup") and r["speedup"]["ratio"]
         }
+
+    def __str__(self) -> str:
+        """``print(tune_model(...))`` prints the report's tables (``table``)."""
+        return self.table()
+
+    def __repr__(self) -> str:
+        kept = sum(1 for v in self.verdicts if v.get("keep"))
+        return (
+            f"<ModelReport {self.label!r} on {self.device}: {len(self.tuned)} problem(s) tuned, "
+            f"{kept} of {len(self.verdicts)} verdict(s) kept, {len(self.rows)} timed row(s); "
+            "print() it for the tables>"
+        )
 
     def table(self) -> str:
         """A Markdown table of the measured variants, then the verdicts."""
