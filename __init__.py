@@ -64,7 +64,8 @@ __version__ = "0.1.0"
 
 
 def enable_interpreter_if_asked() -> None:
-    """Set TRITON_INTERPRET=1 when epilab's interpreter mode is on and Triton is not loaded yet.
+    """Set TRITON_INTERPRET=1 when epilab's interpreter mode is on and Triton is not loaded yet,
+    and keep numpy's warnings about the lanes a kernel masks off the user's screen.
     Bad settings do not stop ``import epilab``: they are reported where they are first used."""
     try:
         interpret = _settings().interpret
@@ -72,6 +73,10 @@ def enable_interpreter_if_asked() -> None:
         return
     if interpret and "triton" not in _sys.modules:
         _os.environ["TRITON_INTERPRET"] = "1"
+    if interpret:  # numpy's overflow warnings on padded lanes, which every store masks out
+        import warnings
+
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
 
 
 enable_interpreter_if_asked()

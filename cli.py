@@ -6,7 +6,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from collections import Counter
 from typing import Annotated, Any
 
@@ -59,6 +58,8 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            raise  # the reader has gone (`| head`): ``main`` ends quietly
         except Exception as e:
             message = user_error(e)
             if message is None:
@@ -88,7 +89,18 @@ class _Commands(TyperGroup):
         except typer.Abort:
             err_console.print("aborted")
             sys.exit(1)
+        except BrokenPipeError:
+            _reader_gone()
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _reader_gone() -> None:
+    """The output's reader closed the pipe (``epilab db show KEY | head``): stop without a
+    word, as Unix tools do; standard output goes to /dev/null so that the interpreter's last
+    flush has nowhere to fail, and the status is 1 (Python's advice: the output was cut)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(1)
 
 
 def printable(text: object) -> str:
@@ -110,6 +122,7 @@ app = typer.Typer(
     name="epilab",
     help="Autotuned Triton templates for matmul-like ops with fused epilogues.",
     no_args_is_help=True,
+    rich_markup_mode=None,
     add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     cls=_Commands,
 )
@@ -184,6 +197,7 @@ def demo(
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ["EPILAB_INTERPRET"] = os.environ["TRITON_INTERPRET"] = "1"
+        epilab.enable_interpreter_if_asked()  # and numpy's warnings on masked lanes kept quiet
         console.print("[yellow]No CUDA device: running in Triton's interpreter on the CPU.[/yellow]")
     m = (2048 if cuda else 96) if m is None else m
     n = (2048 if cuda else 80) if n is None else n
@@ -196,8 +210,6 @@ def demo(
     from epilab.templates.kinds import default_config, kind_of
     from epilab.templates.matmul_api import matmul_problem, simple_epilogue
 
-    if not cuda:  # numpy warns about padded lanes, which the store masks out
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
     device = "cuda" if cuda else "cpu"
     gen = torch.Generator().manual_seed(seed)
     tdt = getattr(torch, dtype)
@@ -237,7 +249,7 @@ def demo(
 # ------------------------------------------------------------------ epilab tune
 
 
-tune_app = typer.Typer(no_args_is_help=False, add_completion=False)
+tune_app = typer.Typer(no_args_is_help=False, add_completion=False, rich_markup_mode=None)
 app.add_typer(tune_app, name="tune")
 
 
@@ -458,18 +470,15 @@ def tune(
     call is a training step: the backward's GEMMs are tuned too, and the verdicts are those of
     training steps (inference compiles do not follow them, nor training compiles inference's).
 
-    Examples:
+    Examples (one problem per line in a shapes file, e.g.
+    {"m": 8192, "n": 14336, "k": 4096, "epilogue": "gelu_tanh(acc + bias[n])"}):
 
-      epilab tune --suite smoke --interpret --trials 3     # no GPU: a dry run in the interpreter
-
-      epilab tune --suite llm --db tuned.db --devices all  # every GPU of this host
-
-      epilab tune --shapes shapes.jsonl --db tuned.db      # one problem per line, e.g.
-      {"m": 8192, "n": 14336, "k": 4096, "epilogue": "bias_gelu_tanh"}
-
-      epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --db tuned.db
-
-      epilab tune --model mypkg.models:build --input 8x1024x1024:bfloat16 --train  # a training step"""
+    \b
+      epilab tune --suite smoke --interpret --trials 3   # no GPU: a dry run
+      epilab tune --suite llm --db tuned.db --devices all
+      epilab tune --shapes shapes.jsonl --db tuned.db
+      epilab tune --model mypkg.models:build --input 8x1024x1024:bf16
+      epilab tune --model mypkg.models:build --input 8x1024x1024:bf16 --train"""
     if ctx.invoked_subcommand is not None:
         return
     _check_tune_flags(suite, shapes, seen, model, inputs, train, freezing, dtype, rounds, max_rounds)
@@ -678,7 +687,19 @@ def _listed_work(suite: str | None, shapes: str | None, only: str | None) -> lis
         for spec in specs
         for i, p in enumerate(twins(spec.problem()))
     ]
-    return work if only is None else [work[i] for i in _indices(only, len(work))]
+    first: dict[str, tuple[str, Any]] = {}
+    for label, p in work:
+        first.setdefault(p.key, (label, p))
+    unique = list(first.values())
+    repeated = len(specs) - len({spec.problem().key for spec in specs})
+    if repeated:
+        what = (
+            "1 entry of the list is a problem"
+            if repeated == 1
+            else f"{repeated} entries of the list are problems"
+        )
+        console.print(f"{what} listed before (the same problem written another way): each is tuned once")
+    return unique if only is None else [unique[i] for i in _indices(only, len(unique))]
 
 
 def _seen_work(store: Any, fleet: Any, only: str | None, interpret: bool) -> list[tuple[str, Any]]:
@@ -908,25 +929,13 @@ def _run_fleet(
     """Tune each (label, problem) with the fleet's workers (tuner/fleet.py), a progress line
     per problem this process takes; stops cleanly on Ctrl-C. A worker's bug is raised once
     the others have stopped."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from epilab.tuner.fleet import Event, run_fleet
+    from epilab.tuner.progress import progress_bar
 
     several = len(fleet.devices) > 1
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),  # the steps left at the mean pace of the run so far (next line)
-        console=out,
+    with progress_bar(
+        out,
+        remaining=True,  # the steps left at the mean pace of the run so far (next line)
         transient=False,
         speed_estimate_period=24 * 3600.0,  # rich's default (30 s) forgets problems a minute long
     ) as progress:
@@ -1160,8 +1169,6 @@ def report(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--suite") from None
     filters = ", ".join(f"{k} {v}" for k, v in (("suite", suite), ("op", op)) if v)
-    if db is not None and "://" not in db and not Path(db).exists():  # a report never creates a database
-        raise ValueError(f"no database at {db} (give a path or URL that exists)")
     check_target(out)
     store = _open_db(db)
     with store, console.status("reading the database and drawing the plots"):
@@ -1189,7 +1196,9 @@ def report(
         webbrowser.open(Path(path).resolve().as_uri())
 
 
-db_app = typer.Typer(help="Inspect and maintain the tuning database.", no_args_is_help=True)
+db_app = typer.Typer(
+    help="Inspect and maintain the tuning database.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(db_app, name="db")
 
 DbOption = Annotated[
@@ -1203,7 +1212,7 @@ def _open_db(target: str | None, *, write: bool = False):  # -> TuningDB
     read-only one now, before any work that would have nowhere to go."""
     from epilab.db import DatabaseReadOnlyError, TuningDB
 
-    store = TuningDB.open(target, empty_file=write)
+    store = TuningDB.open(target, create=write)
     if write and store.readonly:
         store.close()
         raise DatabaseReadOnlyError(
@@ -1290,7 +1299,7 @@ def db_list(
     as_json: JsonOption = False,
 ) -> None:
     """Trial records, newest first, with their problems."""
-    from epilab.reports.data import shape_text
+    from epilab.reports.data import epilogue_text, shape_text
 
     with _open_db(db) as store:
         rows = store.list_records(op=op, device=device, status=status, limit=limit)
@@ -1312,11 +1321,6 @@ def db_list(
     ]
     cells = []
     for p, r in rows:
-        ops_ = " ".join(
-            t.split(" = ")[1].split("[")[0].split(" ")[0]
-            for t in p["epilogue"].split("; ")
-            if " = " in t and not t.split(" = ")[1].startswith(("acc", "operand", "const"))
-        )
         cells.append(
             [
                 p["key"][:12],
@@ -1324,7 +1328,7 @@ def db_list(
                 p["template"],  # a twin's (a depthwise convolution on the depthwise kind)
                 shape_text(p),
                 p["dtype"],
-                ops_ or "-",
+                epilogue_text(p),
                 r.device.name,
                 r.status,
                 _config_text(r.config),
@@ -1337,7 +1341,8 @@ def db_list(
         headers,
         cells,
         left=8,
-        optional=("TFLOP/s", "dtype", "op", "device", "template", "epilogue"),
+        # left out first at a narrow terminal; the shape and the epilogue tell the rows apart
+        optional=("device", "TFLOP/s", "dtype", "op", "template", "config"),
     )
 
 
@@ -1349,6 +1354,8 @@ def db_show(
 ) -> None:
     """One problem: its JSON, every trial record and every baseline."""
     import json
+
+    from epilab.reports.data import epilogue_text
 
     with _open_db(db) as store:
         found = store.problem_json(key)
@@ -1362,6 +1369,7 @@ def db_show(
         )
         return
     console.print(f"[bold]problem[/bold] {printable(full_key)}")
+    console.print(f"[bold]epilogue[/bold] {printable(epilogue_text({'json': text}))}")
     console.print_json(text)
     headers = [
         "kind",

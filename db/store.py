@@ -160,15 +160,20 @@ class TuningDB:
 
     # ------------------------------------------------------------------ open
     @classmethod
-    def open(cls, target: str | Path | None = None, *, empty_file: bool = True) -> TuningDB:
+    def open(cls, target: str | Path | None = None, *, create: bool = True) -> TuningDB:
         """Open (creating or migrating) the database at a path or URL; see the module doc.
         An SQLite file that cannot be written is opened read-only: reads work, writes raise
-        DatabaseReadOnlyError. ``empty_file=False`` (commands that only read) refuses an
-        existing empty file rather than make it a database."""
+        DatabaseReadOnlyError. ``create=False`` (commands that only read) refuses a file that
+        does not exist or is empty rather than make it a database (or its directory)."""
         url, path = resolve_url(target)
         readonly = False
         if path is not None:
-            if not empty_file and path.is_file() and path.stat().st_size == 0:
+            if not create and not path.exists():
+                raise DatabaseOpenError(
+                    f"no database at {path}; this command only reads, so none was made "
+                    "(`epilab tune` or `epilab db import` make one; --db or EPILAB_DB choose it)"
+                )
+            if not create and path.is_file() and path.stat().st_size == 0:
                 raise DatabaseOpenError(
                     f"{path} is an empty file, not an epilab database; this command only reads, "
                     "so it was left as it is (`epilab tune` or `epilab db import` make it one)"

@@ -83,6 +83,24 @@ def test_usage_errors_are_one_error_line_with_status_2(args, words):
     assert line.startswith("error: ") and words in line and "--help" in line, done.stderr
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """`epilab db stats | head`: the pipe's reader closed before the output was written. No
+    "error: Broken pipe", no traceback, nothing said about the flush at exit."""
+    import subprocess
+    import sys
+
+    from epilab.db import TuningDB
+
+    TuningDB.open(tmp_path / "t.db").close()
+    code = (
+        "import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1); "
+        "from epilab.cli import app; app(['db', 'stats', '--db', sys.argv[1]], prog_name='epilab')"
+    )
+    db = str(tmp_path / "t.db")
+    done = subprocess.run([sys.executable, "-c", code, db], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stderr == "", (done.returncode, done.stderr[-2000:])
+
+
 def test_help_and_version_import_no_torch_and_name_what_exists():
     import subprocess
     import sys
@@ -111,5 +129,20 @@ def test_help_and_version_import_no_torch_and_name_what_exists():
 
 def test_tune_help_shows_examples_not_source_files():
     text = runner.invoke(app, ["tune", "--help"], env={"COLUMNS": "200"}).output
-    assert "Examples:" in text and "epilab tune --suite smoke --interpret" in text
-    assert '"epilogue": "bias_gelu_tanh"' in text and "suites.py" not in text
+    assert "Examples (" in text and "epilab tune --suite smoke --interpret" in text
+    assert '"epilogue": "gelu_tanh(acc + bias[n])"' in text and "suites.py" not in text
+
+
+@pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["db", "--help"], ["report", "--help"]])
+def test_help_fits_80_columns_with_every_option_named_whole(args):
+    """At 80 columns (a pty's default): no line wider, each option's name whole (rich's
+    boxes cut them to `--max-rou…` before), the examples one a line."""
+    import re
+
+    text = runner.invoke(app, args, env={"COLUMNS": "80"}, terminal_width=80).output
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "…" not in text and "╭" not in text
+    names = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+    if args[0] == "tune":
+        assert {"--max-rounds", "--no-max-autotune", "--total-time", "--lease-ttl"} <= names
+        assert "  epilab tune --model mypkg.models:build --input 8x1024x1024:bf16 --train" in text

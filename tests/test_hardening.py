@@ -294,6 +294,14 @@ def both(*steps: Callable[[Path], object]) -> Callable[[Path], None]:
     return prepare
 
 
+def empty_export(d: Path) -> None:
+    """``empty.json``: the export of an empty database (made where the name is plain)."""
+    from epilab.db.transfer import export_json
+
+    with TuningDB.open(d / "plain" / "empty.db") as db:
+        export_json(db, str(d / "empty.json"))
+
+
 def at(name: str, make: Callable[[Path], Path], *args: object, **kw: object) -> Callable[[Path], Path]:
     return lambda d: make(d / name, *args, **kw)
 
@@ -367,28 +375,30 @@ ATTACKS = [
     # --- database paths: the name is a file name, whatever it holds
     Attack(
         "db path with ?",
-        ("db", "stats", "--db", "{d}/victim.db?scratch"),
-        at("victim.db", epilab_db),
+        ("db", "import", "{d}/empty.json", "--db", "{d}/victim.db?scratch"),
+        both(at("victim.db", epilab_db), empty_export),
         code=0,
-        says="problems",
+        says="imported 0 problems",
         unchanged=("victim.db",),
         present=("victim.db?scratch",),
     ),
     Attack(
         "db path with %",
-        ("db", "stats", "--db", "{d}/pct%41.db"),
+        ("db", "import", "{d}/empty.json", "--db", "{d}/pct%41.db"),
+        empty_export,
         code=0,
-        says="problems",
+        says="imported 0 problems",
         present=("pct%41.db",),
         absent=("pctA.db",),
     ),
     Attack(
         "db path with ? beside a foreign file",
-        ("db", "stats", "--db", "{d}/other.db?"),
-        at("other.db", foreign_db),
+        ("db", "import", "{d}/empty.json", "--db", "{d}/other.db?"),
+        both(at("other.db", foreign_db), empty_export),
         code=0,
-        says="problems",
+        says="imported 0 problems",
         unchanged=("other.db",),
+        present=("other.db?",),
     ),
     Attack(
         "sqlite URL with options",
@@ -747,7 +757,7 @@ ATTACKS = [
         (*TUNE, "--shapes", "{d}/s.json", *DB),
         write("s.json", '[{"m": 16, "n": 16, "k": 16, "dtype": "bfloat16", "epilogue": "acc > 0"}]'),
         code=0,
-        says=r"16x16x16 bfloat16 NT acc > 0 \|",  # a row of the summary: tuned, not crashed
+        says=r"16x16x16 bfloat16 row/col acc > 0 \|",  # a row of the summary: tuned, not crashed
     ),
     # --- issue 38: errors that are one line, not a traceback
     Attack(
@@ -782,7 +792,7 @@ ATTACKS = [
         (*TUNE, "--shapes", "{d}/s.json", *DB),
         write("s.json", '[{"m": 1, "n": 1, "k": 1, "dtype": "float32"}]'),
         code=0,
-        says=r"1x1x1 float32 NT none \|",
+        says=r"1x1x1 float32 row/col acc \|",
     ),
     Attack("tune: --model ..:x", (*TUNE, "--model", "..:x", *DB), says="give MODULE:FACTORY"),
     Attack(
@@ -883,6 +893,35 @@ ATTACKS = [
         code=0,
         says="not tuned.*too large",
         check=_ok_record_of_small_problem,
+    ),
+    # --- issue 88: what a user reads (a read-only command makes nothing)
+    Attack(
+        "stats of a database in a directory that does not exist",
+        ("db", "stats", "--db", "{d}/new/dir/x.db"),
+        says="no database at .*x.db; this command only reads",
+        absent=("new",),
+    ),
+    Attack(
+        "tune: one problem in two spellings",
+        (*TUNE, "--shapes", "{d}/s.json", *DB),
+        write(
+            "s.json",
+            json.dumps(
+                [
+                    {"m": 16, "n": 16, "k": 16, "dtype": "float32", "epilogue": "bias"},
+                    {"m": 16, "n": 16, "k": 16, "dtype": "fp32", "epilogue": "bias[n] + acc"},
+                ]
+            ),
+        ),
+        code=0,
+        says="1 entry of the list is a problem listed before",
+        check=lambda d, out: None if "other workers" not in out else pytest.fail(out),
+    ),
+    Attack(
+        "list of a database that does not exist",
+        ("db", "list", "--db", "{d}/x.db"),
+        says="no database at",
+        absent=("x.db",),
     ),
 ]
 

@@ -6,7 +6,7 @@ import io
 from types import SimpleNamespace
 
 from epilab.ir.problem import Config
-from epilab.tuner.progress import Reporter, duration, summary
+from epilab.tuner.progress import Reporter, duration, progress_bar, summary
 from epilab.tuner.search import Outcome
 from epilab.tuner.tune import ProblemResult
 
@@ -52,6 +52,23 @@ def test_a_bar_in_a_terminal_and_the_summary_kept():
     assert "(up to 3 trials)" not in text  # the bar, not the log line
     assert text.rstrip().endswith("epilab: tuned mm 8x8x8: best 0.3333 ms (6.00x cublas), 3 trials, 1 s")
     assert summary(_result("x", None, refused="too large")) == "refused: too large"
+
+
+def test_at_80_columns_a_long_label_is_cut_and_the_times_are_whole():
+    """A terminal of 80 columns: the description gives way ("…"); the bar, the count, the
+    elapsed and remaining times keep their width (rich squeezed them to `0:00:…` before)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    label = "[3/12] 4096x14336x4096 bfloat16 row/col gelu_tanh(acc + bias[n]) + residual  best 0.1234 ms"
+    bar = progress_bar(Console(width=80), remaining=True)
+    task = bar.add_task(escape(label), total=64)
+    bar.update(task, completed=10)
+    out = io.StringIO()
+    Console(file=out, width=80).print(bar.make_tasks_table(bar.tasks))
+    (line,) = out.getvalue().splitlines()
+    assert len(line) <= 80 and line.startswith("[3/12] 4096x14336x4096 bfloat16 row/col")
+    assert "…" in line and line.rstrip().endswith("10/64 0:00:00 -:--:--"), line
 
 
 def test_the_time_left_is_the_problems_left_times_the_mean_so_far():

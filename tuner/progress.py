@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from epilab.tuner.phases import phase_text
 
@@ -21,6 +21,32 @@ if TYPE_CHECKING:
     from epilab.tuner.tune import ProblemResult, Tuner
 
 OnTrial = Callable[[int, "Config", "Outcome", "float | None"], None]
+
+
+def progress_bar(console: Any, *, remaining: bool = False, **kw: Any) -> Any:
+    """Every progress bar (``epilab tune``'s, the Python API's): the description takes what
+    the terminal leaves and is cut with "…"; the bar, the count and the times keep their
+    width, so an 80-column terminal still reads the elapsed time. ``remaining``: the time
+    left too (rich's estimate); ``kw``: rich's ``Progress`` options."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Column
+
+    fixed = Column(no_wrap=True)
+    columns = [
+        TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+        BarColumn(bar_width=12),
+        MofNCompleteColumn(table_column=fixed),
+        TimeElapsedColumn(table_column=Column(no_wrap=True)),
+        *([TimeRemainingColumn(table_column=Column(no_wrap=True))] if remaining else []),
+    ]
+    return Progress(*columns, console=console, expand=True, **kw)  # expand: the ratio column takes the rest
 
 
 def _ms(value: float | None) -> str:
@@ -60,15 +86,11 @@ class Reporter:
             yield lambda *_: None
         else:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.markup import escape
 
-            columns = (
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-            )
-            with Progress(*columns, console=Console(file=self.stream), transient=True) as bar:
+            name = escape(name)  # a label's [n] is text, not markup
+
+            with progress_bar(Console(file=self.stream), transient=True) as bar:
                 task = bar.add_task(name, total=trials)
 
                 def on_trial(done: int, _config: Config, _outcome: Outcome, best_ms: float | None) -> None:
