@@ -39,8 +39,9 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
         outputs.append(done.stdout)
     tune, model, listed, report = outputs
     assert "epilab tune: best config per problem" in tune
-    header = [cell.strip() for cell in model.splitlines()[0].strip().strip("|").split("|")]
-    assert header[:3] == ["anchor", "shape", "template"], model  # explain()'s Markdown table
-    assert "aten.addmm" in model and "Decision(" not in model
+    header = [cell.strip() for cell in model.splitlines()[1].strip().strip("|").split("|")]
+    assert header[:4] == ["module", "anchor", "shape", "template"], model  # explain()'s Markdown table
+    assert "aten.addmm" in model and "Decision(" not in model and "0 (Linear)" in model
+    assert "gelu_tanh(acc + bias[n])" in model  # the epilogue as the README says it prints
     assert "trial record(s), newest first" in listed
     assert (tmp_path / "report.html").stat().st_size > 10_000 and "report.html" in report
