@@ -1139,8 +1139,15 @@ def report(
     open_it: Annotated[
         bool, typer.Option("--open", help="open the report in a browser when written")
     ] = False,
+    plotly: Annotated[
+        str,
+        typer.Option(
+            help="where the page gets plotly.js: cdn (a small file; the plots need the network) "
+            "or inline (4.8 MB more; opens with no network)"
+        ),
+    ] = "cdn",
 ) -> None:
-    """Write a self-contained HTML report of tuned versus cuBLAS/Inductor throughput.
+    """Write an HTML report of tuned versus cuBLAS/Inductor throughput (one file).
 
     Summary, roofline and speedup plots, sortable per-op tables, each problem's optuna
     history and parameter importances, and every failed config with its message.
@@ -1156,6 +1163,10 @@ def report(
 
         if op not in problem_ops():
             raise typer.BadParameter(f"{op!r} is not one of {', '.join(problem_ops())}", param_hint="--op")
+    if plotly not in report_html.PLOTLY:
+        raise typer.BadParameter(
+            f"{plotly!r} is not one of {', '.join(report_html.PLOTLY)}", param_hint="--plotly"
+        )
     for hint, peak in (("--peak-tflops", peak_tflops), ("--peak-gbs", peak_gbs)):
         if peak is not None and not (math.isfinite(peak) and peak > 0):
             raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)
@@ -1183,7 +1194,7 @@ def report(
             peak_tflops=peak_tflops,
             peak_gbs=peak_gbs,
         )
-        path = report_html.write(data, out, db=store)
+        path = report_html.write(data, out, db=store, plotly=plotly)
     tuned = len(data.tuned)
     console.print(
         f"wrote {printable(path)} ({path.stat().st_size / 1e6:.1f} MB): {tuned} problem(s) tuned"

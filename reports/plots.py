@@ -9,6 +9,7 @@ must not be able to add one.
 from __future__ import annotations
 
 import html
+import json
 import math
 from typing import Any
 
@@ -30,11 +31,23 @@ COLORS = {
     "cublaslt": "#bcbd22",
     "inductor": "#2ca02c",
 }
-_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=60), height=420)
+_LAYOUT = dict(margin=dict(l=60, r=20, t=50, b=60), height=420)
+
+
+TEMPLATE = "plotly_white"  # every figure's look: the page holds it once (``template_json``)
 
 
 def _json(fig: go.Figure) -> str:
-    return pio.to_json(fig, validate=False, pretty=False)
+    """The figure's JSON without its template (7 KB a figure), which the page adds to each
+    from its one copy as it draws it."""
+    d = json.loads(pio.to_json(fig, validate=False, pretty=False))
+    d.get("layout", {}).pop("template", None)
+    return json.dumps(d, separators=(",", ":"))
+
+
+def template_json() -> str:
+    """The figures' template, once for the page."""
+    return json.dumps(pio.templates[TEMPLATE].to_plotly_json(), separators=(",", ":"))
 
 
 def _text(s: str) -> str:

@@ -206,6 +206,50 @@ def test_each_spread_is_shown_with_its_own_median(db):
     assert cells["events ms (p20–p80)"] == "0.0180 (0.0176–0.0185)"
 
 
+def test_a_hundred_problems_make_a_page_under_1_mb(db):
+    """plotly.js (4.8 MB) comes from its CDN unless asked for inline; the figures of a hundred
+    problems, 60 with their optuna studies drawn, keep the page under 1 MB."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for i in range(100):
+        problem = Spec(64 * (i + 1), 1024, 512, epilogue="bias_gelu_tanh").problem()
+        for t in range(4):
+            db.record_trial(
+                problem,
+                H200,
+                config={**CONFIG, "num_stages": 1 + t},
+                status="ok",
+                timing=_timing(0.01 * (i + 1) * (1 + 0.1 * t)),
+                max_rel_error=1e-3,
+                versions=VERSIONS,
+                study=f"study-{i}",
+                trial_number=t,
+            )
+        db.record_baseline(
+            problem,
+            H200,
+            library="cublas",
+            timing=_timing(0.012 * (i + 1)),
+            max_rel_error=1e-3,
+            versions=VERSIONS,
+        )
+        if i >= report_html.DETAIL_LIMIT:  # the rest get a note, not plots: no study needed
+            continue
+        study = optuna.create_study(study_name=f"study-{i}", storage=db.storage_url)
+        for t in range(4):
+            trial = study.ask()
+            trial.suggest_categorical("num_stages", [1, 2, 3, 4])
+            trial.suggest_categorical("BLOCK_M", [64, 128])
+            study.tell(trial, -2.0 + 0.01 * t)
+    data = _collect(db)
+    page = report_html.render(data, db=db)
+    assert len(data.tuned) == 100 and len(page.encode()) < 1_000_000, len(page.encode())
+    assert "cdn.plot.ly/plotly-" in page and "--plotly inline" in page  # offline: how to get the plots
+    inline = report_html.render(data, plotly="inline")
+    assert "cdn.plot.ly/plotly-" not in inline and len(inline) > 4_000_000
+    with pytest.raises(ValueError, match="one of"):
+        report_html.render(data, plotly="local")
+
+
 def test_an_interpreter_run_is_labelled_and_leaves_out_gpu_columns(db):
     from epilab.db import INTERPRETER_DEVICE
 
@@ -376,7 +420,7 @@ def test_report_in_headless_chromium(db, tmp_path):
         trial = study.ask()
         trial.suggest_categorical("num_stages", [1, 2, 3, 4])
         study.tell(trial, -1.0 + 0.05 * t)
-    out = report_html.write(_collect(db), tmp_path / "report.html", db=db)
+    out = report_html.write(_collect(db), tmp_path / "report.html", db=db, plotly="inline")  # no network
     url = out.resolve().as_uri()
     artifacts = Path(os.environ.get("EPILAB_ARTIFACT_DIR", "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
