@@ -968,6 +968,8 @@ def _run_fleet(
                     best, vs = "-", f"  [yellow]refused[/yellow]: {printable(r.refused)}"
                 if e.detail:
                     best, vs = "-", f"  [yellow]{printable(e.detail)}[/yellow]: another worker finishes it"
+                if vs.startswith("  [yellow]") and out.is_terminal:  # the bar cuts it: a line of its own
+                    progress.console.print(f"{name(e)}{vs}", soft_wrap=True)
                 progress.update(
                     tasks[(e.worker, e.key)], completed=trials, description=f"{name(e)}  best {best}{vs}"
                 )

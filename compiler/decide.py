@@ -130,6 +130,9 @@ class Decision:
     # ``compiler/emit.py``), or "op: <why not a kernel>" (the custom op ``epilab::template_call``)
     runs_as: str = ""
     module: str = ""  # the module its anchor was traced in (``graph_pass.module_of``); "" unknown
+    # the epilogue's canonical IR (``Epilogue.text()``, as in the problem's key): what scripts
+    # and tests match on (an operand's broadcast, a rounding cast the readable text leaves out)
+    epilogue_ir: str = ""
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,7 @@ def decide(
             Decision(
                 anchor=anchor,
                 epilogue=problem.epilogue_text(),
+                epilogue_ir=problem.epilogue.text(),
                 shape=shape,
                 template=chosen.template if template else None,
                 config=plan.describe() if plan is not None else None,

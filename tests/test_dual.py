@@ -279,7 +279,7 @@ def test_training_keeps_the_halves_for_the_backward_and_gradients_match(tmp_path
         assert rel_error(p.grad, p64.grad) < 1e-5, name
     (d,) = _dual_decisions()
     assert d.anchor == "aten.addmm+aten.addmm" and d.template is not None
-    assert "bias2" in d.epilogue and d.epilogue.count("out %") >= 2, "the halves the backward needs"
+    assert "bias2" in d.epilogue_ir and d.epilogue_ir.count("out %") >= 2, "the halves the backward needs"
 
 
 @pytest.mark.usefixtures("fresh_compiler")

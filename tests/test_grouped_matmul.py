@@ -352,7 +352,7 @@ def _experts_run(tmp_path, model: Experts) -> list:
 def test_the_compiler_fuses_a_gated_pair_of_grouped_mms_and_the_routing_weight(tmp_path):
     (d,) = _experts_run(tmp_path, Experts())
     assert d.anchor == "aten.grouped_mm+aten.grouped_mm" and d.template == "dual_grouped_matmul"
-    assert "broadcast=col" in d.epilogue, d.epilogue  # the routing weight, one per row
+    assert "broadcast=col" in d.epilogue_ir, d.epilogue_ir  # the routing weight, one per row
     want = GroupedSpec(3, 40, 32, 16, epilogue="silu(acc) * acc2 * w[m]").problem()
     from epilab.db import TuningDB
 

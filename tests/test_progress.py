@@ -61,7 +61,7 @@ def test_at_80_columns_a_long_label_is_cut_and_the_times_are_whole():
     from rich.markup import escape
 
     label = "[3/12] 4096x14336x4096 bfloat16 row/col gelu_tanh(acc + bias[n]) + residual  best 0.1234 ms"
-    bar = progress_bar(Console(width=80), remaining=True)
+    bar = progress_bar(Console(width=80, force_terminal=True), remaining=True)
     task = bar.add_task(escape(label), total=64)
     bar.update(task, completed=10)
     out = io.StringIO()
@@ -69,6 +69,12 @@ def test_at_80_columns_a_long_label_is_cut_and_the_times_are_whole():
     (line,) = out.getvalue().splitlines()
     assert len(line) <= 80 and line.startswith("[3/12] 4096x14336x4096 bfloat16 row/col")
     assert "…" in line and line.rstrip().endswith("10/64 0:00:00 -:--:--"), line
+    # in a pipe or a log nothing is cut: the description wraps
+    piped = progress_bar(Console(width=80, file=io.StringIO()), remaining=True)
+    piped.update(piped.add_task(escape(label), total=64), completed=10)
+    out = io.StringIO()
+    Console(file=out, width=80).print(piped.make_tasks_table(piped.tasks))
+    assert "best 0.1234 ms" in " ".join(out.getvalue().split()) and "…" not in out.getvalue()
 
 
 def test_the_time_left_is_the_problems_left_times_the_mean_so_far():

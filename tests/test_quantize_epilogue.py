@@ -288,9 +288,10 @@ def test_the_quantization_for_the_next_gemm_joins_the_gemm_that_produces_it(tmp_
         out, eager = _compiled(model, tmp_path)(x), model(x)
     assert rel_error(out, eager) < 3e-2  # both quantize h to e4m3: each rounding a few ulps apart
     producer, *rest = [d for d in epilab.explain() if d.template]
-    assert producer.template == "block_scaled_matmul" and "group_max[size=128" in producer.epilogue
-    assert "float8_e4m3fn group_max" not in producer.epilogue  # the scales are fp32
-    assert "out %" in producer.epilogue and "float32 group_max[128]" in producer.epilogue
+    assert producer.template == "block_scaled_matmul" and "group_max[size=128" in producer.epilogue_ir
+    assert "float8_e4m3fn group_max" not in producer.epilogue_ir  # the scales are fp32
+    assert "-> group_max[128]" in producer.epilogue  # as users read it
+    assert "out %" in producer.epilogue_ir and "float32 group_max[128]" in producer.epilogue_ir
     assert [d.template for d in rest] == ["block_scaled_matmul", "block_scaled_matmul"]
 
 

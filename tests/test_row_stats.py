@@ -296,8 +296,8 @@ def test_rms_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     want = model.double()(x.double())
     model = model.to(torch.bfloat16)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
-    producers = [d for d in decisions if "row_sum" in d.epilogue]
-    consumers = [d for d in decisions if "broadcast=col" in d.epilogue]
+    producers = [d for d in decisions if "row_sum" in d.epilogue_ir]
+    consumers = [d for d in decisions if "broadcast=col" in d.epilogue_ir]
     assert len(producers) == 1  # o_proj + residual: the second norm's statistics
     # q, k, v read the first norm; the dual gate/up GEMM the second: each scales by rstd[m]
     assert len(consumers) == 4 and any(d.template == "dual_matmul" for d in consumers)
@@ -321,7 +321,7 @@ def test_a_norm_is_folded_only_where_its_projections_get_templates(fresh_compile
     tried = [d for d in decisions if d.tried]
     assert all("tried with its norm folded in" in d.reason for d in tried)
     assert len(tried) == 6  # q, k, v; gate and up as a dual GEMM, then each alone
-    assert all("broadcast=col" in d.epilogue and d.candidates for d in tried)
+    assert all("broadcast=col" in d.epilogue_ir and d.candidates for d in tried)
     with TuningDB.open(db) as store:
         seen = {Problem.from_json(t).key for t in store.untuned(INTERPRETER_DEVICE, kinds.is_current)}
     assert all(d.problem_key in seen for d in tried)
@@ -333,7 +333,7 @@ def test_rms_norm_is_not_folded_without_constant_weights(fresh_compiler, tmp_pat
     model = model.to(torch.bfloat16)
     options = {"policy": "always", "db": str(tmp_path / "t.db")}
     assert _compiled_error(model, x, want, freezing=False, backend="epilab", options=options) < 1e-2
-    assert not any("broadcast=col" in d.epilogue for d in epilab.explain() if d.template)
+    assert not any("broadcast=col" in d.epilogue_ir for d in epilab.explain() if d.template)
 
 
 def _with_affine_norms(model: torch.nn.Module) -> torch.nn.Module:
@@ -352,11 +352,13 @@ def test_layer_norm_folds_into_the_gemms_around_it(fresh_compiler, tmp_path):
     model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     # proj and out (+ residual) of both blocks: sum and sum of squares of the next norm's input
-    producers = [d for d in decisions if d.epilogue.count("row_sum") == 2]
+    producers = [d for d in decisions if d.epilogue_ir.count("row_sum") == 2]
     # qkv, fc1 and the head: rstd[m] * (acc - mean[m] * c[n]) + (beta @ W + b)[n], acc unrounded
-    consumers = [d for d in decisions if "broadcast=col" in d.epilogue and "broadcast=row" in d.epilogue]
+    consumers = [
+        d for d in decisions if "broadcast=col" in d.epilogue_ir and "broadcast=row" in d.epilogue_ir
+    ]
     assert len(producers) == 4 and len(consumers) == 5
-    assert all(not d.epilogue.startswith("%0 = acc; %1 = cast") for d in consumers)
+    assert all(not d.epilogue_ir.startswith("%0 = acc; %1 = cast") for d in consumers)
     assert ours <= 2 * inductor, (ours, inductor)
 
 
@@ -381,8 +383,8 @@ def test_channel_layer_norm_after_a_depthwise_conv_folds_through_the_permute(
     model, x, want = _convnext(16, 6, 2, memory)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     (conv,) = [d for d in decisions if d.anchor == "aten.conv2d"]
-    assert conv.template == "depthwise" and conv.epilogue.count("row_sum") == 2, conv.epilogue
-    (up,) = [d for d in decisions if "broadcast=col" in d.epilogue and "sub" in d.epilogue]
+    assert conv.template == "depthwise" and conv.epilogue_ir.count("row_sum") == 2, conv.epilogue_ir
+    (up,) = [d for d in decisions if "broadcast=col" in d.epilogue_ir and "sub" in d.epilogue_ir]
     assert up.anchor == "aten.mm"  # rstd[m] * (acc - mean[m] * c[n]) + (beta @ W + b)[n]
     assert ours <= 2 * inductor, (ours, inductor)
 
@@ -439,8 +441,8 @@ def test_a_channel_layer_norm_is_normalised_in_the_depthwise_epilogue(
         options = {"policy": "always", "db": str(tmp_path / "t.db")}
         got = torch.compile(model, backend="epilab", options=options)(x)
     (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
-    assert conv.template == "depthwise" and conv.epilogue.count("row_total") == 2, conv.epilogue
-    assert conv.epilogue.count("row_max") == int(stats), conv.epilogue
+    assert conv.template == "depthwise" and conv.epilogue_ir.count("row_total") == 2, conv.epilogue_ir
+    assert conv.epilogue_ir.count("row_max") == int(stats), conv.epilogue_ir
     outputs, wanted = (got, want) if stats else ((got,), (want,))
     assert [o.dtype for o in outputs] == [torch.bfloat16, torch.float32][: len(outputs)]
     assert [o.shape for o in outputs] == [w.shape for w in wanted]
@@ -464,7 +466,11 @@ def test_without_a_template_for_the_norms_group_the_conv_gets_the_group_without_
         options = {"policy": "always", "db": db, "exclude": [first.problem_key]}
         got = torch.compile(model, backend="epilab", options=options)(x)
     (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
-    assert "row_total" in first.epilogue and conv.template == "depthwise" and "row_total" not in conv.epilogue
+    assert (
+        "row_total" in first.epilogue_ir
+        and conv.template == "depthwise"
+        and "row_total" not in conv.epilogue_ir
+    )
     with TuningDB.open(db) as store:
         seen = [Problem.from_json(p) for p in store.untuned(INTERPRETER_DEVICE, kinds.is_current)]
     convs = {p.epilogue.row_totals for p in seen if p.op == "conv2d"}
@@ -497,7 +503,7 @@ def test_auto_runs_the_norms_group_only_where_its_record_beats_the_plain_groups(
         got = torch.compile(model, backend="epilab", options={"policy": "auto", "db": db})(x)
     (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
     assert conv.template == "depthwise"
-    assert ("row_total" in conv.epilogue) == (fused_ms < 2.0), conv.epilogue
+    assert ("row_total" in conv.epilogue_ir) == (fused_ms < 2.0), conv.epilogue_ir
     assert ("is slower than the group without it" in conv.reason) == (fused_ms > 2.0), conv.reason
     assert _errors(got, want)[0] < 1e-2
 
@@ -513,7 +519,7 @@ def test_a_norm_no_template_holds_the_rows_of_stays_outside(fresh_compiler, tmp_
             model, backend="epilab", options={"policy": "always", "db": str(tmp_path / "t.db")}
         )(x)
     (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
-    assert conv.template == "conv2d" and "row_total" not in conv.epilogue
+    assert conv.template == "conv2d" and "row_total" not in conv.epilogue_ir
     assert _errors(got, want)[0] < 1e-2
 
 
@@ -534,7 +540,7 @@ def _check_normalised_convnext(built: tuple, db: str) -> None:
         model, x, want, freezing=False, backend="epilab", options={"policy": "always", "db": db}
     )
     (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
-    assert conv.template == "depthwise" and conv.epilogue.count("row_total") == 2, conv.epilogue
+    assert conv.template == "depthwise" and conv.epilogue_ir.count("row_total") == 2, conv.epilogue_ir
     assert ours <= 2 * inductor, (ours, inductor)
 
 
@@ -566,8 +572,8 @@ def test_a_permuted_conv_output_takes_channel_operands_but_no_whole_tensor(fresh
     (conv,) = [d for d in epilab.explain() if d.anchor == "aten.conv2d"]
     # the per-channel scale (a [C] operand on the permuted last dim) and the ReLU join; the
     # residual, a whole tensor in the permuted order, does not: Inductor adds it
-    assert conv.template and "broadcast=row,name=op0" in conv.epilogue and "relu" in conv.epilogue
-    assert "broadcast=tile" not in conv.epilogue and conv.epilogue.count("out ") == 1
+    assert conv.template and "broadcast=row,name=op0" in conv.epilogue_ir and "relu" in conv.epilogue_ir
+    assert "broadcast=tile" not in conv.epilogue_ir and conv.epilogue_ir.count("out ") == 1
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         assert ((g.double() - w).norm() / w.norm()).item() < 1e-2
@@ -582,7 +588,7 @@ def test_post_norm_blocks_keep_their_norms(fresh_compiler, tmp_path):
     model = model.to(torch.bfloat16)
     options = {"policy": "always", "db": str(tmp_path / "t.db")}
     assert _compiled_error(model, x, want, backend="epilab", options=options) < 2e-2
-    assert not any("broadcast=col" in d.epilogue for d in epilab.explain() if d.template)
+    assert not any("broadcast=col" in d.epilogue_ir for d in epilab.explain() if d.template)
 
 
 def test_row_amax_for_dynamic_fp8_quantization(fresh_compiler, tmp_path):
@@ -598,7 +604,7 @@ def test_row_amax_for_dynamic_fp8_quantization(fresh_compiler, tmp_path):
     options = {"policy": "always", "db": str(tmp_path / "t.db")}
     q, scale = torch.compile(quantize, backend="epilab", options=options)(x, w)
     q_ref, scale_ref = quantize(x, w)
-    assert any("row_max" in d.epilogue for d in epilab.explain() if d.template)
+    assert any("row_max" in d.epilogue_ir for d in epilab.explain() if d.template)
     assert torch.equal(scale, scale_ref)  # a max is exact
     assert (q.float() - q_ref.float()).abs().max() <= 32.0  # at most one e4m3 step near 448
 
@@ -627,8 +633,8 @@ def test_pooling_of_a_conv_is_its_epilogue_statistic(dtype, fresh_compiler, tmp_
     model, x = model.to(dtype), x.to(dtype)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
     conv = [d for d in decisions if d.template == "conv2d"]
-    assert len(conv) == 1 and "col_sum" in conv[0].epilogue and "row_sum" in conv[0].epilogue
-    outputs = [part for part in conv[0].epilogue.split("; ") if part.startswith("out ")]
+    assert len(conv) == 1 and "col_sum" in conv[0].epilogue_ir and "row_sum" in conv[0].epilogue_ir
+    outputs = [part for part in conv[0].epilogue_ir.split("; ") if part.startswith("out ")]
     assert len(outputs) == 2 and all(o.endswith("_sum") for o in outputs)  # the activation is never stored
     assert ours <= 2 * inductor + 1e-6, (ours, inductor)
 
@@ -734,8 +740,8 @@ def test_rms_norm_fold_on_gpu(fresh_compiler, tmp_path):
     want = model.double()(x.double())
     model = model.to(torch.bfloat16)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
-    assert sum("row_sum" in d.epilogue for d in decisions) == 1
-    assert sum("broadcast=col" in d.epilogue for d in decisions) == 4
+    assert sum("row_sum" in d.epilogue_ir for d in decisions) == 1
+    assert sum("broadcast=col" in d.epilogue_ir for d in decisions) == 4
     assert ours <= 2 * inductor, (ours, inductor)
 
 
@@ -747,8 +753,8 @@ def test_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
     want = model.double()(x.double())
     model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
-    assert sum(d.epilogue.count("row_sum") == 2 for d in decisions) == 4
-    assert sum("broadcast=col" in d.epilogue for d in decisions) == 5
+    assert sum(d.epilogue_ir.count("row_sum") == 2 for d in decisions) == 4
+    assert sum("broadcast=col" in d.epilogue_ir for d in decisions) == 5
     assert ours <= 2 * inductor, (ours, inductor)
 
 
@@ -756,8 +762,8 @@ def test_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
 def test_convnext_layer_norm_fold_on_gpu(fresh_compiler, tmp_path):
     model, x, want = _convnext(96, 28, 8, torch.channels_last, "cuda")
     ours, inductor, decisions = _fold_errors(model, x, want, str(tmp_path / "t.db"))
-    assert sum(d.epilogue.count("row_sum") == 2 for d in decisions if d.anchor == "aten.conv2d") == 1
-    assert sum("broadcast=col" in d.epilogue and "sub" in d.epilogue for d in decisions) == 1
+    assert sum(d.epilogue_ir.count("row_sum") == 2 for d in decisions if d.anchor == "aten.conv2d") == 1
+    assert sum("broadcast=col" in d.epilogue_ir and "sub" in d.epilogue_ir for d in decisions) == 1
     assert ours <= 2 * inductor, (ours, inductor)
 
 
@@ -791,7 +797,9 @@ def _zoo_errors(size: str, name: str, device: str, db: str) -> tuple[float, floa
     if spec.image:
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
     ours, inductor, decisions = _fold_errors(model, x, want, db)
-    folded = sum("broadcast=col" in d.epilogue and "%0 = acc; %1 = cast" not in d.epilogue for d in decisions)
+    folded = sum(
+        "broadcast=col" in d.epilogue_ir and "%0 = acc; %1 = cast" not in d.epilogue_ir for d in decisions
+    )
     return ours, inductor, folded
 
 

@@ -312,8 +312,8 @@ def test_compiler_reads_a_dequantized_weight_as_fp8(tmp_path, fresh_compiler, pe
     (decision,) = [d for d in epilab.explain() if d.template]
     assert decision.template == "weight_only_gemv" and decision.anchor == "aten.addmm"  # M 15: decode
     broadcast = "scalar" if per_tensor else "row"
-    assert f"operand[broadcast={broadcast},name=weight_scale]" in decision.epilogue
-    assert "erf" in decision.epilogue
+    assert f"operand[broadcast={broadcast},name=weight_scale]" in decision.epilogue_ir
+    assert "erf" in decision.epilogue_ir
 
 
 def test_compiler_reads_a_bf16_dequantization_without_a_transpose(tmp_path, fresh_compiler):
@@ -330,7 +330,7 @@ def test_compiler_reads_a_bf16_dequantization_without_a_transpose(tmp_path, fres
     ref = torch.relu(x.double() @ (w.double() * s.bfloat16().double()))
     assert rel_error(out, ref) <= tolerance("bfloat16", "ieee", "bfloat16")
     (decision,) = [d for d in epilab.explain() if d.template]
-    assert decision.template == "weight_only_matmul" and "weight_scale" in decision.epilogue
+    assert decision.template == "weight_only_matmul" and "weight_scale" in decision.epilogue_ir
 
 
 @pytest.mark.parametrize("epilogue", ["none", "bias"])
@@ -347,7 +347,8 @@ def test_compiled_problem_is_the_specs_so_offline_records_serve_it(tmp_path, fre
     (group,) = _groups(f, torch.randn(m, k, dtype=torch.bfloat16), w, s)
     spec = Spec(m, n, k, weight="float8_e4m3fn", epilogue=epilogue)
     assert group.problem.identity_key == spec.problem().identity_key
-    assert spec.label() == f"{m}x{n}x{k} bfloat16 x float8_e4m3fn weight NT {epilogue}"
+    text = {"none": "acc", "bias": "acc + bias[n]"}[epilogue]  # as every table prints it
+    assert spec.label() == f"{m}x{n}x{k} bfloat16 x float8_e4m3fn weight row/col {text}"
 
 
 @pytest.mark.parametrize(
@@ -396,7 +397,7 @@ def test_an_mm_of_two_dequantized_fp8_tensors_is_the_fp8_scaled_mm(tmp_path, fre
     ref = torch.relu((x8.double() * sx.double()) @ (w8.double() * sw.double()).t())
     assert rel_error(out, ref) <= tolerance("float8_e4m3fn", "ieee", "bfloat16")
     (decision,) = [d for d in epilab.explain() if d.template]
-    assert decision.template == "matmul" and "broadcast=col,name=scale_a" in decision.epilogue
+    assert decision.template == "matmul" and "broadcast=col,name=scale_a" in decision.epilogue_ir
 
 
 def test_dequantized_inputs_of_two_fp8_dtypes_read_only_the_weight():
@@ -464,7 +465,7 @@ def test_compiler_reads_a_gated_mlps_two_fp8_weights_in_one_kernel(tmp_path, fre
     templates = [d.template for d in epilab.explain() if d.template]
     assert templates == ["dual_weight_only_gemv", "weight_only_gemv"]  # M 15: the GEMVs, untuned
     (dual,) = [d for d in epilab.explain() if d.template == "dual_weight_only_gemv"]
-    assert "name=weight_scale]" in dual.epilogue and "name=weight_scale2]" in dual.epilogue
+    assert "name=weight_scale]" in dual.epilogue_ir and "name=weight_scale2]" in dual.epilogue_ir
 
 
 def test_a_gated_pair_of_two_fp8_dtypes_reads_its_16_bit_weights():
@@ -501,7 +502,7 @@ def test_compiler_leaves_scales_along_k_to_the_graph(tmp_path, fresh_compiler):
     ref = torch.relu(x.double() @ (w.double() * s.double()).t())
     assert rel_error(out, ref) <= tolerance("bfloat16", "ieee", "bfloat16")
     (decision,) = [d for d in epilab.explain() if d.template]
-    assert decision.template == "matmul" and "weight_scale" not in decision.epilogue
+    assert decision.template == "matmul" and "weight_scale" not in decision.epilogue_ir
 
 
 # ------------------------------------------------------------------ compiled for sm_90a (CPU)

@@ -24,10 +24,12 @@ OnTrial = Callable[[int, "Config", "Outcome", "float | None"], None]
 
 
 def progress_bar(console: Any, *, remaining: bool = False, **kw: Any) -> Any:
-    """Every progress bar (``epilab tune``'s, the Python API's): the description takes what
-    the terminal leaves and is cut with "…"; the bar, the count and the times keep their
-    width, so an 80-column terminal still reads the elapsed time. ``remaining``: the time
-    left too (rich's estimate); ``kw``: rich's ``Progress`` options."""
+    """Every progress bar (``epilab tune``'s, the Python API's): in a terminal the description
+    takes what the terminal leaves and is cut with "…"; the bar, the count and the times keep
+    their width, so an 80-column terminal still reads the elapsed time (what must not be cut
+    is printed on a line of its own). Elsewhere (a pipe, a log) nothing is cut: the
+    description wraps. ``remaining``: the time left too (rich's estimate); ``kw``: rich's
+    ``Progress`` options."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -39,8 +41,10 @@ def progress_bar(console: Any, *, remaining: bool = False, **kw: Any) -> Any:
     from rich.table import Column
 
     fixed = Column(no_wrap=True)
+    cut = bool(getattr(console, "is_terminal", False))
+    description = Column(ratio=1, no_wrap=cut, overflow="ellipsis" if cut else "fold")
     columns = [
-        TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+        TextColumn("{task.description}", table_column=description),
         BarColumn(bar_width=12),
         MofNCompleteColumn(table_column=fixed),
         TimeElapsedColumn(table_column=Column(no_wrap=True)),
