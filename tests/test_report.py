@@ -47,9 +47,15 @@ def _timing(
 
 
 def _fill(
-    db: TuningDB, device: DeviceInfo = H200, *, trials: int = 3, failures: int = 1, detail: str = "boom"
+    db: TuningDB,
+    device: DeviceInfo = H200,
+    *,
+    trials: int = 3,
+    failures: int = 1,
+    detail: str = "boom",
+    specs: list[Spec] = PROBLEMS,
 ) -> None:
-    for i, spec in enumerate(PROBLEMS):
+    for i, spec in enumerate(specs):
         problem = spec.problem()
         for t in range(trials):
             db.record_trial(
@@ -210,30 +216,13 @@ def test_a_hundred_problems_make_a_page_under_1_mb(db):
     """plotly.js (4.8 MB) comes from its CDN unless asked for inline; the figures of a hundred
     problems, 60 with their optuna studies drawn, keep the page under 1 MB."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for i in range(100):
-        problem = Spec(64 * (i + 1), 1024, 512, epilogue="bias_gelu_tanh").problem()
-        for t in range(4):
-            db.record_trial(
-                problem,
-                H200,
-                config={**CONFIG, "num_stages": 1 + t},
-                status="ok",
-                timing=_timing(0.01 * (i + 1) * (1 + 0.1 * t)),
-                max_rel_error=1e-3,
-                versions=VERSIONS,
-                study=f"study-{i}",
-                trial_number=t,
-            )
-        db.record_baseline(
-            problem,
-            H200,
-            library="cublas",
-            timing=_timing(0.012 * (i + 1)),
-            max_rel_error=1e-3,
-            versions=VERSIONS,
-        )
-        if i >= report_html.DETAIL_LIMIT:  # the rest get a note, not plots: no study needed
-            continue
+    _fill(
+        db,
+        trials=4,
+        failures=0,
+        specs=[Spec(64 * (i + 1), 1024, 512, epilogue="bias_gelu_tanh") for i in range(100)],
+    )
+    for i in range(report_html.DETAIL_LIMIT):  # the rest get a note, not plots: no study needed
         study = optuna.create_study(study_name=f"study-{i}", storage=db.storage_url)
         for t in range(4):
             trial = study.ask()
