@@ -595,7 +595,9 @@ def test_tune_smoke_suite_in_the_interpreter_end_to_end(tmp_path, monkeypatch):
     db_path = str(tmp_path / "tune.db")
     result = runner.invoke(app, ["tune", "--suite", "smoke", "--interpret", "--trials", "3", "--db", db_path])
     assert result.exit_code == 0, result.output
-    assert "interpreter ms (not GPU time)" in result.output and "64x64x64 float32 row/col acc |" in result.output
+    assert (
+        "interpreter ms (not GPU time)" in result.output and "64x64x64 float32 row/col acc |" in result.output
+    )
     with TuningDB.open(db_path) as db:
         stats = db.stats(is_current)
         assert stats.trials_by_status == {"ok": 9} and stats.problems == 3
