@@ -65,12 +65,18 @@ def number(v: float | bool) -> str:
 class _Printer:
     def __init__(self) -> None:
         self.composites = _CompositeFinder()
+        self.done: dict[int, tuple[str, int]] = {}  # by node: a shared subexpression is read once
 
     def text(self, e: Expr) -> str:
         return self.form(e)[0]
 
     def form(self, e: Expr) -> tuple[str, int]:
         """``e``'s text and how strongly it binds."""
+        if id(e) not in self.done:
+            self.done[id(e)] = self._form(e)
+        return self.done[id(e)]
+
+    def _form(self, e: Expr) -> tuple[str, int]:
         found = self.composites.find(e)
         if found is not None:
             name, x = found
