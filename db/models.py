@@ -200,11 +200,6 @@ class VerdictRecord(Base):
     )
 
 
-# states of a lease (revision 0005): waiting to be taken, held by a worker, finished
-LEASE_STATES = ("pending", "leased", "done", "failed", "refused")
-WORKER_STATES = ("running", "finished", "interrupted", "lost", "failed")
-
-
 class LeaseRecord(Base):
     """One problem of a shared work list, for one device model and versions (revision 0005).
 
@@ -219,7 +214,7 @@ class LeaseRecord(Base):
     device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
     torch_version: Mapped[str] = mapped_column(String(VERSION_LEN))
     triton_version: Mapped[str] = mapped_column(String(VERSION_LEN))
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))  # pending, leased, done, failed or refused
     owner: Mapped[str | None] = mapped_column(String(NAME_LEN))  # the worker holding (or last held) it
     label: Mapped[str] = mapped_column(String(NAME_LEN))  # the problem as the work list names it
     trials: Mapped[int] = mapped_column(Integer)  # the trial budget asked (done: the one it was done for)
@@ -252,7 +247,7 @@ class WorkerRecord(Base):
     pid: Mapped[int] = mapped_column(Integer)
     device_id: Mapped[int] = mapped_column(ForeignKey("epilab_devices.id", ondelete="CASCADE"))
     device_label: Mapped[str] = mapped_column(String(32))  # cuda:1, interpreter
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))  # running, finished, interrupted, lost or failed
     problems: Mapped[int] = mapped_column(Integer)  # leases it finished
     trials: Mapped[int] = mapped_column(Integer)  # trials it evaluated
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

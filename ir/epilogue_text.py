@@ -348,11 +348,6 @@ class _Depth:
         self.parser.depth -= 1
 
 
-def parse_expr(text: str) -> Expr:
-    """The expression ``text`` (see the module doc) as the IR's expression tree."""
-    return _Parser(text).parse()
-
-
 def parse_text(text: str, dtype: str) -> Epilogue:
     """A whole epilogue from its one-line text (the module's text; ``readable``'s form):
     outputs separated by ``;``, each stored in ``dtype`` unless ``-> dtype`` or ``-> reduction``

@@ -90,13 +90,6 @@ def experts_of(problem: Problem) -> int:
     return geometry_of(problem).experts
 
 
-def source_rows(problem: Problem, rows: Any) -> Any:
-    """The rows of A's tensor for ``rows`` grouped rows: the tokens (rows / topk) where A's
-    rows are gathered, else the rows themselves."""
-    g = geometry_of(problem)
-    return rows // g.topk if g.gather else rows
-
-
 def output_rows(problem: Problem, rows: Any) -> Any:
     """The output rows for ``rows`` grouped rows: the tokens where they are added back to
     token order, else the rows themselves."""

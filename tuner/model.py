@@ -108,10 +108,6 @@ TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult
 REPLAY_CALLS = 10  # steps per CUDA graph in the CUDA-graph modes
 
 
-class NotReplayable(RuntimeError):
-    """The compiled step cannot be captured in a CUDA graph (a host sync, a CPU op)."""
-
-
 def replayed(fn: Callable[[], object]) -> Measured:
     """Per-step ms of ``fn`` captured ``REPLAY_CALLS`` times in one CUDA graph, replayed: the
     GPU time of the step, without host work between steps (L2 warm)."""
