@@ -19,7 +19,7 @@ import epilab
 from epilab import config
 
 # Named here so that `--help` imports no torch; tests/test_cli.py checks them against
-# ir.dtypes.WIDE_INPUT_DTYPES, tuner.suites.SUITES and kinds.problem_ops(). The suites and
+# ir.dtypes.WIDE_INPUT_DTYPES, policy.suites.SUITES and kinds.problem_ops(). The suites and
 # ops are examples: the kinds own them, and a wrong name is answered with the whole list.
 DEMO_DTYPES = ("float16", "bfloat16", "float32")
 SUITE_EXAMPLES = ("smoke", "quick", "llm", "mlp", "conv")
@@ -677,9 +677,9 @@ def _tune_devices(device: str, devices: str | None, lease_ttl: float, interpret:
 def _listed_work(suite: str | None, shapes: str | None, only: str | None) -> list[tuple[str, Any]]:
     """(label, problem) of every problem of a built-in suite or a shapes file, and of each
     twin (the same computation on another template), cut to --only."""
+    from epilab.policy.suites import load_shapes
+    from epilab.policy.suites import suite as builtin_suite
     from epilab.templates.kinds import twins
-    from epilab.tuner.suites import load_shapes
-    from epilab.tuner.suites import suite as builtin_suite
 
     specs = builtin_suite(suite) if suite is not None else load_shapes(shapes) if shapes else []
     work = [
@@ -706,7 +706,7 @@ def _seen_work(store: Any, fleet: Any, only: str | None, interpret: bool) -> lis
     """(label, problem) of every problem the compiler recorded that nothing serves on this
     device yet (no record of its own or of the same math), cut to --only."""
     from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-    from epilab.tuner.suites import problem_label
+    from epilab.policy.suites import problem_label
 
     where = INTERPRETER_DEVICE if interpret else DeviceInfo.of_cuda(fleet.devices[0])
     recorded = store.untuned(where, _is_current)
@@ -1174,8 +1174,8 @@ def report(
             raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)
     keys = None
     if suite is not None:
+        from epilab.policy.suites import suite as builtin_suite
         from epilab.templates.kinds import twins
-        from epilab.tuner.suites import suite as builtin_suite
 
         try:
             keys = [p.key for spec in builtin_suite(suite) for p in twins(spec.problem())]
@@ -1486,9 +1486,9 @@ def parse_problem(text: str) -> tuple[str, str]:
 def validate_config(d: Any, problem_json: str | None = None) -> dict[str, Any]:
     """What `db import` checks of a config: ``Config.from_dict``, the one validation; and,
     given the JSON of the problem it must run, that its template runs it (the kind's own
-    rules and the device-independent ones: ``tuner.space.run_error``)."""
+    rules and the device-independent ones: ``policy.space.run_error``)."""
     from epilab.ir.problem import Config, Problem
-    from epilab.tuner.space import run_error
+    from epilab.policy.space import run_error
 
     config = Config.from_dict(d)
     if problem_json is not None:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from epilab.db import DeviceInfo, TuningDB
+from epilab.policy.suites import SUITES
 from epilab.tuner.evaluate import _measure, make_inputs
-from epilab.tuner.suites import SUITES
 
 
 def main() -> None:

@@ -27,10 +27,10 @@ from depthwise import CONVNEXT, ISSUE_TABLE, L2_BYTES, candidates, graph_us, rel
 from rounds import device_header, print_saved, save
 
 from epilab.ir.problem import Config, Problem
+from epilab.policy.suites import suite
 from epilab.templates.conv_geometry import conv_of
 from epilab.templates.conv_spec import ConvSpec
 from epilab.templates.kinds import bind, kind_of, twins
-from epilab.tuner.suites import suite
 
 SUITE_LAYERS = (22, 25, 27, 29, 33, 34, 43)  # the depthwise suite's batch-32 3x3, 5x5 and 7x7 mix
 

@@ -37,13 +37,13 @@ from rounds import comparable_ms, geomean, interleaved, only, timed
 
 from epilab.ir import dtypes
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import DeviceLimits, infeasible
+from epilab.policy.suites import suite
 from epilab.templates.dual_matmul import B2
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, default_config, kind_of, twins
 from epilab.templates.verify import failure, output_errors
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import DeviceLimits, infeasible
-from epilab.tuner.suites import suite
 from epilab.tuner.timing import time_cuda
 
 # decode: more column widths, depths and split-K reductions than the dual GEMV's seeds

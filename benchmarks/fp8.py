@@ -58,13 +58,13 @@ from split_k import sweep
 
 from epilab.ir import dtypes
 from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS, Config, Problem
+from epilab.policy.space import DeviceLimits, infeasible
+from epilab.policy.suites import suite
 from epilab.templates.block_scaled import scaled_mm_blocks
 from epilab.templates.kinds import bind, default_config, kind_of, twins
 from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
 from epilab.templates.verify import random_inputs
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import DeviceLimits, infeasible
-from epilab.tuner.suites import suite
 
 FP8_SWEEP = tuple(  # the winners at 8192^3 on an H100 first (RESULTS.md, issue 21)
     Config(bm, bn, bk, g, num_warps=w, num_stages=st, variant=v, EPILOGUE_SUBTILE=sub, FLATTEN=fl)

@@ -30,8 +30,8 @@ import math
 import torch
 
 from epilab.db import DeviceInfo, TuningDB, comparable_ms
+from epilab.policy.suites import SUITES
 from epilab.tuner.evaluate import input_set_count
-from epilab.tuner.suites import SUITES
 from epilab.tuner.timing import time_cuda, time_graph
 from epilab.tuner.tune import problem_bytes
 

@@ -27,9 +27,9 @@ import torch
 import triton
 
 from epilab.ir.problem import Config
+from epilab.policy.suites import SUITES
 from epilab.templates.matmul import TRITON_VARIANTS as VARIANTS
 from epilab.tuner.evaluate import evaluate_baseline, evaluate_candidate
-from epilab.tuner.suites import SUITES
 
 _WIDE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}
 _SQUARE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}

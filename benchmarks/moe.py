@@ -52,13 +52,13 @@ from rounds import (
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import DeviceLimits, infeasible
+from epilab.policy.suites import suite
 from epilab.templates.grouped_geometry import GATHER, SCATTER, experts_of, geometry_of
 from epilab.templates.grouped_matmul import OFFS, draw_offsets, grouped_reference, row_ranges
 from epilab.templates.grouped_spec import GroupedSpec
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import DeviceLimits, infeasible
-from epilab.tuner.suites import suite
 
 EXTRA = (  # beyond the kinds' seeds: deeper K steps and wider tiles
     Config(128, 256, 64, 8, num_warps=8, num_stages=4, variant="tma"),

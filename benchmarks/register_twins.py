@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from epilab.db import TuningDB
+from epilab.policy.suites import SUITES
 from epilab.templates.kinds import twins
-from epilab.tuner.suites import SUITES
 
 
 def main() -> None:

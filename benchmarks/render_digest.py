@@ -17,8 +17,8 @@ import hashlib
 import json
 import sys
 
+from epilab.policy import space, suites
 from epilab.templates.kinds import source
-from epilab.tuner import space, suites
 
 
 def unhashed_key(problem: object) -> str:

@@ -31,9 +31,9 @@ import threading
 import time
 
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import HOPPER, infeasible, space_for
+from epilab.policy.suites import suite
 from epilab.tuner.search import Budget, Outcome, make_study, search
-from epilab.tuner.space import HOPPER, infeasible, space_for
-from epilab.tuner.suites import suite
 
 
 def problems(count: int) -> list[Problem]:

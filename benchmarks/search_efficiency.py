@@ -20,9 +20,9 @@ import random
 import time
 
 from epilab.db import TuningDB
+from epilab.policy.space import applies, configs, infeasible, space_for
 from epilab.templates.gemm_spec import Spec
 from epilab.tuner.search import Budget, make_study, search
-from epilab.tuner.space import applies, configs, infeasible, space_for
 from epilab.tuner.tune import TuneOptions, Tuner
 
 PROBLEMS = [

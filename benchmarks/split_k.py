@@ -9,7 +9,7 @@ Inductor, in one process.
 Method. FLOPs = 2 x batch x MNK (a convolution's implicit GEMM); bytes = A + B as stored +
 operands + outputs. For each problem a fixed sweep —
 the kind's default config and its feasible seeds without split-K, then split-K configs
-(the seeds with SPLIT_K > 1 and ``SPLIT_SWEEP``, those ``tuner/space.infeasible`` accepts on
+(the seeds with SPLIT_K > 1 and ``SPLIT_SWEEP``, those ``policy/space.infeasible`` accepts on
 this device: split-K only where the output tiles underfill the SMs), then stream-K configs
 (the seeds with a stream-K variant and ``STREAM_K_SWEEP``, where a last wave would idle) — is
 checked against the float64 reference and timed once (CUDA events, L2 flushed before each
@@ -44,12 +44,12 @@ from rounds import (
 )
 
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import DeviceLimits, infeasible
+from epilab.policy.suites import suite
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul import STREAM_K_VARIANTS
 from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import DeviceLimits, infeasible
-from epilab.tuner.suites import suite
 from epilab.tuner.tune import input_bytes
 
 NO_SPLIT_SEEDS = 6  # the first feasible seeds without split-K (the Hopper loops come first)

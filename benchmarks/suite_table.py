@@ -16,10 +16,10 @@ import json
 
 from epilab.cli import _is_current
 from epilab.db import TuningDB
+from epilab.policy.suites import SUITES
 from epilab.reports.data import collect
 from epilab.reports.html import config_text
 from epilab.templates.kinds import twins
-from epilab.tuner.suites import SUITES
 
 
 def main() -> None:

@@ -6,13 +6,13 @@ Every problem of the suites (their own template; no twins) is tuned with the bud
 (`Tuner.tune_problem`, resumable). The problems, sorted by (dtype, M, N, K, epilogue), are
 split into halves by alternation: the even ones are the *source* half, the odd ones the
 *held-out* half. For each held-out problem, the nearest source problem by
-`tuner.nearest.distance` whose best config is feasible for it gives the transferred
+`policy.nearest.distance` whose best config is feasible for it gives the transferred
 config; the held-out problem's own best config and the transferred one are then timed
 again, side by side, with the tuner's evaluation (compile, check against float64, CUDA
 events with L2 flushed; CUDA-graph replay for kernels under 50 us, compared like with
 like). ratio = exact / transferred time (1.0: the transfer lost nothing). The summary
 gives, per distance bound, how many held-out problems fall within it and the median and
-worst ratio: `tuner.nearest.MAX_DISTANCE` and `MIN_SPEEDUP` come from that table.
+worst ratio: `policy.nearest.MAX_DISTANCE` and `MIN_SPEEDUP` come from that table.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import triton
 
 from epilab.db import TuningDB
 from epilab.ir.problem import Config, Problem
-from epilab.tuner.nearest import distance, why_not
+from epilab.policy.nearest import distance, why_not
+from epilab.policy.suites import problem_label, suite
 from epilab.tuner.search import Budget
-from epilab.tuner.suites import problem_label, suite
 from epilab.tuner.tune import TuneOptions, Tuner
 
 BOUNDS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)

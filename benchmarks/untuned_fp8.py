@@ -28,10 +28,10 @@ from epilogue_cost import precompile
 from fp8 import scaled_mm_alone
 from rounds import device_header, interleaved, like_with_like, only, save, spread_text
 
+from epilab.policy.suites import suite
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, default_config
 from epilab.templates.verify import checked_launch, random_inputs
-from epilab.tuner.suites import suite
 
 
 def cases() -> list[Spec]:

@@ -7,7 +7,7 @@ The problems of the suites (their own template, one of each key), sorted by (tem
 dtype, M, N, K, epilogue), are split by alternation into a *source* half and a *held-out*
 half, as ``benchmarks/transfer.py`` splits them. The source half is tuned cold with
 ``--source-trials`` (``Tuner.tune_problem``, resumable). Each held-out problem's warm seeds
-(``tuner.nearest.warm_seeds``: the best configs of its nearest source records) are read once,
+(``policy.nearest.warm_seeds``: the best configs of its nearest source records) are read once,
 before any held-out problem is measured. Then, per held-out problem, two fresh in-memory
 searches as ``epilab tune`` runs them (the same sampler seed, no early stop): *cold*, from the
 template's own seeds, for ``--cold-trials``; *warm*, from the warm seeds and then the
@@ -17,7 +17,7 @@ compile, check against float64, CUDA events with L2 flushed, CUDA-graph replay c
 with like), so a verdict does not hang on one noisy measurement. The table gives each best
 as a fraction of the cold 64-trial best's speed (1.00: as fast); the summary counts the
 held-out problems where that fraction is >= 0.97, the issue's bar. ``roofline at`` is the
-trial at which the warm search's best reached ``tuner/roofline.py``'s stop (where it did).
+trial at which the warm search's best reached ``policy/roofline.py``'s stop (where it did).
 
 A run stopped part way resumes from ``--state`` (default: beside the database): the source
 studies are stored, and the held-out problems already measured are not measured again.
@@ -38,10 +38,10 @@ import triton
 
 from epilab.db import TuningDB
 from epilab.ir.problem import Config, Problem
-from epilab.tuner.nearest import warm_seeds
+from epilab.policy.nearest import warm_seeds
+from epilab.policy.space import applies, infeasible, space_for
+from epilab.policy.suites import problem_label, suite
 from epilab.tuner.search import Budget, make_study, search
-from epilab.tuner.space import applies, infeasible, space_for
-from epilab.tuner.suites import problem_label, suite
 from epilab.tuner.tune import TuneOptions, Tuner
 
 CHECKPOINTS = (8, 16, 32, 64)

@@ -39,12 +39,12 @@ from split_k import sweep
 from template_ab import template_replaced
 
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config
+from epilab.policy.space import DeviceLimits, infeasible
+from epilab.policy.suites import suite
 from epilab.templates.kinds import bind, default_config, kind_of
 from epilab.templates.matmul_sm90 import paired
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import DeviceLimits, infeasible
-from epilab.tuner.suites import suite
 from epilab.tuner.tune import problem_flops
 
 CONFIGS = [  # tiles of the 16-bit loops on Hopper (benchmarks/matmul_hopper.py) and the swapped probe's

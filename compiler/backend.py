@@ -290,9 +290,9 @@ def _tune_now(
 
     def tune(problem: Problem) -> None:
         # The one place the compiler reaches into the tuner, and only when asked to tune.
+        from epilab.policy.suites import problem_label
         from epilab.tuner.progress import Reporter
         from epilab.tuner.search import Budget
-        from epilab.tuner.suites import problem_label
         from epilab.tuner.tune import TuneOptions, Tuner
 
         key = (db.url, str(device))

@@ -17,7 +17,7 @@ Policy ``auto`` (the default):
    16-bit GEMM over 2-byte copies of the inputs; the launch-bound rules below and the
    model's verdicts (``tune --model``) still apply.
    Without a record of the problem or its math, the nearest record of its template
-   (``tuner/nearest.py``: a distance over batch, M, N, K, layouts and epilogue bytes;
+   (``policy/nearest.py``: a distance over batch, M, N, K, layouts and epilogue bytes;
    nearer than the family's M fallback) gives a *transferred* config, checked for
    feasibility; under ``auto`` only within ``MAX_DISTANCE`` and where the source record
    beat its own baselines by ``MIN_SPEEDUP`` (the distance and margin where transfer
@@ -81,10 +81,10 @@ from epilab.config import settings
 from epilab.db import DeviceInfo, Lookup, TuningDB, Verdict, Versions, comparable_ms
 from epilab.db.keys import canonical
 from epilab.ir.problem import Config, Problem, identity_key_of
+from epilab.policy.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
+from epilab.policy.space import run_error
+from epilab.policy.suites import problem_label
 from epilab.templates.kinds import default_config, for_template, kind_of, twins, untuned_choice
-from epilab.tuner.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
-from epilab.tuner.space import run_error
-from epilab.tuner.suites import problem_label
 
 if TYPE_CHECKING:
     from epilab.compiler.switch import Switches
@@ -424,7 +424,7 @@ def _best_hit(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup]
 
 def _transfer(candidates: list[Problem], ctx: Context) -> tuple[Problem, Lookup] | None:
     """The nearest record of each candidate whose config is feasible for it
-    (``tuner/nearest.py``); under ``auto`` only within the distance where transfer held."""
+    (``policy/nearest.py``); under ``auto`` only within the distance where transfer held."""
     if ctx.db is None or ctx.device is None:
         return None
     within = MAX_DISTANCE if ctx.policy == "auto" else math.inf
@@ -455,7 +455,7 @@ def _transfer_verdict(
     ctx: Context, hit: Lookup, problem: Problem, aten_dequantizes: bool = False
 ) -> tuple[bool, str]:
     """A transferred config is used where its source record beat its own baselines by
-    ``MIN_SPEEDUP`` (what a transfer may lose, measured: tuner/nearest.py)."""
+    ``MIN_SPEEDUP`` (what a transfer may lose, measured: policy/nearest.py)."""
     assert ctx.db is not None and ctx.device is not None
     bases = [b for b in ctx.db.baselines(hit.record.problem_key, ctx.device) if b.median_ms]
     if not bases:

@@ -1,4 +1,4 @@
-"""Named epilogues: the one catalog that shapes files and built-in suites (``tuner/suites.py``)
+"""Named epilogues: the one catalog that shapes files and built-in suites (``policy/suites.py``)
 and the template tests draw from.
 
 An entry gives the epilogue's outputs as (expression, dtype) pairs; a dtype of None stores

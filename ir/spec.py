@@ -2,7 +2,7 @@
 
 A spec is a small JSON object (``{"m": 2048, "n": 4096, "k": 4096}``); the kind whose
 problems it describes owns its format (``SpecFormat``: its keys, the class that checks them
-and builds the ``Problem``, its built-in suites). ``tuner/suites.py`` picks the format of an
+and builds the ``Problem``, its built-in suites). ``policy/suites.py`` picks the format of an
 object by the keys only that format has and knows nothing of any one kind. The pieces every
 format shares (an epilogue written as a catalog name, an expression or a list of outputs)
 are here.

@@ -158,7 +158,7 @@ def _bytes_moved(records: list[Record]) -> int:
 def shape_text(summary: dict[str, Any]) -> str:
     """As ``suites.shape_label`` shows it (in its kind's terms: a convolution in its own)."""
     from epilab.ir.problem import Problem
-    from epilab.tuner.suites import shape_label
+    from epilab.policy.suites import shape_label
 
     try:
         return shape_label(Problem.from_json(summary["json"]))

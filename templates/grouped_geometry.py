@@ -121,5 +121,5 @@ def label(problem: Problem) -> str:
 def transfer_key(problem: Problem) -> tuple[str, int, bool]:
     """Configs carry between grouped problems of one op, one expert count and one way of
     reading A (gathered rows are loaded by pointers, never by TMA): their rows, N and K are
-    measured by ``tuner/nearest``'s distance."""
+    measured by ``policy/nearest``'s distance."""
     return problem.op, experts_of(problem), geometry_of(problem).gather

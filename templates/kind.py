@@ -223,7 +223,7 @@ class TemplateKind:
     # (A's rows; a grouped GEMM's gathered rows are its tokens x topk)
     call_rows: Callable[[Problem, Tensor], object] = _rows_of_a
     accumulators: int = 1  # fp32 accumulators per tile, one per B-side input (feasibility counts them)
-    # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``tuner/space``)
+    # the tuner tries SPLIT_K > 1 only where the output tiles underfill the device (``policy/space``)
     split_k_underfilled: bool = False
     input_dtypes: tuple[str, ...] = WIDE_INPUT_DTYPES  # the A and B dtypes its main loops take
     # B's dtype as its kernels read it: the problem's (A's), except where the kind stores B in
@@ -255,7 +255,7 @@ class TemplateKind:
     # why a problem's shape does not fit its geometry (what ``Problem`` refuses), or None
     problem_error: Callable[[Problem], str | None] = _no_problem_error
     label: Callable[[Problem], str] = gemm_label  # its shape as every table shows it
-    # what two problems must share for a config to carry between them (``tuner/nearest``)
+    # what two problems must share for a config to carry between them (``policy/nearest``)
     transfer_key: Callable[[Problem], object] = batched
     # the forms of a problem's epilogue its kernels render, in an order of their own (the
     # problem's hash covers each: ``render.kernel_hash``): gemv's, and its transpose's

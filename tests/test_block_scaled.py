@@ -20,6 +20,8 @@ from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
+from epilab.policy.space import HOPPER, infeasible, space_for
+from epilab.policy.suites import suite
 from epilab.templates.block_scaled import (
     A_SCALES,
     B_SCALES,
@@ -34,8 +36,6 @@ from epilab.templates.kinds import default_config, kind_of
 from epilab.templates.matmul import TRITON_VARIANTS
 from epilab.templates.matmul_api import block_scales
 from epilab.templates.verify import checked_launch
-from epilab.tuner.space import HOPPER, infeasible, space_for
-from epilab.tuner.suites import suite
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 

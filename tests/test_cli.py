@@ -107,8 +107,8 @@ def test_help_and_version_import_no_torch_and_name_what_exists():
 
     from epilab import cli
     from epilab.ir.dtypes import WIDE_INPUT_DTYPES
+    from epilab.policy.suites import SUITES
     from epilab.templates.kinds import problem_ops
-    from epilab.tuner.suites import SUITES
 
     assert cli.DEMO_DTYPES == WIDE_INPUT_DTYPES
     assert set(cli.SUITE_EXAMPLES) <= set(SUITES) and set(cli.OP_EXAMPLES) <= set(problem_ops())

@@ -32,13 +32,13 @@ from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
+from epilab.policy.space import HOPPER, DeviceLimits, infeasible, run_error, smem_bytes
 from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts, make_block_problem
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.matmul import make_problem
 from epilab.templates.matmul_sm90 import last_wave_split, tail_split
 from epilab.templates.verify import checked_launch
-from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, run_error, smem_bytes
 
 THREE = Config(192, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative")
 THREE_TMA = Config(192, 128, 128, 8, num_warps=4, num_stages=4, variant="sm90_cooperative", TMA_STORE=1)

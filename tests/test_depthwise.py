@@ -215,7 +215,7 @@ def test_the_default_config_fits_every_suite_layer():
     """... in both formats: NCHW takes the w_vector variant (the channel lanes for kernels
     over 3x3 on outputs up to 8 pixels wide, but for a W stride of 2), NHWC the channel lanes,
     and no default is one the tuner would pass over."""
-    from epilab.tuner.suites import suite
+    from epilab.policy.suites import suite
 
     for spec in suite("depthwise"):
         channel_lanes = spec.r * spec.s > 9 and spec.problem().geometry.q <= 8 and spec.stride != 2
@@ -243,7 +243,7 @@ def test_the_default_config_is_a_legal_one_on_tiny_outputs(geometry, layout):
 def test_the_narrowed_space_holds_every_feasible_config(layout):
     """NHWC draws from the channel lanes' dimensions only (4% of the whole space is feasible
     there), and the narrowing drops no config the search could run."""
-    from epilab.tuner.space import HOPPER, configs, space_for
+    from epilab.policy.space import HOPPER, configs, space_for
 
     problem = problem_of(dw(32, 144, 56, 56, 3, layout=layout))
     space = space_for(problem, HOPPER)
@@ -494,7 +494,7 @@ def test_row_totals_need_every_channel_in_one_program():
 def test_the_space_of_a_layer_norm_holds_a_pixels_channels(layout):
     """The narrowed space draws only channel blocks that hold every channel, on the channel
     lanes, one or two a lane; every config it yields passes the checks."""
-    from epilab.tuner.space import HOPPER, configs, space_for
+    from epilab.policy.space import HOPPER, configs, space_for
 
     problem = problem_of(dw(32, 192, 56, 56, 7, layout=layout, epilogue="bias_layer_norm"))
     space = space_for(problem, HOPPER)

@@ -18,13 +18,13 @@ from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.epilogue_text import parse_epilogue
 from epilab.ir.problem import Config
+from epilab.policy import suites
+from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import dual_gemv, dual_matmul, gemm_spec, kinds
 from epilab.templates.dual_matmul import B2, halves, make_dual_problem
 from epilab.templates.kinds import default_config, for_template, launch, twins
 from epilab.templates.matmul import random_tensor
 from epilab.templates.verify import failure, output_errors, random_inputs
-from epilab.tuner import suites
-from epilab.tuner.space import HOPPER, infeasible
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"

@@ -132,8 +132,8 @@ KINDS = [
     "case", KINDS, ids=lambda c: f"{c[0]}{'-' + c[2] if c[2] else ''}-{sorted(c[1].values())}"
 )
 def test_every_kind_emits_launches_that_match_its_custom_op(case):
+    from epilab.policy import suites
     from epilab.templates.verify import random_inputs
-    from epilab.tuner import suites
 
     name, fields, twin, *index = case
     spec = dataclasses.replace(suites.suite(name)[index[0] if index else 0], **fields)
@@ -188,9 +188,9 @@ def gpu_kernels_checked() -> dict[str, int]:
     from torch._inductor.codegen.triton import TritonKernel
     from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
 
+    from epilab.policy import suites
     from epilab.templates.runtime import cross_binding
     from epilab.templates.verify import random_inputs
-    from epilab.tuner import suites
 
     cases = []
     for name, fields, twin, *index in KINDS:

@@ -32,10 +32,10 @@ from epilab.db import engine as db_engine
 from epilab.db.leases import LeaseBoard, fleet_status
 from epilab.db.models import LeaseRecord, WorkerRecord
 from epilab.ir.problem import Config
+from epilab.policy.suites import load_shapes
 from epilab.templates.kinds import twins
 from epilab.tuner.fleet import FleetOptions, parse_devices
 from epilab.tuner.search import STATUS_ATTR, Budget, Outcome, adopt, make_study, search
-from epilab.tuner.suites import load_shapes
 
 NOW = Versions("2.11.0", "3.6.0")
 TRIALS = 4

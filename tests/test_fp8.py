@@ -22,13 +22,13 @@ from epilab.ir import dtypes
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import HOPPER, DeviceLimits, infeasible, space_for
+from epilab.policy.suites import suite
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import default_config, kind_of, twins, untuned_choice
 from epilab.templates.matmul import PROMOTE_VARIANTS, TRITON_VARIANTS, make_problem, scaled_mm_prefix
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn
-from epilab.tuner.space import HOPPER, DeviceLimits, infeasible, space_for
-from epilab.tuner.suites import suite
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 H100 = DeviceLimits("NVIDIA H100 80GB HBM3", "9.0", 132, 232_448)

@@ -25,8 +25,8 @@ from epilab.db import TuningDB
 from epilab.db.keys import canonical, problem_key
 from epilab.db.transfer import export_json, import_json
 from epilab.ir.problem import Config
+from epilab.policy.suites import load_shapes
 from epilab.templates.gemm_spec import Spec
-from epilab.tuner.suites import load_shapes
 
 SEEDS = range(8)
 IMPORT_CASES = 300  # per seed

@@ -135,8 +135,8 @@ def test_gpu_atomic_split_k_gives_the_full_sum_every_launch(split, warps):
 
 
 def test_small_n_problems_have_a_gemv_twin_searched_on_the_kernel_shape():
+    from epilab.policy.space import HOPPER, infeasible, space_for
     from epilab.templates.gemv import gemv_twin, kernel_problem
-    from epilab.tuner.space import HOPPER, infeasible, space_for
 
     a, w = torch.randn(4096, 64), torch.randn(64, 8)  # a MoE router: many tokens, 8 experts
     ep, ops = simple_epilogue(a, w)

@@ -17,6 +17,8 @@ import epilab
 from epilab.ir.check import rel_error
 from epilab.ir.epilogue_text import parse_epilogue
 from epilab.ir.problem import Config, Problem
+from epilab.policy import nearest, suites
+from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import grouped_matmul, kinds
 from epilab.templates.dual_grouped_matmul import B2, make_dual_grouped_problem
 from epilab.templates.grouped_geometry import GroupedGeometry
@@ -25,8 +27,7 @@ from epilab.templates.grouped_spec import GroupedSpec
 from epilab.templates.kinds import default_config
 from epilab.templates.matmul import random_tensor
 from epilab.templates.verify import checked_launch, random_inputs
-from epilab.tuner import evaluate, nearest, suites
-from epilab.tuner.space import HOPPER, infeasible
+from epilab.tuner import evaluate
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"

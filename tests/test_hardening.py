@@ -43,9 +43,9 @@ from epilab.db.models import CONTROL_CHARS, Device
 from epilab.db.transfer import export_json
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config
+from epilab.policy.suites import load_shapes
 from epilab.templates.gemm_spec import Spec
 from epilab.tuner.search import Budget
-from epilab.tuner.suites import load_shapes
 
 PROBLEM = Spec(32, 32, 32, dtype="float32").problem()
 CONFIG = Config(16, 16, 16, 1, num_warps=4, num_stages=1).to_dict()

@@ -15,9 +15,9 @@ import torch
 
 from epilab.ir import rules
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
+from epilab.policy import suites
 from epilab.templates import gemm_spec, kinds
 from epilab.templates import render as render_mod
-from epilab.tuner import suites
 
 EPILOGUES = ("bias_gelu_tanh", "bias_relu", "bias_gelu_tanh_residual", "residual")
 

@@ -13,12 +13,13 @@ from epilab.db.models import KIND_LIBRARIES
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.policy import space, suites
+from epilab.policy.space import HOPPER, configs, infeasible
 from epilab.templates import gemm_spec, kinds, matmul
 from epilab.templates.kind import TemplateKind
 from epilab.templates.render import TEMPLATE_DIR, kernel_hash
 from epilab.templates.verify import checked_launch, random_inputs
-from epilab.tuner import evaluate, space, suites
-from epilab.tuner.space import HOPPER, configs, infeasible
+from epilab.tuner import evaluate
 
 
 @pytest.mark.parametrize("name", sorted(kinds.KINDS))

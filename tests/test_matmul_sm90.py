@@ -21,10 +21,10 @@ from test_matmul import run_case
 from epilab.ir import catalog
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
+from epilab.policy.space import HOPPER, DeviceLimits, infeasible
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import bind, kind_of
 from epilab.templates.matmul import make_problem
-from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
 
 PINGPONG = Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_pingpong", TMA_STORE=1)
 PERSISTENT = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="sm90_persistent", TMA_STORE=1)

@@ -16,10 +16,10 @@ from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc
 from epilab.ir.epilogue import ops as ops_
 from epilab.ir.problem import Config
+from epilab.policy.space import HOPPER, infeasible
 from epilab.templates.kinds import bind, for_template, kind_of
 from epilab.templates.matmul import make_problem, tma_descriptors
 from epilab.templates.matmul_api import simple_epilogue
-from epilab.tuner.space import HOPPER, infeasible
 
 TMA = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma")
 HOPPER_VARIANTS = ["tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"]

@@ -24,10 +24,11 @@ from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import EpilogueSpec, SpecFormat
+from epilab.policy import nearest, suites
 from epilab.templates import kinds, matmul
 from epilab.templates.conv_spec import ConvSpec
 from epilab.templates.gemm_spec import Spec
-from epilab.tuner import evaluate, nearest, suites
+from epilab.tuner import evaluate
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner
 

@@ -9,8 +9,8 @@ from test_transfer import problem
 
 from epilab.db import TuningDB
 from epilab.ir.problem import Config
+from epilab.policy.space import infeasible
 from epilab.tuner.search import Budget
-from epilab.tuner.space import infeasible
 from epilab.tuner.tune import TuneOptions, Tuner
 
 STAND_IN = """

@@ -29,12 +29,12 @@ from epilab.ir.check import rel_error
 from epilab.ir.epilogue import GROUP_REDUCE, Epilogue, acc, acc2, group_max, operand, ops
 from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
+from epilab.policy.suites import suite
 from epilab.templates import kinds
 from epilab.templates.dual_matmul import make_dual_problem
 from epilab.templates.gemm_spec import FORMAT, Spec
 from epilab.templates.matmul import make_problem
 from epilab.templates.verify import checked_launch
-from epilab.tuner.suites import suite
 
 E4M3 = torch.float8_e4m3fn
 LOOPS = {

@@ -449,9 +449,9 @@ def test_conv_problems_are_first_class_in_the_report(db, tmp_path):
     labels it), not by its GEMM view; every op the compiler anchors and every suite's op is
     a valid `--op`."""
     from epilab.compiler.match import GROWERS
+    from epilab.policy.suites import SUITES
     from epilab.templates.conv_spec import ConvSpec
     from epilab.templates.kinds import problem_ops, twins
-    from epilab.tuner.suites import SUITES
 
     ops = {q.op for specs in SUITES.values() for spec in specs for q in twins(spec.problem())}
     assert ops <= set(problem_ops())

@@ -22,11 +22,11 @@ from test_split_k import bf16_problem
 import epilab
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Shape
+from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import bound
 from epilab.templates.kinds import bind, for_template
 from epilab.templates.matmul import make_problem, reference
 from epilab.templates.matmul_api import simple_epilogue
-from epilab.tuner.space import HOPPER, infeasible
 
 # (batch, M, N, K) for 16x32 tiles and 16-deep K blocks on the interpreter's 4 programs:
 #   37x45x100: 6 tiles x 7 K blocks, all stream-K (42 iterations, 10 or 11 a program)

@@ -18,14 +18,14 @@ from typer.testing import CliRunner
 from epilab.cli import app
 from epilab.db import TuningDB
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
+from epilab.policy.suites import SUITES, load_shapes
 from epilab.templates.conv_spec import ConvSpec
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import is_current, kind_of
 from epilab.tuner.evaluate import make_inputs
 from epilab.tuner.phases import PHASES
 from epilab.tuner.search import Budget, Outcome, make_study, search
-from epilab.tuner.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
-from epilab.tuner.suites import SUITES, load_shapes
 from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes, problem_flops
 from epilab.tuner.worker import Worker
 
@@ -634,7 +634,7 @@ def test_tune_a_conv_problem_in_the_interpreter(tmp_path):
 
 
 def test_several_suites_are_one_list_with_each_problem_once():
-    from epilab.tuner.suites import suite
+    from epilab.policy.suites import suite
 
     keys = [s.problem().key for s in suite("quick,llm,conv")]
     alone = [s.problem().key for name in ("quick", "llm", "conv") for s in suite(name)]

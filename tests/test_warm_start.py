@@ -17,8 +17,8 @@ from test_tuner import Counted, _run, cost_model
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB, Versions
 from epilab.ir.problem import Config
-from epilab.tuner.nearest import GEOMETRY_STEP, WARM_DISTANCE, distance, warm_seeds
-from epilab.tuner.roofline import AT_ROOFLINE, floor_ms, good_enough_ms
+from epilab.policy.nearest import GEOMETRY_STEP, WARM_DISTANCE, distance, warm_seeds
+from epilab.policy.roofline import AT_ROOFLINE, floor_ms, good_enough_ms
 from epilab.tuner.search import Budget, make_study
 from epilab.tuner.tune import TuneOptions, Tuner, problem_bytes
 

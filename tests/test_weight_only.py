@@ -19,6 +19,8 @@ from epilab.compiler.match import match, match_dual
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import HOPPER, infeasible, smem_bytes
+from epilab.policy.suites import suite
 from epilab.templates import grouped_matmul
 from epilab.templates.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.gemm_spec import Spec
@@ -27,8 +29,6 @@ from epilab.templates.matmul import STREAM_K_VARIANTS, TRITON_VARIANTS, make_pro
 from epilab.templates.verify import checked_launch
 from epilab.templates.weight_geometry import WeightGeometry
 from epilab.templates.weight_only import KIND, make_weight_only_problem
-from epilab.tuner.space import HOPPER, infeasible, smem_bytes
-from epilab.tuner.suites import suite
 from epilab.tuner.tune import input_bytes
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

@@ -9,12 +9,12 @@ import torch
 
 from epilab.ir.epilogue import Epilogue, acc, operand
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import weight_only_gemv
 from epilab.templates.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.kinds import kind_of, twins, untuned_choice
 from epilab.templates.verify import checked_launch
 from epilab.templates.weight_only import make_weight_only_problem
-from epilab.tuner.space import HOPPER, infeasible
 from tests.test_weight_only import (
     FP8,
     WIDE,

@@ -28,13 +28,13 @@ from test_weight_only import FP8, WIDE, dual_swiglu, tensors
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
+from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import matmul, matmul_sm90
 from epilab.templates.dual_weight_only import KIND as DUAL_KIND
 from epilab.templates.gemm_spec import Spec
 from epilab.templates.kinds import kind_of
 from epilab.templates.verify import checked_launch
 from epilab.templates.weight_only import KIND, make_weight_only_problem
-from epilab.tuner.space import HOPPER, infeasible
 
 W = "sm90_weight_only"
 TWO = Config(256, 128, 64, 8, num_warps=4, num_stages=3, variant=W)  # 2 warp groups of 64 weight rows

@@ -1,2 +1,2 @@
-"""Search spaces, the optuna loop, GPU timing in isolated workers, baselines and
-problem suites. Built by the tuner issue."""
+"""The optuna loop, GPU timing in isolated workers, baselines, shared work lists and model
+tuning (its spaces, transfers and suites are the policy floor's, ``epilab.policy``)."""

@@ -19,8 +19,8 @@ import hashlib
 
 from epilab.db import Record
 from epilab.ir.problem import Config, Problem
+from epilab.policy.suites import problem_label
 from epilab.templates.kinds import source
-from epilab.tuner.suites import problem_label
 
 
 def specialization(problem: Problem) -> tuple[object, ...]:

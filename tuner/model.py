@@ -776,7 +776,7 @@ def _tune_all(tuner: Tuner, jobs: list[tuple[str, Problem]]) -> tuple[list[Probl
 
 
 def _label(problem: Problem) -> str:
-    from epilab.tuner.suites import problem_label
+    from epilab.policy.suites import problem_label
 
     return problem_label(problem)
 

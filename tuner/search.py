@@ -23,7 +23,7 @@ with known-good configs (``enqueue_trial``) when it is new (the records' first:
 ``nearest.warm_seeds``), and stops at the trial budget (counted over the whole study, so a
 resumed run finishes what an interrupted one began), the time budget, after ``patience``
 evaluated trials without a better one, or once the best runs at the device's roofline
-(``tuner/roofline.py``). ``evaluate`` is injected: the tuner passes GPU evaluation, tests pass
+(``policy/roofline.py``). ``evaluate`` is injected: the tuner passes GPU evaluation, tests pass
 a cost model.
 """
 
@@ -200,7 +200,7 @@ def search(
     may yield its outcomes one at a time: each is told as it comes, so a run killed in the
     middle of a batch keeps the trials it finished. ``stop`` says why to stop early (checked
     between batches), or None; a best time at or under ``good_enough_ms`` stops it too
-    ("roofline": ``tuner/roofline.py``)."""
+    ("roofline": ``policy/roofline.py``)."""
     seen: dict[Config, float] = {}
     best: Config | None = None
     best_value = math.inf

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from epilab.ir.problem import Problem
-from epilab.tuner.roofline import floor_ms
+from epilab.policy.roofline import floor_ms
 from epilab.tuner.tune import problem_bytes, problem_flops
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}

@@ -30,16 +30,16 @@ from epilab.db.models import COMPILE_FAILURES, KIND_LIBRARIES, TIMED_LIBRARIES
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import ProblemSpec
+from epilab.policy.nearest import warm_seeds
+from epilab.policy.roofline import good_enough_ms
+from epilab.policy.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
+from epilab.policy.suites import problem_label
 from epilab.templates.kinds import kind_of
 from epilab.tuner.compile_server import ServerPool, compile_pool
 from epilab.tuner.learned import LearnedRules
-from epilab.tuner.nearest import warm_seeds
 from epilab.tuner.phases import add_phases
 from epilab.tuner.profile import CompileStats, trial_compiles, trial_profile
-from epilab.tuner.roofline import good_enough_ms
 from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, in_space, make_study, search
-from epilab.tuner.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
-from epilab.tuner.suites import problem_label
 from epilab.tuner.worker import CompilePool, Worker
 
 # what a candidate's worker reports when the process died or stalled: the config's fault,
@@ -605,7 +605,7 @@ class Tuner:
         return budget if share is None else dataclasses.replace(budget, seconds=min(budget.seconds, share))
 
     def roofline_ms(self, problem: Problem) -> float | None:
-        """A best time that stops the search at the device's roofline (``tuner/roofline.py``)."""
+        """A best time that stops the search at the device's roofline (``policy/roofline.py``)."""
         if self.options.interpret:
             return None
         flops, nbytes = problem_flops(problem), problem_bytes(problem)

@@ -14,7 +14,7 @@ element size) and writes (each output's element size); vectors and scalars are f
 A doubling of one dimension is 1; the same shape with a bias+residual epilogue instead
 of a bare store is log2(4/2) = 1 in bf16 (the bias is a vector: free).
 
-A transferred config is checked for feasibility on the new problem (``tuner.space.
+A transferred config is checked for feasibility on the new problem (``policy.space.
 infeasible``: the template's rules, block sizes against the padded dims, shared memory
 and registers of the device). ``benchmarks/transfer.py`` measured how well configs carry
 (tuned-exact against transferred on the held-out half of the ``llm`` and ``quick``
@@ -32,8 +32,8 @@ from typing import Any
 from epilab.db import DeviceInfo, Record, TuningDB, Versions
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
+from epilab.policy.space import HOPPER, DeviceLimits, infeasible
 from epilab.templates.kinds import is_current, kind_of
-from epilab.tuner.space import HOPPER, DeviceLimits, infeasible
 
 LAYOUT_STEP = 1.0
 # under auto: farther records are not used; the held-out problems within 2.0 lost at most 1.9%
