@@ -40,7 +40,7 @@ _LAZY = {
     "grouped_matmul": "epilab.templates.grouped_api",
     "compile": "epilab.compiler.backend",
     "aot_compile": "epilab.compiler.aot",
-    "tune_model": "epilab.tuner.model",
+    "tune_model": "epilab.model_tuning.tune",
     "explain": "epilab.compiler.explain",
 }
 

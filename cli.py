@@ -463,7 +463,7 @@ def tune(
     problems from the same list, each tuned once. A killed worker's problem is taken over
     after --lease-ttl seconds; the same command resumes. `epilab tune status` shows the work.
 
-    With --model, the problems are the model's own (see tuner/model.py): it is compiled with
+    With --model, the problems are the model's own (see model_tuning/tune.py): it is compiled with
     the epilab backend, what it needs is tuned, each template the records choose is kept only
     where the compiled model is faster with it (the verdict is stored for later compiles),
     and the model is timed per call and under CUDA graphs against Inductor. With --train a
@@ -503,7 +503,7 @@ def tune(
         compile_server=compile_server,
     )
     if model is not None:
-        from epilab.tuner.model import MODES, ModelOptions
+        from epilab.model_tuning.variants import MODES, ModelOptions
 
         how = ModelOptions(
             rounds=rounds,
@@ -517,7 +517,7 @@ def tune(
         )
         import torch
 
-        from epilab.tuner.model import build_model
+        from epilab.model_tuning.load import build_model
 
         # the model first: a factory that fails (or a model on no device) leaves no database made
         where = torch.device("cpu") if interpret else torch.device(device)
@@ -586,7 +586,7 @@ def _check_tune_flags(
     if dtype is not None:
         if model is None:
             raise typer.BadParameter("--dtype goes with --model", param_hint="--dtype")
-        from epilab.tuner.model import parse_dtype
+        from epilab.model_tuning.load import parse_dtype
 
         parse_dtype(dtype)  # before the database is opened (or created)
     if max_rounds < rounds:
@@ -859,9 +859,9 @@ def tune_status(
 
 
 def _not_served(store: Any, device: Any, recorded: list[str]) -> list[Any]:
-    """The recorded problems that no record serves yet (``tuner.model.unserved``)."""
+    """The recorded problems that no record serves yet (``model_tuning.tune.unserved``)."""
     from epilab.ir.problem import Problem
-    from epilab.tuner.model import unserved
+    from epilab.model_tuning.tune import unserved
 
     return unserved(store, device, [Problem.from_json(text) for text in recorded])
 
@@ -876,7 +876,8 @@ def _tune_model(
     out_file: str | None,
     json_out: bool,
 ) -> None:
-    from epilab.tuner.model import save, tune_model
+    from epilab.model_tuning.report import save
+    from epilab.model_tuning.tune import tune_model
 
     net, example, label = built
     out = err_console if json_out else console
@@ -911,7 +912,7 @@ def _tune_model(
 def _shared_time(options: Any, jobs: list[tuple[str, Any]], fleet: Any) -> Any:
     """``options`` with each job's share of the time left before ``--total-time``'s deadline."""
     if options.deadline is None or all(p.key in options.seconds_for for _, p in jobs):
-        return options  # no total time, or shared already (tune --model's default: tuner/model.py)
+        return options  # no total time, or shared already (tune --model's default: model_tuning/tune.py)
     import dataclasses
 
     import torch

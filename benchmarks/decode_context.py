@@ -5,7 +5,7 @@
 The Qwen2-1.5B MLP of ``model_trust.py`` (one concatenated gate_up weight chunked in halves,
 d=1536, F=8960, 8 tokens), tuned if the database has no records for it, compiled three ways:
 Inductor, and epilab with its verdicts ignored (the dual GEMV the records choose). Each is
-timed three ways, in paired interleaved rounds (``tuner/interleave.py``):
+timed three ways, in paired interleaved rounds (``model_tuning/interleave.py``):
 
 - ``calls``: ``time_calls`` per call (host time in: Dynamo's guards, the wrapper, launches);
 - ``trees``: the ``reduce-overhead`` compile (CUDA-graph trees) timed by ``time_calls``,
@@ -34,8 +34,10 @@ from model_trust import qwen_decode
 
 import epilab
 from epilab.db import TuningDB
-from epilab.tuner.interleave import Comparison, Variant, compare
-from epilab.tuner.model import ModelOptions, time_calls, tune_model
+from epilab.model_tuning.interleave import Comparison, Variant, compare
+from epilab.model_tuning.timing import time_calls
+from epilab.model_tuning.tune import tune_model
+from epilab.model_tuning.variants import ModelOptions
 from epilab.tuner.search import Budget
 from epilab.tuner.timing import time_graph
 from epilab.tuner.tune import TuneOptions, Tuner

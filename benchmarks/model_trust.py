@@ -34,7 +34,9 @@ from zoo.quantized import Fp8Linear
 
 from epilab.db import TuningDB
 from epilab.db.values import FASTER_TOGETHER
-from epilab.tuner.model import ModelOptions, ModelReport, tune_model
+from epilab.model_tuning.report import ModelReport
+from epilab.model_tuning.tune import tune_model
+from epilab.model_tuning.variants import ModelOptions
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner
 

@@ -7,7 +7,7 @@ tuning wall time, the verdicts in context, and the model timed against Inductor.
 ``prefill``: the zoo's input (batch x sequence x d); ``decode``: one token per sequence
 (batch x 1 x d, so M = batch). Each model goes through ``tune_model`` (record, tune until
 no new problem, check each template in the compiled model, measure); the method of every
-number is in ``tuner/model.py``. The last table is one line per model and mode: epilab
+number is in ``model_tuning/tune.py``. The last table is one line per model and mode: epilab
 against the faster of Inductor default and Inductor max-autotune.
 """
 
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from zoo import ZOO
 
 from epilab.db import TuningDB
-from epilab.tuner.model import MODES, ModelOptions, tune_model
+from epilab.model_tuning.tune import tune_model
+from epilab.model_tuning.variants import MODES, ModelOptions
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner
 

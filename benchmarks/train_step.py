@@ -3,7 +3,7 @@
     python benchmarks/train_step.py --db train.db --model gpt2 --modes "CUDA graphs" [--json out.json]
 
 The zoo's real-size model (``tests/zoo``, random weights, bf16) runs as a training step
-(``tuner/step.py``: grads reset, forward, backward of a fixed random cotangent; no optimizer
+(``model_tuning/step.py``: grads reset, forward, backward of a fixed random cotangent; no optimizer
 step) through ``tune_model(..., options=ModelOptions(train=True))``, what
 ``epilab tune --model ... --train`` runs: the forward's and the backward's problems are tuned,
 each chosen template is checked in the step, and the step is timed against Inductor (and
@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from zoo import ZOO
 
 from epilab.db import TuningDB
-from epilab.tuner.model import MODES, ModelOptions, tune_model
+from epilab.model_tuning.step import Workload
+from epilab.model_tuning.tune import tune_model
+from epilab.model_tuning.variants import MODES, ModelOptions
 from epilab.tuner.search import Budget
-from epilab.tuner.step import Workload
 from epilab.tuner.tune import TuneOptions, Tuner
 
 

@@ -6,7 +6,7 @@
     epilab.compile(model, db="tuning.db", policy="auto", tune_missing=True)
 
 ``options`` takes epilab's own keys (``policy``, ``db``, ``tune_missing``,
-``progress``, ``mode``; and, for ``tuner/model.py``'s measurements, ``exclude``: problem keys to leave
+``progress``, ``mode``; and, for ``model_tuning/tune.py``'s measurements, ``exclude``: problem keys to leave
 to the aten op, ``verdicts``: False to ignore the verdicts recorded from models, ``cuda_graphs``:
 decide as under CUDA graphs where the caller replays the compiled step in one itself,
 ``kernels``: False to run every chosen template through the custom op ``epilab::template_call``
@@ -22,7 +22,6 @@ the mode may also go in ``options``. Everything else is Inductor's ``compile_fx`
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -57,10 +56,9 @@ EPILAB_OPTIONS = (
 )
 # a switched compile (``compiler/switch.py``) is never cached: its flags are this process's tensors
 SWITCHED_PATCHES = {"fx_graph_cache": False}
-TUNE_NOW = {"trials": 16, "seconds": 30.0, "patience": 8}  # the small budget of tune_missing
+TUNERS_GROUP = "epilab.compile_tuners"  # who tunes a problem now (tune_missing): tuner/on_compile.py
 
 _dbs: dict[str, tuple[TuningDB, tuple[int, int] | None]] = {}  # with its file's identity
-_tuners: dict[tuple[str, str], Any] = {}
 
 
 def epilab_backend(
@@ -285,29 +283,15 @@ def _identity(path: Path | None) -> tuple[int, int] | None:
 def _tune_now(
     db: TuningDB, device: torch.device, interpret: bool, progress: bool
 ) -> Callable[[Problem], None]:
-    """A function that tunes one problem with the small budget (one tuner per process),
-    reporting it on stderr unless ``progress`` is off (``tuner/progress.py``)."""
+    """A function that tunes one problem now and stores it: the tuner's, found through the
+    entry point ``epilab.compile_tuners`` (``tuner/on_compile.py``), so that the compiler
+    imports nothing of the tuner."""
+    from importlib.metadata import entry_points
 
-    def tune(problem: Problem) -> None:
-        # The one place the compiler reaches into the tuner, and only when asked to tune.
-        from epilab.policy.suites import problem_label
-        from epilab.tuner.progress import Reporter
-        from epilab.tuner.search import Budget
-        from epilab.tuner.tune import TuneOptions, Tuner
-
-        key = (db.url, str(device))
-        if key not in _tuners:
-            options = TuneOptions(
-                budget=Budget(**TUNE_NOW),  # type: ignore[arg-type]
-                interpret=interpret,
-                device_index=device.index or 0,
-                jobs=0 if interpret else 4,
-            )
-            _tuners[key] = Tuner(db, options)
-            atexit.register(_tuners[key].close)
-        label = f"{problem_label(problem)} now (tune_missing)"
-        tuner = _tuners[key]
-        result = Reporter().tune(tuner, problem, label) if progress else tuner.tune_problem(problem, label)
-        log.info("epilab: tuned %s now: %s", problem.key[:12], result.best)
-
-    return tune
+    found = {e.name: e for e in entry_points(group=TUNERS_GROUP)}
+    if "epilab" not in found:
+        raise RuntimeError(
+            f"tune_missing needs epilab's tuner, registered as the entry point {TUNERS_GROUP!r}, "
+            "which this installation lacks: reinstall epilab (pip install epilab, or pip install -e .)"
+        )
+    return found["epilab"].load()(db, device, interpret, progress)

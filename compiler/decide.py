@@ -22,7 +22,7 @@ Policy ``auto`` (the default):
    feasibility; under ``auto`` only within ``MAX_DISTANCE`` and where the source record
    beat its own baselines by ``MIN_SPEEDUP`` (the distance and margin where transfer
    held on the held-out half of two suites, RESULTS.md).
-   A verdict recorded by ``tuner/model.py`` (the model timed with and without the
+   A verdict recorded by ``model_tuning/tune.py`` (the model timed with and without the
    template) overrules the records: a problem whose model was faster without the
    template keeps the aten op, in the CUDA-graph mode and Inductor mode (default or
    max-autotune, which autotunes the aten op's own kernel) the verdict was measured in, and
@@ -270,7 +270,7 @@ def _context_verdict(ctx: Context, chosen: Problem) -> Verdict | None:
 
 def _in_context(ctx: Context, chosen: Problem, ok: bool, why: str) -> tuple[bool, str]:
     """The record's verdict, overruled where a model measured with and without the template
-    (``tuner/model.py``) was faster without it, or where the caller excludes the problem."""
+    (``model_tuning/tune.py``) was faster without it, or where the caller excludes the problem."""
     if chosen.key in ctx.exclude:
         return False, "left to the aten op on request (measuring the model without this template)"
     if not ok:

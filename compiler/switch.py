@@ -5,7 +5,7 @@
     switches.set({"3fa2...", "91bc..."})   # these problems run their templates, the rest aten
     step(x)
 
-``tune --model`` judges each template in the model it runs in (``tuner/model.py``): the model
+``tune --model`` judges each template in the model it runs in (``model_tuning/tune.py``): the model
 with a template against the model without it, in groups. Compiled once per variant, a
 60-problem convnet took dozens of Inductor compiles of 3-6 s each. With ``switches`` given
 (the backend's option), the graph pass (``graph_pass.py``) puts each group it gives a template
@@ -21,7 +21,7 @@ is a buffer of its own (Inductor fuses no work of its consumers into either bran
 without a switch it may fuse the aten path's epilogue into the next kernel, a residual add into
 a norm), and per call a flag read and a subgraph call on the host. Both sides of every
 comparison carry them; the final comparison of the model with its kept templates against
-Inductor is compiled without switches (``tuner/model.py``).
+Inductor is compiled without switches (``model_tuning/tune.py``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ _TEMPLATE_BRANCH = "_epilab_template"
 def aliased(nodes: Sequence[fx.Node]) -> bool:
     """Whether two of ``nodes`` hold views of one storage (a member and its reshape both used
     outside the group): Inductor refuses a cond whose outputs alias, so such a site stays
-    its template, unswitched (and unchecked: ``tuner/in_context.py`` says so)."""
+    its template, unswitched (and unchecked: ``model_tuning/in_context.py`` says so)."""
     seen: set[StorageWeakRef] = set()
     for node in nodes:
         value = node.meta.get("val")

@@ -157,7 +157,7 @@ class VerdictRecord(Base):
     """Whether a template kept its promise inside a compiled model (revision 0004; its
     interval, rounds and outcome: 0006; whether it was a training step: 0007): the model timed
     with the template on its problem and with that problem left to Inductor
-    (``tuner/model.py``). The compiler reads the newest verdict of its problem for its
+    (``model_tuning/tune.py``). The compiler reads the newest verdict of its problem for its
     device, versions, CUDA-graph mode, Inductor mode (what the aten op becomes: cuBLAS, or
     Inductor's max-autotune choice) and kind of graph (inference, or a training step's
     forward and backward); ``keep`` False sends the problem to the aten op."""

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-# how a check in context ended (tuner/in_context.py; "faster", alone or with the others of its
+# how a check in context ended (model_tuning/in_context.py; "faster", alone or with the others of its
 # group, keeps the template)
-FASTER_TOGETHER = "faster together"  # kept with the other templates of its group (tuner/in_context.py)
+FASTER_TOGETHER = "faster together"  # kept with the other templates of its group (model_tuning/in_context.py)
 SKIPPED = "skipped"  # too small a share of the model's time to move it by the margin: aten kept
 VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor", FASTER_TOGETHER, SKIPPED)
 
@@ -137,7 +137,7 @@ class Lookup:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A template's problem checked inside a compiled model (``tuner/model.py``)."""
+    """A template's problem checked inside a compiled model (``model_tuning/tune.py``)."""
 
     problem_key: str
     keep: bool  # the model was faster with the template (by the confidence rule, since 0006)

@@ -24,11 +24,11 @@ from records import record
 
 import epilab
 from epilab import config
-from epilab.compiler import backend
 from epilab.compiler.explain import table as explain_table
 from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Problem
+from epilab.tuner import on_compile
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 ACTIVATIONS = {
@@ -254,8 +254,8 @@ def test_epilab_log_1_prints_the_decision_table(tmp_path):
 
 WARM_SCRIPT = """
 import sys, torch, epilab
-from epilab.compiler import backend
-backend.TUNE_NOW["trials"] = 2
+from epilab.tuner import on_compile
+on_compile.TUNE_NOW["trials"] = 2
 print("the script's top level ran", file=sys.stderr)  # no __main__ guard: workers must not rerun it
 torch.manual_seed(0)
 lin = torch.nn.Linear(16, 24)
@@ -516,7 +516,7 @@ def test_nearest_record_is_used_and_noted(db_path):
 
 
 def test_tune_missing_tunes_now_and_stores(db_path, monkeypatch, capsys):
-    monkeypatch.setitem(backend.TUNE_NOW, "trials", 2)
+    monkeypatch.setitem(on_compile.TUNE_NOW, "trials", 2)
     torch.manual_seed(0)
     lin = nn.Linear(16, 24)
     x = torch.randn(10, 16)

@@ -1,10 +1,14 @@
-"""The house's floors (docs/design.md, "Layout"): ir/ on the ground floor imports nothing
-above it, and no two modules import each other, however indirectly (imports inside
-functions and under ``TYPE_CHECKING`` count: a circle is a circle)."""
+"""The house's floors (docs/design.md, "Layout"): each folder imports only from the floors
+below it (ir/ on the ground floor, the compiler and the tuner side by side on theirs, neither
+importing the other), and no two modules import each other, however indirectly (imports
+inside functions and under ``TYPE_CHECKING`` count: a circle is a circle; so does a module
+loaded by its name, ``importlib.import_module("epilab....")``, and an entry point of
+pyproject.toml, as installed)."""
 
 from __future__ import annotations
 
 import ast
+from importlib.metadata import distribution, entry_points
 from pathlib import Path
 
 import epilab
@@ -25,26 +29,107 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The epilab modules ``path`` imports, anywhere in it."""
+    """The epilab modules ``path`` imports, anywhere in it, or names as a string to load
+    (``"epilab.templates.kinds"``, ``"epilab.tuner.worker:main"``)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, (ast.Assign, ast.Call)):
+            names = [s.split(":")[0] for s in _named_to_load(node)]
         else:
             continue
         found |= {n for n in names if n in modules and n != "epilab"}
     return found
 
 
+def _named_to_load(node: ast.Assign | ast.Call) -> list[str]:
+    """Strings that name a module to load: ``import_module("...")``'s argument, a constant
+    ``..._MODULE = "..."`` (a kind's ``spec_module`` is loaded by the registry beside it)."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        values = node.args[:1] if called == "import_module" else []
+    else:
+        named = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        values = [node.value] if any(n.endswith("_MODULE") for n in named) else []
+    return [v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+
+
+def _entry_points() -> dict[str, str]:
+    """The entry points of epilab's own groups (pyproject.toml, as installed): group -> the
+    module it loads."""
+    return {e.group: e.module for e in distribution("epilab").entry_points if e.group.startswith("epilab.")}
+
+
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    for group, target in _entry_points().items():  # the module that loads the group's entry points
+        for name, path in modules.items():
+            if f'"{group}"' in path.read_text():
+                graph[name].add(target)
+    return graph
+
+
+# The floors by folder, bottom up: a folder (or a module beside the package's root) imports
+# only from floors below its own. Folders on one floor import nothing of each other.
+FLOORS = (
+    {"config", "files", "tables"},
+    {"ir"},
+    {"templates", "db"},
+    {"policy"},
+    {"compiler", "tuner"},
+    {"model_tuning", "reports"},
+    {"cli"},
+    {"__main__"},
+)
+# The edges against the floors, by design, each a plugin's: a problem checks its template
+# against the registry, which ir/ loads by name if nothing did yet (``ir/problem.py``); the
+# backend's tune_missing finds the tuner through an entry point (``compiler/backend.py``)
+PLUGIN_EDGES = {
+    ("epilab.ir.problem", "epilab.templates.kinds"),
+    ("epilab.compiler.backend", "epilab.tuner.on_compile"),
+}
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    room = parts[1] if len(parts) > 1 else parts[0]
+    return next(i for i, rooms in enumerate(FLOORS) if room in rooms)
+
+
+def test_each_folder_imports_only_the_floors_below_it():
+    graph = _graph()
+    assert {m.split(".")[1] for m in graph if m != "epilab"} == set().union(*FLOORS)
+    against = sorted(
+        (name, dep)
+        for name, deps in graph.items()
+        if name != "epilab"
+        for dep in deps
+        if name.split(".")[1] != dep.split(".")[1] and _floor(dep) >= _floor(name)
+    )
+    assert [e for e in against if e not in PLUGIN_EDGES] == []
+    assert set(against) == PLUGIN_EDGES  # a plugin edge that went away leaves this list too
+
+
+def test_the_compiler_finds_the_tuner_through_its_entry_point():
+    """``tune_missing`` reaches the tuner through pyproject's entry point, not an import:
+    the group is declared, and it names a function the tuner defines."""
+    assert _entry_points() == {"epilab.compile_tuners": "epilab.tuner.on_compile"}
+    (found,) = [e for e in entry_points(group="epilab.compile_tuners") if e.name == "epilab"]
+    assert found.load().__module__ == "epilab.tuner.on_compile"
+
+
+def _static_graph() -> dict[str, set[str]]:
+    """The graph without the plugin edges: what a module needs before it runs."""
+    return {name: {d for d in deps if (name, d) not in PLUGIN_EDGES} for name, deps in _graph().items()}
 
 
 def test_ir_is_the_ground_floor():
-    graph = _graph()
+    graph = _static_graph()
     assert any(name.startswith("epilab.ir.") for name in graph)
     above = {
         name: sorted(m for m in deps if not m.startswith(("epilab.ir", "epilab.config")))
@@ -55,7 +140,7 @@ def test_ir_is_the_ground_floor():
 
 
 def test_no_module_imports_itself_through_others():
-    graph = _graph()
+    graph = _static_graph()
     cycles = []
     state: dict[str, int] = {}  # 1: on the path, 2: done
 

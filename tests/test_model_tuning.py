@@ -19,15 +19,10 @@ import epilab
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.ir.problem import Problem
-from epilab.tuner.in_context import split
-from epilab.tuner.model import (
-    ModelOptions,
-    ModelSpecError,
-    build_model,
-    parse_input,
-    tune_model,
-    unserved,
-)
+from epilab.model_tuning.in_context import split
+from epilab.model_tuning.load import ModelSpecError, build_model, parse_input
+from epilab.model_tuning.tune import tune_model, unserved
+from epilab.model_tuning.variants import ModelOptions
 from epilab.tuner.search import Budget
 from epilab.tuner.timing import Measured
 from epilab.tuner.tune import TuneOptions, Tuner
@@ -395,7 +390,7 @@ def test_gpu_tune_model_checks_templates_in_context_and_measures(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_tune_model_tunes_checks_and_times_a_training_step(tmp_path):
-    from epilab.tuner.step import Workload
+    from epilab.model_tuning.step import Workload
 
     model, x, report = _tune_block_on_gpu(tmp_path, trials=3, train=True)
     assert report.training and not report.skipped  # the step is captured in a CUDA graph
@@ -528,7 +523,7 @@ class Fp8Mlp(nn.Module):
 
 
 def test_casts_leave_float8_and_matching_dtypes_alone():
-    from epilab.tuner.model import cast_model, parse_dtype
+    from epilab.model_tuning.load import cast_model, parse_dtype
 
     model = Fp8Mlp()
     cast_model(model, None, torch.bfloat16)  # the parameters match the input: nothing is cast
@@ -651,7 +646,7 @@ def test_a_rejected_verdict_says_why(outcome, low, high, words):
 
 def _training_problems(db_path, model, x):
     """The problems of one compiled training step (forward and backward graphs)."""
-    from epilab.tuner.step import Workload
+    from epilab.model_tuning.step import Workload
 
     Workload(model, (x,), train=True).bind(torch.compile(model, backend="epilab", options={"db": db_path}))()
     torch._dynamo.reset()

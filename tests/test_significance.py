@@ -1,4 +1,4 @@
-"""The intervals and decisions of `tune --model` (tuner/significance.py, tuner/interleave.py):
+"""The intervals and decisions of `tune --model` (model_tuning/significance.py, model_tuning/interleave.py):
 exact coverage of the sign-test interval, the error rate of decisions over several looks on
 pure noise, and rounds that stop where a comparison decides."""
 
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from epilab.tuner import significance as sig
-from epilab.tuner.interleave import Comparison, Variant, compare
+from epilab.model_tuning import significance as sig
+from epilab.model_tuning.interleave import Comparison, Variant, compare
 from epilab.tuner.timing import Measured
 
 

@@ -1,6 +1,6 @@
 """A model's variants: the modes it runs in, the options of ``tune --model``, and one
-compile of the model in a mode (``tuner/model.py`` records, checks and measures with them;
-``tuner/in_context.py`` checks).
+compile of the model in a mode (``model_tuning/tune.py`` records, checks and measures with them;
+``model_tuning/in_context.py`` checks).
 
 Modes (``MODES``): the model runs per call or replayed as CUDA graphs, compiled by Inductor
 default or max-autotune (where Inductor autotunes the kernels of the matmuls it keeps).
@@ -16,14 +16,14 @@ from typing import Any
 import torch
 
 from epilab.db import TuningDB
-from epilab.tuner import significance as sig
-from epilab.tuner.interleave import Comparison, Timer, Variant, compare
-from epilab.tuner.step import Workload
+from epilab.model_tuning import significance as sig
+from epilab.model_tuning.interleave import Comparison, Timer, Variant, compare
+from epilab.model_tuning.step import Workload
 
 # how the model runs: per call or replayed as CUDA graphs, Inductor default or max-autotune
 MODES = ("per call", "CUDA graphs", "per call, max-autotune", "CUDA graphs, max-autotune")
 MAX_PASSES = 4
-ROUNDS = 8  # rounds before the first look at the intervals (tuner/interleave.py)
+ROUNDS = 8  # rounds before the first look at the intervals (model_tuning/interleave.py)
 MAX_ROUNDS = 32  # ... and the most rounds a comparison gets before it is left undecided
 
 
@@ -47,7 +47,7 @@ class ModelOptions:
     modes: tuple[str, ...] = MODES  # of MODES; CUDA graphs and max-autotune on a GPU only
     rounds: int = ROUNDS  # rounds before the first look at the intervals, and between looks
     max_rounds: int = MAX_ROUNDS  # a comparison still undecided after these is left undecided
-    confidence: float = sig.CONFIDENCE  # of every decision, over all looks (tuner/significance.py)
+    confidence: float = sig.CONFIDENCE  # of every decision, over all looks (model_tuning/significance.py)
     margin: float = sig.MARGIN  # a template is kept where the model is faster with it by this much
     max_passes: int = MAX_PASSES
     check_context: bool = True
@@ -56,7 +56,7 @@ class ModelOptions:
     # every variant compiled with Inductor's freezing (weights as constants: inference only),
     # what the norm fold (``compiler/norms.py``) needs; Inductor is compared under it too
     freezing: bool = False
-    # a call is a training step (``tuner/step.py``: grads reset, forward, backward of every
+    # a call is a training step (``model_tuning/step.py``: grads reset, forward, backward of every
     # output that requires grad): the forward's and the backward's problems are tuned, checked
     # and stored as verdicts of training steps. The module's train()/eval() mode is the caller's
     train: bool = False

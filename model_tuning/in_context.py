@@ -1,5 +1,5 @@
 """Checking templates in the model they run in: the verdicts of ``tune --model`` (step 4 of
-``tuner/model.py``).
+``model_tuning/tune.py``).
 
 An isolated kernel timing cannot see what Inductor fuses around the op a template replaces (a
 residual add folded into the next norm, cuBLASLt's bias+GELU epilogue); the compiled model
@@ -8,7 +8,7 @@ can. Per Inductor mode (default, max-autotune):
 1. **One switched compile.** The model is compiled once with every template the records choose
    able to run either its template or its aten path, by its problem's flag
    (``compiler/switch.py``). Every variant below is a setting of the flags, timed in paired
-   interleaved rounds (``tuner/interleave.py``): no compile per variant.
+   interleaved rounds (``model_tuning/interleave.py``): no compile per variant.
 2. **Skipped problems.** The model's time with every template is taken once. A problem's
    potential is what its sites could change at most: per site, twice its recorded aten time
    (the library's GEMM, and as much again for the pointwise work the template absorbs, a pass
@@ -17,7 +17,7 @@ can. Per Inductor mode (default, max-autotune):
    under ``margin`` of the model's time are skipped: even run in no time at all they could not
    move the model by the margin. Their aten op is kept and the verdict says so ("skipped").
 3. **Groups, bisected on a loss.** Every other template is judged at once: the model with all
-   of them against the model with none (the rule of ``tuner/significance.py``: faster by
+   of them against the model with none (the rule of ``model_tuning/significance.py``: faster by
    ``margin`` at ``confidence``). A group found faster is kept whole. A group not found faster
    whose interval reaches below 1 (the model may be slower with it: a loser may hide in it) is
    split, each part judged against the templates kept so far, down to single templates: in
@@ -49,9 +49,9 @@ from epilab.compiler.switch import Switches
 from epilab.db import TuningDB, comparable_ms
 from epilab.db.values import FASTER_TOGETHER, SKIPPED
 from epilab.ir.problem import Problem
-from epilab.tuner import significance as sig
-from epilab.tuner.interleave import Comparison, Timer, Variant
-from epilab.tuner.variants import (
+from epilab.model_tuning import significance as sig
+from epilab.model_tuning.interleave import Comparison, Timer, Variant
+from epilab.model_tuning.variants import (
     ModelOptions,
     compared,
     compile_variant,
@@ -63,12 +63,12 @@ from epilab.tuner.variants import (
 )
 
 if TYPE_CHECKING:
-    from epilab.tuner.step import Workload
+    from epilab.model_tuning.step import Workload
     from epilab.tuner.tune import Tuner
 
 
 class ModelReport(Protocol):
-    """What the check writes into ``tuner/model.ModelReport``."""
+    """What the check writes into ``model_tuning/report.ModelReport``."""
 
     label: str
     verdicts: list[dict[str, Any]]
@@ -296,7 +296,7 @@ class _Check:
             rounds=rounds,
             outcome=outcome,
             context=self.report.label[:128],
-            timing_method="model, paired interleaved rounds, median (tuner/in_context.py)",
+            timing_method="model, paired interleaved rounds, median (in_context.py)",
             versions=self.tuner.versions,
         )
         self.report.verdicts.append(

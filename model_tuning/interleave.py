@@ -7,7 +7,7 @@
 
 Each round times every variant that an undecided comparison names, once each, back to back;
 after ``rounds`` rounds (and every ``rounds`` more, up to ``max_rounds``) each undecided
-comparison's paired interval is looked at (``tuner/significance.py``: sign-test interval
+comparison's paired interval is looked at (``model_tuning/significance.py``: sign-test interval
 of the rounds' ratios, each look held to the Bonferroni share of ``1 - confidence``) and
 decided ones leave. What is still open at ``max_rounds`` stays ``undecided``. Comparisons
 that only follow (``Comparison.follows``) are timed until the others are decided, at least
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from epilab.tuner import significance as sig
+from epilab.model_tuning import significance as sig
 from epilab.tuner.timing import Measured
 
 # times one variant: (its name, its call) -> per-call time

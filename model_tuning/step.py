@@ -1,4 +1,4 @@
-"""What one call of a model is, for ``tuner/model.py``: an inference call, or a training step.
+"""What one call of a model is, for ``model_tuning/tune.py``: an inference call, or a training step.
 
     work = Workload(model, inputs, train=True)
     step = work.bind(torch.compile(model, backend="epilab"))
