@@ -28,8 +28,10 @@ from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.decide import Context, Decision, Plan, candidates_of, decide, norm_group_loses
 from epilab.compiler.emit import NotEmitted
 from epilab.compiler.emit import emit as emit_call
+from epilab.compiler.grow import Group, NoGroup, fake_mode_of, val
+from epilab.compiler.grow_dual import same_input
 from epilab.compiler.halves import split_halves
-from epilab.compiler.match import Group, NoGroup, fake_mode_of, match, match_dual, same_input, val
+from epilab.compiler.match import match, match_dual
 from epilab.compiler.norms import fold_norms
 from epilab.compiler.op import TEMPLATE_CALL, operand_names
 from epilab.compiler.switch import NotSwitched, switch
@@ -363,7 +365,7 @@ GATHERED = ("its rows gathered in the kernel", "Inductor copies the rows")
 
 
 def _gathers(group: Group) -> bool:
-    """Whether a grouped group reads its A rows gathered by an index (``match._route``)."""
+    """Whether a grouped group reads its A rows gathered by an index (``routing.route``)."""
     return bool(getattr(group.problem.geometry, "gather", False))
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from epilab.compiler.aten_ops import ANCHORS, VIEWS
-from epilab.compiler.match import fake_mode_of, same, val
+from epilab.compiler.grow import fake_mode_of, same, val
 
 aten = torch.ops.aten
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)

@@ -22,7 +22,7 @@ so the mean cancels exactly) and ``beta @ W`` constants; its ``var_mean`` become
 ``mean(h)`` and ``mean(h^2) - mean(h)^2``, two row statistics the producer's epilogue takes
 (in fp32: the variance loses precision where |mean| >> std, which pre-norm residual streams
 do not show; Inductor's Welford is exact there). Each folded projection's product is flagged
-``match.UNROUNDED``: a template keeps its accumulator in fp32 through the correction (rounding
+``grow.UNROUNDED``: a template keeps its accumulator in fp32 through the correction (rounding
 ``h @ W'`` to bf16 before subtracting ``mean * c`` would lose what the mean cancels).
 
 A fold pays only where its projections then run as templates (in front of an aten mm it is a
@@ -47,7 +47,7 @@ import torch
 import torch.fx as fx
 
 from epilab.compiler.aten_ops import VIEWS
-from epilab.compiler.match import UNROUNDED, fake_mode_of, val
+from epilab.compiler.grow import UNROUNDED, fake_mode_of, val
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _CAST = prims.convert_element_type.default

@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from epilab.compiler.aten_ops import ANCHORS
-from epilab.compiler.match import fake_mode_of, same, same_shape, val
+from epilab.compiler.grow import fake_mode_of, same, same_shape, val
 
 aten = torch.ops.aten
 PADDED = "epilab_padded"  # meta flag of an anchor replaced by its unpadded form
