@@ -70,9 +70,9 @@ from typing import Any
 
 import torch
 
-from epilab.db import DeviceInfo, TuningDB
+from epilab.db import TuningDB
 from epilab.db.models import KIND_LIBRARIES
-from epilab.ir.problem import Problem, identity_key_of
+from epilab.ir.problem import Problem
 from epilab.model_tuning import significance as sig
 from epilab.model_tuning.interleave import Comparison, Timer, Variant
 from epilab.model_tuning.load import one_line
@@ -93,6 +93,7 @@ from epilab.model_tuning.variants import (
     inductor_options,
 )
 from epilab.tuner.tune import ProblemResult, Tuner
+from epilab.tuner.work import unserved
 
 # runs the tuning of (label, problem) jobs: returns the results and whether it was interrupted
 TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult], bool]]
@@ -390,26 +391,6 @@ def _label(problem: Problem) -> str:
     from epilab.policy.suites import problem_label
 
     return problem_label(problem)
-
-
-def unserved(store: TuningDB, device: DeviceInfo, problems: Sequence[Problem]) -> list[Problem]:
-    """The problems that no record serves yet: one per performance identity, and none whose
-    math another problem's records already cover (``Problem.identity``). Records of
-    another M (a family fallback) do not count: the problem is tuned. A problem whose twin's
-    kind always runs it far faster (``kinds.superseded``: a depthwise convolution's implicit
-    GEMM) is left to that twin."""
-    from epilab.templates.kinds import superseded
-
-    out, identities = [], set()
-    for problem in problems:
-        identity = problem.identity_key
-        if identity in identities or superseded(problem):
-            continue
-        identities.add(identity)
-        hit = store.lookup(problem, device, same=lambda t, identity=identity: identity_key_of(t) == identity)
-        if hit is None or hit.via not in ("exact", "identity"):
-            out.append(problem)
-    return out
 
 
 def _measure(

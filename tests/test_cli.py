@@ -44,7 +44,7 @@ def test_one_config_shorthand_everywhere():
     c = Config(128, 64, 32, 8, SPLIT_K=4, num_warps=4, num_stages=3, EPILOGUE_SUBTILE=2)
     text = "128x64x32 g8 w4 st3 split4 sub2"
     assert config_text(c) == c.short() == config_text(c.to_dict()) == text
-    assert explain._short(c.to_dict()) == cli._config_text(c.to_dict()) == text
+    assert explain._short(c.to_dict()) == cli.common.config_cell(c.to_dict()) == text
     assert html.config_text is config_text
     tma = Config(64, 64, 64, num_warps=4, num_stages=4, variant="tma_persistent", TMA_STORE=1)
     assert config_text(tma) == "64x64x64 g8 w4 st4 tma_persistent tma-store"

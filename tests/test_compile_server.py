@@ -204,7 +204,7 @@ def test_the_early_start_names_only_gpus_it_can_count_without_torch(monkeypatch)
     def started(*args):
         servers_for.clear()
         workers_for.clear()
-        cli._start_early(command, *args)
+        cli.tune._start_early(command, *args)
         return workers_for[:], servers_for[:]
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")

@@ -200,8 +200,8 @@ def test_a_model_tunes_a_depthwise_convolution_on_its_twin_only(tmp_path):
     slower than the direct kernel on every layer measured): its trials were a third of a
     MobileNet's tuning time. A grouped convolution with no depthwise twin is still tuned."""
     from epilab.db import INTERPRETER_DEVICE, TuningDB
-    from epilab.model_tuning.tune import unserved
     from epilab.templates.kinds import superseded
+    from epilab.tuner.work import unserved
 
     conv = dw(2, 8, 6, 6, 5, stride=2).problem()
     twin = problem_of(dw(2, 8, 6, 6, 5, stride=2))

@@ -227,9 +227,9 @@ def test_lease_time_is_at_most_a_day(ttl):
 
 
 def test_interpreter_workers_are_at_most_one_a_cpu_core():
-    from epilab.cli import _tune_devices
+    from epilab.tuner.work import tune_devices
 
-    _, fleet = _tune_devices("cuda:0", "all", 60.0, True)
+    _, fleet = tune_devices("cuda:0", "all", 60.0, True)
     assert len(fleet.devices) == max(1, os.cpu_count() or 1)  # not 64 on a 2-core machine
 
 

@@ -260,11 +260,11 @@ def _quantiles_reversed(doc: dict) -> None:
 
 
 def _no_stale_problem(d: Path, output: str) -> None:
-    from epilab.cli import _is_current
+    from epilab.cli.common import is_current_now
 
     assert "warning" not in output
     with TuningDB.open(d / "target.db") as db:
-        stats = db.stats(_is_current)
+        stats = db.stats(is_current_now)
     assert stats.problems == 1 and stats.stale_problems == 0, stats  # merged into today's problem
 
 

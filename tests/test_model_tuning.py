@@ -21,11 +21,12 @@ from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.ir.problem import Problem
 from epilab.model_tuning.in_context import split
 from epilab.model_tuning.load import ModelSpecError, build_model, parse_input
-from epilab.model_tuning.tune import tune_model, unserved
+from epilab.model_tuning.tune import tune_model
 from epilab.model_tuning.variants import ModelOptions
 from epilab.tuner.search import Budget
 from epilab.tuner.timing import Measured
 from epilab.tuner.tune import TuneOptions, Tuner
+from epilab.tuner.work import unserved
 
 pytestmark = pytest.mark.usefixtures("fresh_compiler")
 CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 2, "num_stages": 1}

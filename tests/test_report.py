@@ -18,7 +18,8 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from epilab.cli import _is_current, app
+from epilab.cli import app
+from epilab.cli.common import is_current_now
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
 from epilab.reports import data as report_data
 from epilab.reports import html as report_html
@@ -102,7 +103,7 @@ def _fill(
 
 
 def _collect(db: TuningDB, **kw) -> report_data.ReportData:
-    return report_data.collect(db.snapshot(), db_url=db.url, is_current=_is_current, **kw)
+    return report_data.collect(db.snapshot(), db_url=db.url, is_current=is_current_now, **kw)
 
 
 class _Page(HTMLParser):
