@@ -16,6 +16,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from rounds import run_meta
 
 from epilab.db import DeviceInfo, TuningDB
 from epilab.policy.suites import SUITES
@@ -60,7 +61,7 @@ def main() -> None:
             print(f"| {spec.label()} | {cudnn_ms:.4f} | {ours:.4f} | {cudnn_ms / ours:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": here.name, "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump({**run_meta(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -215,7 +215,7 @@ def main() -> None:
         default="issue",
         help="issue (issue 41's layers), convnext (7x7 layers with their LayerNorm) or a built-in suite",
     )
-    parser.add_argument("--only", help="layer indices, e.g. 0-4,8")
+    parser.add_argument("--only", help="1-based layer numbers, e.g. 1-5,9")
     parser.add_argument("--layout", choices=("nhwc", "nchw", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--configs", type=int, default=12, help="depthwise configs swept per layer")

@@ -244,7 +244,7 @@ def table(results: list[dict], copy_gbs: float | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="mlp")
-    parser.add_argument("--only", help="spec indices, e.g. 3-4,8")
+    parser.add_argument("--only", help="1-based spec numbers, e.g. 4-5,9")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--max-autotune-from", type=int, default=2048, help="smallest M timed with max-autotune"

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import triton
+from rounds import run_meta
 
 import epilab
 from epilab.compiler.explain import table
@@ -275,11 +274,7 @@ def measure(args: argparse.Namespace) -> None:
         del model
         torch.cuda.empty_cache()
     result = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
+        **run_meta(),
         "method": __doc__.split("Method: ")[1].strip() if __doc__ else "",
         "rows": rows,
         "explain": explained,

@@ -28,6 +28,7 @@ import json
 import math
 
 import torch
+from rounds import run_meta
 
 from epilab.db import DeviceInfo, TuningDB, comparable_ms
 from epilab.policy.suites import SUITES
@@ -169,7 +170,7 @@ def main() -> None:
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": name, "copy_gbs": copy, "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump({**run_meta(), "copy_gbs": copy, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

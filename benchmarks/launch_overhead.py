@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rounds import run_meta
 
 from epilab.compiler.decide import Plan
 from epilab.compiler.op import template_call
@@ -163,7 +164,7 @@ def graph(
             print(f"{name}: templates run as {errors[name + ' runs as']}")
     if out is not None:
         record = {"layers": layers, "m": m, "d": d, "rounds": rounds, "calls": calls, "times_us": times}
-        record |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "errors": errors}
+        record |= {**run_meta(), "errors": errors}
         out.write_text(json.dumps(record, indent=1))
 
 

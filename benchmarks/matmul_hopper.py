@@ -23,8 +23,7 @@ import statistics
 from collections.abc import Callable
 from functools import partial
 
-import torch
-import triton
+from rounds import run_meta
 
 from epilab.ir.problem import Config
 from epilab.policy.suites import SUITES
@@ -172,8 +171,7 @@ def main() -> None:
     print(summary(rows))
     if args.json:
         with open(args.json, "w") as f:
-            versions = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda}
-            json.dump({"gpu": torch.cuda.get_device_name(0), **versions, "rows": rows}, f, indent=1)
+            json.dump({**run_meta(), "rows": rows}, f, indent=1)
 
 
 def table_header(variants: tuple[str, ...]) -> str:

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-import triton
+from rounds import run_meta
 
 import epilab
 from epilab.ir.check import rel_error
@@ -158,16 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("matmul_quick.py needs a CUDA device")
-    props = torch.cuda.get_device_properties(0)
-    env = {
-        "gpu": props.name,
-        "sm_count": props.multi_processor_count,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "epilab": epilab.__version__,
-    }
+    env = run_meta()
     ceil = ceilings()
     rows = [run_shape(m, n, k, ceil, args.probe) for m, n, k in SHAPES]
     if args.json:

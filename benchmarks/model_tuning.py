@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
-import triton
+from rounds import run_meta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -90,10 +89,7 @@ def main() -> None:
             del model
             torch.cuda.empty_cache()
     result = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **run_meta(),
         "budget": {"trials": args.trials, "seconds": args.seconds, "patience": args.patience},
         "rounds": args.rounds,
         "reports": [r.to_dict() for r in reports],

@@ -364,7 +364,7 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="moe")
-    parser.add_argument("--only", help="spec indices, e.g. 3-4,8")
+    parser.add_argument("--only", help="1-based spec numbers, e.g. 4-5,9")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--routing", choices=("router", "skewed"), default="router")
     parser.add_argument(

@@ -21,6 +21,7 @@ import tempfile
 
 import torch
 import torch.nn.functional as F
+from rounds import run_meta
 
 import epilab
 from epilab.tuner.timing import time_cuda
@@ -96,9 +97,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(
-                {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, out, indent=1
-            )
+            json.dump({**run_meta(), "rows": rows}, out, indent=1)
     print("| function (shapes file) | M x N x K | decision | source | epilab ms | Inductor ms | speedup |")
     print("|---|---|---|---|---:|---:|---:|")
     for r in rows:

@@ -165,7 +165,7 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", help="case indices, e.g. 0-1,3")
+    parser.add_argument("--only", help="1-based case numbers, e.g. 1-2,4")
     parser.add_argument("--json")
     parser.add_argument("--from-json", help="print the table of an earlier run")
     args = parser.parse_args()

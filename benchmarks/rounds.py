@@ -84,20 +84,19 @@ def geomean(xs: list[float]) -> float:
 
 
 def only(text: str | None, count: int) -> list[int]:
-    """Indices from an ``--only`` list such as ``0-4,8`` (all when empty), below ``count``."""
+    """0-based indices from an ``--only`` list such as ``1-5,9``: 1-based, as ``epilab tune
+    --only`` reads it (``tuner.work.only``); all when empty."""
     if not text:
         return list(range(count))
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return [i for i in out if i < count]
+    from epilab.tuner.work import only as picked
+
+    return picked(text, count)
 
 
 def suite_arguments(parser: argparse.ArgumentParser, default_suite: str) -> None:
     """--suite, --only, --rounds, --max-autotune, --json and --from-json."""
     parser.add_argument("--suite", default=default_suite)
-    parser.add_argument("--only", help="spec indices, e.g. 0-4,8")
+    parser.add_argument("--only", help="1-based spec numbers, e.g. 1-5,9")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-autotune", action="store_true", help="also time Inductor max-autotune")
     parser.add_argument("--json")
@@ -125,3 +124,18 @@ def print_saved(path: str | None, table: Callable[[list[dict]], str]) -> bool:
     with open(path) as f:
         print(table(json.load(f)["results"]))
     return True
+
+
+def run_meta(interpret: bool = False) -> dict:
+    """Where a run was made, as every benchmark's JSON records it: the GPU (or the
+    interpreter), its SMs and capability, and the versions of python, torch, CUDA, triton
+    and epilab."""
+    import epilab
+
+    meta: dict = {"gpu": "interpreter (not GPU times)"}
+    if not interpret and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        meta = {"gpu": props.name, "sm_count": props.multi_processor_count}
+        meta["capability"] = f"{props.major}.{props.minor}"
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__}
+    return meta | versions | {"python": platform.python_version(), "epilab": epilab.__version__}

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from epilab.cli import _is_current
 from epilab.db import TuningDB
 from epilab.policy.suites import SUITES
 from epilab.reports.data import collect
 from epilab.reports.html import config_text
+from epilab.templates.kinds import is_current as _is_current
 from epilab.templates.kinds import twins
 
 

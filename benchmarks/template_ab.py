@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--m-major", action="store_true", help="the current kernels on M-major A scales too")
     parser.add_argument("--unsplit", action="store_true", help="the current kernels, last wave whole, too")
     parser.add_argument("--ptxas", action="append", default=[], help="the current kernels by this ptxas too")
-    parser.add_argument("--only", help="indices of the cases, e.g. 0-5,8")
+    parser.add_argument("--only", help="1-based case numbers, e.g. 1-6,9")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
-import triton
+from rounds import run_meta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -73,10 +72,7 @@ def main() -> None:
     report.seconds["total"] = time.monotonic() - started
     errors = gradient_errors(model, x, args.db)
     result = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **run_meta(),
         "budget": {"trials": args.trials, "seconds": args.seconds},
         "report": report.to_dict(),
         "gradient_errors": errors,

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
-import torch
-import triton
+from rounds import run_meta
 
 from epilab.db import TuningDB
 from epilab.ir.problem import Config, Problem
@@ -137,10 +135,7 @@ def main() -> None:
                 }
             )
     result = {
-        "gpu": "interpreter (not GPU times)" if args.interpret else torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **run_meta(args.interpret),
         "budget": {"trials": args.trials, "seconds": args.seconds, "patience": args.patience},
         "suites": args.suites,
         "tune_s": round(tune_s, 1),

@@ -46,7 +46,7 @@ def cases() -> list[Spec]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="indices of the cases, e.g. 0-3,8")
+    parser.add_argument("--only", help="1-based case numbers, e.g. 1-4,9")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args()

@@ -29,12 +29,10 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import time
 
-import torch
-import triton
+from rounds import run_meta
 
 from epilab.db import TuningDB
 from epilab.ir.problem import Config, Problem
@@ -202,10 +200,7 @@ def main() -> None:
             print(f"[held-out {i}/{len(held)}] {row['problem']}: {speed}", flush=True)
     rows = [done[p.key] for p in held if p.key in done]
     result = {
-        "gpu": "interpreter (not GPU times)" if args.interpret else torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
+        **run_meta(args.interpret),
         "suites": args.suites,
         "trials": {"source": args.source_trials, "cold": args.cold_trials, "warm": args.warm_trials},
         "rounds": args.rounds,

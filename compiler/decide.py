@@ -31,9 +31,9 @@ Policy ``auto`` (the default):
 2. No record: with ``tune_missing`` the problem is tuned now with a small budget
    and stored, then rule 1 applies. Otherwise the aten op. The documented rule
    for using the untuned heuristic config is "nowhere": over the cases of
-   ``benchmarks/heuristic_probe.py`` the heuristic config lost to Inductor's cuBLAS
-   + fused epilogue at some shapes and won at others of the same K (benchmarks/
-   RESULTS.md, "Untuned heuristic vs Inductor"), so no shape rule we measured keeps
+   the probe in benchmarks/RESULTS.md the heuristic config lost to Inductor's cuBLAS
+   + fused epilogue at some shapes and won at others of the same K ("Untuned
+   heuristic vs Inductor"), so no shape rule we measured keeps
    the promise that switching the backend on never makes a model slower.
 
 Launch-bound problems: without CUDA graphs a template call through the custom op costs more

@@ -45,7 +45,7 @@ CUDA graphs (``replayed``): the compiled step (Inductor without its CUDA-graph t
 captured ``REPLAY_CALLS`` times in one CUDA graph and replayed, the GPU time of a step. Not
 ``reduce-overhead`` timed per call: at decode a small model's step there is bound by the
 trees' host work (Dynamo's guards, the trees' bookkeeping, the input copy: 90-135 us a step
-against 40 us of GPU work for a Qwen2 MLP on an H100, ``benchmarks/decode_context.py``), the
+against 40 us of GPU work for a Qwen2 MLP on an H100, benchmarks/RESULTS.md), the
 same with or without a template, so a kernel's gain drowned in host noise and verdicts were
 coin flips; a real model's step (dozens of layers, one graph) is GPU-bound, what
 ``replayed`` measures. A step that cannot be captured (a host sync) skips the CUDA-graph

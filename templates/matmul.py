@@ -81,7 +81,7 @@ TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
 FP8_MIN_BLOCK_K = 32  # an fp8 MMA instruction takes 32 K elements
 # fp8 exact accumulation (precision "ieee", use_fast_accum=False): the tensor cores sum at most
 # this many K elements before the sum is added in fp32 (PROMOTE x BLOCK_K). Measured against
-# float64 on an H100 (benchmarks/fp8_promotion.py, RESULTS.md): an interval of 128 gives exactly
+# float64 on an H100 (benchmarks/RESULTS.md): an interval of 128 gives exactly
 # cuBLASLt's use_fast_accum=False error; 256 gives 1.7x it on signed data and 3.4x on same-sign
 # data, still 15-100x below the whole-K accumulation of use_fast_accum=True at K = 16384
 EXACT_PROMOTION_MAX_K = 256

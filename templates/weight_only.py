@@ -128,7 +128,7 @@ SEEDS = [  # decode (a few rows: the weight's bytes bound it), then prefill tile
     Config(16, 64, 128, 1, 4, num_warps=4, num_stages=4),
     Config(32, 64, 128, 1, num_warps=4, num_stages=4, variant="tma"),
     # Hopper: the Gluon kernel (the weight wgmma's left operand, converted a K step ahead), the
-    # fastest of benchmarks/weight_only_swap.py's sweep on 7 of Llama-3-8B's 8 single
+    # fastest of a sweep (benchmarks/RESULTS.md) on 7 of Llama-3-8B's 8 single
     # projections at M = 128 and 2048 on an H200 (RESULTS.md, 2026-11-30 second; 0.98x the
     # Triton loop at 128x28672x4096); the swapped Triton loops it beat are left to the search
     Config(256, 128, 64, 8, num_warps=4, num_stages=4, variant=matmul_sm90.WEIGHT_ONLY),
