@@ -247,16 +247,22 @@ def test_a_worker_says_what_it_waits_for(db_target, tmp_path):
         TuningDB.open(db_target),
         INTERPRETER_DEVICE,
         Versions(torch.__version__, triton.__version__),
-        ttl_s=2.0,
+        ttl_s=600.0,
     )
     gone.enqueue(items, trials=1)
-    assert gone.take("gone") is not None  # and never renewed: its worker was killed
+    lease = gone.take("gone")
+    assert lease is not None  # and renewed once more only, just before its worker was killed
     events = []
+
+    def listen(event):  # the lease runs out once this worker has said it waits: no race with
+        events.append(event)  # a slow start (a 2 s lease ran out first on a loaded CI machine)
+        if event.what == "waiting":
+            gone.ttl = timedelta(milliseconds=1)
+            assert gone.renew("gone", lease)
+
     options = TuneOptions(budget=Budget(trials=1, batch=1), interpret=True, jobs=0, baselines=(), warm=False)
     with TuningDB.open(db_target) as db:
-        report = run_fleet(
-            db, items, options, FleetOptions(lease_ttl_s=2.0, poll_s=0.2), trials=1, listener=events.append
-        )
+        report = run_fleet(db, items, options, FleetOptions(lease_ttl_s=2.0, poll_s=0.2), trials=1, listener=listen)
     waiting = [e for e in events if e.what == "waiting"]
     assert len(waiting) == 1 and "leased to other workers" in waiting[0].detail, events
     assert [r.key for r in report.results] == [items[0][1].key]

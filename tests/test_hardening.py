@@ -1137,14 +1137,24 @@ def test_optuna_waits_for_a_lock_as_long_as_epilab_does(tmp_path):
 
 
 def test_shapes_files_parse_in_linear_time(tmp_path):
-    """1.2 MB took 13 s when every object counted the newlines from the start."""
-    objs = [{"m": i % 4000 + 1, "n": 64, "k": 64} for i in range(40_000)]
+    """1.2 MB took 13 s when every object counted the newlines from the start. Judged by how
+    the time grows (4x the objects: 4x linear, 16x quadratic), not by a wall-clock bound that
+    a loaded CI machine missed; the better of two runs each."""
+
+    def parse_time(count):
+        objs = [{"m": i % 4000 + 1, "n": 64, "k": 64} for i in range(count)]
+        path.write_text("[\n" + ",\n".join(json.dumps(o) for o in objs) + "\n]\n")
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            specs = load_shapes(path)
+            best = min(best, time.perf_counter() - start)
+        assert len(specs) == count and specs[-1].m == objs[-1]["m"]
+        return best
+
     path = tmp_path / "s.json"
-    path.write_text("[\n" + ",\n".join(json.dumps(o) for o in objs) + "\n]\n")
-    start = time.perf_counter()
-    specs = load_shapes(path)
-    assert len(specs) == 40_000 and specs[-1].m == objs[-1]["m"]
-    assert time.perf_counter() - start < 4.0
+    small, large = parse_time(10_000), parse_time(40_000)
+    assert large < 8 * small, (small, large)
     path.write_text('[\n{"m": 1, "n": 1, "k": 1},\n\n{"m": 0, "n": 1, "k": 1}]')
     with pytest.raises(ValueError, match=r"s\.json:4: m must be"):
         load_shapes(path)
