@@ -262,7 +262,9 @@ def test_a_worker_says_what_it_waits_for(db_target, tmp_path):
 
     options = TuneOptions(budget=Budget(trials=1, batch=1), interpret=True, jobs=0, baselines=(), warm=False)
     with TuningDB.open(db_target) as db:
-        report = run_fleet(db, items, options, FleetOptions(lease_ttl_s=2.0, poll_s=0.2), trials=1, listener=listen)
+        report = run_fleet(
+            db, items, options, FleetOptions(lease_ttl_s=2.0, poll_s=0.2), trials=1, listener=listen
+        )
     waiting = [e for e in events if e.what == "waiting"]
     assert len(waiting) == 1 and "leased to other workers" in waiting[0].detail, events
     assert [r.key for r in report.results] == [items[0][1].key]
