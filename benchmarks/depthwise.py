@@ -34,9 +34,9 @@ from rounds import device_header, only, print_saved, save
 
 from epilab.ir.problem import Config, Problem
 from epilab.policy.suites import suite as builtin_suite
-from epilab.templates.conv_geometry import conv_of
-from epilab.templates.conv_spec import ConvSpec
-from epilab.templates.kinds import bind, kind_of, twins
+from epilab.templates.conv.conv_geometry import conv_of
+from epilab.templates.conv.conv_spec import ConvSpec
+from epilab.templates.registry import bind, kind_of, twins
 from epilab.tuner.timing import time_graph
 
 L2_BYTES = 60 << 20

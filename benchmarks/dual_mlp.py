@@ -39,9 +39,9 @@ from epilab.ir import dtypes
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
-from epilab.templates.dual_matmul import B2
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import bind, default_config, kind_of, twins
+from epilab.templates.gemm.dual_matmul import B2
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.registry import bind, default_config, kind_of, twins
 from epilab.templates.verify import failure, output_errors
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.timing import time_cuda

@@ -42,8 +42,8 @@ from rounds import device_header, geomean
 from epilab import config as epilab_config
 from epilab.ir.catalog import epilogue
 from epilab.ir.problem import Config, Problem
-from epilab.templates.kinds import bind
-from epilab.templates.matmul import make_problem
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import bind
 from epilab.templates.verify import checked_launch
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.timing import time_graph

@@ -60,9 +60,9 @@ from epilab.ir import dtypes
 from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS, Config, Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
-from epilab.templates.block_scaled import scaled_mm_blocks
-from epilab.templates.kinds import bind, default_config, kind_of, twins
-from epilab.templates.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
+from epilab.templates.gemm.block_scaled import scaled_mm_blocks
+from epilab.templates.gemm.matmul import STREAM_K_VARIANTS, scaled_mm_prefix
+from epilab.templates.registry import bind, default_config, kind_of, twins
 from epilab.templates.verify import random_inputs
 from epilab.tuner.evaluate import baseline_fn
 

@@ -36,12 +36,12 @@ import torch
 import torch.nn.functional as F
 from rounds import run_meta
 
+from epilab.api.matmul import simple_epilogue
 from epilab.compiler.decide import Plan
 from epilab.compiler.op import template_call
-from epilab.templates.kinds import bind, default_config
-from epilab.templates.launcher import Replay
-from epilab.templates.matmul import make_problem
-from epilab.templates.matmul_api import simple_epilogue
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import bind, default_config
+from epilab.templates.runtime.replay import Replay
 
 
 def per_call_us(fn: Callable[[], object], calls: int = 2000) -> float:

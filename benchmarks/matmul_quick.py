@@ -33,11 +33,11 @@ import torch.nn.functional as F
 from rounds import run_meta
 
 import epilab
+from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config
-from epilab.templates.kinds import default_config, launch
-from epilab.templates.matmul import make_problem, reference
-from epilab.templates.matmul_api import simple_epilogue
+from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.registry import default_config, launch
 from epilab.tuner.timing import time_cuda, time_graph
 
 SHAPES = [(4096, 4096, 4096), (8192, 14336, 4096), (2048, 4096, 4096), (128, 4096, 4096)]

@@ -19,8 +19,8 @@ import torch
 
 from epilab.ir.catalog import epilogue
 from epilab.ir.problem import Config
-from epilab.templates.kinds import bind
-from epilab.templates.matmul import make_problem
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import bind
 from epilab.templates.verify import checked_launch
 
 

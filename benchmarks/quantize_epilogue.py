@@ -36,8 +36,8 @@ from rounds import device_header, only, print_saved, save
 from epilab.ir.epilogue import Epilogue, acc, acc2, ops
 from epilab.ir.quantize import quantized_groups
 from epilab.policy.space import DeviceLimits, infeasible
-from epilab.templates.dual_matmul import make_dual_problem
-from epilab.templates.kinds import bind, default_config, kind_of
+from epilab.templates.gemm.dual_matmul import make_dual_problem
+from epilab.templates.registry import bind, default_config, kind_of
 from epilab.tuner.timing import time_cuda
 
 GROUP = 128

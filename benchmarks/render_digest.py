@@ -18,7 +18,7 @@ import json
 import sys
 
 from epilab.policy import space, suites
-from epilab.templates.kinds import source
+from epilab.templates.registry import source
 
 
 def unhashed_key(problem: object) -> str:

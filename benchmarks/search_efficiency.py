@@ -21,7 +21,7 @@ import time
 
 from epilab.db import TuningDB
 from epilab.policy.space import applies, configs, infeasible, space_for
-from epilab.templates.gemm_spec import Spec
+from epilab.templates.gemm.gemm_spec import Spec
 from epilab.tuner.search import Budget, make_study, search
 from epilab.tuner.tune import TuneOptions, Tuner
 

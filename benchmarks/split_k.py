@@ -46,8 +46,8 @@ from rounds import (
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
-from epilab.templates.kinds import bind, default_config, kind_of
-from epilab.templates.matmul import STREAM_K_VARIANTS
+from epilab.templates.gemm.matmul import STREAM_K_VARIANTS
+from epilab.templates.registry import bind, default_config, kind_of
 from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner.evaluate import baseline_fn
 from epilab.tuner.tune import input_bytes

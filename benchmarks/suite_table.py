@@ -18,8 +18,8 @@ from epilab.db import TuningDB
 from epilab.policy.suites import SUITES
 from epilab.reports.data import collect
 from epilab.reports.html import config_text
-from epilab.templates.kinds import is_current as _is_current
-from epilab.templates.kinds import twins
+from epilab.templates.registry import is_current as _is_current
+from epilab.templates.registry import twins
 
 
 def main() -> None:

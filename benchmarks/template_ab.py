@@ -1,13 +1,13 @@
 """A template change measured: kernels rendered from an earlier version of a template file
 against the current ones and cuBLASLt, interleaved in one process.
 
-    git show REV:templates/matmul_sm90.py.jinja > /tmp/old.jinja
+    git show REV:templates/gemm/matmul_sm90.py.jinja > /tmp/old.jinja
     python3 benchmarks/template_ab.py [--old /tmp/old.jinja ...] [--ptxas PATH ...] [--unsplit] [--m-major]
         [--no-check] [--only 0-5] [--rounds 5] [--json out.json]
 
 The cases are ``untuned_fp8.py``'s (the ``fp8-block`` suite's DeepSeek-V3 projections at
 M = 4096, two of Llama-3-8B's at M = 128, rowwise exact accumulation at 8192^3 and M = 2048),
-each on the config an untuned call takes on this GPU (``kinds.default_config`` with its
+each on the config an untuned call takes on this GPU (``registry.default_config`` with its
 capability). Each ``--old`` file stands in for the template file ``--name`` (default: its own
 name where that is a template's, else ``matmul_sm90.py.jinja``) while its kernels are rendered
 and built; the current files render the ``current`` ones. With ``--no-check`` the ``--old``
@@ -43,9 +43,10 @@ from fp8 import scaled_mm_alone
 from rounds import device_header, interleaved, like_with_like, only, save, spread_text
 from untuned_fp8 import cases
 
-from epilab.templates import matmul_sm90, render, runtime
-from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts
-from epilab.templates.kinds import bind, default_config
+from epilab.templates.gemm import matmul_sm90
+from epilab.templates.gemm.block_scaled import A_SCALES, cublaslt_layouts
+from epilab.templates.registry import bind, default_config
+from epilab.templates.runtime import binding, render
 from epilab.templates.verify import checked_launch, random_inputs
 
 PTXAS_ENV = "TRITON_PTXAS_PATH"  # read by Triton at each compile
@@ -59,13 +60,13 @@ def template_replaced(name: str, text: str) -> Iterator[None]:
     loader = env.loader
     env.loader = jinja2.ChoiceLoader([jinja2.DictLoader({name: text}), loader])
     env.cache.clear()
-    runtime._kernels.clear()
+    binding._kernels.clear()
     try:
         yield
     finally:
         env.loader = loader
         env.cache.clear()
-        runtime._kernels.clear()
+        binding._kernels.clear()
 
 
 @contextlib.contextmanager
@@ -79,7 +80,7 @@ def ptxas_replaced(path: str) -> Iterator[str]:
     before = os.environ.get(PTXAS_ENV)
     os.environ[PTXAS_ENV] = path
     compiler.get_ptxas_version.cache_clear()
-    runtime._kernels.clear()
+    binding._kernels.clear()
     try:
         yield next((line for line in version.splitlines() if "release" in line), version.strip())
     finally:
@@ -88,7 +89,7 @@ def ptxas_replaced(path: str) -> Iterator[str]:
         else:
             os.environ[PTXAS_ENV] = before
         compiler.get_ptxas_version.cache_clear()
-        runtime._kernels.clear()
+        binding._kernels.clear()
 
 
 @contextlib.contextmanager
@@ -122,9 +123,10 @@ def main() -> None:
         )
     olds = {Path(o).stem: Path(o).read_text() for o in args.old}
     first = Path(args.old[0]).name if args.old else "matmul_sm90.py.jinja"
-    name = args.name or (first if (render.TEMPLATE_DIR / first).exists() else "matmul_sm90.py.jinja")
-    if not (render.TEMPLATE_DIR / name).exists():
-        parser.error(f"--name {name!r} is not a file of {render.TEMPLATE_DIR}")
+    known = {p.name for d in render.TEMPLATE_DIRS for p in d.glob("*.py.jinja")}
+    name = args.name or (first if first in known else "matmul_sm90.py.jinja")
+    if name not in known:
+        parser.error(f"--name {name!r} is not a template file; known: {', '.join(sorted(known))}")
     props = torch.cuda.get_device_properties(0)
     facts = {"sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}"}
     every = cases()

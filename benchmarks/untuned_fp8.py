@@ -4,7 +4,7 @@ Triton loop and cuBLASLt (issue 44).
     python3 benchmarks/untuned_fp8.py [--only 0-10] [--rounds 3] [--json out.json]
 
 ``epilab.matmul(x8, w8.t(), scale_a=, scale_b=)`` without a config takes
-``kinds.default_config`` with the device's capability: on sm_90 the kind's ``device_default``
+``registry.default_config`` with the device's capability: on sm_90 the kind's ``device_default``
 (the cooperative kernel where its tiles fill the GPU), elsewhere the heuristic's Triton loop.
 Problems (e4m3, bf16 out, no epilogue beyond the scales): block-scaled, the ``fp8-block``
 suite's DeepSeek-V3 dense projections at M = 4096 (DeepGEMM's table) and two of Llama-3-8B's
@@ -29,8 +29,8 @@ from fp8 import scaled_mm_alone
 from rounds import device_header, interleaved, like_with_like, only, save, spread_text
 
 from epilab.policy.suites import suite
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import bind, default_config
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.registry import bind, default_config
 from epilab.templates.verify import checked_launch, random_inputs
 
 

@@ -200,7 +200,7 @@ def open_db(target: str | None, *, write: bool = False):  # -> TuningDB
 
 def is_current_now(problem_json: str) -> bool:
     """Whether a stored problem's kernels would be rendered now as when it was recorded."""
-    from epilab.templates.kinds import is_current
+    from epilab.templates.registry import is_current
 
     return is_current(problem_json)
 

@@ -49,9 +49,9 @@ def demo(
         if v <= 0:
             raise typer.BadParameter(f"must be positive, got {v}", param_hint=name)
 
+    from epilab.api.matmul import matmul_problem, simple_epilogue
     from epilab.ir.check import rel_error, tolerance
-    from epilab.templates.kinds import default_config, kind_of
-    from epilab.templates.matmul_api import matmul_problem, simple_epilogue
+    from epilab.templates.registry import default_config, kind_of
 
     device = "cuda" if cuda else "cpu"
     gen = torch.Generator().manual_seed(seed)

@@ -52,7 +52,7 @@ def report(
     from epilab.reports import html as report_html
 
     if op is not None:
-        from epilab.templates.kinds import problem_ops
+        from epilab.templates.registry import problem_ops
 
         if op not in problem_ops():
             raise typer.BadParameter(f"{op!r} is not one of {', '.join(problem_ops())}", param_hint="--op")
@@ -66,7 +66,7 @@ def report(
     keys = None
     if suite is not None:
         from epilab.policy.suites import suite as builtin_suite
-        from epilab.templates.kinds import twins
+        from epilab.templates.registry import twins
 
         try:
             keys = [p.key for spec in builtin_suite(suite) for p in twins(spec.problem())]

@@ -35,7 +35,7 @@ from epilab.config import POLICIES, settings
 from epilab.db import DeviceInfo, TuningDB, Versions
 from epilab.db.engine import resolve_url
 from epilab.ir.problem import Problem
-from epilab.templates.build import interpreter_active
+from epilab.templates.runtime.build import interpreter_active
 
 if TYPE_CHECKING:
     from epilab.compiler import replay

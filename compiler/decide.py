@@ -84,7 +84,7 @@ from epilab.ir.problem import Config, Problem, identity_key_of
 from epilab.policy.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
 from epilab.policy.space import run_error
 from epilab.policy.suites import problem_label
-from epilab.templates.kinds import default_config, for_template, kind_of, twins, untuned_choice
+from epilab.templates.registry import default_config, for_template, kind_of, twins, untuned_choice
 
 if TYPE_CHECKING:
     from epilab.compiler.switch import Switches
@@ -374,7 +374,7 @@ def decide(
 
 
 def candidates_of(problem: Problem) -> list[Problem]:
-    """The templates that can run the problem (``kinds.twins``): its own, gemv for a
+    """The templates that can run the problem (``registry.twins``): its own, gemv for a
     static M or N <= 16, matmul for a 1x1 NHWC convolution."""
     return twins(problem)
 

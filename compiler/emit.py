@@ -8,8 +8,8 @@ its grid are fixed here, at compile time; Inductor's launcher runs it with no Py
 epilab's in between; its output code is cached by Inductor's FX graph cache and carried into
 AOTInductor packages and the C++ wrapper (the custom op, ``op.py``, can be in none of them).
 
-The launches are bound as a call binds them (``kinds.bind``), on meta tensors of the inputs'
-sizes, strides and storage offsets, under ``runtime.cross_binding`` (the device's SMs, the
+The launches are bound as a call binds them (``registry.bind``), on meta tensors of the inputs'
+sizes, strides and storage offsets, under ``binding.cross_binding`` (the device's SMs, the
 target), so every argument is the one a call with such tensors passes. Each tensor argument
 is then traced back to the graph: an input (the input itself where the kernel takes a pointer
 to where it starts, since the strides are arguments of their own; else an ``as_strided`` view
@@ -49,11 +49,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from epilab.compiler.decide import Plan
 from epilab.compiler.op import output_specs
 from epilab.ir.problem import Problem
-from epilab.templates import kinds
+from epilab.templates import registry
 from epilab.templates.bound import Bound
-from epilab.templates.build import with_constexprs
-from epilab.templates.render import Target
-from epilab.templates.runtime import cross_binding, extent, sm_count
+from epilab.templates.runtime.binding import cross_binding, extent, sm_count
+from epilab.templates.runtime.build import with_constexprs
+from epilab.templates.runtime.render import Target
 
 # what a launch takes beside the kernel's own arguments (``triton.Config``'s options)
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -182,15 +182,15 @@ def emit(
     if not all(_static_dims((*size, *stride)) for size, stride, _ in specs):
         raise NotEmitted("its outputs' shapes are not static")
     outs = [torch.empty_strided(size, stride, dtype=dt, device="meta") for size, stride, dt in specs]
-    twin = kinds.twin_call(problem, ma, mb)
+    twin = registry.twin_call(problem, ma, mb)
     into = outs
     if twin is not None:
         ma, mb, mops = twin.inputs(ma, mb, list(mops))
         into = [twin.to_kernel(o) for o in outs]
-    config = plan.choose(int(kinds.kind_of(problem).call_rows(problem, ma)))  # type: ignore[call-overload]
+    config = plan.choose(int(registry.kind_of(problem).call_rows(problem, ma)))  # type: ignore[call-overload]
     sms = sm_count(device) if device.type == "cuda" else 4
     with cross_binding(sms, target):
-        bound = kinds.bind(problem, config, ma, mb, dict(zip(names, mops, strict=True)), tuple(into))
+        bound = registry.bind(problem, config, ma, mb, dict(zip(names, mops, strict=True)), tuple(into))
     launches = _checked(bound, target)
     buffers = _Buffers(graph, fake, device)
     for meta, node in zip(metas, (a, b, *operands), strict=True):

@@ -37,14 +37,14 @@ from epilab.compiler.op import TEMPLATE_CALL, operand_names
 from epilab.compiler.switch import NotSwitched, switch
 from epilab.compiler.unpad import PADDED, unpad
 from epilab.ir.problem import Problem
-from epilab.templates.kinds import code_hash
+from epilab.templates.registry import code_hash
 
 log = logging.getLogger("epilab.compiler")
 _SOURCES = sorted(Path(__file__).parent.glob("*.py"))
 
 
 def code_version() -> str:
-    """sha256 over the compiler's sources and the templates' (``kinds.code_hash``)."""
+    """sha256 over the compiler's sources and the templates' (``registry.code_hash``)."""
     h = hashlib.sha256()
     for path in _SOURCES:
         h.update(path.name.encode() + b"\0" + path.read_bytes())

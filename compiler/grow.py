@@ -20,7 +20,7 @@ from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, ROW_REDUCTION
 from epilab.ir import dtypes
 from epilab.ir.epilogue import MAX_GROUP, Epilogue, Expr, group_max, operand, row_total
 from epilab.ir.problem import DUAL_OP, MATRIX_OPS, Dim, Problem
-from epilab.templates.grouped_geometry import GroupedGeometry
+from epilab.templates.grouped.grouped_geometry import GroupedGeometry
 
 # meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the
 # kernel keeps its accumulator unrounded (the aten op, where it stays, rounds as ATen does)

@@ -23,8 +23,8 @@ from epilab.compiler.grow import (
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Expr, acc, operand
 from epilab.ir.problem import Problem
-from epilab.templates.conv_geometry import ConvGeometry, conv_problem
-from epilab.templates.kinds import default_template, template_hash
+from epilab.templates.conv.conv_geometry import ConvGeometry, conv_problem
+from epilab.templates.registry import default_template, template_hash
 
 
 class ConvGrower(Grower):

@@ -45,10 +45,10 @@ from epilab.ir.problem import (
     Shape,
     applied_precision,
 )
-from epilab.templates.grouped_geometry import GroupedGeometry
-from epilab.templates.kinds import default_template, template_hash
-from epilab.templates.runtime import layout_of, operand_layout
-from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
+from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
+from epilab.templates.grouped.grouped_geometry import GroupedGeometry
+from epilab.templates.registry import default_template, template_hash
+from epilab.templates.runtime.binding import layout_of, operand_layout
 
 
 class MatmulGrower(Grower):

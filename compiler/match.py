@@ -38,7 +38,7 @@ A ``var_mean`` over a conv's channels (a LayerNorm over a ConvNeXt block's chann
 joins whole: its mean and variance become ``row_total``s of the epilogue (the kernel sums a
 pixel's every channel in one program), *row values* constant along the channels that the
 pointwise ops after them read, so the norm is computed in the epilogue. A group keeps them
-only where a template can hold its rows (``kinds.row_error``); else it is grown again
+only where a template can hold its rows (``registry.row_error``); else it is grown again
 without them. A row value used outside the group is a ``row_max`` output (its one value).
 
 Every group value used outside the group becomes an output of the kernel. The
@@ -62,7 +62,7 @@ from epilab.compiler.routing import route
 from epilab.ir import dtypes
 from epilab.ir.epilogue import GROUP_REDUCE, Epilogue
 from epilab.ir.patterns import canonical_order
-from epilab.templates.kinds import row_error
+from epilab.templates.registry import row_error
 
 GROWERS: dict[str, type[Grower]] = {
     **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm", "scaled_mm", "grouped_mm"), MatmulGrower),
@@ -75,7 +75,7 @@ def match(
 ) -> Group:
     """The largest epilogue group of ``anchor`` over ``after`` (the nodes following it);
     without ``whole_rows`` it takes no norm over the rows (``row_total``s), nor where no
-    template holds the rows of the group's problem (``kinds.row_error``); without ``gather``
+    template holds the rows of the group's problem (``registry.row_error``); without ``gather``
     a grouped group reads its A as it is (not gathered: ``route``)."""
     grower = GROWERS[ANCHORS[anchor.target]]  # type: ignore[index]
     g = grower(anchor, whole_rows=whole_rows, gather=gather)

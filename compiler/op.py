@@ -25,11 +25,11 @@ import torch
 from epilab.compiler.decide import Plan
 from epilab.ir import dtypes
 from epilab.ir.problem import Problem
-from epilab.templates import kinds
-from epilab.templates.kinds import bind
-from epilab.templates.launcher import Replay, replay_key
+from epilab.templates import registry
+from epilab.templates.registry import bind
+from epilab.templates.runtime.replay import Replay, replay_key
 
-_replays: dict[tuple, tuple[Replay, kinds.TwinCall | None]] = {}
+_replays: dict[tuple, tuple[Replay, registry.TwinCall | None]] = {}
 MAX_REPLAYS = 4096
 
 
@@ -37,7 +37,7 @@ def operand_names(problem: Problem) -> tuple[str, ...]:
     """The names of a call's operand list: its kind's extra inputs (a dual GEMM's B2, a
     grouped GEMM's offsets and routing indices), then the epilogue's operands (sorted by
     name); the custom op's and the emitted launches' (``emit.py``) alike."""
-    return (*kinds.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
+    return (*registry.kind_of(problem).inputs_of(problem), *(o.name for o in problem.operands))
 
 
 @lru_cache(maxsize=4096)
@@ -56,12 +56,12 @@ def output_specs(
     problem: Problem, a: torch.Tensor, b: torch.Tensor
 ) -> list[tuple[tuple[object, ...], tuple[object, ...], torch.dtype]]:
     """Sizes, strides and dtype of each output of a call with inputs ``a`` and ``b`` (real or
-    fake), from the kind (``kinds.output_specs``): they follow from the problem and the
+    fake), from the kind (``registry.output_specs``): they follow from the problem and the
     inputs' *sizes* alone, never from the inputs' strides, so the fake implementation and
     the real call agree whatever strides Inductor hands the call (it may re-layout the
     inputs of an op it did not trace)."""
     out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
-    specs = kinds.output_specs(problem, a, b)
+    specs = registry.output_specs(problem, a, b)
     return [(tuple(sz), tuple(st), dt) for (sz, st), dt in zip(specs, out_dtypes, strict=True)]
 
 
@@ -81,7 +81,7 @@ def template_call(
 ) -> list[torch.Tensor]:
     """Run the template of ``problem`` with the plan's config for this call's M. A twin
     called with its original problem's tensors (a 1x1 convolution's 4-D tensors for its
-    matmul twin) runs on the views its kind gives (``kinds.twin_call``)."""
+    matmul twin) runs on the views its kind gives (``registry.twin_call``)."""
     tensors = [a, b, *operands]
     key = (problem, plan, replay_key(tensors))
     found = _replays.get(key)
@@ -94,19 +94,19 @@ def template_call(
         a, b, operands = twin.inputs(a, b, operands)
         return twin.from_kernel(replay([a, b, *operands]), tensors[0])
     p, names = _problem(problem)
-    twin = kinds.twin_call(p, a, b)
+    twin = registry.twin_call(p, a, b)
     outs = [torch.empty_strided(s, st, dtype=dt, device=a.device) for s, st, dt in output_specs(p, a, b)]
     into = outs
     if twin is not None:
         a, b, operands = twin.inputs(a, b, operands)
         into = [twin.to_kernel(o) for o in outs]
-    config = _plan(plan).choose(kinds.kind_of(p).call_rows(p, a))  # type: ignore[arg-type]
+    config = _plan(plan).choose(registry.kind_of(p).call_rows(p, a))  # type: ignore[arg-type]
     bound = bind(p, config, a, b, dict(zip(names, operands, strict=True)), tuple(into))
     compiled = bound.run()
     if a.is_cuda and compiled is not None and bound.kernel is not None and len(_replays) < MAX_REPLAYS:
-        extra = kinds.kind_of(p).inputs_of(p)
+        extra = registry.kind_of(p).inputs_of(p)
         inputs = [
-            *kinds.kind_of(p).input_args,
+            *registry.kind_of(p).input_args,
             *(f"{n}_ptr" if n in extra else f"op_{n}_ptr" for n in names),
         ]
         _replays[key] = (Replay(bound, compiled, inputs), twin)

@@ -41,17 +41,17 @@ ALLOWED_OPERAND_LAYOUTS = {
     "tile": _TILE_LAYOUTS,
 }
 # how a dot accumulates: ieee (fp32; fp8 products of PROMOTE K blocks summed by the tensor
-# cores, then added in fp32: templates/matmul.py's EXACT_PROMOTION_MAX_K bounds the interval),
+# cores, then added in fp32: templates/gemm/matmul.py's EXACT_PROMOTION_MAX_K bounds the interval),
 # tf32 (float32 inputs rounded to tf32), fast (fp8 only: the tensor cores' accumulator carries
 # the whole K loop, as torch._scaled_mm(use_fast_accum=True))
 PRECISIONS = ("ieee", "tf32", "fast")
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
-DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): two GEMMs of one A (templates/dual_matmul.py)
+DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): two GEMMs of one A (templates/gemm/dual_matmul.py)
 # ep(sum over 128-K groups of scale_a * scale_b * the group's A @ B): fp8 with block scales, A's
-# per row and 128 of K, B's per 128x128 block (DeepSeek-V3's; templates/block_scaled.py)
+# per row and 128 of K, B's per 128x128 block (DeepSeek-V3's; templates/gemm/block_scaled.py)
 BLOCK_SCALED_OP = "block_scaled_mm"
 # ep(A @ B) of a float16 / bfloat16 A and an fp8 B (a weight stored in fp8, its scales in the
-# epilogue), B converted to A's dtype in the K loop (templates/weight_only.py)
+# epilogue), B converted to A's dtype in the K loop (templates/gemm/weight_only.py)
 WEIGHT_ONLY_OP = "weight_only_mm"
 DUAL_WEIGHT_ONLY_OP = "dual_weight_only_mm"  # ep(A @ B, A @ B2) of two fp8 weights (a gated MLP's)
 WEIGHT_ONLY_OPS = (WEIGHT_ONLY_OP, DUAL_WEIGHT_ONLY_OP)
@@ -311,11 +311,11 @@ class Template(Protocol):
     def problem_error(self, problem: Problem) -> str | None: ...
 
 
-# The template registry by name (``templates/kinds.KINDS``, handed over when that module is
+# The template registry by name (``templates/registry.KINDS``, handed over when that module is
 # imported). ir/ imports nothing above it, so a problem checked before the registry was
 # imported loads that module by name, as a plugin is loaded.
 _REGISTRY: list[Mapping[str, Template]] = []
-REGISTRY_MODULE = "epilab.templates.kinds"
+REGISTRY_MODULE = "epilab.templates.registry"
 
 
 def register_templates(templates: Mapping[str, Template]) -> None:

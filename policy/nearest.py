@@ -33,7 +33,7 @@ from epilab.db import DeviceInfo, Record, TuningDB, Versions
 from epilab.ir.dtypes import itemsize
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible
-from epilab.templates.kinds import is_current, kind_of
+from epilab.templates.registry import is_current, kind_of
 
 LAYOUT_STEP = 1.0
 # under auto: farther records are not used; the held-out problems within 2.0 lost at most 1.9%

@@ -62,9 +62,9 @@ import triton
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
 from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES
 from epilab.ir.problem import Config, Problem, Shape
+from epilab.templates.gemm.matmul_sm90 import SHARED_BYTES, warp_groups
 from epilab.templates.kind import MAX_ACC_REGS, TemplateKind
-from epilab.templates.kinds import kind_of
-from epilab.templates.matmul_sm90 import SHARED_BYTES, warp_groups
+from epilab.templates.registry import kind_of
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 

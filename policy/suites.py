@@ -2,9 +2,9 @@
 
 A problem is written as a small JSON object in the format of the kind whose problems it
 describes (``ir/spec.py``; a kind names its format's module: ``TemplateKind.spec_module``):
-a matmul as ``{"m": 2048, "n": 4096, "k": 4096}`` plus options (``templates/gemm_spec.py``),
+a matmul as ``{"m": 2048, "n": 4096, "k": 4096}`` plus options (``templates/gemm/gemm_spec.py``),
 a convolution as ``{"n", "c", "h", "w", "k", "r", "s"}`` plus options
-(``templates/conv_spec.py``). An object's format is the one whose marking keys it has (a
+(``templates/conv/conv_spec.py``). An object's format is the one whose marking keys it has (a
 convolution's c, h, w, r, s), else the matmul's. Every format writes an ``epilogue`` alike:
 a name of the catalog (``ir/catalog.py``: none, bias, bias_relu, ...), an expression
 (``"gelu_tanh(acc + bias[n]) + residual"``, ``"silu(acc) * up"``, ``"acc * scale[m] + s[]"``:
@@ -16,7 +16,7 @@ line and column.
 The built-in suites are the formats' own (``SpecFormat.suites``): smoke, quick, llm, square,
 midm, fp8, fp8-block, fp8-weight, gemv, gemv-fused and mlp of the matmul family, conv of the
 conv2d kind. A spec's problem is tuned with each of its twins (the same computation on another template:
-``kinds.twins``).
+``registry.twins``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from epilab.files import read_text_bounded
 from epilab.ir.epilogue_text import EpilogueSyntaxError
 from epilab.ir.problem import Problem
 from epilab.ir.spec import LABEL_EPILOGUE, ProblemSpec, clip, format_of
-from epilab.templates.kinds import default_template, kind_of, spec_formats
+from epilab.templates.registry import default_template, kind_of, spec_formats
 
 
 def problem_label(problem: Problem) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, Record, Snapshot, comparable_ms
 from epilab.db.models import KIND_LIBRARIES
 from epilab.ir.spec import LABEL_EPILOGUE, clip
-from epilab.templates.kinds import KINDS
+from epilab.templates.registry import KINDS
 
 # name fragment -> (dense fp16/bf16 tensor TFLOP/s, fp32 TFLOP/s, memory GB/s); first match wins
 DATA_SHEET_PEAKS: tuple[tuple[str, float, float, float], ...] = (

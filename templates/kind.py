@@ -5,7 +5,7 @@ A kind is one module beside its Jinja file (``matmul.py`` with ``matmul.py.jinja
 template: its files, which configs it takes, where the tuner searches, what it starts
 from, how a problem is made from tensors, bound and launched, what its calls return, how
 the tuner and the tests make its inputs and float64 reference, what it is timed against,
-and which other templates run the same computation (its twins). ``templates/kinds.py``
+and which other templates run the same computation (its twins). ``templates/registry.py``
 lists the kinds; nothing outside the kind modules branches on a template's name. (The
 model: Inductor's ``TritonTemplate`` objects with their config heuristics.)
 """
@@ -144,7 +144,7 @@ class TemplateKind:
 
     name: str
     files: tuple[str, ...]  # its Jinja file first, then every file its source depends on (hashed)
-    ops: tuple[str, ...]  # the problem ops it is made for first (``kinds.default_template``)
+    ops: tuple[str, ...]  # the problem ops it is made for first (``registry.default_template``)
     library: str  # the vendor library it is timed against: "cublas" or "cudnn"
     input_args: tuple[str, str]  # its kernel's pointer arguments of A and B
     # -- configs
@@ -206,11 +206,11 @@ class TemplateKind:
     prefer_untuned: bool = False  # its heuristic beats the other template's on the twins it takes
     # (problem, heuristic config, capability "9.0", SMs) -> the untuned config on a GPU of that
     # capability, where the kind has kernels of that architecture's own that win untuned (the
-    # block-scaled kind: sm_90's cooperative kernel, twice its Triton loops); ``kinds.default_config``
+    # block-scaled kind: sm_90's cooperative kernel, twice its Triton loops); ``registry.default_config``
     device_default: Callable[[Problem, Config, str, int], Config] = _heuristic_everywhere
     # templates whose problems it takes as twins and always runs far faster (depthwise: conv2d's
     # implicit GEMM, 4-30x slower on every depthwise layer measured): the tuner leaves those
-    # problems to their twin here (``kinds.superseded``) instead of spending trials on them
+    # problems to their twin here (``registry.superseded``) instead of spending trials on them
     supersedes: tuple[str, ...] = ()
     # tensors its calls take besides A, B and the epilogue's operands, each shaped and strided
     # as B (a dual GEMM's second weight, "b2"): passed in ``operands`` under these names (first,
@@ -262,7 +262,7 @@ class TemplateKind:
     kernel_epilogues: Callable[[Epilogue], tuple[Epilogue, ...]] = _as_written
     # the module of the spec format its problems are written in (shapes files, built-in
     # suites: its ``FORMAT``, an ``ir.spec.SpecFormat``), by name: a format builds problems
-    # through the registry, so the registry loads it (``kinds.spec_formats``), not the kind
+    # through the registry, so the registry loads it (``registry.spec_formats``), not the kind
     spec_module: str | None = None
 
     def inputs_of(self, problem: Problem) -> tuple[str, ...]:

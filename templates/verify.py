@@ -17,7 +17,7 @@ from epilab.ir.check import poisoned_like, rel_error, tolerance
 from epilab.ir.problem import Config, Problem
 from epilab.templates.bound import Bound
 from epilab.templates.kind import InputSet
-from epilab.templates.kinds import bind, check_call, kind_of, problem_of
+from epilab.templates.registry import bind, check_call, kind_of, problem_of
 
 
 def random_inputs(problem: Problem, device: torch.device | str, seed: int) -> InputSet:
@@ -67,7 +67,7 @@ def checked_launch(
 ) -> Bound:
     """Launch into ``out`` (NaN-poisoned first) or into the kind's own outputs, and compare
     each output with the kind's float64 reference; AssertionError on a miss. The tensors
-    are checked against the problem first, as ``kinds.launch`` checks them."""
+    are checked against the problem first, as ``registry.launch`` checks them."""
     check_call(problem, a, b, operands, out)
     if out is not None:
         for o in out:

@@ -15,6 +15,7 @@ from records import record
 from zoo.quantized import Fp8BlockLinear
 
 import epilab
+from epilab.api.matmul import block_scales
 from epilab.compiler.decide import Context, Decision, decide
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.ir.check import rel_error, tolerance
@@ -22,7 +23,7 @@ from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
 from epilab.policy.space import HOPPER, infeasible, space_for
 from epilab.policy.suites import suite
-from epilab.templates.block_scaled import (
+from epilab.templates.gemm.block_scaled import (
     A_SCALES,
     B_SCALES,
     KIND,
@@ -31,10 +32,9 @@ from epilab.templates.block_scaled import (
     make_block_problem,
     scale_shapes,
 )
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import default_config, kind_of
-from epilab.templates.matmul import TRITON_VARIANTS
-from epilab.templates.matmul_api import block_scales
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.gemm.matmul import TRITON_VARIANTS
+from epilab.templates.registry import default_config, kind_of
 from epilab.templates.verify import checked_launch
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

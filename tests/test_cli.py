@@ -108,7 +108,7 @@ def test_help_and_version_import_no_torch_and_name_what_exists():
     from epilab import cli
     from epilab.ir.dtypes import WIDE_INPUT_DTYPES
     from epilab.policy.suites import SUITES
-    from epilab.templates.kinds import problem_ops
+    from epilab.templates.registry import problem_ops
 
     assert cli.DEMO_DTYPES == WIDE_INPUT_DTYPES
     assert set(cli.SUITE_EXAMPLES) <= set(SUITES) and set(cli.OP_EXAMPLES) <= set(problem_ops())

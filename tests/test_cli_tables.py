@@ -85,7 +85,7 @@ def test_interpreter_records_show_no_gpu_numbers(tmp_path):
 
     from epilab.cli import app
     from epilab.db import INTERPRETER_DEVICE, Timing
-    from epilab.templates.gemm_spec import Spec
+    from epilab.templates.gemm.gemm_spec import Spec
 
     path = str(tmp_path / "i.db")
     with TuningDB.open(path) as db:
@@ -119,7 +119,7 @@ def test_db_list_labels_a_convolution_as_the_report_does(tmp_path):
     from typer.testing import CliRunner
 
     from epilab.cli import app
-    from epilab.templates.conv_spec import ConvSpec
+    from epilab.templates.conv.conv_spec import ConvSpec
 
     path = str(tmp_path / "c.db")
     with TuningDB.open(path) as db:

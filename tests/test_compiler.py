@@ -476,7 +476,7 @@ def test_launch_bound_templates_keep_aten(db_path, act, trial_ms, baseline_ms, w
 
 
 def test_small_m_takes_the_gemv_template_when_its_record_is_faster(db_path):
-    from epilab.templates.gemv import gemv_twin
+    from epilab.templates.gemv.gemv import gemv_twin
 
     _run(db_path, m=10)
     problem = _seen_problem(db_path)
@@ -490,7 +490,7 @@ def test_small_m_takes_the_gemv_template_when_its_record_is_faster(db_path):
 
 @pytest.mark.parametrize("m,n", [(3, 40), (40, 5)], ids=["small-m", "small-n"])
 def test_always_runs_skinny_matmuls_on_the_gemv_heuristic_without_records(db_path, m, n):
-    from epilab.templates.gemv import default_gemv_config
+    from epilab.templates.gemv.gemv import default_gemv_config
 
     torch.manual_seed(0)
     lin = nn.Linear(24, n)
@@ -572,7 +572,7 @@ def test_gpu_training_step_matches_eager(db_path):
 )
 def test_gpu_compiler_runs_the_gemv_template_where_its_record_wins(db_path, m, n):
     from epilab.db import DeviceInfo
-    from epilab.templates.gemv import gemv_twin
+    from epilab.templates.gemv.gemv import gemv_twin
 
     torch.manual_seed(0)
     lin = nn.Linear(4096, n).to("cuda", torch.bfloat16)
@@ -643,13 +643,13 @@ def test_a_replayed_twin_launch_gets_the_views_its_kernel_reads():
     (an MBConv stage's expansion on an sm90 record failed with "rank mismatch" at its
     second call, before this)."""
     from epilab.compiler import op
-    from epilab.templates import kinds
-    from epilab.templates.conv_spec import ConvSpec
-    from epilab.templates.launcher import replay_key
+    from epilab.templates import registry
+    from epilab.templates.conv.conv_spec import ConvSpec
+    from epilab.templates.runtime.replay import replay_key
     from epilab.templates.verify import random_inputs
 
     conv = ConvSpec(2, 8, 3, 5, 16, 1, 1, epilogue="bias").problem()
-    (twin,) = [t for t in kinds.twins(conv) if t.template == "matmul"]
+    (twin,) = [t for t in registry.twins(conv) if t.template == "matmul"]
     x, w, operands = random_inputs(conv, "cpu", 0)
     got = []
 
@@ -659,7 +659,7 @@ def test_a_replayed_twin_launch_gets_the_views_its_kernel_reads():
 
     tensors = [x, w, *operands.values()]
     key = (twin.to_json(), "plan", replay_key(tensors))
-    op._replays[key] = (replay, kinds.twin_call(twin, x, w))
+    op._replays[key] = (replay, registry.twin_call(twin, x, w))
     try:
         (out,) = op.template_call(twin.to_json(), "plan", x, w, list(operands.values()))
     finally:
@@ -674,7 +674,7 @@ def test_gpu_a_1x1_convolutions_matmul_twin_replays_a_tma_record(db_path):
     """A recorded sm90 TMA config of a 1x1 convolution's matmul twin, called three times
     (the first binds, the others replay), gives each call's own result."""
     from epilab.db import DeviceInfo
-    from epilab.templates import kinds
+    from epilab.templates import registry
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the sm90 variants need a Hopper GPU")
@@ -692,7 +692,7 @@ def test_gpu_a_1x1_convolutions_matmul_twin_replays_a_tma_record(db_path):
 
     with torch.no_grad():
         compiled(model, db_path, policy="auto")(xs[0])
-        (twin,) = [t for t in kinds.twins(_seen_problem(db_path)) if t.template == "matmul"]
+        (twin,) = [t for t in registry.twins(_seen_problem(db_path)) if t.template == "matmul"]
         # the config tuning chose for an MBConv stage's expansion (H100), which failed to replay
         tma = {
             **CONFIG,
@@ -798,7 +798,7 @@ def test_template_calls_get_the_strides_their_problem_was_made_for(db_path, monk
     strides; before the fix the call got NCHW for an NHWC problem and its output broke the
     graph's stride assertion."""
     from epilab.compiler import op
-    from epilab.templates.conv_geometry import conv_layout
+    from epilab.templates.conv.conv_geometry import conv_layout
 
     torch.manual_seed(0)
     block1 = [nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2)]
@@ -911,7 +911,7 @@ def test_a_squeeze_excite_pool_joins_the_depthwise_convolutions_epilogue(db_path
 
 
 def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
-    from epilab.templates.kinds import twins
+    from epilab.templates.registry import twins
 
     torch.manual_seed(0)
     conv = nn.Conv2d(32, 24, 1).to(memory_format=torch.channels_last)
@@ -937,7 +937,7 @@ def test_a_1x1_convolution_runs_as_a_matmul_when_that_record_is_faster(db_path):
 @pytest.mark.gpu
 def test_gpu_resnet_block_and_a_1x1_twin_match_eager(db_path):
     from epilab.db import DeviceInfo
-    from epilab.templates.kinds import twins
+    from epilab.templates.registry import twins
 
     torch.manual_seed(0)
     model = _randomized(Bottleneck(64)).to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)

@@ -11,8 +11,8 @@ from epilab.ir import catalog
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand
 from epilab.ir.problem import Config, Problem
-from epilab.templates.conv2d import conv_reference, default_conv_config, make_conv_problem
-from epilab.templates.conv_geometry import ConvGeometry
+from epilab.templates.conv.conv2d import conv_reference, default_conv_config, make_conv_problem
+from epilab.templates.conv.conv_geometry import ConvGeometry
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -196,8 +196,8 @@ def test_gpu_conv(geometry, layout):
 
 
 def test_a_1x1_convolution_has_a_matmul_twin_that_computes_the_same():
-    from epilab.templates.conv2d import as_conv_outputs, as_matmul, matmul_twin
-    from epilab.templates.kinds import launch, twins
+    from epilab.templates.conv.conv2d import as_conv_outputs, as_matmul, matmul_twin
+    from epilab.templates.registry import launch, twins
 
     gen = torch.Generator().manual_seed(0)
     x = (
@@ -228,7 +228,7 @@ def test_a_1x1_convolution_has_a_matmul_twin_that_computes_the_same():
 
 
 def test_fp32_convolutions_use_tf32_only_when_asked():
-    from epilab.templates.kinds import source
+    from epilab.templates.registry import source
 
     x, w = torch.randn(1, 16, 5, 5), torch.randn(16, 16, 3, 3)
     ep = catalog.epilogue("none", "float32")
@@ -241,7 +241,7 @@ def test_fp32_convolutions_use_tf32_only_when_asked():
 
 
 def test_launch_checks_conv_tensors_against_their_problem():
-    from epilab.templates.kinds import launch
+    from epilab.templates.registry import launch
 
     x = torch.randn(1, 16, 6, 5)
     w = torch.randn(8, 16, 3, 3)

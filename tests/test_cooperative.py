@@ -1,4 +1,4 @@
-"""The cooperative Gluon kernel (variant ``sm90_cooperative``, ``templates/matmul_sm90.py``): fp8
+"""The cooperative Gluon kernel (variant ``sm90_cooperative``, ``templates/gemm/matmul_sm90.py``): fp8
 with exact accumulation, block-scaled or not, its promotions overlapping other warp groups' MMAs.
 
 CPU: what it takes and refuses (fp8 with exact accumulation, A row-major and B column-major,
@@ -6,7 +6,7 @@ CPU: what it takes and refuses (fp8 with exact accumulation, A row-major and B c
 rows; row statistics, column maxima, the quantize step's groups one a tile), BLOCK_M = 192 for
 this variant only, the tuner's feasibility (never in the interpreter; shared memory; registers
 counted per warp group), and that it compiles for sm_90a through Triton and ptxas without
-spills, with fp8 wgmma (QGMMA) and TMA loads (``templates/cross.py``). GPU (``-m gpu``):
+spills, with fp8 wgmma (QGMMA) and TMA loads (``templates/tools/cross.py``). GPU (``-m gpu``):
 block-scaled and rowwise-scaled problems against float64 over ragged shapes (partial tiles,
 a partial last K group, K shorter than a block), epilogues with a bias, activations, a
 residual and an fp8 output; row statistics and column maxima; the quantize step for the next
@@ -33,11 +33,11 @@ from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible, run_error, smem_bytes
-from epilab.templates.block_scaled import A_SCALES, cublaslt_layouts, make_block_problem
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import kind_of
-from epilab.templates.matmul import make_problem
-from epilab.templates.matmul_sm90 import last_wave_split, tail_split
+from epilab.templates.gemm.block_scaled import A_SCALES, cublaslt_layouts, make_block_problem
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_sm90 import last_wave_split, tail_split
+from epilab.templates.registry import kind_of
 from epilab.templates.verify import checked_launch
 
 THREE = Config(192, 128, 128, 8, num_warps=4, num_stages=5, variant="sm90_cooperative")

@@ -27,7 +27,7 @@ from epilab.db.keys import canonical, family_key, problem_key
 from epilab.db.transfer import export_json, import_json
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, OperandSpec, Problem, Shape
-from epilab.templates.kinds import is_current, template_hash
+from epilab.templates.registry import is_current, template_hash
 
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132)
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", 132)

@@ -13,9 +13,9 @@ import torch
 
 from epilab.ir.epilogue import Epilogue, Expr, acc, operand
 from epilab.ir.problem import Config, Problem
-from epilab.templates import depthwise
-from epilab.templates.conv_spec import ConvSpec
-from epilab.templates.kinds import default_config, kind_of, row_error, twins, untuned_choice
+from epilab.templates.conv import depthwise
+from epilab.templates.conv.conv_spec import ConvSpec
+from epilab.templates.registry import default_config, kind_of, row_error, twins, untuned_choice
 from epilab.templates.verify import checked_launch, random_inputs
 
 SMALL = Config(16, 16, 16, 1, num_warps=1, num_stages=1, TILE_H=2)  # 2 rows of an 8-pixel strip
@@ -200,7 +200,7 @@ def test_a_model_tunes_a_depthwise_convolution_on_its_twin_only(tmp_path):
     slower than the direct kernel on every layer measured): its trials were a third of a
     MobileNet's tuning time. A grouped convolution with no depthwise twin is still tuned."""
     from epilab.db import INTERPRETER_DEVICE, TuningDB
-    from epilab.templates.kinds import superseded
+    from epilab.templates.registry import superseded
     from epilab.tuner.work import unserved
 
     conv = dw(2, 8, 6, 6, 5, stride=2).problem()
@@ -432,7 +432,7 @@ def test_the_tuner_checks_and_times_the_output_layout_a_call_allocates(layout):
     """The tuner's worker checks and times a candidate on ``kind.empty_outputs`` (NaN-poisoned),
     the compile pool and a compiled model's call on the outputs ``bind`` allocates: one layout,
     or an NCHW candidate is timed on stores it never runs and compiled a second time."""
-    from epilab.templates.kinds import kind_of, output_specs
+    from epilab.templates.registry import kind_of, output_specs
     from epilab.templates.verify import poisoned_outputs
 
     spec = dw(2, 6, 9, 11, 5, stride=2, dtype="float32", epilogue="bias", layout=layout)

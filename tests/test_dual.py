@@ -20,10 +20,12 @@ from epilab.ir.epilogue_text import parse_epilogue
 from epilab.ir.problem import Config
 from epilab.policy import suites
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates import dual_gemv, dual_matmul, gemm_spec, kinds
-from epilab.templates.dual_matmul import B2, halves, make_dual_problem
-from epilab.templates.kinds import default_config, for_template, launch, twins
-from epilab.templates.matmul import random_tensor
+from epilab.templates import registry
+from epilab.templates.gemm import dual_matmul, gemm_spec
+from epilab.templates.gemm.dual_matmul import B2, halves, make_dual_problem
+from epilab.templates.gemm.matmul import random_tensor
+from epilab.templates.gemv import dual_gemv
+from epilab.templates.registry import default_config, for_template, launch, twins
 from epilab.templates.verify import failure, output_errors, random_inputs
 
 GPU = torch.cuda.is_available()
@@ -69,7 +71,7 @@ def run_dual(m, n, k, layout, dtype, name, config=None, template="dual_matmul", 
     config = config or default_config(problem, "cuda" if GPU else "interpreter")
     call = {B2: b2, **operands}
     outs = launch(problem, config, a, b, call)
-    refs = kinds.kind_of(problem).reference(problem, a, b, call)
+    refs = registry.kind_of(problem).reference(problem, a, b, call)
     why = failure(output_errors(problem, outs, refs))
     assert why is None, f"{problem.template} {config.short()}: {why}"
     return problem
@@ -92,7 +94,7 @@ def test_an_fp16_swiglu_that_passes_65504_is_verified_with_its_overflow():
     ep = _epilogue("swiglu", torch.float16)
     problem = make_dual_problem(a, b, b2, ep, {})
     outs = launch(problem, default_config(problem, "cuda" if GPU else "interpreter"), a, b, {B2: b2})
-    refs = kinds.kind_of(problem).reference(problem, a, b, {B2: b2})
+    refs = registry.kind_of(problem).reference(problem, a, b, {B2: b2})
     over = refs[0].abs() > torch.finfo(torch.float16).max
     assert over.sum() > 20, "the test must overflow"
     assert torch.isinf(outs[0][over]).all() and torch.isfinite(outs[0][~over]).all()
@@ -208,7 +210,7 @@ def test_random_inputs_make_the_problem():
     ):
         for problem in twins(spec.problem()):
             a, b, operands = random_inputs(problem, "cpu", 0)
-            assert kinds.problem_of(problem, a, b, operands) == problem
+            assert registry.problem_of(problem, a, b, operands) == problem
 
 
 # ------------------------------------------------------------------ the compiler

@@ -27,8 +27,8 @@ from epilab.compiler.op import TEMPLATE_CALL, operand_names
 from epilab.config import patch
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Problem
-from epilab.templates import kinds
-from epilab.templates.kinds import default_config
+from epilab.templates import registry
+from epilab.templates.registry import default_config
 
 HOP = torch.ops.higher_order.triton_kernel_wrapper_functional
 
@@ -64,7 +64,7 @@ def _emitted(gm: torch.fx.GraphModule, problem: Problem, plan: Plan) -> torch.fx
 def _check_emitted(problem: Problem, config: Config, a, b, operands) -> torch.fx.GraphModule:
     plan = Plan(config=config)
     args = [operands[spec.name] for spec in problem.operands]
-    extra = [operands[name] for name in kinds.kind_of(problem).inputs_of(problem)]
+    extra = [operands[name] for name in registry.kind_of(problem).inputs_of(problem)]
     want = TEMPLATE_CALL(problem.to_json(), plan.to_json(), a, b, [*extra, *args])
     gm = _emitted(_traced(problem, plan, a, b, [*extra, *args]), problem, plan)
     assert not gm.graph.find_nodes(op="call_function", target=TEMPLATE_CALL)
@@ -139,7 +139,7 @@ def test_every_kind_emits_launches_that_match_its_custom_op(case):
     spec = dataclasses.replace(suites.suite(name)[index[0] if index else 0], **fields)
     problem = spec.problem()
     if twin is not None:
-        (problem,) = [t for t in kinds.twins(problem) if t.template == twin]
+        (problem,) = [t for t in registry.twins(problem) if t.template == twin]
     a, b, operands = random_inputs(problem, torch.device("cpu"), 0)
     _check_emitted(problem, default_config(problem, "interpreter"), a, b, operands)
 
@@ -189,7 +189,7 @@ def gpu_kernels_checked() -> dict[str, int]:
     from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
 
     from epilab.policy import suites
-    from epilab.templates.runtime import cross_binding
+    from epilab.templates.runtime.binding import cross_binding
     from epilab.templates.verify import random_inputs
 
     cases = []
@@ -197,7 +197,7 @@ def gpu_kernels_checked() -> dict[str, int]:
         spec = dataclasses.replace(suites.suite(name)[index[0] if index else 0], **fields)
         problem = spec.problem()
         if twin is not None:
-            (problem,) = [t for t in kinds.twins(problem) if t.template == twin]
+            (problem,) = [t for t in registry.twins(problem) if t.template == twin]
         cases.append((f"{name}{index[0] if index else ''}-{twin}-{sorted(fields.values())}", problem, {}))
     template, made_from, _ = CASES["matmul"]
     with cross_binding(132, "cuda"):
@@ -208,7 +208,7 @@ def gpu_kernels_checked() -> dict[str, int]:
         with cross_binding(132, "cuda"):
             a, b, operands = random_inputs(problem, torch.device("cpu"), 0)
             config = default_config(problem, "cuda", sm_count=132, capability="9.0")
-            bound = kinds.bind(problem, dataclasses.replace(config, **changes), a, b, operands)
+            bound = registry.bind(problem, dataclasses.replace(config, **changes), a, b, operands)
         assert bound.launches, f"{case}: {config.short()}"
         for kernel, _, args in bound.launches:
             assert not kernel.is_gluon(), case
@@ -311,7 +311,7 @@ def test_launch_options_travel_as_the_one_config_of_an_autotune_wrapper():
 
 def _statistics_problem() -> tuple[Problem, torch.Tensor, torch.Tensor]:
     from epilab.ir.epilogue import Epilogue, acc
-    from epilab.templates.matmul import make_problem
+    from epilab.templates.gemm.matmul import make_problem
 
     a, b = torch.randn(37, 7), torch.randn(7, 45)
     ep = Epilogue.build(
@@ -550,7 +550,7 @@ def copy_double(model: torch.nn.Module) -> torch.nn.Module:
 
 def test_only_calls_that_will_be_inductor_kernels_skip_the_launch_bound_rules():
     from epilab.compiler.decide import Context, launches_as_kernel
-    from epilab.templates.matmul_sm90 import VARIANTS as GLUON
+    from epilab.templates.gemm.matmul_sm90 import VARIANTS as GLUON
 
     problem, _, _ = _statistics_problem()
     on_gpu = Context("auto", None, "cuda", None, None)  # type: ignore[arg-type]

@@ -14,8 +14,8 @@ import torch
 from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, Node, Output, acc, apply, const, operand, ops
 from epilab.ir.rules import DTYPES, RULES
-from epilab.templates.kinds import default_config, launch
-from epilab.templates.matmul import make_problem
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import default_config, launch
 
 
 def _gelu_block() -> Epilogue:

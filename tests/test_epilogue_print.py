@@ -144,7 +144,7 @@ def test_random_trees_round_trip():
 
 def test_a_problem_and_a_label_show_the_text():
     from epilab.policy.suites import problem_label
-    from epilab.templates.gemm_spec import Spec
+    from epilab.templates.gemm.gemm_spec import Spec
 
     spec = Spec(m=64, n=32, k=16, dtype="bfloat16", layout="NT", epilogue="bias_gelu_tanh")
     problem: Problem = spec.problem()

@@ -13,8 +13,8 @@ from epilab.ir.catalog import epilogue
 from epilab.ir.epilogue import Epilogue, acc, const, operand, ops
 from epilab.ir.epilogue_text import MAX_DEPTH, EpilogueSyntaxError, parse_epilogue
 from epilab.policy.suites import load_shapes
-from epilab.templates.conv_spec import ConvSpec
-from epilab.templates.gemm_spec import Spec
+from epilab.templates.conv.conv_spec import ConvSpec
+from epilab.templates.gemm.gemm_spec import Spec
 
 # text -> the catalog entry it writes out
 AS_CATALOG = {

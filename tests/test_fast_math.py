@@ -162,9 +162,9 @@ def test_fast_nodes_only_where_low_precision_outputs_read_them() -> None:
 
 def test_fast_forms_render_only_for_fast_nodes() -> None:
     from epilab.ir.problem import OperandSpec, Problem, Shape
-    from epilab.templates.kinds import template_hash
-    from epilab.templates.matmul import KIND
-    from epilab.templates.render import render
+    from epilab.templates.gemm.matmul import KIND
+    from epilab.templates.registry import template_hash
+    from epilab.templates.runtime.render import render
 
     def source(out_dtype: str) -> str:
         ep = Epilogue.build([(ops.gelu_tanh(acc() + operand("bias", "row")), out_dtype)])

@@ -33,7 +33,7 @@ from epilab.db.leases import LeaseBoard, fleet_status
 from epilab.db.models import LeaseRecord, WorkerRecord
 from epilab.ir.problem import Config
 from epilab.policy.suites import load_shapes
-from epilab.templates.kinds import twins
+from epilab.templates.registry import twins
 from epilab.tuner.fleet import FleetOptions, parse_devices
 from epilab.tuner.search import STATUS_ATTR, Budget, Outcome, adopt, make_study, search
 

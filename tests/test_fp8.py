@@ -24,9 +24,9 @@ from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible, space_for
 from epilab.policy.suites import suite
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import default_config, kind_of, twins, untuned_choice
-from epilab.templates.matmul import PROMOTE_VARIANTS, TRITON_VARIANTS, make_problem, scaled_mm_prefix
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.gemm.matmul import PROMOTE_VARIANTS, TRITON_VARIANTS, make_problem, scaled_mm_prefix
+from epilab.templates.registry import default_config, kind_of, twins, untuned_choice
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn
 

@@ -26,7 +26,7 @@ from epilab.db.transfer import export_json, import_json
 from epilab.ir.problem import Config
 from epilab.policy.imported import parse_problem, validate_config
 from epilab.policy.suites import load_shapes
-from epilab.templates.gemm_spec import Spec
+from epilab.templates.gemm.gemm_spec import Spec
 
 SEEDS = range(8)
 IMPORT_CASES = 300  # per seed

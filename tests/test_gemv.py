@@ -11,11 +11,11 @@ import pytest
 import torch
 from test_matmul import DTYPES, run_case
 
+from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config
-from epilab.templates.kinds import for_template, launch
-from epilab.templates.matmul import make_problem, reference
-from epilab.templates.matmul_api import simple_epilogue
+from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.registry import for_template, launch
 
 CONFIGS = {  # BLOCK_K=16 with K up to 300: several K blocks per split, and empty splits
     "nosplit": Config(16, 32, 16, 1, 1, num_warps=4, num_stages=1, variant="default"),
@@ -56,7 +56,7 @@ def test_gemv_epilogues_and_dtypes(epilogue, dtype, config):
 
 
 def test_atomic_split_leaves_its_workspace_clean_for_the_next_launch():
-    from epilab.templates.kinds import bind
+    from epilab.templates.registry import bind
 
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(4, 50, generator=gen).to(torch.float16)
@@ -117,7 +117,7 @@ def test_gpu_gemv(config, m, n, k):
 def test_gpu_atomic_split_k_gives_the_full_sum_every_launch(split, warps):
     """The race an H200 showed before the per-thread fence (a split's adds not yet
     performed when the last split read the sum) was intermittent: launch many times."""
-    from epilab.templates.kinds import bind
+    from epilab.templates.registry import bind
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(4, 8192, generator=gen, device="cuda").to(torch.bfloat16)
@@ -136,7 +136,7 @@ def test_gpu_atomic_split_k_gives_the_full_sum_every_launch(split, warps):
 
 def test_small_n_problems_have_a_gemv_twin_searched_on_the_kernel_shape():
     from epilab.policy.space import HOPPER, infeasible, space_for
-    from epilab.templates.gemv import gemv_twin, kernel_problem
+    from epilab.templates.gemv.gemv import gemv_twin, kernel_problem
 
     a, w = torch.randn(4096, 64), torch.randn(64, 8)  # a MoE router: many tokens, 8 experts
     ep, ops = simple_epilogue(a, w)

@@ -19,13 +19,14 @@ from epilab.ir.epilogue_text import parse_epilogue
 from epilab.ir.problem import Config, Problem
 from epilab.policy import nearest, suites
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates import grouped_matmul, kinds
-from epilab.templates.dual_grouped_matmul import B2, make_dual_grouped_problem
-from epilab.templates.grouped_geometry import GroupedGeometry
-from epilab.templates.grouped_matmul import OFFS, draw_offsets, make_grouped_problem, row_ranges
-from epilab.templates.grouped_spec import GroupedSpec
-from epilab.templates.kinds import default_config
-from epilab.templates.matmul import random_tensor
+from epilab.templates import registry
+from epilab.templates.gemm.matmul import random_tensor
+from epilab.templates.grouped import grouped_matmul
+from epilab.templates.grouped.dual_grouped_matmul import B2, make_dual_grouped_problem
+from epilab.templates.grouped.grouped_geometry import GroupedGeometry
+from epilab.templates.grouped.grouped_matmul import OFFS, draw_offsets, make_grouped_problem, row_ranges
+from epilab.templates.grouped.grouped_spec import GroupedSpec
+from epilab.templates.registry import default_config
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner import evaluate
 
@@ -96,12 +97,12 @@ def run_grouped(split, layout, dtype, name, config=None, seed=0, dual=False):
     config = config or default_config(problem, TARGET)
     routed = int(offs[-1])
     # unrouted rows are left as they were: a sentinel there must survive the launch
-    outs = kinds.kind_of(problem).empty_outputs(problem, torch.device(DEVICE))
+    outs = registry.kind_of(problem).empty_outputs(problem, torch.device(DEVICE))
     if routed < ROWS:
-        refs = kinds.kind_of(problem).reference(problem, a, b, call)
+        refs = registry.kind_of(problem).reference(problem, a, b, call)
         for o in outs:
             o.fill_(7.0)
-        bound = kinds.bind(problem, config, a, b, call, outs)
+        bound = registry.bind(problem, config, a, b, call, outs)
         bound.run()
         for o, r in zip(outs, refs, strict=True):
             assert (o[routed:] == 7.0).all(), "an unrouted row was written"
@@ -185,12 +186,12 @@ def test_its_library_is_torch_grouped_mm_and_the_tuner_times_it_by_default():
     from epilab.tuner.tune import TuneOptions
 
     problem = GroupedSpec(3, 16, 16, 16).problem()
-    assert kinds.kind_of(problem).library == "grouped_mm" and "grouped_mm" in TuneOptions().baselines
+    assert registry.kind_of(problem).library == "grouped_mm" and "grouped_mm" in TuneOptions().baselines
     assert evaluate.baseline_fn(problem, "cublas") is None  # cuBLAS does not run it
     skipped = evaluate.evaluate_baseline(problem.to_json(), "cudnn", seed=0)
     assert skipped["status"] == "skipped" and "does not apply" in skipped["detail"]
     (eager,) = evaluate.baseline_fn(problem, "grouped_mm")(*random_inputs(problem, DEVICE, 1))
-    (want,) = kinds.kind_of(problem).reference(problem, *random_inputs(problem, DEVICE, 1))
+    (want,) = registry.kind_of(problem).reference(problem, *random_inputs(problem, DEVICE, 1))
     assert rel_error(eager, want) < 1e-2
 
 
@@ -223,7 +224,7 @@ def test_two_accumulators_take_half_the_tile_and_the_space_is_feasible_on_hopper
     assert (two.BLOCK_M, two.BLOCK_N, two.num_warps) == (128, 128, 8)  # 2 x 128 x 128 accumulators
     assert infeasible(dual, Config(128, 256, 64, 8, num_warps=8, num_stages=3), HOPPER) is not None
     for problem in (single, dual):
-        seeds = [c for c in kinds.kind_of(problem).seeds if infeasible(problem, c, HOPPER) is None]
+        seeds = [c for c in registry.kind_of(problem).seeds if infeasible(problem, c, HOPPER) is None]
         assert len(seeds) >= 4, problem.op
 
 
@@ -290,7 +291,7 @@ def test_gpu_grouped_main_loops(experts, tokens, dual, variant):
     config = default_config(problem)
     seeds = [
         c
-        for c in kinds.kind_of(problem).seeds
+        for c in registry.kind_of(problem).seeds
         if c.variant == variant and infeasible(problem, c, HOPPER) is None
     ]
     for c in [*seeds[:2], Config(64, 64, 64, 8, num_warps=4, num_stages=3, variant=variant)]:
@@ -302,11 +303,11 @@ def test_gpu_grouped_main_loops(experts, tokens, dual, variant):
 def test_gpu_offsets_change_between_replays_of_one_bound_launch():
     problem = GroupedSpec(4, 64, 128, 64, epilogue="acc").problem()
     a, b, call = random_inputs(problem, "cuda", 1)
-    bound = kinds.bind(problem, default_config(problem), a, b, call)
+    bound = registry.bind(problem, default_config(problem), a, b, call)
     for split in ([64, 0, 0, 0], [0, 0, 0, 64], [10, 20, 30, 4]):
         call[OFFS].copy_(torch.tensor(split, device="cuda").cumsum(0))
         bound.run()
-        (ref,) = kinds.kind_of(problem).reference(problem, a, b, call)
+        (ref,) = registry.kind_of(problem).reference(problem, a, b, call)
         assert rel_error(bound.outs[0], ref) < 1e-2, split
 
 
@@ -461,8 +462,8 @@ def test_routing_indices_out_of_range_read_zeros_and_are_dropped():
     a, b, call = random_inputs(problem, DEVICE, 4)
     call[grouped_matmul.GATHER][[0, 5]] = torch.tensor([-1, 8], dtype=torch.int32, device=DEVICE)
     call[grouped_matmul.SCATTER][[2, 7]] = torch.tensor([8, -3], dtype=torch.int32, device=DEVICE)
-    (ref,) = kinds.kind_of(problem).reference(problem, a, b, call)
-    bound = kinds.bind(problem, default_config(problem, TARGET), a, b, call)
+    (ref,) = registry.kind_of(problem).reference(problem, a, b, call)
+    bound = registry.bind(problem, default_config(problem, TARGET), a, b, call)
     bound.run()
     assert rel_error(bound.outs[0], ref) < 1e-4
     bound.run()  # the combine's output is zeroed before each launch
@@ -474,7 +475,7 @@ def test_routed_problems_are_their_own_records_and_bad_routing_is_refused():
     routed = GroupedSpec(8, 64, 32, 16, topk=2, gather=True).problem()
     assert plain.to_dict()["grouped"] == {"experts": 8}, "unrouted problems keep their old identity"
     assert routed.key != plain.key and Problem.from_json(routed.to_json()) == routed
-    assert "gathered" in kinds.kind_of(routed).label(routed)
+    assert "gathered" in registry.kind_of(routed).label(routed)
     x, b = torch.randn(6, 16, device=DEVICE), torch.randn(2, 16, 8, device=DEVICE)
     offs = _offsets([5, 7])
     token = torch.arange(12, device=DEVICE) // 2
@@ -506,7 +507,7 @@ def test_gpu_routed_main_loops(spec, variant):
     problem = spec.problem()
     configs = [
         c
-        for c in kinds.kind_of(problem).seeds
+        for c in registry.kind_of(problem).seeds
         if c.variant == variant and infeasible(problem, c, HOPPER) is None
     ]
     for c in [*configs[:2], Config(64, 64, 64, 8, num_warps=4, num_stages=3, variant=variant)]:
@@ -636,7 +637,7 @@ def test_dropped_scatter_rows_leave_every_output_of_the_reference_alike():
     problem = GroupedSpec(3, 8, 16, 24, topk=2, dtype="float32", epilogue=ep, scatter="add").problem()
     a, b, call = random_inputs(problem, DEVICE, 4)
     call[grouped_matmul.SCATTER][[2, 7]] = torch.tensor([8, -3], dtype=torch.int32, device=DEVICE)
-    refs = kinds.kind_of(problem).reference(problem, a, b, call)
-    bound = kinds.bind(problem, default_config(problem, TARGET), a, b, call)
+    refs = registry.kind_of(problem).reference(problem, a, b, call)
+    bound = registry.bind(problem, default_config(problem, TARGET), a, b, call)
     bound.run()
     assert len(refs) == 2 and all(rel_error(o, r) < 1e-4 for o, r in zip(bound.outs, refs, strict=True))

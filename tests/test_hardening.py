@@ -44,7 +44,7 @@ from epilab.db.transfer import export_json
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config
 from epilab.policy.suites import load_shapes
-from epilab.templates.gemm_spec import Spec
+from epilab.templates.gemm.gemm_spec import Spec
 from epilab.tuner.search import Budget
 
 PROBLEM = Spec(32, 32, 32, dtype="float32").problem()
@@ -1161,9 +1161,9 @@ def test_shapes_files_parse_in_linear_time(tmp_path):
 
 
 def test_launch_refuses_outputs_that_overlap():
-    from epilab.templates.kinds import launch
-    from epilab.templates.matmul import make_problem
-    from epilab.templates.matmul_api import simple_epilogue
+    from epilab.api.matmul import simple_epilogue
+    from epilab.templates.gemm.matmul import make_problem
+    from epilab.templates.registry import launch
 
     with config.patch(interpret=True):
         a, b = torch.randn(16, 16), torch.randn(16, 16)

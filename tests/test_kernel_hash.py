@@ -16,8 +16,9 @@ import torch
 from epilab.ir import rules
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.policy import suites
-from epilab.templates import gemm_spec, kinds
-from epilab.templates import render as render_mod
+from epilab.templates import registry
+from epilab.templates.gemm import gemm_spec
+from epilab.templates.runtime import render as render_mod
 
 EPILOGUES = ("bias_gelu_tanh", "bias_relu", "bias_gelu_tanh_residual", "residual")
 
@@ -34,15 +35,15 @@ def _problems():
 def _fresh_caches():
     render_mod.kernel_hash.cache_clear()
     render_mod.files_hash.cache_clear()
-    kinds.is_current.cache_clear()
+    registry.is_current.cache_clear()
 
 
 @pytest.fixture
 def templates_copy(tmp_path, monkeypatch):
     """The template files in a folder of their own, which the test may edit."""
-    for path in render_mod.TEMPLATE_DIR.glob("*.py.jinja"):
+    for path in render_mod.TEMPLATE_ROOT.rglob("*.py.jinja"):
         shutil.copy(path, tmp_path / path.name)
-    monkeypatch.setattr(render_mod, "TEMPLATE_DIR", tmp_path)
+    monkeypatch.setattr(render_mod, "TEMPLATE_DIRS", (tmp_path,))
     env = jinja2.Environment(**{**_env_options(), "loader": jinja2.FileSystemLoader(tmp_path)})
     monkeypatch.setattr(render_mod, "_ENV", env)
     _fresh_caches()
@@ -75,20 +76,20 @@ def _stored():
 
 def test_every_stored_problem_is_current_and_hashes_differ_by_epilogue():
     stored = _problems()
-    assert all(kinds.is_current(p.to_json()) for p in stored)
+    assert all(registry.is_current(p.to_json()) for p in stored)
     matmuls = [p for p in stored if p.template == "matmul"]
     assert len({p.template_hash for p in matmuls}) == len(matmuls)  # four epilogues, four hashes
     same_epilogue = gemm_spec.Spec(256, 512, 1024, epilogue="bias_relu").problem()
     assert same_epilogue.template_hash == matmuls[1].template_hash  # shape is not in it
-    assert not kinds.is_current(dataclasses.replace(matmuls[0], template_hash="0" * 64).to_json())
-    assert not kinds.is_current("{not json")
+    assert not registry.is_current(dataclasses.replace(matmuls[0], template_hash="0" * 64).to_json())
+    assert not registry.is_current("{not json")
 
 
 def test_a_new_epilogue_op_leaves_every_record_current(monkeypatch):
     stored = _stored()
     _add_softcap(monkeypatch)
     try:
-        assert all(kinds.is_current(text) for text in stored)
+        assert all(registry.is_current(text) for text in stored)
     finally:
         _fresh_caches()
 
@@ -103,13 +104,13 @@ def test_a_new_operand_broadcast_leaves_every_record_current_and_an_edit_they_us
     )
     _fresh_caches()
     assert path.read_text() != text
-    assert all(kinds.is_current(t) for t in stored)
+    assert all(registry.is_current(t) for t in stored)
     # an edit to the store every kernel makes: every record goes stale
     edited = text.replace("mask={{ out_mask }})", "mask={{ out_mask }}, cache_modifier='.cs')")
     assert edited != text, "the pointer store this test edits is not in store_output.py.jinja"
     path.write_text(edited)
     _fresh_caches()
-    assert not any(kinds.is_current(t) for t in stored)
+    assert not any(registry.is_current(t) for t in stored)
 
 
 def test_an_edit_to_one_templates_file_makes_only_its_records_stale(templates_copy):
@@ -117,7 +118,7 @@ def test_an_edit_to_one_templates_file_makes_only_its_records_stale(templates_co
     path = templates_copy / "conv2d.py.jinja"
     path.write_text(path.read_text() + "\n# edited\n")
     _fresh_caches()
-    current = {p.template: kinds.is_current(p.to_json()) for p in stored}
+    current = {p.template: registry.is_current(p.to_json()) for p in stored}
     assert current.pop("conv2d") is False
     assert all(current.values()) and "matmul" in current and "gemv" in current
 
@@ -129,17 +130,17 @@ def test_a_fast_math_helper_changes_only_the_problems_that_call_one(templates_co
     path = templates_copy / "fast_math.py.jinja"
     path.write_text(path.read_text() + "\n\n@triton.jit\ndef fast_softcap(x, cap):\n    return x\n")
     _fresh_caches()
-    assert {p.key: not kinds.is_current(p.to_json()) for p in stored} == uses
+    assert {p.key: not registry.is_current(p.to_json()) for p in stored} == uses
 
 
 def test_a_new_template_kind_leaves_every_record_current(monkeypatch):
     from test_kinds import TOY
 
     stored = _stored()
-    monkeypatch.setitem(kinds.KINDS, TOY.name, TOY)
+    monkeypatch.setitem(registry.KINDS, TOY.name, TOY)
     _fresh_caches()
     try:
-        assert all(kinds.is_current(text) for text in stored)
+        assert all(registry.is_current(text) for text in stored)
     finally:
         _fresh_caches()
 
@@ -149,7 +150,7 @@ def test_a_problem_made_for_the_new_op_gets_its_own_hash(monkeypatch):
     try:
         plain = Epilogue.build([(acc() + operand("bias", "row"), "bfloat16")])
         capped = Epilogue.build([(ops.softcap(acc() + operand("bias", "row"), cap=30.0), "bfloat16")])
-        assert kinds.template_hash("matmul", plain) != kinds.template_hash("matmul", capped)
+        assert registry.template_hash("matmul", plain) != registry.template_hash("matmul", capped)
     finally:
         _fresh_caches()
 
@@ -157,11 +158,11 @@ def test_a_problem_made_for_the_new_op_gets_its_own_hash(monkeypatch):
 def test_a_transposed_gemv_renders_under_its_problems_hash():
     """A gemv of small N runs C.T = B.T @ A.T: its kernel renders the epilogue with row and
     column vectors swapped, which the problem's hash covers too (``kernel_epilogues``)."""
-    from epilab.templates.gemv import KIND, is_transposed, kernel_problem
-    from epilab.templates.render import render
+    from epilab.templates.gemv.gemv import KIND, is_transposed, kernel_problem
+    from epilab.templates.runtime.render import render
 
     problem = gemm_spec.Spec(96, 8, 64, epilogue="bias_gelu_tanh", template="gemv").problem()
-    assert is_transposed(problem) and kinds.is_current(problem.to_json())
+    assert is_transposed(problem) and registry.is_current(problem.to_json())
     flipped = kernel_problem(problem)
     assert flipped.epilogue != problem.epilogue and flipped.template_hash == problem.template_hash
-    assert "def " in render(KIND, flipped, kinds.default_config(problem), target="interpreter")
+    assert "def " in render(KIND, flipped, registry.default_config(problem), target="interpreter")

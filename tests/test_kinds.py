@@ -15,21 +15,25 @@ from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, Problem
 from epilab.policy import space, suites
 from epilab.policy.space import HOPPER, configs, infeasible
-from epilab.templates import gemm_spec, kinds, matmul
+from epilab.templates import registry
+from epilab.templates.gemm import gemm_spec, matmul
 from epilab.templates.kind import TemplateKind
-from epilab.templates.render import TEMPLATE_DIR, kernel_hash
+from epilab.templates.runtime.render import kernel_hash, template_path
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner import evaluate
 
 
-@pytest.mark.parametrize("name", sorted(kinds.KINDS))
+@pytest.mark.parametrize("name", sorted(registry.KINDS))
 def test_every_kind_is_complete_and_consistent(name):
-    kind = kinds.KINDS[name]
+    kind = registry.KINDS[name]
     assert isinstance(kind, TemplateKind) and kind.name == name
-    # its own Jinja file, or one it shares with a template family (the dual GEMM's, matmul's)
-    assert kind.files[0].endswith(".py.jinja") and (TEMPLATE_DIR / kind.files[0]).is_file()
+    # its own Jinja file, beside its module in its family's folder, or one it shares with a
+    # kind of its family (the dual GEMM's, matmul's)
+    assert kind.files[0].endswith(".py.jinja") and template_path(kind.files[0]).is_file()
+    if kind.files[0] == f"{name}.py.jinja":
+        assert template_path(kind.files[0]).with_name(f"{name}.py").is_file()
     assert kind.library in KIND_LIBRARIES
-    assert all(kinds.default_template(op) == name for op in kind.ops)
+    assert all(registry.default_template(op) == name for op in kind.ops)
     for c in kind.seeds:  # seeds lie in the kind's own space
         assert all(getattr(c, dim) in values for dim, values in kind.space.items()), (name, c)
 
@@ -96,7 +100,7 @@ TOY = dataclasses.replace(
 
 @pytest.fixture
 def toy(monkeypatch):
-    monkeypatch.setitem(kinds.KINDS, TOY.name, TOY)  # the one registry line
+    monkeypatch.setitem(registry.KINDS, TOY.name, TOY)  # the one registry line
     return TOY
 
 
@@ -106,12 +110,13 @@ def _problem(m=20, n=41, k=20) -> Problem:
 
 def test_a_new_kind_is_one_object_and_one_registry_line(toy):
     base = _problem()
-    twin = kinds.twins(base)[-1]
-    assert [p.template for p in kinds.twins(base)] == ["matmul", "small_tile"]
+    twin = registry.twins(base)[-1]
+    assert [p.template for p in registry.twins(base)] == ["matmul", "small_tile"]
     assert (
-        kinds.kind_of(twin) is toy and kinds.template_hash("small_tile", twin.epilogue) == twin.template_hash
+        registry.kind_of(twin) is toy
+        and registry.template_hash("small_tile", twin.epilogue) == twin.template_hash
     )
-    assert kinds.is_current(twin.to_json())
+    assert registry.is_current(twin.to_json())
     # the tuner's space and rules come from the kind
     found = configs(twin, HOPPER)
     assert found and all(c.BLOCK_M <= 32 and c.BLOCK_N <= 32 for c in found)
@@ -124,30 +129,30 @@ def test_a_new_kind_is_one_object_and_one_registry_line(toy):
     a, b, operands = random_inputs(twin, "cpu", seed=1)
     bound = checked_launch(twin, Config(16, 32, 16, 1, num_warps=4, num_stages=1), a, b, operands)
     assert bound.outs[0].shape == (20, 41)
-    assert "def epilab_small_tile_" in kinds.source(twin, Config(16, 16, 16), target="interpreter")
+    assert "def epilab_small_tile_" in registry.source(twin, Config(16, 16, 16), target="interpreter")
     result = evaluate.evaluate_candidate(twin.to_json(), dataclasses.asdict(Config(32, 16, 32)), seed=3)
     assert result["status"] == "ok", result
     with pytest.raises(ValueError, match="at most 32x32"):
-        kinds.launch(twin, Config(64, 64, 32), a, b, operands)
+        registry.launch(twin, Config(64, 64, 32), a, b, operands)
 
 
 def test_a_kind_that_is_not_registered_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown template 'small_tile'"):
         dataclasses.replace(_problem(), template="small_tile")  # a Problem names a known template
     with pytest.raises(ValueError, match="unknown template 'small_tile'"):
-        kinds.kind_of("small_tile")
+        registry.kind_of("small_tile")
     with pytest.raises(ValueError, match="template 'small_tile' is not one of"):
         gemm_spec.Spec(9, 41, 20, template="small_tile")
 
 
 def test_checked_launch_fails_on_a_wrong_kernel(toy, monkeypatch):
     """The one check is not a formality: a kind whose reference disagrees with its kernel fails."""
-    twin = kinds.twins(_problem())[-1]
+    twin = registry.twins(_problem())[-1]
     a, b, operands = random_inputs(twin, "cpu", seed=2)
     wrong = dataclasses.replace(
         TOY, reference=lambda p, a, b, o: tuple(r * 1.5 for r in matmul.reference(p.epilogue, a, b, o))
     )
-    monkeypatch.setitem(kinds.KINDS, TOY.name, wrong)
+    monkeypatch.setitem(registry.KINDS, TOY.name, wrong)
     with pytest.raises(AssertionError, match=r"output 0: \|\|out-ref\|\|/\|\|ref\|\| = .* > 1e-02"):
         checked_launch(twin, Config(16, 16, 16, 1, num_warps=4, num_stages=1), a, b, operands)
 
@@ -156,15 +161,15 @@ def test_output_specs_serve_fake_and_real_calls_alike():
     ep = Epilogue.build([(ops.relu(acc() + operand("bias", "row")), "bfloat16"), (acc(), "float32")])
     a, b = torch.randn(3, 5, 7), torch.randn(7, 4)
     problem = dataclasses.replace(_problem(), epilogue=ep)
-    specs = kinds.output_specs(problem, a, b)
+    specs = registry.output_specs(problem, a, b)
     assert specs == [((3, 5, 4), (20, 4, 1))] * 2
-    assert kinds.twin_call(problem, a, b) is None  # a matmul called with its own tensors
+    assert registry.twin_call(problem, a, b) is None  # a matmul called with its own tensors
 
 
 def test_tile_h_is_the_depthwise_knob_only():
     """A config's TILE_H (the depthwise strip's output rows) is refused by name elsewhere, not
     ignored: a tuned record with it would say a kernel ran that did not."""
-    from epilab.templates.conv_spec import ConvSpec
+    from epilab.templates.conv.conv_spec import ConvSpec
 
     problems = [
         gemm_spec.Spec(64, 64, 64).problem(),
@@ -173,11 +178,11 @@ def test_tile_h_is_the_depthwise_knob_only():
         ConvSpec(2, 16, 8, 8, 16, 3, 3, stride=1, padding=1).problem(),
     ]
     for p in problems:
-        kind = kinds.kind_of(p)
-        config = dataclasses.replace(kinds.default_config(p), TILE_H=4)
+        kind = registry.kind_of(p)
+        config = dataclasses.replace(registry.default_config(p), TILE_H=4)
         assert "TILE_H=4 is the depthwise template's knob" in (kind.config_error(p, config) or ""), p.template
         assert kind.config_error(p, dataclasses.replace(config, TILE_H=1)) is None, p.template
     grouped = ConvSpec(2, 16, 8, 8, 16, 3, 3, stride=1, padding=1, groups=16).problem()
-    depthwise = kinds.for_template(grouped, "depthwise")
-    config = dataclasses.replace(kinds.default_config(depthwise), TILE_H=4)
-    assert "TILE_H" not in (kinds.kind_of(depthwise).config_error(depthwise, config) or "")
+    depthwise = registry.for_template(grouped, "depthwise")
+    config = dataclasses.replace(registry.default_config(depthwise), TILE_H=4)
+    assert "TILE_H" not in (registry.kind_of(depthwise).config_error(depthwise, config) or "")

@@ -12,6 +12,7 @@ from importlib.metadata import distribution, entry_points
 from pathlib import Path
 
 import epilab
+from epilab.templates.registry import KINDS
 
 ROOT = Path(epilab.__file__).parent
 SKIP = {"tests", "benchmarks", "docs", "test-artifacts", ".whl", "build"}
@@ -30,7 +31,7 @@ def _modules() -> dict[str, Path]:
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """The epilab modules ``path`` imports, anywhere in it, or names as a string to load
-    (``"epilab.templates.kinds"``, ``"epilab.tuner.worker:main"``)."""
+    (``"epilab.templates.registry"``, ``"epilab.tuner.worker:main"``)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -80,7 +81,7 @@ FLOORS = (
     {"config", "files", "tables"},
     {"ir"},
     {"templates", "db"},
-    {"policy"},
+    {"policy", "api"},
     {"compiler", "tuner"},
     {"model_tuning", "reports"},
     {"cli"},
@@ -90,7 +91,7 @@ FLOORS = (
 # against the registry, which ir/ loads by name if nothing did yet (``ir/problem.py``); the
 # backend's tune_missing finds the tuner through an entry point (``compiler/backend.py``)
 PLUGIN_EDGES = {
-    ("epilab.ir.problem", "epilab.templates.kinds"),
+    ("epilab.ir.problem", "epilab.templates.registry"),
     ("epilab.compiler.backend", "epilab.tuner.on_compile"),
 }
 
@@ -113,6 +114,45 @@ def test_each_folder_imports_only_the_floors_below_it():
     )
     assert [e for e in against if e not in PLUGIN_EDGES] == []
     assert set(against) == PLUGIN_EDGES  # a plugin edge that went away leaves this list too
+
+
+# Inside templates/, by room (a family's folder, runtime/, tools/, or a module beside them),
+# bottom up: what a kind's bind returns and the protocol; the path every launch runs
+# through; the gemm family, whose kinds the others build on; the other families, none
+# importing another; the registry; the check through it; the tools over kernels. The one edge upward
+# is a family's spec format (``TemplateKind.spec_module``), which the registry loads by name
+# and which asks the registry for its problems' templates.
+TEMPLATE_ROOMS = (
+    {"bound"},
+    {"kind"},
+    {"runtime"},
+    {"gemm"},
+    {"gemv", "conv", "grouped"},
+    {"registry"},
+    {"verify"},
+    {"tools"},
+)
+
+
+def _template_room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "templates" else None
+
+
+def test_template_rooms_import_only_the_rooms_below_theirs():
+    rank = {room: i for i, rooms in enumerate(TEMPLATE_ROOMS) for room in rooms}
+    graph = _static_graph()
+    assert {_template_room(m) for m in graph} - {None} == set(rank)
+    against = sorted(
+        (name, dep)
+        for name, deps in graph.items()
+        for dep in deps
+        if _template_room(name) and _template_room(dep) and _template_room(name) != _template_room(dep)
+        if rank[_template_room(dep)] >= rank[_template_room(name)]
+    )
+    specs = {kind.spec_module for kind in KINDS.values() if kind.spec_module}
+    assert [e for e in against if not (e[0] in specs and e[1] == "epilab.templates.registry")] == []
+    assert {e[0] for e in against} == specs  # each spec format does ask the registry
 
 
 def test_the_compiler_finds_the_tuner_through_its_entry_point():
@@ -164,15 +204,15 @@ def test_no_module_imports_itself_through_others():
 # ``epilab.grouped_matmul``) are the matmul (dual, block-scaled, weight-only) and grouped kinds'
 # own API. The compiler, the tuner, the suites and the CLI ask the registry.
 KIND_IMPORTERS = {
-    "epilab.templates.matmul_api": {
-        "epilab.templates.matmul",
-        "epilab.templates.dual_matmul",
-        "epilab.templates.block_scaled",
-        "epilab.templates.weight_only",
+    "epilab.api.matmul": {
+        "epilab.templates.gemm.matmul",
+        "epilab.templates.gemm.dual_matmul",
+        "epilab.templates.gemm.block_scaled",
+        "epilab.templates.gemm.weight_only",
     },
-    "epilab.templates.grouped_api": {
-        "epilab.templates.grouped_matmul",
-        "epilab.templates.dual_grouped_matmul",
+    "epilab.api.grouped": {
+        "epilab.templates.grouped.grouped_matmul",
+        "epilab.templates.grouped.dual_grouped_matmul",
     },
 }
 
@@ -180,11 +220,33 @@ KIND_IMPORTERS = {
 def test_only_the_registry_imports_the_kind_modules():
     modules = _modules()
     kind_modules = {name for name, path in modules.items() if "\nKIND = " in path.read_text()}
-    assert {"epilab.templates.matmul", "epilab.templates.conv2d"} <= kind_modules
+    assert {"epilab.templates.gemm.matmul", "epilab.templates.conv.conv2d"} <= kind_modules
     found = {}
     for name, deps in _graph().items():
-        if name == "epilab.templates.kinds" or name in kind_modules:
+        if name == "epilab.templates.registry" or name in kind_modules:
             continue
         if deps & kind_modules:
             found[name] = deps & kind_modules
     assert found == KIND_IMPORTERS
+
+
+def test_every_package_and_template_file_is_installed():
+    """pyproject.toml lists packages one by one (the root is the package): a folder left out
+    imports from a source tree and an editable install, not from a wheel (the CLI's was)."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        ".".join(("epilab", *p.parent.relative_to(ROOT).parts))
+        for p in ROOT.rglob("*.py")
+        if p.parent.relative_to(ROOT).parts[:1] not in {(s,) for s in SKIP}
+        and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+    }
+    assert set(setup["packages"]) == folders
+    data = {
+        ".".join(("epilab", *p.parent.relative_to(ROOT).parts))
+        for p in ROOT.rglob("*.jinja")
+        if p.parent.relative_to(ROOT).parts[:1] not in {(s,) for s in SKIP}
+        and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+    }
+    assert data <= set(setup["package-data"])

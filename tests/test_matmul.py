@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import epilab
+from epilab.api.matmul import ACTIVATIONS
 from epilab.ir import catalog, dtypes
 from epilab.ir.check import poisoned_like, rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
-from epilab.templates.kinds import default_config, for_template, launch
-from epilab.templates.matmul import make_problem
-from epilab.templates.matmul_api import ACTIVATIONS
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import default_config, for_template, launch
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

@@ -1,9 +1,9 @@
 """The matmul's Gluon kernels for Hopper (variants sm90_persistent and sm90_pingpong,
-``templates/matmul_sm90.py``).
+``templates/gemm/matmul_sm90.py``).
 
 CPU: what they take and refuse; the tuner's feasibility (never in the interpreter, shared memory
 with a staging buffer per consumer); and that they compile for sm_90a through Triton and ptxas
-(``templates/cross.py``, in a process that does not interpret) with no spills, wgmma in the
+(``templates/tools/cross.py``, in a process that does not interpret) with no spills, wgmma in the
 SASS and a warp-specialized ping-pong of 12 warps. GPU (``-m gpu``): every output against
 float64 over ragged shapes, all four layouts, many tiles per program and long K (the ping-pong's
 ring wraps many times), short K, epilogues with several outputs, statistics and bool outputs;
@@ -22,9 +22,9 @@ from epilab.ir import catalog
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import bind, kind_of
-from epilab.templates.matmul import make_problem
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import bind, kind_of
 
 PINGPONG = Config(128, 128, 64, 8, num_warps=4, num_stages=4, variant="sm90_pingpong", TMA_STORE=1)
 PERSISTENT = Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="sm90_persistent", TMA_STORE=1)
@@ -100,7 +100,7 @@ COMPILED = [
 def compile_cases(cases):
     """Each (what, spec, config) of ``cases`` compiled for sm_90a in a process that does not
     interpret."""
-    from epilab.templates.cross import compile_in_subprocess
+    from epilab.templates.tools.cross import compile_in_subprocess
 
     return compile_in_subprocess([(spec.problem(), config) for _, spec, config in cases])
 
@@ -237,7 +237,7 @@ def test_gpu_sm90_statistics_and_bool_outputs(name):
 def test_gpu_sm90_replays_and_graphs():
     """A replayed launch (the compiler's op) and a CUDA graph of it remake the descriptors
     for new tensors and give the same results as a fresh launch."""
-    from epilab.templates.launcher import Replay
+    from epilab.templates.runtime.replay import Replay
 
     gen = torch.Generator(device="cuda").manual_seed(5)
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 from test_matmul import DTYPES, run_case
 
+from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc
 from epilab.ir.epilogue import ops as ops_
 from epilab.ir.problem import Config
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates.kinds import bind, for_template, kind_of
-from epilab.templates.matmul import make_problem, tma_descriptors
-from epilab.templates.matmul_api import simple_epilogue
+from epilab.templates.gemm.matmul import make_problem, tma_descriptors
+from epilab.templates.registry import bind, for_template, kind_of
 
 TMA = Config(16, 32, 16, 1, num_warps=4, num_stages=1, variant="tma")
 HOPPER_VARIANTS = ["tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k"]
@@ -205,7 +205,7 @@ def test_a_warp_specialized_tile_of_over_64_rows_is_refused_as_a_hang():
     finished on an H100 (mm 100352x144xK, K 16 to 96, and 401408x64x16: BLOCK_M 128 and 256,
     BLOCK_N 16 and 64, 2 to 4 stages, 1 or 2 programs per SM; BLOCK_M 64 ran). Where Triton
     does not specialize (8 warps, or flattened) the knob is harmless and allowed."""
-    from epilab.templates.matmul import applies, config_error
+    from epilab.templates.gemm.matmul import applies, config_error
 
     a, b = torch.randn(96, 24).half(), torch.randn(24, 80).half()
     ep, ops = simple_epilogue(a, b)

@@ -108,7 +108,7 @@ def _problems(db_path, model, x):
 
 def _record_wins(db_path, problems):
     """Each problem's template beats cuBLAS in isolation; its gemv twin is slower."""
-    from epilab.templates.gemv import gemv_twin
+    from epilab.templates.gemv.gemv import gemv_twin
 
     for p in problems:
         record(db_path, p, CONFIG, 1.0, 2.0)

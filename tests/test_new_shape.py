@@ -25,9 +25,10 @@ from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.ir.problem import Config, Problem
 from epilab.ir.spec import EpilogueSpec, SpecFormat
 from epilab.policy import nearest, suites
-from epilab.templates import kinds, matmul
-from epilab.templates.conv_spec import ConvSpec
-from epilab.templates.gemm_spec import Spec
+from epilab.templates import registry
+from epilab.templates.conv.conv_spec import ConvSpec
+from epilab.templates.gemm import matmul
+from epilab.templates.gemm.gemm_spec import Spec
 from epilab.tuner import evaluate
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner
@@ -51,7 +52,11 @@ class ExpertsGeometry:
 def _as_bmm(p: Problem) -> Problem:
     """The matmul's batched problem the toy's kernel is (its tensors are the bmm's)."""
     return dataclasses.replace(
-        p, op="bmm", template="matmul", template_hash=kinds.template_hash("matmul", p.epilogue), geometry=None
+        p,
+        op="bmm",
+        template="matmul",
+        template_hash=registry.template_hash("matmul", p.epilogue),
+        geometry=None,
     )
 
 
@@ -60,7 +65,7 @@ def _as_experts(p: Problem) -> Problem:
         p,
         op=OP,
         template=NAME,
-        template_hash=kinds.template_hash(NAME, p.epilogue),
+        template_hash=registry.template_hash(NAME, p.epilogue),
         geometry=ExpertsGeometry(int(p.shape.batch)),
     )
 
@@ -129,7 +134,7 @@ FORMAT = SpecFormat(
 
 @pytest.fixture
 def toy(monkeypatch):
-    monkeypatch.setitem(kinds.KINDS, TOY.name, TOY)  # the one registry line
+    monkeypatch.setitem(registry.KINDS, TOY.name, TOY)  # the one registry line
     return TOY
 
 
@@ -140,14 +145,14 @@ def test_its_problems_are_checked_stored_and_labelled_by_the_kind(toy):
     assert problem.op == OP and problem.geometry == ExpertsGeometry(2)
     assert json.loads(problem.to_json())["experts"] == {"experts": 2}
     assert Problem.from_json(problem.to_json()) == problem
-    assert kinds.is_current(problem.to_json())
+    assert registry.is_current(problem.to_json())
     assert suites.shape_label(problem) == "2 experts x 8 tokens -> 16x16"
     assert suites.problem_label(problem).startswith(f"{OP} 2 experts x 8 tokens")
     with pytest.raises(ValueError, match="one batch per expert"):
         dataclasses.replace(problem, geometry=ExpertsGeometry(3))
     with pytest.raises(ValueError, match="needs its experts geometry"):
         dataclasses.replace(problem, geometry=None)
-    assert OP in kinds.problem_ops()
+    assert OP in registry.problem_ops()
 
 
 def test_its_spec_format_and_suite_join_the_others(toy, tmp_path):
@@ -189,9 +194,9 @@ def test_the_tuner_the_database_and_the_cli_run_it(toy, tmp_path):
         )
         hook = tmp_path / "hook.py"  # the registry line, in the spawned worker process
         hook.write_text(
-            "import importlib\nfrom epilab.templates import kinds\n"
+            "import importlib\nfrom epilab.templates import registry\n"
             f"toy = importlib.import_module({__name__!r}).TOY\n"
-            "def hook(task):\n    kinds.KINDS.setdefault(toy.name, toy)\n"
+            "def hook(task):\n    registry.KINDS.setdefault(toy.name, toy)\n"
         )
         with Tuner(db, options, hook=(str(hook), "hook")) as tuner:
             tuned = tuner.tune(spec)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import epilab
 from epilab.cli import app
 from epilab.db import TuningDB
-from epilab.templates.kinds import is_current
+from epilab.templates.registry import is_current
 
 M, N, K = 32, 48, 64
 

@@ -15,10 +15,10 @@ import torch
 from epilab import config as epilab_config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import CHOICES, Config, OperandSpec, Problem, Shape, symbol
-from epilab.templates import build as build_mod
-from epilab.templates import render as render_mod
-from epilab.templates.kinds import kind_of, source, template_hash
-from epilab.templates.matmul import make_problem
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import kind_of, source, template_hash
+from epilab.templates.runtime import build as build_mod
+from epilab.templates.runtime import render as render_mod
 
 
 def _problem(shape: Shape | None = None, **changes) -> Problem:
@@ -97,8 +97,8 @@ def test_static_problems_are_tuned_and_rendered_without_sympy():
         "import sys\n"
         "import epilab.cli, epilab.tuner.tune, epilab.tuner.evaluate, epilab.tuner.worker\n"
         "from epilab.ir.problem import Config, Problem\n"
-        "from epilab.templates.gemm_spec import Spec\n"
-        "from epilab.templates.kinds import source\n"
+        "from epilab.templates.gemm.gemm_spec import Spec\n"
+        "from epilab.templates.registry import source\n"
         "p = Problem.from_json(Spec(1000, 328, 72, epilogue='bias_gelu').problem().to_json())\n"
         "source(p, Config(64, 64, 32))\n"
         "assert 'sympy' not in sys.modules, 'sympy imported'\n"
@@ -188,8 +188,8 @@ def test_render_refuses_stale_problems_and_unknown_targets():
 
 def test_template_hash_changes_when_a_template_file_changes(tmp_path, monkeypatch):
     for name in kind_of("matmul").files:
-        shutil.copy(render_mod.TEMPLATE_DIR / name, tmp_path / name)
-    monkeypatch.setattr(render_mod, "TEMPLATE_DIR", tmp_path)
+        shutil.copy(render_mod.template_path(name), tmp_path / name)
+    monkeypatch.setattr(render_mod, "TEMPLATE_DIRS", (tmp_path,))
     render_mod.files_hash.cache_clear()
     try:
         ep = _problem().epilogue

@@ -30,10 +30,10 @@ from epilab.ir.epilogue import GROUP_REDUCE, Epilogue, acc, acc2, group_max, ope
 from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
 from epilab.policy.suites import suite
-from epilab.templates import kinds
-from epilab.templates.dual_matmul import make_dual_problem
-from epilab.templates.gemm_spec import FORMAT, Spec
-from epilab.templates.matmul import make_problem
+from epilab.templates import registry
+from epilab.templates.gemm.dual_matmul import make_dual_problem
+from epilab.templates.gemm.gemm_spec import FORMAT, Spec
+from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.verify import checked_launch
 
 E4M3 = torch.float8_e4m3fn
@@ -149,13 +149,13 @@ def test_the_api_quantizes_and_its_config_must_hold_whole_groups():
     want_q, want_scale = torch_quantized(y, 32)
     assert torch.equal(scale, want_scale) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     problem = make_problem(a, b, quantized_groups(Epilogue.identity("bfloat16"), 32), {})
-    kind = kinds.kind_of(problem)
+    kind = registry.kind_of(problem)
     assert "multiple of 32" in kind.config_error(problem, Config(16, 16, 16))
     assert "multiple of 32" in kind.config_error(problem, Config(16, 32, 16, EPILOGUE_SUBTILE=2))
     assert "TMA_STORE" in kind.config_error(problem, Config(64, 64, 64, variant="tma", TMA_STORE=1))
     assert "BLOCK_N = 32" in kind.config_error(problem, Config(64, 64, 64, variant="sm90_pingpong"))
     assert kind.config_error(problem, Config(64, 32, 64, variant="sm90_pingpong", TMA_STORE=1)) is None
-    assert kinds.default_config(problem, "interpreter").BLOCK_N % 32 == 0
+    assert registry.default_config(problem, "interpreter").BLOCK_N % 32 == 0
     with pytest.raises(TypeError, match="group width"):
         epilab.matmul(a, b, quantize=True)
 
@@ -169,7 +169,7 @@ def test_a_gated_gemm_quantizes_for_a_block_scaled_down_projection():
     x = torch.randn(m, d).to(torch.bfloat16)
     gate, up = (torch.randn(f, d).to(torch.bfloat16) / 4 for _ in range(2))
     problem = make_dual_problem(x, gate.t(), up.t(), quantized_groups(_swiglu(), 128), {})
-    assert kinds.twins(problem) == [problem]
+    assert registry.twins(problem) == [problem]
     with torch.no_grad():
         q, scale = epilab.gated_matmul(x, gate.t(), up.t(), quantize=128)
         h = epilab.gated_matmul(x, gate.t(), up.t())
@@ -192,11 +192,11 @@ def _swiglu() -> Epilogue:
 def test_kinds_without_column_groups_refuse_them():
     a, b = torch.randn(4, 32).to(torch.bfloat16), torch.randn(32, 64).to(torch.bfloat16)
     problem = make_problem(a, b, quantized_groups(Epilogue.identity("bfloat16"), 32), {})
-    gemv = kinds.for_template(make_problem(a, b, Epilogue.identity("bfloat16"), {}), "gemv")
+    gemv = registry.for_template(make_problem(a, b, Epilogue.identity("bfloat16"), {}), "gemv")
     grouped = dataclasses.replace(gemv, epilogue=problem.epilogue)
-    assert "no column groups" in kinds.kind_of(grouped).config_error(grouped, Config(16, 64, 32))
-    assert kinds.twins(problem) == [problem]  # no gemv twin at M = 4
-    assert kinds.untuned_choice(problem) == problem
+    assert "no column groups" in registry.kind_of(grouped).config_error(grouped, Config(16, 64, 32))
+    assert registry.twins(problem) == [problem]  # no gemv twin at M = 4
+    assert registry.untuned_choice(problem) == problem
 
 
 # ------------------------------------------------------------------ GPU
@@ -351,4 +351,4 @@ def test_tune_checks_and_records_a_quantized_problem(tmp_path):
     with TuningDB.open(db) as store:
         best = store.best(problem.key, INTERPRETER_DEVICE)
     assert best is not None and best.record.config is not None
-    assert kinds.kind_of(problem).config_error(problem, Config.from_dict(best.record.config)) is None
+    assert registry.kind_of(problem).config_error(problem, Config.from_dict(best.record.config)) is None

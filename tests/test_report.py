@@ -23,7 +23,7 @@ from epilab.cli.common import is_current_now
 from epilab.db import DeviceInfo, Timing, TuningDB, Versions
 from epilab.reports import data as report_data
 from epilab.reports import html as report_html
-from epilab.templates.gemm_spec import Spec
+from epilab.templates.gemm.gemm_spec import Spec
 from epilab.tuner.search import PENALTY
 
 HOSTILE = "<script>alert('x')</script>"
@@ -451,8 +451,8 @@ def test_conv_problems_are_first_class_in_the_report(db, tmp_path):
     a valid `--op`."""
     from epilab.compiler.match import GROWERS
     from epilab.policy.suites import SUITES
-    from epilab.templates.conv_spec import ConvSpec
-    from epilab.templates.kinds import problem_ops, twins
+    from epilab.templates.conv.conv_spec import ConvSpec
+    from epilab.templates.registry import problem_ops, twins
 
     ops = {q.op for specs in SUITES.values() for spec in specs for q in twins(spec.problem())}
     assert ops <= set(problem_ops())

@@ -21,10 +21,10 @@ from epilab import config as epilab_config
 from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.problem import Config, Problem
-from epilab.templates import kinds
-from epilab.templates.conv2d import make_conv_problem
-from epilab.templates.dual_matmul import make_dual_problem
-from epilab.templates.matmul import make_problem
+from epilab.templates import registry
+from epilab.templates.conv.conv2d import make_conv_problem
+from epilab.templates.gemm.dual_matmul import make_dual_problem
+from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.verify import checked_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -92,8 +92,8 @@ def test_ordered_statistics_are_bitwise_reproducible():
     a, b, res = _tensors(None, 37, 100, 24, torch.float32, gen)
     problem = make_problem(a, b, statistics_epilogue("float32"), {"res": res})
     with epilab_config.patch(deterministic=True):
-        first = kinds.launch(problem, LOOPS["default"], a, b, {"res": res})
-        second = kinds.launch(problem, LOOPS["default"], a, b, {"res": res})
+        first = registry.launch(problem, LOOPS["default"], a, b, {"res": res})
+        second = registry.launch(problem, LOOPS["default"], a, b, {"res": res})
     for x, y in zip(first, second, strict=True):
         assert torch.equal(x, y)
 
@@ -141,7 +141,7 @@ def test_tma_store_refuses_statistics():
     ep = Epilogue.build([(acc(), "float32"), (acc() * acc(), "float32", "row_sum")])
     problem = make_problem(a, b, ep, {})
     tma = Config(16, 32, 16, variant="tma", TMA_STORE=1)
-    assert "TMA_STORE" in kinds.kind_of(problem).config_error(problem, tma)
+    assert "TMA_STORE" in registry.kind_of(problem).config_error(problem, tma)
 
 
 # ------------------------------------------------------------------ gemv and conv2d
@@ -160,8 +160,8 @@ def test_gemv_statistics_match_float64(shape, loop, ordered):
     gen = torch.Generator().manual_seed(4)
     a, b, res = _tensors(None, *shape, torch.bfloat16, gen)
     problem = make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res})
-    assert "gemv" in [t.template for t in kinds.twins(problem)]
-    gemv = kinds.for_template(problem, "gemv")
+    assert "gemv" in [t.template for t in registry.twins(problem)]
+    gemv = registry.for_template(problem, "gemv")
     with epilab_config.patch(deterministic=ordered):
         bound = checked_launch(gemv, GEMV_LOOPS[loop], a, b, {"res": res})
     m, n, _ = shape
@@ -175,7 +175,7 @@ def test_dual_gemv_statistics(loop):
     w, w2 = (torch.randn(40, 70, generator=gen).to(torch.bfloat16) for _ in range(2))
     y = ops.cast(ops.silu(acc()) * acc2(), dtype="bfloat16")
     ep = Epilogue.build([(y, "bfloat16"), (y * y, "float32", "row_sum"), (abs(y), "float32", "col_max")])
-    problem = kinds.for_template(make_dual_problem(x, w, w2, ep, {}), "dual_gemv")
+    problem = registry.for_template(make_dual_problem(x, w, w2, ep, {}), "dual_gemv")
     checked_launch(problem, GEMV_LOOPS[loop], x, w, {"b2": w2})
 
 
@@ -260,7 +260,7 @@ def test_a_convolution_with_statistics_has_no_matmul_twin():
     w = torch.randn(48, 32, 1, 1).contiguous(memory_format=torch.channels_last)
     ep = Epilogue.build([(acc(), "float32"), (acc(), "float32", "col_sum")])
     problem = make_conv_problem(x, w, ep, {})
-    assert [t.template for t in kinds.twins(problem)] == ["conv2d"]  # a 1x1 conv's twin sums over images
+    assert [t.template for t in registry.twins(problem)] == ["conv2d"]  # a 1x1 conv's twin sums over images
 
 
 # ------------------------------------------------------------------ the compiler
@@ -323,7 +323,7 @@ def test_a_norm_is_folded_only_where_its_projections_get_templates(fresh_compile
     assert len(tried) == 6  # q, k, v; gate and up as a dual GEMM, then each alone
     assert all("broadcast=col" in d.epilogue_ir and d.candidates for d in tried)
     with TuningDB.open(db) as store:
-        seen = {Problem.from_json(t).key for t in store.untuned(INTERPRETER_DEVICE, kinds.is_current)}
+        seen = {Problem.from_json(t).key for t in store.untuned(INTERPRETER_DEVICE, registry.is_current)}
     assert all(d.problem_key in seen for d in tried)
 
 
@@ -472,7 +472,7 @@ def test_without_a_template_for_the_norms_group_the_conv_gets_the_group_without_
         and "row_total" not in conv.epilogue_ir
     )
     with TuningDB.open(db) as store:
-        seen = [Problem.from_json(p) for p in store.untuned(INTERPRETER_DEVICE, kinds.is_current)]
+        seen = [Problem.from_json(p) for p in store.untuned(INTERPRETER_DEVICE, registry.is_current)]
     convs = {p.epilogue.row_totals for p in seen if p.op == "conv2d"}
     assert convs == {True, False}, "both groupings of the conv are recorded for tuning"
     assert _errors(got, want)[0] < 1e-2
@@ -493,9 +493,9 @@ def test_auto_runs_the_norms_group_only_where_its_record_beats_the_plain_groups(
         torch._dynamo.reset()
         torch.compile(model, backend="epilab", options={"policy": "auto", "db": db})(x)  # records both
         with TuningDB.open(db) as store:
-            seen = [Problem.from_json(p) for p in store.untuned(INTERPRETER_DEVICE, kinds.is_current)]
+            seen = [Problem.from_json(p) for p in store.untuned(INTERPRETER_DEVICE, registry.is_current)]
         for problem in (p for p in seen if p.template == "depthwise"):
-            config = kinds.default_config(problem, "interpreter")
+            config = registry.default_config(problem, "interpreter")
             ms = fused_ms if problem.epilogue.row_totals else 2.0
             record(db, problem, config.to_dict(), ms, baseline_ms=10.0)
         epilab.explain(clear=True)
@@ -676,7 +676,7 @@ def test_statistics_on_gpu(shape, loop, ordered):
 def test_gemv_statistics_on_gpu(shape, config, ordered):
     gen = torch.Generator().manual_seed(7)
     a, b, res = (t.cuda() for t in _tensors(None, *shape, torch.bfloat16, gen, transposed_b=True))
-    problem = kinds.for_template(make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res}), "gemv")
+    problem = registry.for_template(make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res}), "gemv")
     with epilab_config.patch(deterministic=ordered):
         checked_launch(problem, config, a, b, {"res": res})
 
@@ -724,9 +724,9 @@ def test_ordered_statistics_are_reproducible_on_gpu():
     problem = make_problem(a, b, statistics_epilogue("bfloat16"), {"res": res})
     config = Config(128, 128, 64, num_warps=8, num_stages=3)
     with epilab_config.patch(deterministic=True):
-        first = kinds.launch(problem, config, a, b, {"res": res})
+        first = registry.launch(problem, config, a, b, {"res": res})
         for _ in range(50):
-            again = kinds.launch(problem, config, a, b, {"res": res})
+            again = registry.launch(problem, config, a, b, {"res": res})
             assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True))
 
 

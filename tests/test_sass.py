@@ -1,11 +1,11 @@
-"""``templates/sass.py`` on hand-written ``cuobjdump -sass`` text: the controls decoded from the
+"""``templates/tools/sass.py`` on hand-written ``cuobjdump -sass`` text: the controls decoded from the
 high words, the innermost wgmma loops found (not the loops around them, not the retry stubs
 after EXIT), and an instruction before a loop's last wgmma that waits for a load of the same
 iteration reported (one after it, or one before the load, is not)."""
 
 from __future__ import annotations
 
-from epilab.templates.sass import NO_SCOREBOARD, instructions, main_loops
+from epilab.templates.tools.sass import NO_SCOREBOARD, instructions, main_loops
 
 
 def _controls(write: int = NO_SCOREBOARD, wait: int = 0) -> int:

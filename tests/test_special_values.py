@@ -22,8 +22,8 @@ import torch
 
 from epilab.ir.epilogue import Epilogue, acc, apply, operand, ops
 from epilab.ir.rules import DTYPES, RULES
-from epilab.templates.kinds import default_config, launch
-from epilab.templates.matmul import make_problem
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.registry import default_config, launch
 
 SPECIALS = [
     0.0, -0.0, math.inf, -math.inf, math.nan,

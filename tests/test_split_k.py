@@ -18,12 +18,12 @@ from test_conv2d import GEOMETRIES, run_geometry
 from test_matmul import DTYPES, EPILOGUES, run_case
 
 import epilab
+from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Shape
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates.kinds import bind, for_template
-from epilab.templates.matmul import make_problem, reference
-from epilab.templates.matmul_api import simple_epilogue
+from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.registry import bind, for_template
 
 # (batch, M, N, K) with 16-deep K blocks: 41 -> 3 blocks, 100 -> 7, 70 -> 5, 129 -> 9
 SHAPES = [(None, 37, 45, 100), (None, 7, 9, 41), (3, 20, 33, 70), (None, 1, 41, 129)]

@@ -20,13 +20,13 @@ from test_matmul import DTYPES, EPILOGUES, run_case
 from test_split_k import bf16_problem
 
 import epilab
+from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Shape
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import bound
-from epilab.templates.kinds import bind, for_template
-from epilab.templates.matmul import make_problem, reference
-from epilab.templates.matmul_api import simple_epilogue
+from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.registry import bind, for_template
 
 # (batch, M, N, K) for 16x32 tiles and 16-deep K blocks on the interpreter's 4 programs:
 #   37x45x100: 6 tiles x 7 K blocks, all stream-K (42 iterations, 10 or 11 a program)
@@ -212,7 +212,7 @@ def test_gpu_stream_k_is_bitwise_reproducible_over_many_launches(variant):
 def test_gpu_stream_k_replays_and_runs_in_a_cuda_graph():
     """The compiled op's Replay looks the workspace up per call and stream; a CUDA graph
     captured on its own stream keeps the workspace it was captured with."""
-    from epilab.templates.launcher import Replay
+    from epilab.templates.runtime.replay import Replay
 
     problem, a, b, ep, ops = _llm_problem(777, 1000, 4096)
     config = Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="stream_k")

@@ -29,10 +29,10 @@ from epilab.compiler.op import TEMPLATE_CALL
 from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Problem
-from epilab.templates.conv2d import conv_epilogue, make_conv_problem, matmul_twin
-from epilab.templates.gemv import gemv_twin
-from epilab.templates.kinds import default_config
-from epilab.templates.matmul import make_problem, reference
+from epilab.templates.conv.conv2d import conv_epilogue, make_conv_problem, matmul_twin
+from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.gemv.gemv import gemv_twin
+from epilab.templates.registry import default_config
 
 GEN = torch.Generator().manual_seed(0)
 

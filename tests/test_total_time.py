@@ -10,8 +10,8 @@ from test_tuner import runner
 
 from epilab.cli import app
 from epilab.db import TuningDB
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import is_current
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.registry import is_current
 from epilab.tuner.search import Budget
 from epilab.tuner.total_time import model_tuning_s, parse_duration, spread, weight
 from epilab.tuner.tune import TuneOptions, Tuner

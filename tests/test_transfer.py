@@ -18,7 +18,7 @@ from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config, OperandSpec, Problem, Shape
 from epilab.policy.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance, epilogue_bytes, why_not
-from epilab.templates.kinds import template_hash
+from epilab.templates.registry import template_hash
 
 CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 2, "num_stages": 1}
 

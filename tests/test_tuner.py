@@ -20,9 +20,9 @@ from epilab.db import TuningDB
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
 from epilab.policy.suites import SUITES, load_shapes
-from epilab.templates.conv_spec import ConvSpec
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import is_current, kind_of
+from epilab.templates.conv.conv_spec import ConvSpec
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.registry import is_current, kind_of
 from epilab.tuner.evaluate import make_inputs
 from epilab.tuner.phases import PHASES
 from epilab.tuner.search import Budget, Outcome, make_study, search
@@ -661,7 +661,7 @@ def test_tune_refuses_without_cuda_and_explains(tmp_path):
 
 
 def test_small_m_matmuls_are_tuned_with_both_templates():
-    from epilab.templates.kinds import twins
+    from epilab.templates.registry import twins
 
     small = Spec(8, 4096, 4096, epilogue="bias").problem()
     assert [p.template for p in twins(small)] == ["matmul", "gemv"]

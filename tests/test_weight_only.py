@@ -21,14 +21,14 @@ from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import HOPPER, infeasible, smem_bytes
 from epilab.policy.suites import suite
-from epilab.templates import grouped_matmul
-from epilab.templates.dual_weight_only import make_dual_weight_only_problem
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import for_template, kind_of, twins
-from epilab.templates.matmul import STREAM_K_VARIANTS, TRITON_VARIANTS, make_problem
+from epilab.templates.gemm.dual_weight_only import make_dual_weight_only_problem
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.gemm.matmul import STREAM_K_VARIANTS, TRITON_VARIANTS, make_problem
+from epilab.templates.gemm.weight_geometry import WeightGeometry
+from epilab.templates.gemm.weight_only import KIND, make_weight_only_problem
+from epilab.templates.grouped import grouped_matmul
+from epilab.templates.registry import for_template, kind_of, twins
 from epilab.templates.verify import checked_launch
-from epilab.templates.weight_geometry import WeightGeometry
-from epilab.templates.weight_only import KIND, make_weight_only_problem
 from epilab.tuner.tune import input_bytes
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -518,7 +518,7 @@ def test_swapped_loops_read_the_converted_weight_from_registers():
     """Compiled for sm_90a: with SWAP_AB every wgmma of the K loop takes the converted weight
     tile as its register operand (no copy of it through shared memory), without spills; with
     the weight on the right every wgmma reads both operands from shared memory."""
-    from epilab.templates.cross import compile_in_subprocess
+    from epilab.templates.tools.cross import compile_in_subprocess
 
     answers = compile_in_subprocess([(spec.problem(), config) for spec, config in SWAP_COMPILED])
     for (_, config), answer in zip(SWAP_COMPILED, answers, strict=True):

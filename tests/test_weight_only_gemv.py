@@ -1,4 +1,4 @@
-"""The weight-only GEMVs (templates/weight_only_gemv.py): decode-time weight-only problems
+"""The weight-only GEMVs (templates/gemv/weight_only_gemv.py): decode-time weight-only problems
 (M <= 16, a 16-bit A, an fp8 weight) on the gemv kernel, each fp8 slab converted after its
 load; checked against float64 on the interpreter and, with ``-m gpu``, on the GPU."""
 
@@ -10,11 +10,11 @@ import torch
 from epilab.ir.epilogue import Epilogue, acc, operand
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates import weight_only_gemv
-from epilab.templates.dual_weight_only import make_dual_weight_only_problem
-from epilab.templates.kinds import kind_of, twins, untuned_choice
+from epilab.templates.gemm.dual_weight_only import make_dual_weight_only_problem
+from epilab.templates.gemm.weight_only import make_weight_only_problem
+from epilab.templates.gemv import weight_only_gemv
+from epilab.templates.registry import kind_of, twins, untuned_choice
 from epilab.templates.verify import checked_launch
-from epilab.templates.weight_only import make_weight_only_problem
 from tests.test_weight_only import (
     FP8,
     WIDE,

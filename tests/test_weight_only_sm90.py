@@ -1,4 +1,4 @@
-"""The Gluon weight-only kernel (variant ``sm90_weight_only``, ``templates/matmul_sm90.py``): a
+"""The Gluon weight-only kernel (variant ``sm90_weight_only``, ``templates/gemm/matmul_sm90.py``): a
 16-bit A times an fp8 weight, the weight's converted slice wgmma's left operand in registers.
 
 CPU: what it takes and refuses (weight-only problems only, A row-major and the weight K-major,
@@ -7,7 +7,7 @@ stores, statistics or groups, 16-byte weight rows), BLOCK_N = 192 for this varia
 search spaces (the weight-only kind draws it, the matmul and dual kinds do not), the tuner's
 feasibility (never in the interpreter), and that it (and every Gluon seed of both kinds)
 compiles for sm_90a without spills and without wgmmas serialized by ptxas, every wgmma of its K
-loops reading the weight from registers (``templates/cross.py``). GPU
+loops reading the weight from registers (``templates/tools/cross.py``). GPU
 (``-m gpu``): ragged shapes (partial tiles, weight rows past N, a partial last K step, an odd
 and an even number of K steps), both fp8 formats, fp16 and bf16 A, an epilogue with the
 weight's scales, a bias, GELU, a residual and a second fp32 output, against float64 and the
@@ -29,12 +29,12 @@ from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates import matmul, matmul_sm90
-from epilab.templates.dual_weight_only import KIND as DUAL_KIND
-from epilab.templates.gemm_spec import Spec
-from epilab.templates.kinds import kind_of
+from epilab.templates.gemm import matmul, matmul_sm90
+from epilab.templates.gemm.dual_weight_only import KIND as DUAL_KIND
+from epilab.templates.gemm.gemm_spec import Spec
+from epilab.templates.gemm.weight_only import KIND, make_weight_only_problem
+from epilab.templates.registry import kind_of
 from epilab.templates.verify import checked_launch
-from epilab.templates.weight_only import KIND, make_weight_only_problem
 
 W = "sm90_weight_only"
 TWO = Config(256, 128, 64, 8, num_warps=4, num_stages=3, variant=W)  # 2 warp groups of 64 weight rows

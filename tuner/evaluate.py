@@ -21,8 +21,8 @@ from epilab.ir import dtypes
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Problem
 from epilab.templates.kind import InputSet
-from epilab.templates.kinds import bind, kind_of
-from epilab.templates.runtime import target_for
+from epilab.templates.registry import bind, kind_of
+from epilab.templates.runtime.binding import target_for
 from epilab.templates.verify import failure, output_errors, poisoned_outputs, random_inputs
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
 
@@ -47,7 +47,7 @@ def device_for_tuning() -> torch.device:
 
 
 def target_for_is_interpreter() -> bool:
-    from epilab.templates.build import interpreter_active
+    from epilab.templates.runtime.build import interpreter_active
 
     return interpreter_active()
 

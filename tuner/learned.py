@@ -20,7 +20,7 @@ import hashlib
 from epilab.db import Record
 from epilab.ir.problem import Config, Problem
 from epilab.policy.suites import problem_label
-from epilab.templates.kinds import source
+from epilab.templates.registry import source
 
 
 def specialization(problem: Problem) -> tuple[object, ...]:

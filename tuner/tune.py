@@ -34,7 +34,7 @@ from epilab.policy.nearest import warm_seeds
 from epilab.policy.roofline import good_enough_ms
 from epilab.policy.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.policy.suites import problem_label
-from epilab.templates.kinds import kind_of
+from epilab.templates.registry import kind_of
 from epilab.tuner.compile_server import ServerPool, compile_pool
 from epilab.tuner.learned import LearnedRules
 from epilab.tuner.phases import add_phases

@@ -15,7 +15,7 @@ from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB
 from epilab.ir.problem import Problem, identity_key_of
 from epilab.policy.suites import load_shapes, problem_label
 from epilab.policy.suites import suite as builtin_suite
-from epilab.templates.kinds import is_current, superseded, twins
+from epilab.templates.registry import is_current, superseded, twins
 from epilab.tuner.fleet import FleetOptions, parse_devices
 
 Work = list[tuple[str, Problem]]
@@ -78,7 +78,7 @@ def unserved(store: TuningDB, device: DeviceInfo, problems: Sequence[Problem]) -
     """The problems that no record serves yet: one per performance identity, and none whose
     math another problem's records already cover (``Problem.identity``). Records of
     another M (a family fallback) do not count: the problem is tuned. A problem whose twin's
-    kind always runs it far faster (``kinds.superseded``: a depthwise convolution's implicit
+    kind always runs it far faster (``registry.superseded``: a depthwise convolution's implicit
     GEMM) is left to that twin."""
     out, identities = [], set()
     for problem in problems:

@@ -38,7 +38,7 @@ from epilab.ir.epilogue_print import readable
 from epilab.ir.epilogue_text import parse_text
 from epilab.ir.patterns import identity
 from epilab.ir.problem import Problem
-from epilab.templates.kinds import default_config
+from epilab.templates.registry import default_config
 from zoo import ZOO, Spec
 from zoo.convnets import randomize_norms
 

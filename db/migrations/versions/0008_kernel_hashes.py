@@ -61,7 +61,7 @@ def hash_now(template: str, text: str) -> str | None:
     then; None where it was stale then, or cannot be read (it stays as it was). ``epilab db
     import`` gives a problem of an older export the same."""
     from epilab.ir.problem import Problem
-    from epilab.templates.kinds import template_hash
+    from epilab.templates.registry import template_hash
 
     try:
         problem = Problem.from_json(text)
@@ -77,7 +77,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    from epilab.templates.kinds import is_current
+    from epilab.templates.registry import is_current
 
     def then(template: str, text: str) -> str | None:
         return HASHES_AT_0007.get(template) if is_current(text) else None

@@ -25,9 +25,8 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import DUAL_OP, Config, Problem
-from epilab.templates import gemv, matmul, matmul_sm90
-from epilab.templates.kind import MAX_ACC_REGS
-from epilab.templates.matmul import (
+from epilab.templates.gemm import matmul, matmul_sm90
+from epilab.templates.gemm.matmul import (
     FILES,
     bind_matmul,
     idle_threads_error,
@@ -35,7 +34,8 @@ from epilab.templates.matmul import (
     matmul_inputs,
     random_tensor,
 )
-from epilab.templates.render import Target, kernel_hash
+from epilab.templates.kind import MAX_ACC_REGS
+from epilab.templates.runtime.render import Target
 
 B2 = "b2"  # the name of the second weight in a call's operands
 OP = DUAL_OP  # ep(A @ B, A @ B2): a problem op of its own (its kinds run it: ``ops``)
@@ -183,21 +183,6 @@ def dual_search_error(problem: Problem, config: Config) -> str | None:
     return idle_threads_error(config) or matmul.warp_specialize_error(config)
 
 
-DUAL_GEMV = "dual_gemv"  # the dual GEMV kind's name (templates/dual_gemv.py: gemv's files)
-
-
-def dual_twins(problem: Problem) -> tuple[Problem, ...]:
-    """A dual problem of a static M <= 16 on the dual GEMV."""
-    m = problem.shape.m
-    if problem.template != "dual_matmul" or not (isinstance(m, int) and m <= gemv.BLOCK_M):
-        return ()
-    return (
-        dataclasses.replace(
-            problem, template=DUAL_GEMV, template_hash=kernel_hash(gemv.FILES, problem.epilogue)
-        ),
-    )
-
-
 SEEDS = [  # two accumulators: 128x128 tiles with 8 warps at most (128 registers each thread)
     Config(128, 128, 64, 8, num_warps=8, num_stages=3, variant="tma_persistent", FLATTEN=1),
     Config(128, 128, 64, 8, num_warps=8, num_stages=4, variant="tma"),
@@ -226,7 +211,6 @@ KIND = dataclasses.replace(  # the matmul's space, output layout and applies; it
     baseline=eager_dual,
     input_elements=dual_input_elements,
     search_error=dual_search_error,
-    twins=dual_twins,
     extra_inputs=(B2,),
     accumulators=2,
     input_dtypes=dtypes.WIDE_INPUT_DTYPES,

@@ -26,17 +26,16 @@ import triton
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Node, Output
 from epilab.ir.problem import WEIGHT_ONLY_OPS, Config, Problem, Shape
-from epilab.templates import matmul
 from epilab.templates.bound import Bound
-from epilab.templates.kind import TemplateKind
-from epilab.templates.matmul import (
+from epilab.templates.gemm import matmul
+from epilab.templates.gemm.matmul import (
     check_inputs,
     hopper_knobs_error,
     matmul_problem_of,
     trivial_bound,
 )
-from epilab.templates.render import EPILOGUE_FILES, kernel_hash
-from epilab.templates.runtime import (
+from epilab.templates.kind import TemplateKind
+from epilab.templates.runtime.binding import (
     INT32_MAX,
     Statistics,
     epilogue_args,
@@ -46,6 +45,7 @@ from epilab.templates.runtime import (
     target_for,
     two_pass_bound,
 )
+from epilab.templates.runtime.render import EPILOGUE_FILES, kernel_hash
 
 _FLIP = {"row": "col", "col": "row"}
 _FLIP_REDUCE = {"row_sum": "col_sum", "col_sum": "row_sum", "row_max": "col_max", "col_max": "row_max"}

@@ -26,10 +26,11 @@ from collections.abc import Mapping
 import torch
 
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OP, Config, Problem
-from epilab.templates import dual_gemv, dual_weight_only, gemv, weight_only
-from epilab.templates.gemv import bind_gemv, split_k_error
-from epilab.templates.render import kernel_hash
-from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
+from epilab.templates.gemm import dual_weight_only, weight_only
+from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
+from epilab.templates.gemv import dual_gemv, gemv
+from epilab.templates.gemv.gemv import bind_gemv, split_k_error
+from epilab.templates.runtime.render import kernel_hash
 
 KIND_NAME = "weight_only_gemv"
 DUAL_KIND_NAME = "dual_weight_only_gemv"
@@ -100,7 +101,7 @@ KIND = dataclasses.replace(  # the weight-only matmul's tensors, inputs and base
     name=KIND_NAME,
     files=gemv.FILES,
     takes=(WEIGHT_ONLY_OP,),
-    twins=twins,  # asked of every problem (kinds.twins): it makes both kinds' twins
+    twins=twins,  # asked of every problem (registry.twins): it makes both kinds' twins
     bind=lambda problem, config, a, b, operands, out=None: bind_gemv(
         problem, config, a, b, operands, out, kind=KIND
     ),

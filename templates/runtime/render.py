@@ -30,7 +30,23 @@ if TYPE_CHECKING:
 
 Target = Literal["cuda", "interpreter"]
 TARGETS = ("cuda", "interpreter")
-TEMPLATE_DIR = Path(__file__).parent
+TEMPLATE_ROOT = Path(__file__).resolve().parents[1]  # templates/
+# Where Jinja files are found: the shared epilogue files at the root, each family's in its
+# folder. A file is named without its folder (in ``TemplateKind.files``, in includes and in
+# ``files_hash``), so moving one between folders changes no kernel's hash.
+TEMPLATE_DIRS = (
+    TEMPLATE_ROOT,
+    *sorted({p.parent for p in TEMPLATE_ROOT.rglob("*.py.jinja")} - {TEMPLATE_ROOT}),
+)
+
+
+def template_path(name: str) -> Path:
+    """The Jinja file ``name`` (no folder), wherever under ``TEMPLATE_DIRS`` it is."""
+    found = [d / name for d in TEMPLATE_DIRS if (d / name).is_file()]
+    if len(found) != 1:
+        raise ValueError(f"template file {name!r}: {'not found' if not found else 'in two folders'}")
+    return found[0]
+
 
 # The files every template's epilogue depends on (a kind's ``files`` end with them). They
 # are not hashed as files: what they put into a problem's kernels is (``kernel_hash``).
@@ -43,7 +59,7 @@ _PROBE_ARGS = {
 }
 
 _ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+    loader=jinja2.FileSystemLoader(TEMPLATE_DIRS),
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
@@ -58,7 +74,7 @@ def files_hash(files: tuple[str, ...]) -> str:
     records stale."""
     h = hashlib.sha256()
     for name in files:
-        h.update(name.encode() + b"\0" + (TEMPLATE_DIR / name).read_bytes() + b"\0")
+        h.update(name.encode() + b"\0" + template_path(name).read_bytes() + b"\0")
     return h.hexdigest()
 
 

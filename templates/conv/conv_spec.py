@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from epilab.ir.dtypes import INPUT_DTYPES
 from epilab.ir.problem import OperandSpec, Problem, Shape
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
-from epilab.templates.conv_geometry import ConvGeometry, layout_for
-from epilab.templates.kinds import default_template, template_hash
+from epilab.templates.conv.conv_geometry import ConvGeometry, layout_for
+from epilab.templates.registry import default_template, template_hash
 
 MEMORY = ("nhwc", "nchw")
 KEYS = frozenset(

@@ -1,5 +1,5 @@
 """The matmul template's Python half: problems from tensors, a default config,
-the launcher and the float64 reference (``epilab.matmul`` is in matmul_api.py).
+the launcher and the float64 reference (``epilab.matmul`` is in api/matmul.py).
 
     C[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n], operands)
 
@@ -30,11 +30,11 @@ from epilab.ir.problem import (
     applied_precision,
 )
 from epilab.ir.rules import RULES
-from epilab.templates import matmul_sm90
 from epilab.templates.bound import Bound, Described, Workspace
+from epilab.templates.gemm import matmul_sm90
+from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES
 from epilab.templates.kind import OutputSpec, TemplateKind
-from epilab.templates.render import EPILOGUE_FILES, Target, kernel_hash
-from epilab.templates.runtime import (
+from epilab.templates.runtime.binding import (
     INT32_MAX,
     checked_operands,
     epilogue_args,
@@ -47,7 +47,7 @@ from epilab.templates.runtime import (
     target_for,
     tma_readable,
 )
-from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES
+from epilab.templates.runtime.render import EPILOGUE_FILES, Target, kernel_hash
 
 _GRID_Y_MAX = 65535
 
@@ -280,7 +280,7 @@ def _as_3d(t: torch.Tensor, batch: int) -> tuple[tuple[int, int, int], tuple[int
 
 def check_inputs(a: torch.Tensor, b: torch.Tensor, *, weight_only: bool = False) -> _Batched:
     """A and B's shapes, strides and batch, checked: one dtype, or (``weight_only``) a 2-D
-    float16 or bfloat16 A and a 2-D fp8 B (``templates/weight_only.py``)."""
+    float16 or bfloat16 A and a 2-D fp8 B (``templates/gemm/weight_only.py``)."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -942,5 +942,5 @@ KIND = TemplateKind(
     device_error=matmul_sm90.device_error,
     output_staging=matmul_sm90.staging_copies,
     stream_k=lambda config: config.variant in STREAM_K_VARIANTS,
-    spec_module="epilab.templates.gemm_spec",
+    spec_module="epilab.templates.gemm.gemm_spec",
 )

@@ -79,9 +79,16 @@ from epilab.ir.problem import (
 )
 from epilab.ir.quantize import quantized_groups
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
-from epilab.templates.kinds import KINDS, default_config, default_template, for_template, template_hash, twins
-from epilab.templates.runtime import layout_of
-from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
+from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
+from epilab.templates.registry import (
+    KINDS,
+    default_config,
+    default_template,
+    for_template,
+    template_hash,
+    twins,
+)
+from epilab.templates.runtime.binding import layout_of
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
 KEYS = frozenset(

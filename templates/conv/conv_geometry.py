@@ -140,7 +140,7 @@ def conv_problem(
     batch: Dim | None = None,
 ) -> Problem:
     """The conv2d Problem of checked tensors (real or fake): (name, broadcast, tensor) per operand;
-    ``template_hash`` is the registry's for the epilogue (``kinds.template_hash``); ``batch``:
+    ``template_hash`` is the registry's for the epilogue (``registry.template_hash``); ``batch``:
     the images as a symbolic dim (a dynamic batch), else the input's."""
     specs = [
         OperandSpec(

@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 
 from epilab.ir.problem import Config, Problem
-from epilab.templates import dual_matmul, gemv
-from epilab.templates.gemv import bind_gemv, split_k_error
+from epilab.templates.gemm import dual_matmul
+from epilab.templates.gemv import gemv
+from epilab.templates.gemv.gemv import bind_gemv, split_k_error
+from epilab.templates.runtime.render import kernel_hash
 
 
 def config_error(problem: Problem, config: Config) -> str | None:
@@ -26,6 +28,20 @@ def config_error(problem: Problem, config: Config) -> str | None:
     if not (isinstance(m, int) and m <= gemv.BLOCK_M):
         return f"the dual GEMV takes a static M <= {gemv.BLOCK_M}, got M={m}"
     return gemv.loop_error(problem, config)
+
+
+NAME = "dual_gemv"
+
+
+def dual_twins(problem: Problem) -> tuple[Problem, ...]:
+    """A dual problem of a static M <= 16 on the dual GEMV (the dual GEMM's twin, as the gemv
+    is the matmul's: this kind, not the dual GEMM's, says which of its problems it runs)."""
+    m = problem.shape.m
+    if problem.template != "dual_matmul" or not (isinstance(m, int) and m <= gemv.BLOCK_M):
+        return ()
+    return (
+        dataclasses.replace(problem, template=NAME, template_hash=kernel_hash(gemv.FILES, problem.epilogue)),
+    )
 
 
 def dual_gemv_search_error(problem: Problem, config: Config) -> str | None:
@@ -41,7 +57,7 @@ SEEDS = [  # the gemv's, with narrower column tiles (two B slabs per step)
 
 KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's tensors
     dual_matmul.KIND,
-    name=dual_matmul.DUAL_GEMV,
+    name=NAME,
     files=gemv.FILES,
     ops=(),  # it runs the dual problems it takes (dual_matmul's twins)
     takes=dual_matmul.KIND.ops,
@@ -50,13 +66,13 @@ KIND = dataclasses.replace(  # the gemv's space and heuristic; the dual GEMM's t
     check=config_error,
     default_config=gemv.default_gemv_config,
     kernel_shape=lambda problem: problem.shape,
-    problem_of=dual_matmul.problem_of_on(dual_matmul.DUAL_GEMV, gemv.FILES),
+    problem_of=dual_matmul.problem_of_on(NAME, gemv.FILES),
     bind=lambda problem, config, a, b, operands, out=None: bind_gemv(
         problem, config, a, b, operands, out, kind=KIND
     ),
     search_error=dual_gemv_search_error,
     applies=lambda name, chosen: True,
-    twins=lambda problem: (),
+    twins=dual_twins,
     prefer_untuned=True,
     split_k_underfilled=gemv.KIND.split_k_underfilled,
     reductions=True,

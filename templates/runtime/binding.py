@@ -1,7 +1,7 @@
 """What every template kind shares at run time: the target a device runs
 on, how operands and outputs are laid out and passed, the check that outputs stand apart
 from the inputs, the kernel cache, and ``Bound`` (a launch with every argument fixed, which
-``launcher.Replay`` and CUDA graphs run again)."""
+``replay.Replay`` and CUDA graphs run again)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from epilab.ir import dtypes
 from epilab.ir.epilogue import REDUCTIONS, Epilogue
 from epilab.ir.problem import Config, Dim, OperandSpec, Problem
 from epilab.templates.bound import Bound, CallScratch, Launch, Workspace
-from epilab.templates.build import build, interpreter_active
 from epilab.templates.kind import TemplateKind
-from epilab.templates.render import Target, kernel_name, render
+from epilab.templates.runtime.build import build, interpreter_active
+from epilab.templates.runtime.render import Target, kernel_name, render
 
 INT32_MAX = 2**31 - 1
 
@@ -29,7 +29,7 @@ INT32_MAX = 2**31 - 1
 
 
 # Set while binding launches without launching them: on CPU tensors for CUDA without a GPU
-# (``templates/cross.py``), or on meta tensors for a kernel a compiled graph launches
+# (``templates/tools/cross.py``), or on meta tensors for a kernel a compiled graph launches
 # (``compiler/emit.py``). Such tensors then stand for ones of a device with this many SMs
 # whose kernels are built for this target, and nothing is launched.
 _binding: ContextVar[tuple[int, Target] | None] = ContextVar("epilab_binding", default=None)

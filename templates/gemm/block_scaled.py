@@ -30,9 +30,9 @@ import triton
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
-from epilab.templates import matmul, matmul_sm90
-from epilab.templates.matmul import FILES, bind_matmul, make_problem, matmul_inputs
-from epilab.templates.render import Target
+from epilab.templates.gemm import matmul, matmul_sm90
+from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem, matmul_inputs
+from epilab.templates.runtime.render import Target
 
 OP = BLOCK_SCALED_OP
 GROUP = 128  # elements of K (and of N, for B) a scale covers

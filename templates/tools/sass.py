@@ -7,7 +7,7 @@ signals when its result is written, the scoreboards the instruction waits for, o
 ``main_loops`` finds the innermost loops that issue wgmma, and in each the instructions up to
 its last wgmma that wait for a global load issued earlier in the same iteration: a load whose
 latency is not hidden, as it holds up that iteration's MMAs (RESULTS.md, 2026-11-29: the
-block-scaled kernel's scales). ``templates/cross.py`` reports them for a compiled kernel.
+block-scaled kernel's scales). ``templates/tools/cross.py`` reports them for a compiled kernel.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from epilab.ir.dtypes import WIDE_INPUT_DTYPES
 from epilab.ir.patterns import canonical_order, swap_accumulators
 from epilab.ir.problem import OperandSpec, Problem, Shape
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
-from epilab.templates.grouped_geometry import MAX_EXPERTS, SCATTERS, GroupedGeometry
-from epilab.templates.kinds import default_template, template_hash
+from epilab.templates.grouped.grouped_geometry import MAX_EXPERTS, SCATTERS, GroupedGeometry
+from epilab.templates.registry import default_template, template_hash
 
 OP, DUAL_OP = "grouped_mm", "dual_grouped_mm"
 LAYOUTS = ("col", "row")  # of each expert's B [K, N]: col is B = w.transpose(-1, -2), w [E, N, K]

@@ -29,14 +29,13 @@ import triton
 from epilab.ir import dtypes
 from epilab.ir.epilogue import REDUCTIONS, Epilogue, Output
 from epilab.ir.problem import Config, OperandSpec, Problem, Shape
-from epilab.templates import conv_geometry
 from epilab.templates.bound import Bound
-from epilab.templates.conv_geometry import ConvGeometry, conv_layout, conv_of, conv_problem
+from epilab.templates.conv import conv_geometry
+from epilab.templates.conv.conv_geometry import ConvGeometry, conv_layout, conv_of, conv_problem
+from epilab.templates.gemm.matmul import FILES as MATMUL_FILES
+from epilab.templates.gemm.matmul import hopper_knobs_error, idle_threads_error
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
-from epilab.templates.matmul import FILES as MATMUL_FILES
-from epilab.templates.matmul import hopper_knobs_error, idle_threads_error
-from epilab.templates.render import EPILOGUE_FILES, kernel_hash
-from epilab.templates.runtime import (
+from epilab.templates.runtime.binding import (
     INT32_MAX,
     epilogue_args,
     extent,
@@ -44,6 +43,7 @@ from epilab.templates.runtime import (
     split_k_bound,
     target_for,
 )
+from epilab.templates.runtime.render import EPILOGUE_FILES, kernel_hash
 
 _Pair = int | tuple[int, int]
 FILES = ("conv2d.py.jinja", "tile_order.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
@@ -613,5 +613,5 @@ KIND = TemplateKind(
     problem_error=conv_geometry.problem_error,
     label=conv_geometry.label,
     transfer_key=conv_geometry.transfer_key,
-    spec_module="epilab.templates.conv_spec",
+    spec_module="epilab.templates.conv.conv_spec",
 )

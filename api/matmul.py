@@ -20,13 +20,13 @@ from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
 from epilab.ir.problem import Config, Problem
 from epilab.ir.quantize import quantized_groups
-from epilab.templates.block_scaled import A_SCALES, B_SCALES, make_block_problem, scale_shapes
-from epilab.templates.dual_matmul import B2, make_dual_problem
-from epilab.templates.kinds import default_config, launch_unchecked, untuned_choice
-from epilab.templates.matmul import H100_SMS, check_inputs, make_problem
-from epilab.templates.runtime import target_for
-from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES
-from epilab.templates.weight_only import make_weight_only_problem
+from epilab.templates.gemm.block_scaled import A_SCALES, B_SCALES, make_block_problem, scale_shapes
+from epilab.templates.gemm.dual_matmul import B2, make_dual_problem
+from epilab.templates.gemm.matmul import H100_SMS, check_inputs, make_problem
+from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES
+from epilab.templates.gemm.weight_only import make_weight_only_problem
+from epilab.templates.registry import default_config, launch_unchecked, untuned_choice
+from epilab.templates.runtime.binding import target_for
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
@@ -164,7 +164,7 @@ def matmul(
 
 def weight_only_inputs(a: object, b: object) -> bool:
     """Whether ``a`` is float16 / bfloat16 and ``b`` fp8: a weight stored in fp8
-    (``templates/weight_only.py``)."""
+    (``templates/gemm/weight_only.py``)."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
     return (

@@ -22,11 +22,11 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config, Problem
-from epilab.templates import dual_matmul, matmul, matmul_sm90, weight_only
-from epilab.templates.dual_matmul import B2, check_b2
-from epilab.templates.matmul import FILES, bind_matmul, make_problem
-from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
-from epilab.templates.weight_only import weight_error
+from epilab.templates.gemm import dual_matmul, matmul, matmul_sm90, weight_only
+from epilab.templates.gemm.dual_matmul import B2, check_b2
+from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
+from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
+from epilab.templates.gemm.weight_only import weight_error
 
 OP = DUAL_WEIGHT_ONLY_OP
 KIND_NAME = "dual_weight_only_matmul"

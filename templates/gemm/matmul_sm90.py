@@ -49,7 +49,7 @@ from epilab.ir.problem import BATCHED_OPS, DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OPS,
 from epilab.ir.rules import TRITON_DTYPES
 from epilab.templates.bound import Bound, CallScratch, Described
 from epilab.templates.kind import TemplateKind
-from epilab.templates.runtime import single_launch, sm_count, tma_readable
+from epilab.templates.runtime.binding import single_launch, sm_count, tma_readable
 
 SOURCE = "matmul_sm90.py.jinja"
 VARIANTS = ("sm90_persistent", "sm90_pingpong", "sm90_cooperative", "sm90_weight_only")

@@ -1,13 +1,13 @@
 """Compiling a template's kernels for a CUDA GPU on a machine that has none.
 
 ``compile_for(problem, config)`` binds the launch on CPU tensors as if they were on a GPU of
-the given compute capability and SM count (``runtime.cross_binding``), renders the kernel for
+the given compute capability and SM count (``binding.cross_binding``), renders the kernel for
 CUDA and compiles it through Triton (ptxas included) for that target, launching nothing. What
 comes back says what the GPU would run: registers per thread, spilled bytes, shared memory,
 the SASS's opcodes and its main loops (``sass.main_loops``: their instructions, and loads an
 iteration's MMAs wait for). Tests use it to check that the Gluon kernels compile, that
 epilogues do not spill and that main loops do not wait for their own loads, without a GPU;
-``python -m epilab.templates.cross`` does the same for a list of problems and configs (JSON on
+``python -m epilab.templates.tools.cross`` does the same for a list of problems and configs (JSON on
 stdin), e.g. from a probe script.
 
 Triton compiles only outside its interpreter: in a process with ``TRITON_INTERPRET=1`` (the
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from epilab.templates import sass
+from epilab.templates.tools import sass
 
 H100 = (90, 132)  # compute capability x 10, SMs
 _RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
@@ -89,9 +89,9 @@ def compile_for(
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
-    from epilab.templates.build import interpreter_active
-    from epilab.templates.kinds import bind
-    from epilab.templates.runtime import cross_binding
+    from epilab.templates.registry import bind
+    from epilab.templates.runtime.binding import cross_binding
+    from epilab.templates.runtime.build import interpreter_active
     from epilab.templates.verify import random_inputs
 
     if interpreter_active():
@@ -137,7 +137,7 @@ def compile_in_subprocess(
     for item in request["items"]:  # one process each: an abort loses one answer, not all
         one = {**request, "items": [item]}
         done = subprocess.run(
-            [sys.executable, "-m", "epilab.templates.cross"],
+            [sys.executable, "-m", "epilab.templates.tools.cross"],
             input=json.dumps(one),
             capture_output=True,
             text=True,

@@ -16,13 +16,13 @@ from functools import lru_cache
 
 import torch
 
+from epilab.api.matmul import ACTIVATIONS, _refuse_grad, _run
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, operand, ops
 from epilab.ir.problem import Config
-from epilab.templates.dual_grouped_matmul import B2, make_dual_grouped_problem
-from epilab.templates.grouped_geometry import GATHER, SCATTER
-from epilab.templates.grouped_matmul import OFFS, check_routing, check_tensors, make_grouped_problem
-from epilab.templates.matmul_api import ACTIVATIONS, _refuse_grad, _run
+from epilab.templates.grouped.dual_grouped_matmul import B2, make_dual_grouped_problem
+from epilab.templates.grouped.grouped_geometry import GATHER, SCATTER
+from epilab.templates.grouped.grouped_matmul import OFFS, check_routing, check_tensors, make_grouped_problem
 
 
 def grouped_matmul(

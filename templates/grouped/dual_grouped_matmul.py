@@ -20,11 +20,17 @@ import torch
 
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem
-from epilab.templates import grouped_matmul
-from epilab.templates.grouped_geometry import GATHER, SCATTER
-from epilab.templates.grouped_matmul import FILES, OFFS, bind_grouped, make_grouped_problem, routing_of
-from epilab.templates.matmul import H100_SMS, idle_threads_error
-from epilab.templates.render import Target
+from epilab.templates.gemm.matmul import H100_SMS, idle_threads_error
+from epilab.templates.grouped import grouped_matmul
+from epilab.templates.grouped.grouped_geometry import GATHER, SCATTER
+from epilab.templates.grouped.grouped_matmul import (
+    FILES,
+    OFFS,
+    bind_grouped,
+    make_grouped_problem,
+    routing_of,
+)
+from epilab.templates.runtime.render import Target
 
 OP = "dual_grouped_mm"
 B2 = "b2"  # the name of the second weight in a call's operands

@@ -37,9 +37,10 @@ import triton
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem, Shape
-from epilab.templates import grouped_geometry
 from epilab.templates.bound import Bound, Described
-from epilab.templates.grouped_geometry import (
+from epilab.templates.gemm.matmul import H100_SMS, contiguous_specs, idle_threads_error, random_tensor
+from epilab.templates.grouped import grouped_geometry
+from epilab.templates.grouped.grouped_geometry import (
     GATHER,
     SCATTER,
     GroupedGeometry,
@@ -48,9 +49,7 @@ from epilab.templates.grouped_geometry import (
     output_rows,
 )
 from epilab.templates.kind import MAX_ACC_REGS, OutputSpec, TemplateKind
-from epilab.templates.matmul import H100_SMS, contiguous_specs, idle_threads_error, random_tensor
-from epilab.templates.render import EPILOGUE_FILES, Target, kernel_hash
-from epilab.templates.runtime import (
+from epilab.templates.runtime.binding import (
     INT32_MAX,
     checked_operands,
     epilogue_args,
@@ -61,6 +60,7 @@ from epilab.templates.runtime import (
     sm_count,
     target_for,
 )
+from epilab.templates.runtime.render import EPILOGUE_FILES, Target, kernel_hash
 
 FILES = ("grouped_matmul.py.jinja", "tile_order.py.jinja", *EPILOGUE_FILES)
 OP = "grouped_mm"  # a problem op of its own (torch._grouped_mm's)
@@ -737,5 +737,5 @@ KIND = TemplateKind(
     problem_error=grouped_geometry.problem_error,
     label=grouped_geometry.label,
     transfer_key=grouped_geometry.transfer_key,
-    spec_module="epilab.templates.grouped_spec",
+    spec_module="epilab.templates.grouped.grouped_spec",
 )

@@ -19,24 +19,14 @@ from epilab.ir import rules
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem, register_templates
 from epilab.ir.spec import SpecFormat
-from epilab.templates import (
-    block_scaled,
-    conv2d,
-    depthwise,
-    dual_gemv,
-    dual_grouped_matmul,
-    dual_matmul,
-    dual_weight_only,
-    gemv,
-    grouped_matmul,
-    matmul,
-    weight_only,
-    weight_only_gemv,
-)
 from epilab.templates.bound import Bound
+from epilab.templates.conv import conv2d, depthwise
+from epilab.templates.gemm import block_scaled, dual_matmul, dual_weight_only, matmul, weight_only
+from epilab.templates.gemv import dual_gemv, gemv, weight_only_gemv
+from epilab.templates.grouped import dual_grouped_matmul, grouped_matmul
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
-from epilab.templates.render import Target, files_hash, kernel_hash, render
-from epilab.templates.runtime import check_apart
+from epilab.templates.runtime.binding import check_apart
+from epilab.templates.runtime.render import Target, files_hash, kernel_hash, render
 
 KINDS: dict[str, TemplateKind] = {
     kind.name: kind

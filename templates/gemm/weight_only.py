@@ -28,9 +28,9 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import WEIGHT_ONLY_OP, Config, Problem
-from epilab.templates import matmul, matmul_sm90
-from epilab.templates.matmul import FILES, bind_matmul, make_problem, matmul_inputs
-from epilab.templates.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
+from epilab.templates.gemm import matmul, matmul_sm90
+from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem, matmul_inputs
+from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
 
 OP = WEIGHT_ONLY_OP
 KIND_NAME = "weight_only_matmul"

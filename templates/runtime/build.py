@@ -26,7 +26,7 @@ import triton
 import triton.language
 
 from epilab.config import SettingsError, settings
-from epilab.templates.render import TARGETS, Target
+from epilab.templates.runtime.render import TARGETS, Target
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}

@@ -24,9 +24,9 @@ import torch
 import triton
 
 from epilab.ir.problem import CHOICES, Config, Problem, Shape
-from epilab.templates import conv_geometry
 from epilab.templates.bound import Bound
-from epilab.templates.conv2d import (
+from epilab.templates.conv import conv_geometry
+from epilab.templates.conv.conv2d import (
     conv_call,
     conv_input_elements,
     conv_inputs,
@@ -36,10 +36,10 @@ from epilab.templates.conv2d import (
     empty_conv_outputs,
     output_specs,
 )
-from epilab.templates.conv_geometry import ConvGeometry, conv_of
+from epilab.templates.conv.conv_geometry import ConvGeometry, conv_of
 from epilab.templates.kind import TemplateKind
-from epilab.templates.render import EPILOGUE_FILES, kernel_hash
-from epilab.templates.runtime import single_launch, target_for
+from epilab.templates.runtime.binding import single_launch, target_for
+from epilab.templates.runtime.render import EPILOGUE_FILES, kernel_hash
 
 FILES = ("depthwise.py.jinja", "depthwise_w_vector.py.jinja", *EPILOGUE_FILES)
 MULTIPLIERS = (1, 2)  # output channels per input channel
@@ -505,5 +505,5 @@ KIND = TemplateKind(
     problem_error=geometry_error,
     label=conv_geometry.label,
     transfer_key=conv_geometry.transfer_key,
-    spec_module="epilab.templates.conv_spec",
+    spec_module="epilab.templates.conv.conv_spec",
 )

@@ -1,0 +1,1 @@
+"""Convolutions: conv2d (implicit GEMM) and depthwise, their geometry and spec format."""

@@ -1,0 +1,1 @@
+"""Matrix-vector products: gemv, its dual (gated) twin and weight-only gemv."""

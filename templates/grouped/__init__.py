@@ -1,0 +1,1 @@
+"""Grouped matmuls (MoE experts): the kind, its dual twin, geometry and spec format."""
