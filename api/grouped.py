@@ -97,20 +97,7 @@ def grouped_matmul(
     else:
         if operands:
             raise ValueError("operands= is only used together with epilogue=")
-        if activation is None and b2 is not None:
-            activation = "silu"
-        if activation is not None and activation not in ACTIVATIONS:
-            raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-        tensors = {}
-        for name, x in (("bias", bias), ("bias2", bias2)):
-            if x is not None:
-                tensors[name] = _per_expert_bias(name, x, e, n)
-        if scale is not None:
-            tensors["scale"] = _per_row_scale(scale, t)
-        dtype = dtypes.name_of(out_dtype if out_dtype is not None else a.dtype)
-        epilogue = _build(
-            activation, bias is not None, b2 is not None, bias2 is not None, scale is not None, dtype
-        )
+        epilogue, tensors = _simple_epilogue(a, b2, e, n, t, activation, bias, bias2, scale, out_dtype)
     indices = {GATHER: gather, SCATTER: scatter}
     calls = {OFFS: offs, **{name: x for name, x in indices.items() if x is not None}, **tensors}
     if b2 is None:
@@ -118,6 +105,37 @@ def grouped_matmul(
         return _run(problem, config, a, b, calls)
     problem = make_dual_grouped_problem(a, b, b2, offs, epilogue, tensors, **routing)
     return _run(problem, config, a, b, {B2: b2, **calls})
+
+
+def _simple_epilogue(
+    a: torch.Tensor,
+    b2: torch.Tensor | None,
+    e: int,
+    n: int,
+    t: int,
+    activation: str | None,
+    bias: torch.Tensor | None,
+    bias2: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+) -> tuple[Epilogue, dict[str, torch.Tensor]]:
+    """The epilogue ``grouped_matmul(..., activation=, bias=, ...)`` runs, and its operand
+    tensors (``e`` experts, ``n`` columns, ``t`` grouped rows)."""
+    if activation is None and b2 is not None:
+        activation = "silu"
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, x in (("bias", bias), ("bias2", bias2)):
+        if x is not None:
+            tensors[name] = _per_expert_bias(name, x, e, n)
+    if scale is not None:
+        tensors["scale"] = _per_row_scale(scale, t)
+    dtype = dtypes.name_of(out_dtype if out_dtype is not None else a.dtype)
+    epilogue = _build(
+        activation, bias is not None, b2 is not None, bias2 is not None, scale is not None, dtype
+    )
+    return epilogue, tensors
 
 
 def _per_expert_bias(name: str, x: object, experts: int, n: int) -> torch.Tensor:

@@ -100,55 +100,37 @@ def matmul(
     weight_only = weight_only_inputs(a, b)
     check_inputs(a, b, weight_only=weight_only)
     _refuse_grad("matmul", {"a": a, "b": b, "bias": bias, "residual": residual, **(operands or {})})
+    simple = {
+        "bias": bias,
+        "activation": activation,
+        "residual": residual,
+        "alpha": alpha,
+        "beta": beta,
+        "out_dtype": out_dtype,
+        "scale_a": scale_a,
+        "scale_b": scale_b,
+        "scale_result": scale_result,
+    }
+    block = False
     if epilogue is not None:
-        if (
-            bias is not None
-            or activation is not None
-            or residual is not None
-            or alpha != 1.0
-            or beta != 1.0
-            or out_dtype is not None
-            or scale_a is not None
-            or scale_b is not None
-            or scale_result is not None
-        ):
+        given = [k for k, v in simple.items() if v is not None and k not in ("alpha", "beta")]
+        if given or alpha != 1.0 or beta != 1.0:
             raise ValueError(
                 "pass either epilogue= (with operands=) or bias/activation/residual/"
                 "alpha/beta/out_dtype/scale_a/scale_b/scale_result, not both"
             )
         tensors = dict(operands or {})
-        epilogue = _quantized(epilogue, quantize)
     else:
-        if weight_only and scale_a is not None:
-            raise ValueError(
-                "a weight-only matmul (16-bit a, fp8 b) scales the weight only: scale_b per column "
-                "of b or per tensor; scale_a does not apply"
-            )
         if operands:
             raise ValueError("operands= is only used together with epilogue=")
-        block = block_scales(a, b, scale_a, scale_b)  # multiplied in the K loop, not the epilogue
-        if block and use_fast_accum:
-            raise ValueError(
-                "block scales accumulate exactly (each group of 128 elements of K is scaled, then "
-                "added in fp32): use_fast_accum does not apply"
-            )
-        epilogue, tensors = simple_epilogue(
-            a,
-            b,
-            bias=bias,
-            activation=activation,
-            residual=residual,
-            alpha=alpha,
-            beta=beta,
-            out_dtype=out_dtype,
-            scale_a=None if block else scale_a,
-            scale_b=None if block else scale_b,
-            scale_result=scale_result,
-        )
-        epilogue = _quantized(epilogue, quantize)
-        if block:
-            tensors.update({A_SCALES: scale_a, B_SCALES: scale_b.t()})  # type: ignore[union-attr]
-            return _run(make_block_problem(a, b, epilogue, tensors), config, a, b, tensors)
+        block = _check_simple(a, b, weight_only=weight_only, use_fast_accum=use_fast_accum, **simple)
+        if block:  # block scales are multiplied in the K loop, not in the epilogue
+            simple.update(scale_a=None, scale_b=None)
+        epilogue, tensors = simple_epilogue(a, b, **simple)
+    epilogue = _quantized(epilogue, quantize)
+    if block:
+        tensors.update({A_SCALES: scale_a, B_SCALES: scale_b.t()})  # type: ignore[union-attr]
+        return _run(make_block_problem(a, b, epilogue, tensors), config, a, b, tensors)
     if weight_only:
         if use_fast_accum or allow_tf32:
             raise ValueError(
@@ -160,6 +142,31 @@ def matmul(
     precision = "fast" if use_fast_accum else "tf32" if allow_tf32 else "ieee"
     problem = make_problem(a, b, epilogue, tensors, op=op, precision=precision)
     return _run(problem, config, a, b, tensors)
+
+
+def _check_simple(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    weight_only: bool,
+    use_fast_accum: bool,
+    scale_a: torch.Tensor | None,
+    scale_b: torch.Tensor | None,
+    **_: object,
+) -> bool:
+    """Refuse the scales a matmul of these inputs cannot take; whether they are block scales."""
+    if weight_only and scale_a is not None:
+        raise ValueError(
+            "a weight-only matmul (16-bit a, fp8 b) scales the weight only: scale_b per column "
+            "of b or per tensor; scale_a does not apply"
+        )
+    block = block_scales(a, b, scale_a, scale_b)
+    if block and use_fast_accum:
+        raise ValueError(
+            "block scales accumulate exactly (each group of 128 elements of K is scaled, then "
+            "added in fp32): use_fast_accum does not apply"
+        )
+    return block
 
 
 def weight_only_inputs(a: object, b: object) -> bool:

@@ -51,27 +51,7 @@ def report(
     from epilab.reports import data as report_data
     from epilab.reports import html as report_html
 
-    if op is not None:
-        from epilab.templates.registry import problem_ops
-
-        if op not in problem_ops():
-            raise typer.BadParameter(f"{op!r} is not one of {', '.join(problem_ops())}", param_hint="--op")
-    if plotly not in report_html.PLOTLY:
-        raise typer.BadParameter(
-            f"{plotly!r} is not one of {', '.join(report_html.PLOTLY)}", param_hint="--plotly"
-        )
-    for hint, peak in (("--peak-tflops", peak_tflops), ("--peak-gbs", peak_gbs)):
-        if peak is not None and not (math.isfinite(peak) and peak > 0):
-            raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)
-    keys = None
-    if suite is not None:
-        from epilab.policy.suites import suite as builtin_suite
-        from epilab.templates.registry import twins
-
-        try:
-            keys = [p.key for spec in builtin_suite(suite) for p in twins(spec.problem())]
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--suite") from None
+    keys = _checked_filters(op, plotly, peak_tflops, peak_gbs, suite)
     filters = ", ".join(f"{k} {v}" for k, v in (("suite", suite), ("op", op)) if v)
     check_target(out)
     store = open_db(db)
@@ -98,3 +78,32 @@ def report(
         import webbrowser
 
         webbrowser.open(Path(path).resolve().as_uri())
+
+
+def _checked_filters(
+    op: str | None, plotly: str, peak_tflops: float | None, peak_gbs: float | None, suite: str | None
+) -> list[str] | None:
+    """``report``'s options checked (a clear error for each); the keys of ``suite``'s
+    problems and their twins (None: every problem)."""
+    from epilab.reports.html import PLOTLY
+
+    if op is not None:
+        from epilab.templates.registry import problem_ops
+
+        if op not in problem_ops():
+            raise typer.BadParameter(f"{op!r} is not one of {', '.join(problem_ops())}", param_hint="--op")
+    if plotly not in PLOTLY:
+        raise typer.BadParameter(f"{plotly!r} is not one of {', '.join(PLOTLY)}", param_hint="--plotly")
+    for hint, peak in (("--peak-tflops", peak_tflops), ("--peak-gbs", peak_gbs)):
+        if peak is not None and not (math.isfinite(peak) and peak > 0):
+            raise typer.BadParameter(f"must be a positive number, got {peak}", param_hint=hint)
+    keys = None
+    if suite is not None:
+        from epilab.policy.suites import suite as builtin_suite
+        from epilab.templates.registry import twins
+
+        try:
+            keys = [p.key for spec in builtin_suite(suite) for p in twins(spec.problem())]
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--suite") from None
+    return keys

@@ -4,11 +4,14 @@ compile-server`` (the compile processes the commands of a host share)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from epilab.cli.common import DbOption, JsonOption, open_db, print_json, print_rows, printable
+
+if TYPE_CHECKING:
+    from epilab.db.leases import FleetStatus
 
 
 def tune_compile_server(
@@ -19,7 +22,7 @@ def tune_compile_server(
     """This user's compile servers on this host (the processes `epilab tune` compiles in, shared by
     its commands): each one's pid, the commands connected, its processes and compiles, and when
     it leaves if no command comes."""
-    from epilab.tuner.compile_server import holder, servers, stop
+    from epilab.tuner.compile_admin import holder, servers, stop
 
     found = servers()
     if not found:
@@ -89,9 +92,19 @@ def tune_status(
             f"(done problems over {status.span_s:.0f} s from the first start to the last end)"
         )
 
-    def secs(v: float | None) -> str:
-        return "-" if v is None else f"{v:.0f} s"
+    _print_fleet_tables(status)
+    if status.older_workers:
+        typer.echo(f"({status.older_workers} worker(s) that ended over a day ago not shown)")
+    if not status.counts and not status.workers:
+        typer.echo(f"no shared tuning work recorded in {printable(store.url)}")
 
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f} s"
+
+
+def _print_fleet_tables(status: FleetStatus) -> None:
+    """``tune status``'s tables: the leases held, the failed problems, the workers."""
     if status.active:
         print_rows(
             "leased problems",
@@ -102,8 +115,8 @@ def tune_status(
                     printable(v.device),
                     printable(v.owner or "-"),
                     str(v.attempts),
-                    secs(v.heartbeat_age_s) + " ago",
-                    secs(v.expires_in_s),
+                    _secs(v.heartbeat_age_s) + " ago",
+                    _secs(v.expires_in_s),
                 ]
                 for v in status.active
             ],
@@ -131,7 +144,7 @@ def tune_status(
                     printable(w.name),
                     printable(w.device),
                     w.state,
-                    secs(w.heartbeat_age_s) + " ago",
+                    _secs(w.heartbeat_age_s) + " ago",
                     str(w.problems),
                     str(w.trials),
                     "-" if w.trials_per_hour is None else f"{w.trials_per_hour:.0f}",
@@ -140,7 +153,3 @@ def tune_status(
                 for w in status.workers
             ],
         )
-    if status.older_workers:
-        typer.echo(f"({status.older_workers} worker(s) that ended over a day ago not shown)")
-    if not status.counts and not status.workers:
-        typer.echo(f"no shared tuning work recorded in {printable(store.url)}")

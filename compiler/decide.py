@@ -289,6 +289,35 @@ def _source(hit: Lookup) -> str:
     return "exact record" if hit.exact else f"nearest record (M={hit.m})"
 
 
+def _decide_unrecorded(
+    problem: Problem, ctx: Context, made: Callable[..., Any]
+) -> tuple[Decision, Plan | None, Problem]:
+    """The decision where nothing is recorded for the problem or its twins: the heuristic
+    config under policy always, else the aten path."""
+    missing = f"nothing recorded for this problem on {ctx.device.name}"
+    if ctx.db is None:
+        missing = f"no tuning database ({ctx.db_error})"
+    if ctx.policy == "always":
+        # a skinny matmul runs on the gemv template's heuristic, not on a 16-row matmul tile
+        chosen = untuned_choice(problem)
+        device = ctx.device
+        config = default_config(chosen, ctx.target, sm_count=device.sm_count, capability=device.capability)  # type: ignore[arg-type,union-attr]
+        return made(
+            chosen.key not in ctx.exclude,
+            Plan(config=config),
+            "heuristic",
+            f"policy always; {missing}",
+            chosen,
+        )
+    return made(
+        False,
+        None,
+        None,
+        f"{missing}; the untuned template is not known to win here "
+        "(run `epilab tune --seen`, or compile with tune_missing=True)",
+    )
+
+
 def decide(
     problem: Problem, ctx: Context, anchor: str, shape: str, *, aten_dequantizes: bool = False
 ) -> tuple[Decision, Plan | None, Problem]:
@@ -349,28 +378,7 @@ def decide(
             return made(chosen.key not in ctx.exclude, plan, _source(hit), "policy always", chosen)
         ok, why = _in_context(ctx, chosen, *_verdict(ctx, hit, chosen, aten_dequantizes))
         return made(ok, plan, _source(hit), why, chosen)
-    missing = f"nothing recorded for this problem on {ctx.device.name}"
-    if ctx.db is None:
-        missing = f"no tuning database ({ctx.db_error})"
-    if ctx.policy == "always":
-        # a skinny matmul runs on the gemv template's heuristic, not on a 16-row matmul tile
-        chosen = untuned_choice(problem)
-        device = ctx.device
-        config = default_config(chosen, ctx.target, sm_count=device.sm_count, capability=device.capability)  # type: ignore[arg-type,union-attr]
-        return made(
-            chosen.key not in ctx.exclude,
-            Plan(config=config),
-            "heuristic",
-            f"policy always; {missing}",
-            chosen,
-        )
-    return made(
-        False,
-        None,
-        None,
-        f"{missing}; the untuned template is not known to win here "
-        "(run `epilab tune --seen`, or compile with tune_missing=True)",
-    )
+    return _decide_unrecorded(problem, ctx, made)
 
 
 def candidates_of(problem: Problem) -> list[Problem]:

@@ -232,33 +232,7 @@ class Grower(ABC):
         if target in ROW_REDUCTIONS:
             return self.try_reduction(node, out)
         if target in VIEWS or target in IDENTITY:
-            if not self.takes_views and target not in IDENTITY:
-                return False
-            src = node.args[0]
-            sizes = [n for n in node.all_input_nodes if n is not src]  # symbolic sizes are nodes too
-            if src not in self.values or any(val(n) is not None for n in sizes):
-                return False
-            in_shape = list(val(src).shape)  # type: ignore[union-attr]
-            out_shape = list(out.shape)
-            if target in IDENTITY:
-                if not same_shape(in_shape, out_shape):
-                    return False
-                self.shape_src[node] = self.shape_src[src]  # type: ignore[index]
-            elif src in self.grouped or (out_shape and not same(out_shape[-1], self.O[-1])):
-                return self.try_groups(node, src, in_shape, out_shape)
-            else:
-                # rows split or merged: same last dim, same number of elements
-                if (
-                    not out_shape
-                    or not same(out_shape[-1], self.O[-1])
-                    or not same(
-                        math.prod(expr_of(d) for d in out_shape), math.prod(expr_of(d) for d in self.O)
-                    )
-                ):
-                    return False
-                self.shape_src[node] = None if same_shape(out_shape, self.O) else list(node.args[1])  # type: ignore[arg-type]
-            self.values[node] = self.values[src]  # type: ignore[index]
-            return True
+            return self.try_view(node, out)
         builder = POINTWISE.get(target)
         if builder is None or dtypes.name_or_none(out.dtype) is None:
             return False
@@ -301,6 +275,35 @@ class Grower(ABC):
             self.row_dim[node] = self.row_dim[src]
         if src in self.grouped:
             self.grouped[node] = self.grouped[src]
+        return True
+
+    def try_view(self, node: fx.Node, out: torch.Tensor) -> bool:
+        """Join a view (rows split or merged, or column groups formed) or an identity op."""
+        target = node.target
+        if not self.takes_views and target not in IDENTITY:
+            return False
+        src = node.args[0]
+        sizes = [n for n in node.all_input_nodes if n is not src]  # symbolic sizes are nodes too
+        if src not in self.values or any(val(n) is not None for n in sizes):
+            return False
+        in_shape = list(val(src).shape)  # type: ignore[union-attr]
+        out_shape = list(out.shape)
+        if target in IDENTITY:
+            if not same_shape(in_shape, out_shape):
+                return False
+            self.shape_src[node] = self.shape_src[src]  # type: ignore[index]
+        elif src in self.grouped or (out_shape and not same(out_shape[-1], self.O[-1])):
+            return self.try_groups(node, src, in_shape, out_shape)
+        else:
+            # rows split or merged: same last dim, same number of elements
+            if (
+                not out_shape
+                or not same(out_shape[-1], self.O[-1])
+                or not same(math.prod(expr_of(d) for d in out_shape), math.prod(expr_of(d) for d in self.O))
+            ):
+                return False
+            self.shape_src[node] = None if same_shape(out_shape, self.O) else list(node.args[1])  # type: ignore[arg-type]
+        self.values[node] = self.values[src]  # type: ignore[index]
         return True
 
     def try_groups(

@@ -4,6 +4,7 @@ with a busy timeout, or any SQLAlchemy URL), and which errors mean busy, a race 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,37 @@ def is_race(e: DBAPIError) -> bool:
 def is_readonly(e: OperationalError) -> bool:
     text = str(e.orig).lower()
     return "readonly database" in text or "read-only" in text
+
+
+def optuna_storage(full_url: URL, shown: str, *, create: bool = True) -> Any:
+    """Optuna's RDB storage of the studies in the database at ``full_url`` (``shown`` in
+    errors), waiting for locks as long as epilab's own writes do (optuna's default is
+    SQLite's 5 s, then a crash)."""
+    import optuna
+    from sqlalchemy.exc import IntegrityError
+
+    for attempt in range(6):
+        try:
+            storage = optuna.storages.RDBStorage(
+                full_url.render_as_string(hide_password=False),
+                engine_kwargs={"connect_args": connect_args(full_url)},
+                skip_table_creation=not create,
+            )
+            if full_url.get_backend_name() == "postgresql":
+                end_stalled_transactions(storage.engine)
+            return storage
+        except RuntimeError as e:  # its tables were set up by another optuna version
+            if "compatible with the table schema" not in str(e):
+                raise
+            raise DatabaseOpenError(
+                f"the optuna studies in {shown} need another optuna: {' '.join(str(e).split())} "
+                f"(this epilab runs optuna {optuna.__version__}); the database was left untouched"
+            ) from None
+        except DBAPIError as e:
+            # Processes started together race to create optuna's tables and its version
+            # row ("UNIQUE constraint failed: alembic_version.version_num", "table already
+            # exists"); the loser finds them made when it tries again.
+            if attempt == 5 or not (isinstance(e, IntegrityError) or is_race(e)):
+                raise
+            time.sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")

@@ -27,6 +27,7 @@ from epilab.db.models import (
     Device,
     ProblemRow,
     TrialRecord,
+    VerdictRecord,
 )
 from epilab.db.values import (
     ConfigCheck,
@@ -35,6 +36,7 @@ from epilab.db.values import (
     Lookup,
     Record,
     Timing,
+    Verdict,
     Versions,
 )
 
@@ -249,3 +251,24 @@ def problem_summary(p: ProblemRow) -> dict[str, Any]:
         "template_hash": p.template_hash,
         "json": p.json,  # the whole problem (a convolution's geometry, for its label)
     }
+
+
+def verdict_of(v: VerdictRecord, key: str) -> Verdict:
+    """The verdict a stored row says, for problem ``key``."""
+    return Verdict(
+        problem_key=key,
+        keep=v.keep,
+        with_ms=v.with_ms,
+        without_ms=v.without_ms,
+        context=v.context,
+        cuda_graphs=v.cuda_graphs,
+        inductor_mode=v.inductor_mode,
+        timing_method=v.timing_method,
+        versions=Versions(v.torch_version, v.triton_version),
+        created_at=aware(v.created_at),
+        ratio_low=v.ratio_low,
+        ratio_high=v.ratio_high,
+        rounds=v.rounds,
+        outcome=v.outcome,
+        training=v.training,
+    )

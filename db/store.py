@@ -25,23 +25,20 @@ from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from epilab.db.engine import (
-    connect_args,
-    end_stalled_transactions,
     is_busy,
-    is_race,
     is_readonly,
     make_engine,
     make_parent,
+    optuna_storage,
     readonly_url,
     resolve_url,
     writable,
 )
 from epilab.db.fields import (
-    aware,
     check_num,
     check_str,
     now,
@@ -72,6 +69,7 @@ from epilab.db.rows import (
     static_shape,
     trial_values,
     usable_rows,
+    verdict_of,
 )
 from epilab.db.schema import (
     DatabaseOpenError,
@@ -127,36 +125,8 @@ class TuningDB:
         self.readonly = readonly
 
     def optuna_storage(self, *, create: bool = True) -> Any:
-        """Optuna's RDB storage of the studies, in this database, waiting for locks as long
-        as epilab's own writes do (optuna's default is SQLite's 5 s, then a crash)."""
-        import optuna
-        from sqlalchemy.exc import IntegrityError
-
-        for attempt in range(6):
-            try:
-                storage = optuna.storages.RDBStorage(
-                    self.storage_url,
-                    engine_kwargs={"connect_args": connect_args(self.full_url)},
-                    skip_table_creation=not create,
-                )
-                if self.full_url.get_backend_name() == "postgresql":
-                    end_stalled_transactions(storage.engine)
-                return storage
-            except RuntimeError as e:  # its tables were set up by another optuna version
-                if "compatible with the table schema" not in str(e):
-                    raise
-                raise DatabaseOpenError(
-                    f"the optuna studies in {self.url} need another optuna: {' '.join(str(e).split())} "
-                    f"(this epilab runs optuna {optuna.__version__}); the database was left untouched"
-                ) from None
-            except DBAPIError as e:
-                # Processes started together race to create optuna's tables and its version
-                # row ("UNIQUE constraint failed: alembic_version.version_num", "table already
-                # exists"); the loser finds them made when it tries again.
-                if attempt == 5 or not (isinstance(e, IntegrityError) or is_race(e)):
-                    raise
-                time.sleep(0.1 * 2**attempt)
-        raise AssertionError("unreachable")
+        """Optuna's RDB storage of the studies, in this database (``engine.optuna_storage``)."""
+        return optuna_storage(self.full_url, self.url, create=create)
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -360,26 +330,7 @@ class TuningDB:
                     VerdictRecord.triton_version == versions.triton,
                 )
             ).first()
-        if row is None:
-            return None
-        v = row[0]
-        return Verdict(
-            problem_key=row[1],
-            keep=v.keep,
-            with_ms=v.with_ms,
-            without_ms=v.without_ms,
-            context=v.context,
-            cuda_graphs=v.cuda_graphs,
-            inductor_mode=v.inductor_mode,
-            timing_method=v.timing_method,
-            versions=Versions(v.torch_version, v.triton_version),
-            created_at=aware(v.created_at),
-            ratio_low=v.ratio_low,
-            ratio_high=v.ratio_high,
-            rounds=v.rounds,
-            outcome=v.outcome,
-            training=v.training,
-        )
+        return None if row is None else verdict_of(row[0], row[1])
 
     def prune_stale(self, is_current: IsCurrent) -> int:
         """Delete problems whose kernels would now be rendered otherwise (with their records;

@@ -38,10 +38,8 @@ keys) in any process.
 from __future__ import annotations
 
 import json
-import keyword
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -49,21 +47,67 @@ from typing import Any
 import torch
 
 from epilab.ir.dtypes import OUTPUT_DTYPES
-from epilab.ir.rules import FAST_OUTPUT_DTYPES, RULES, STRING_ATTRS, Kind, literal, result_kind
+from epilab.ir.expr import (  # the builders, public here: import them from this module
+    ACCUMULATORS as ACCUMULATORS,
+)
+from epilab.ir.expr import (
+    BROADCASTS as BROADCASTS,
+)
+from epilab.ir.expr import (
+    GROUP_OPS as GROUP_OPS,
+)
+from epilab.ir.expr import (
+    MAX_GROUP as MAX_GROUP,
+)
+from epilab.ir.expr import (
+    ROW_OPS as ROW_OPS,
+)
+from epilab.ir.expr import (
+    AttrValue as AttrValue,
+)
+from epilab.ir.expr import (
+    Expr as Expr,
+)
+from epilab.ir.expr import (
+    ExprLike as ExprLike,
+)
+from epilab.ir.expr import (
+    acc as acc,
+)
+from epilab.ir.expr import (
+    acc2 as acc2,
+)
+from epilab.ir.expr import (
+    apply as apply,
+)
+from epilab.ir.expr import (
+    as_expr,
+    check_attrs,
+    is_group_width,
+)
+from epilab.ir.expr import (
+    check_operand_name as check_operand_name,
+)
+from epilab.ir.expr import (
+    const as const,
+)
+from epilab.ir.expr import (
+    group_max as group_max,
+)
+from epilab.ir.expr import (
+    operand as operand,
+)
+from epilab.ir.expr import (
+    ops as ops,
+)
+from epilab.ir.expr import (
+    row_total as row_total,
+)
+from epilab.ir.rules import FAST_OUTPUT_DTYPES, RULES, Kind, literal, result_kind
 
-AttrValue = float | bool | str
 LEAVES = ("acc", "acc2", "operand", "const")
-# ops over a whole output row, not pointwise: the value summed over the row's columns, one fp32
-# value per row broadcast back along it (the tile must hold the row: masked columns add 0)
-ROW_OPS = ("row_total",)
-# ops over aligned groups of ``size`` columns of a row: the max over the group, broadcast back
-# (the tile must hold whole groups: masked columns count as -inf)
-GROUP_OPS = ("group_max",)
 GROUP_REDUCE = "group_max"  # an output of one value per row and group of columns
 _WHOLE_OPS = (*ROW_OPS, *GROUP_OPS)  # not pointwise: over whole rows or groups of a row
-MAX_GROUP = 1024  # group widths are powers of two up to this (Triton reshapes the tile by them)
-ACCUMULATORS = ("acc", "acc2")  # the leaves a template computes: A @ B, and A @ B2 (dual GEMMs)
-BROADCASTS = ("row", "col", "tile", "scalar")
 # reduction outputs: (what, over which axis); row_* reduce over n (one value per row m),
 # col_* over m (one value per column n); always float32
 REDUCTIONS = {
@@ -72,7 +116,6 @@ REDUCTIONS = {
     "col_sum": ("sum", "m"),
     "col_max": ("max", "m"),
 }
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")  # fullmatch: no trailing newline
 # what a template appends to an operand's kernel name (op_<name>) for its parameters and
 # locals: operand names that are another's plus one of these would collide
 GENERATED_SUFFIXES = ("ptr", "ptrs", "stride_b", "stride_m", "stride_n", "desc", "part", "smem")
@@ -83,16 +126,6 @@ MAX_TEXT_CHARS = 20_000
 # What reading JSON of the wrong shape raises (a list where an object belongs, an index out
 # of range, an int too large, nesting too deep): at a parser's boundary, all mean "malformed"
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError)
-
-
-def check_operand_name(name: object) -> str:
-    """Operand names become kernel parameter names: plain identifiers only."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
-        raise ValueError(
-            f"operand name {name!r} is not allowed; use a Python identifier of at most "
-            "32 characters (letters, digits, underscore)"
-        )
-    return name
 
 
 @dataclass(frozen=True)
@@ -125,157 +158,6 @@ class Output:
 
 # (expr, dtype), (expr, dtype, reduce) or (expr, "float32", GROUP_REDUCE, group)
 OutputLike = tuple[Any, str] | tuple[Any, str, str] | tuple[Any, str, str, int]
-
-
-# --------------------------------------------------------------------- building
-
-
-@dataclass(frozen=True, eq=False)
-class Expr:
-    """A node under construction; arithmetic operators build rule nodes."""
-
-    op: str
-    args: tuple[Expr, ...] = ()
-    attrs: tuple[tuple[str, AttrValue], ...] = ()
-
-    def __add__(self, o: ExprLike) -> Expr:
-        return apply("add", self, o)
-
-    def __radd__(self, o: ExprLike) -> Expr:
-        return apply("add", o, self)
-
-    def __sub__(self, o: ExprLike) -> Expr:
-        return apply("sub", self, o)
-
-    def __rsub__(self, o: ExprLike) -> Expr:
-        return apply("sub", o, self)
-
-    def __mul__(self, o: ExprLike) -> Expr:
-        return apply("mul", self, o)
-
-    def __rmul__(self, o: ExprLike) -> Expr:
-        return apply("mul", o, self)
-
-    def __truediv__(self, o: ExprLike) -> Expr:
-        return apply("div", self, o)
-
-    def __rtruediv__(self, o: ExprLike) -> Expr:
-        return apply("div", o, self)
-
-    def __neg__(self) -> Expr:
-        return apply("neg", self)
-
-    def __abs__(self) -> Expr:
-        return apply("abs", self)
-
-
-ExprLike = Expr | float | int | bool
-
-
-def acc() -> Expr:
-    """The fp32 accumulator of the anchor (A @ B)."""
-    return Expr("acc")
-
-
-def acc2() -> Expr:
-    """The second fp32 accumulator of a dual GEMM (A @ B2; ``acc`` is A @ B)."""
-    return Expr("acc2")
-
-
-def operand(name: str, broadcast: str) -> Expr:
-    """A tensor loaded per output element; ``broadcast`` is row, col, tile or scalar."""
-    check_operand_name(name)
-    if broadcast not in BROADCASTS:
-        raise ValueError(f"operand broadcast {broadcast!r} is not one of {BROADCASTS}")
-    return Expr("operand", attrs=(("broadcast", broadcast), ("name", name)))
-
-
-def const(value: float | int | bool) -> Expr:
-    if isinstance(value, bool):
-        return Expr("const", attrs=(("value", value),))
-    if not isinstance(value, (int, float)):
-        raise TypeError(f"a constant must be a float, int or bool, got {type(value).__name__}")
-    return Expr("const", attrs=(("value", _float(value)),))
-
-
-def _float(v: float) -> float:
-    """Floats as stored in the IR: NaN is always the one ``math.nan`` object, so
-    that equal epilogues compare and hash equal (containers compare by identity first)."""
-    return math.nan if v != v else float(v)
-
-
-def _as_expr(x: ExprLike) -> Expr:
-    return x if isinstance(x, Expr) else const(x)
-
-
-def apply(op: str, *args: ExprLike, **attrs: Any) -> Expr:
-    """Apply rule ``op`` to arguments (Exprs or numbers) with its attributes."""
-    rule = RULES.get(op)
-    if rule is None:
-        raise ValueError(f"unknown epilogue op {op!r}; known ops: {sorted(RULES)}")
-    if len(args) != rule.arity:
-        raise ValueError(f"op {op!r} takes {rule.arity} argument(s), got {len(args)}")
-    return Expr(op, tuple(_as_expr(a) for a in args), _check_attrs(op, attrs))
-
-
-def row_total(x: ExprLike) -> Expr:
-    """The sum of ``x`` over every column of its output row, broadcast along the row."""
-    return Expr("row_total", (_as_expr(x),), ())
-
-
-def group_max(x: ExprLike, size: int) -> Expr:
-    """The max of ``x`` over its group of ``size`` columns, broadcast along the group."""
-    return Expr("group_max", (_as_expr(x),), _check_attrs("group_max", {"size": size}))
-
-
-class _Ops:
-    """``ops.gelu(x)``, ``ops.clamp(x, min=0.0, max=6.0)``: one builder per rule."""
-
-    def __getattr__(self, op: str) -> Callable[..., Expr]:
-        if op not in RULES:
-            raise AttributeError(f"no epilogue op {op!r}; known ops: {sorted(RULES)}")
-        return lambda *args, **attrs: apply(op, *args, **attrs)
-
-    def __dir__(self) -> list[str]:
-        return sorted(RULES)
-
-
-ops = _Ops()
-
-
-def _check_attrs(op: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValue], ...]:
-    if op == "operand":
-        expected: tuple[str, ...] = ("broadcast", "name")
-    elif op == "const":
-        expected = ("value",)
-    elif op in ACCUMULATORS or op in ROW_OPS:
-        expected = ()
-    elif op in GROUP_OPS:
-        expected = ("size",)
-    elif op in RULES:
-        expected = RULES[op].attrs
-    else:
-        raise ValueError(f"unknown epilogue op {op!r}; known ops: {sorted(RULES)}")
-    if set(attrs) != set(expected):
-        raise ValueError(f"op {op!r} takes attributes {list(expected)}, got {sorted(attrs)}")
-    out: list[tuple[str, AttrValue]] = []
-    for key in sorted(attrs):
-        v = attrs[key]
-        if op in ("operand",) or key in STRING_ATTRS:
-            if not isinstance(v, str):
-                raise ValueError(f"attribute {key!r} of {op!r} must be a string, got {v!r}")
-            if key == "dtype" and v not in OUTPUT_DTYPES:
-                raise ValueError(f"cast to {v!r}: dtype must be one of {sorted(OUTPUT_DTYPES)}")
-        elif op == "const" and isinstance(v, bool):
-            pass
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            v = _float(v)
-            if op in GROUP_OPS and not _group_width(v):
-                raise ValueError(f"group_max's size must be a power of two from 2 to {MAX_GROUP}, got {v!r}")
-        else:
-            raise ValueError(f"attribute {key!r} of {op!r} must be a number, got {v!r}")
-        out.append((key, v))
-    return tuple(out)
 
 
 # ------------------------------------------------------------------ canonical IR
@@ -414,7 +296,7 @@ class Epilogue:
         """Parse (and re-canonicalize) a dict from ``to_dict``; bad data raises ValueError."""
         try:
             raw_nodes = [
-                Node(str(op), tuple(int(a) for a in args), _check_attrs(str(op), _attrs_from_json(op, attrs)))
+                Node(str(op), tuple(int(a) for a in args), check_attrs(str(op), _attrs_from_json(op, attrs)))
                 for op, args, attrs in d["nodes"]
             ]
             if any(len(o) > 4 for o in d["outputs"]):
@@ -611,7 +493,7 @@ def _validate(ep: Epilogue) -> None:
             raise ValueError(f"node %{i}: {n.op!r} takes {arity} argument(s), got {len(n.args)}")
         if any(not 0 <= a < i for a in n.args):
             raise ValueError(f"node %{i}: arguments {n.args} must name earlier nodes")
-        if _check_attrs(n.op, n.attr) != n.attrs:
+        if check_attrs(n.op, n.attr) != n.attrs:
             raise ValueError(f"node %{i}: attributes {n.attrs} are not in canonical form")
         if n.op == "operand":
             name, broadcast = str(n.attr["name"]), str(n.attr["broadcast"])
@@ -651,7 +533,7 @@ def _validate(ep: Epilogue) -> None:
                 f"reduction output {o.reduce!r} of %{o.node} ({o.dtype}): a reduction is one of "
                 f"{sorted([*REDUCTIONS, GROUP_REDUCE])} of a float node, stored as float32"
             )
-        if (o.reduce == GROUP_REDUCE) != bool(o.group) or (o.group and not _group_width(o.group)):
+        if (o.reduce == GROUP_REDUCE) != bool(o.group) or (o.group and not is_group_width(o.group)):
             raise ValueError(
                 f"output %{o.node}: a {GROUP_REDUCE} output takes a group width (a power of two from 2 "
                 f"to {MAX_GROUP}), and no other output does; got reduce={o.reduce!r}, group={o.group!r}"
@@ -688,7 +570,7 @@ class _Canonicalizer:
                     f"an output is (expr, dtype), (expr, dtype, reduction) or (expr, dtype, reduction, "
                     f"group), got {o!r:.80}"
                 )
-        roots = [(self._fold(_as_expr(o[0])), *o[1:]) for o in outputs]
+        roots = [(self._fold(as_expr(o[0])), *o[1:]) for o in outputs]
         indices = [self._emit(r[0]) for r in roots]
         return Epilogue(
             tuple(self.nodes),
@@ -748,13 +630,6 @@ class _Canonicalizer:
 def _output_fields(o: Output) -> tuple[Any, ...]:
     """An output's (dtype[, reduce[, group]]), as ``build`` and the JSON take them."""
     return (o.dtype, *([o.reduce] if o.reduce else []), *([o.group] if o.group else []))
-
-
-def _group_width(v: object) -> bool:
-    """Whether ``v`` is a group width: a power of two from 2 to ``MAX_GROUP``."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
-        return False
-    return 2 <= v <= MAX_GROUP and not int(v) & (int(v) - 1)
 
 
 def _json_int(v: object) -> int:

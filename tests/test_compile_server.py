@@ -16,7 +16,8 @@ import pytest
 
 from epilab import config
 from epilab.tuner import compile_server
-from epilab.tuner.compile_server import ServerPool, ServerUnavailable, compile_pool, servers, stop
+from epilab.tuner.compile_admin import holder, servers, stop
+from epilab.tuner.compile_server import ServerPool, ServerUnavailable, compile_pool
 from epilab.tuner.worker import CompilePool
 
 STAND_IN = """
@@ -349,7 +350,7 @@ def test_a_stopped_server_is_given_up_and_the_command_compiles_on_its_own(host, 
         started = time.monotonic()
         found = servers()  # what `epilab tune compile-server` lists: it does not hang either
         assert [s for _, s in found] == [None] and time.monotonic() - started < 30
-        assert compile_server.holder(found[0][0]) == pid
+        assert holder(found[0][0]) == pid
         assert stop(found[0][0]) == "killed"  # a server that does not answer, killed by --stop
         assert servers() == []
     finally:
@@ -398,7 +399,7 @@ def test_a_killed_servers_processes_leave_and_stop_removes_its_socket(host):
     finally:
         pool.close()
     [(sock, status)] = servers()
-    assert status is None and compile_server.holder(sock) is None  # stale: nobody holds its lock
+    assert status is None and holder(sock) is None  # stale: nobody holds its lock
     assert stop(sock) == "removed" and servers() == []
 
 

@@ -47,7 +47,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -139,7 +138,7 @@ def _kind(mode: int) -> str:
     return "a directory" if stat.S_ISDIR(mode) else "not a directory"
 
 
-def _try_connect(sock: Path, key_file: Path) -> Connection | None:
+def try_connect(sock: Path, key_file: Path) -> Connection | None:
     """A connection to the server at ``sock`` that has proven it holds our key, and we its;
     None where there is none to connect to (not up yet, gone) or it holds another key. Raises
     ``ServerUnavailable`` where one took the connection and did not answer within
@@ -219,7 +218,7 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
         raise ServerUnavailable(
             f"{paths['sock']} is too long for a Unix socket's address; set TMPDIR to a shorter directory"
         )
-    conn = _try_connect(paths["sock"], paths["key"])
+    conn = try_connect(paths["sock"], paths["key"])
     if conn is not None:
         return conn
     # cwd and sys.path[0] the private directory: a module in the directory the command started
@@ -241,7 +240,7 @@ def connect(jobs: int, *, task: str | None = None, timeout_s: float = START_TIME
         )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        conn = _try_connect(paths["sock"], paths["key"])
+        conn = try_connect(paths["sock"], paths["key"])
         if conn is not None:
             return conn
         code = server.poll()  # 0: another server of this fingerprint held the lock, and serves
@@ -639,80 +638,6 @@ class Server:
                 "up_s": round(time.time() - self.started, 1),
                 "leaves_in_s": None if clients else round(max(0.0, self.idle_s - idle), 1),
             }
-
-
-def servers() -> list[tuple[Path, dict[str, Any] | None]]:
-    """This user's compile servers on this host: each socket with its server's status (None: it
-    did not answer, a stale socket)."""
-    try:
-        where = address_dir()
-    except ServerUnavailable:
-        return []
-    found = []
-    for sock in sorted(where.glob("*.sock")):
-        try:
-            conn = _try_connect(sock, sock.with_suffix(".key"))
-        except ServerUnavailable:  # alive and silent
-            conn = None
-        status = None
-        if conn is not None:
-            with contextlib.suppress(OSError, EOFError), conn:
-                conn.send(("ping",))
-                if conn.poll(5):
-                    status = conn.recv()[1]
-        found.append((sock, status))
-    return found
-
-
-def holder(sock: Path) -> int | None:
-    """The pid of the server that holds ``sock``'s lock (alive, answering or not); None where
-    none does (the socket is a killed server's)."""
-    import fcntl
-
-    try:
-        fd = os.open(sock.with_suffix(".lock"), os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:  # held: a server lives
-            text = os.read(fd, 32).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def stop(sock: Path) -> str:
-    """Make the server at ``sock`` leave now. What was done: ``"stopped"`` (it answered and was
-    asked), ``"killed"`` (it holds its lock but does not answer: stopped or hung; its pool's
-    processes end with it), ``"removed"`` (a killed server's socket and key, left behind),
-    ``"not answering"`` (alive, and its pid unknown)."""
-    try:
-        conn = _try_connect(sock, sock.with_suffix(".key"))
-    except ServerUnavailable:  # alive and silent
-        conn = None
-    if conn is not None:
-        with contextlib.suppress(OSError, EOFError), conn:
-            conn.send(("stop",))
-            conn.poll(5)
-        return "stopped"
-    pid = holder(sock)
-    if pid is not None and pid <= 0:
-        return "not answering"
-    done = "removed"
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        end = time.monotonic() + 5
-        while holder(sock) is not None and time.monotonic() < end:
-            time.sleep(0.05)
-        done = "killed"
-    for path in (sock, sock.with_suffix(".key")):
-        path.unlink(missing_ok=True)
-    return done
 
 
 def _shareable(future: Future) -> bool:

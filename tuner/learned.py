@@ -64,6 +64,16 @@ class LearnedRules:
     def __len__(self) -> int:
         return len(self._failed)
 
+    def refusal(self) -> str | None:
+        """Why a search that evaluated nothing was refused: every config drawn was one Triton
+        failed to build before (None where no config was refused so)."""
+        if not self.refused:
+            return None
+        return (
+            f"every config drawn ({len(self.refused)}) is one Triton failed to build before for "
+            "a problem like this (learned compile failures); `epilab tune --restart` tries them again"
+        )
+
     def why(self, config: Config) -> str | None:
         """Why Triton would fail to build ``config`` for the problem (it failed to build the same
         kernel for another), or None."""

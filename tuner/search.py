@@ -182,6 +182,79 @@ class TakenOver(RuntimeError):
     trial is no longer this runner's to record or tell."""
 
 
+def _resumed(
+    study: optuna.Study, space: dict[str, tuple[int, ...]]
+) -> tuple[dict[Config, float], Config | None, float]:
+    """What a study measured before (the configs and their values), its best config and value."""
+    seen: dict[Config, float] = {}
+    best: Config | None = None
+    best_value = math.inf
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.user_attrs.get(STATUS_ATTR) in (None, "infeasible", "repeat"):  # (stored by older epilabs)
+            continue
+        config = _decode(space, t.params)
+        seen[config] = t.value
+        if t.value < best_value:
+            best, best_value = config, t.value
+    return seen, best, best_value
+
+
+def _spent(
+    budget: Budget,
+    measured: int,
+    elapsed: float,
+    since_best: int,
+    best_value: float,
+    good_enough_ms: float | None,
+) -> str | None:
+    """Which budget is spent (trials, time, patience, or a best time at the roofline), or None."""
+    if measured >= budget.trials:
+        return "trials"
+    if elapsed >= budget.seconds:
+        return "time"
+    if since_best >= budget.patience:
+        return "patience"
+    if good_enough_ms is not None and best_value < PENALTY and 10**best_value <= good_enough_ms:
+        return "roofline"
+    return None
+
+
+def _draw_batch(
+    proposer: optuna.Study,
+    space: dict[str, tuple[int, ...]],
+    applies: Applies,
+    rng: random.Random,
+    seen: dict[Config, float],
+    infeasible: Callable[[Config], str | None],
+    budget: Budget,
+) -> list[tuple[optuna.Trial, Config]]:
+    """The next batch of new feasible configs the proposer asks for (infeasible ones told as
+    failed, repeats told their value); drawn at random once TPE keeps proposing what it
+    measured; fewer (or none) when the space has no more."""
+    batch: list[tuple[optuna.Trial, Config]] = []
+    proposals = 0
+    want = min(budget.batch, budget.trials - len(seen))
+    while len(batch) < want:
+        proposals += 1
+        if proposals > TPE_PROPOSALS * budget.batch:  # TPE proposes what it measured: draw at random
+            taken = {*seen, *(c for _, c in batch)}
+            drawn = _draw(
+                space, applies, rng, lambda c, taken=taken: c not in taken and infeasible(c) is None
+            )
+            if drawn is None:
+                break
+            proposer.enqueue_trial(_encode(space, drawn, applies))
+        trial = _ask(proposer, space, applies)
+        config = _decode(space, trial.params)
+        if infeasible(config) is not None:  # failed, not a value: TPE models feasible trials only
+            proposer.tell(trial, state=optuna.trial.TrialState.FAIL)
+        elif config in seen or any(config == c for _, c in batch):
+            proposer.tell(trial, seen.get(config, PENALTY))
+        else:
+            batch.append((trial, config))
+    return batch
+
+
 def search(
     study: optuna.Study,
     space: dict[str, tuple[int, ...]],
@@ -201,16 +274,7 @@ def search(
     middle of a batch keeps the trials it finished. ``stop`` says why to stop early (checked
     between batches), or None; a best time at or under ``good_enough_ms`` stops it too
     ("roofline": ``policy/roofline.py``)."""
-    seen: dict[Config, float] = {}
-    best: Config | None = None
-    best_value = math.inf
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if t.user_attrs.get(STATUS_ATTR) in (None, "infeasible", "repeat"):  # (stored by older epilabs)
-            continue
-        config = _decode(space, t.params)
-        seen[config] = t.value
-        if t.value < best_value:
-            best, best_value = config, t.value
+    seen, best, best_value = _resumed(study, space)
     proposer = _proposer(study)
     if not study.trials:
         for c in seeds:
@@ -220,45 +284,13 @@ def search(
     start = clock()
     new = 0
     since_best = 0
-    stopped_by = "trials"
     while True:
-        if len(seen) >= budget.trials:
-            stopped_by = "trials"
+        stopped_by = (
+            _spent(budget, len(seen), clock() - start, since_best, best_value, good_enough_ms) or stop()
+        )
+        if stopped_by is not None:
             break
-        if clock() - start >= budget.seconds:
-            stopped_by = "time"
-            break
-        if since_best >= budget.patience:
-            stopped_by = "patience"
-            break
-        if good_enough_ms is not None and best_value < PENALTY and 10**best_value <= good_enough_ms:
-            stopped_by = "roofline"
-            break
-        why = stop()
-        if why is not None:
-            stopped_by = why
-            break
-        batch: list[tuple[optuna.Trial, Config]] = []
-        proposals = 0
-        want = min(budget.batch, budget.trials - len(seen))
-        while len(batch) < want:
-            proposals += 1
-            if proposals > TPE_PROPOSALS * budget.batch:  # TPE proposes what it measured: draw at random
-                taken = {*seen, *(c for _, c in batch)}
-                drawn = _draw(
-                    space, applies, rng, lambda c, taken=taken: c not in taken and infeasible(c) is None
-                )
-                if drawn is None:
-                    break
-                proposer.enqueue_trial(_encode(space, drawn, applies))
-            trial = _ask(proposer, space, applies)
-            config = _decode(space, trial.params)
-            if infeasible(config) is not None:  # failed, not a value: TPE models feasible trials only
-                proposer.tell(trial, state=optuna.trial.TrialState.FAIL)
-            elif config in seen or any(config == c for _, c in batch):
-                proposer.tell(trial, seen.get(config, PENALTY))
-            else:
-                batch.append((trial, config))
+        batch = _draw_batch(proposer, space, applies, rng, seen, infeasible, budget)
         if not batch:
             stopped_by = "exhausted"
             break
@@ -285,7 +317,7 @@ def search(
                     config, outcome, best, None if best is None or best_value >= PENALTY else 10**best_value
                 )
     best_ms = None if best is None or best_value >= PENALTY else 10**best_value
-    return SearchResult(best if best_ms is not None else None, best_ms, len(seen), new, stopped_by)
+    return SearchResult(best if best_ms is not None else None, best_ms, len(seen), new, str(stopped_by))
 
 
 def make_study(

@@ -39,7 +39,7 @@ from epilab.tuner.compile_server import ServerPool, compile_pool
 from epilab.tuner.learned import LearnedRules
 from epilab.tuner.phases import add_phases
 from epilab.tuner.profile import CompileStats, trial_compiles, trial_profile
-from epilab.tuner.search import Budget, Outcome, TakenOver, adopt, in_space, make_study, search
+from epilab.tuner.search import Budget, Outcome, SearchResult, TakenOver, adopt, in_space, make_study, search
 from epilab.tuner.worker import CompilePool, Worker
 
 # what a candidate's worker reports when the process died or stalled: the config's fault,
@@ -482,43 +482,18 @@ class Tuner:
         if not problem.shape.is_static():
             raise ValueError(f"{label}: only problems with static shapes can be tuned, got {problem.shape}")
         started = time.monotonic()
-        refused = too_large(problem, self.limits.memory_bytes)
-        if refused is None:
-            try:
-                self.db.put_problem(problem)
-            except ValueError as e:  # a problem the database cannot store (its checks say why)
-                refused = f"not stored: {e}"
+        refused = self._refusal(problem)
         if refused is not None:  # refused up front: nothing allocated, nothing recorded, the run goes on
+            library = kind_of(problem).library
             return ProblemResult(
-                label,
-                problem.key,
-                None,
-                None,
-                None,
-                {},
-                0,
-                0,
-                "refused",
-                {},
-                0.0,
-                refused,
-                kind_of(problem).library,
+                label, problem.key, None, None, None, {}, 0, 0, "refused", {}, 0.0, refused, library
             )
         phases: Counter[str] = Counter()
         compiles = CompileStats()
         trace: list[dict[str, Any]] | None = [] if self.options.profile else None
         opened = time.monotonic()
-        name = study_name(problem, self.device)
         restart = self.options.restart if restart is None else restart
-        study = make_study(name, self.storage, restart=restart, seed=self.options.seed)
-        space = space_for(problem, self.limits)
-        if exclusive:
-            adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
-        seeds = [] if study.get_trials(deepcopy=False) else self.seeds(problem)  # a new study's only
-        # --restart tries the configs Triton failed to build before again (a fixed Triton, a
-        # rule learned from a failure that was the host's): nothing else clears them
-        failed = [] if restart else self.db.failed_compiles(problem, self.device, self.versions.triton)
-        learned = LearnedRules(problem, failed)
+        name, study, space, seeds, learned = self._open_study(problem, restart=restart, exclusive=exclusive)
         phases["database"] += time.monotonic() - opened  # (and the problem's row, stored above)
         statuses: Counter[str] = Counter()
 
@@ -555,18 +530,29 @@ class Tuner:
             stop=stop,
             good_enough_ms=self.roofline_ms(problem),
         )
+        return self._result(problem, label, result, started, phases, statuses, compiles, trace, learned)
+
+    def _result(
+        self,
+        problem: Problem,
+        label: str,
+        result: SearchResult,
+        started: float,
+        phases: Counter[str],
+        statuses: Counter[str],
+        compiles: CompileStats,
+        trace: list[dict[str, Any]] | None,
+        learned: LearnedRules,
+    ) -> ProblemResult:
+        """A searched problem's result, its baselines timed (the rest of its time, from
+        ``started``, counted as the search's)."""
         flops = problem_flops(problem)
         timed = time.monotonic()
         baselines = self._baselines(problem, problem.to_json(), flops, problem_bytes(problem))
         phases["baselines"] += time.monotonic() - timed
         best_ms = result.best_ms
         compared = self._compared(problem)
-        refused = None
-        if result.evaluated == 0 and learned.refused:
-            refused = (
-                f"every config drawn ({len(learned.refused)}) is one Triton failed to build before for "
-                "a problem like this (learned compile failures); `epilab tune --restart` tries them again"
-            )
+        refused = learned.refusal() if result.evaluated == 0 else None
         seconds = time.monotonic() - started
         phases["search"] += max(0.0, seconds - sum(phases.values()))
         return ProblemResult(
@@ -588,6 +574,33 @@ class Tuner:
             trials_profile=tuple(trace or ()),
             refused=refused,
         )
+
+    def _refusal(self, problem: Problem) -> str | None:
+        """Why ``problem`` is refused before its search (too large for the device, or one the
+        database cannot store); None after storing its row."""
+        refused = too_large(problem, self.limits.memory_bytes)
+        if refused is None:
+            try:
+                self.db.put_problem(problem)
+            except ValueError as e:  # a problem the database cannot store (its checks say why)
+                refused = f"not stored: {e}"
+        return refused
+
+    def _open_study(
+        self, problem: Problem, *, restart: bool, exclusive: bool
+    ) -> tuple[str, Any, dict[str, tuple[int, ...]], list[Config], LearnedRules]:
+        """The problem's study (made whole after a killed runner where ``exclusive``), its
+        space, the seeds a new study starts from, and the compile failures learned for it."""
+        name = study_name(problem, self.device)
+        study = make_study(name, self.storage, restart=restart, seed=self.options.seed)
+        space = space_for(problem, self.limits)
+        if exclusive:
+            adopt(study, space, {} if restart else self._recorded(problem, name), applies(problem))
+        seeds = [] if study.get_trials(deepcopy=False) else self.seeds(problem)  # a new study's only
+        # --restart tries the configs Triton failed to build before again (a fixed Triton, a
+        # rule learned from a failure that was the host's): nothing else clears them
+        failed = [] if restart else self.db.failed_compiles(problem, self.device, self.versions.triton)
+        return name, study, space, seeds, LearnedRules(problem, failed)
 
     def _recorded_baselines(self, problem: Problem) -> dict[str, float]:
         """Library -> time of the baselines this device recorded for ``problem`` with these
