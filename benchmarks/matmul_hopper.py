@@ -27,7 +27,7 @@ from rounds import run_meta
 
 from epilab.ir.problem import Config
 from epilab.policy.suites import SUITES
-from epilab.templates.gemm.matmul import TRITON_VARIANTS as VARIANTS
+from epilab.templates.gemm.matmul_config import TRITON_VARIANTS as VARIANTS
 from epilab.tuner.evaluate import evaluate_baseline, evaluate_candidate
 
 _WIDE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}

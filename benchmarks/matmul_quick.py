@@ -36,7 +36,8 @@ import epilab
 from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config
-from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_reference import reference
 from epilab.templates.registry import default_config, launch
 from epilab.tuner.timing import time_cuda, time_graph
 

@@ -55,7 +55,8 @@ from epilab.ir.problem import Config, Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
 from epilab.templates.grouped.grouped_geometry import GATHER, SCATTER, experts_of, geometry_of
-from epilab.templates.grouped.grouped_matmul import OFFS, draw_offsets, grouped_reference, row_ranges
+from epilab.templates.grouped.grouped_matmul import OFFS
+from epilab.templates.grouped.grouped_reference import draw_offsets, grouped_reference, row_ranges
 from epilab.templates.grouped.grouped_spec import GroupedSpec
 from epilab.templates.registry import bind, default_config, kind_of
 from epilab.tuner.evaluate import baseline_fn

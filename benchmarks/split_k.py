@@ -46,7 +46,7 @@ from rounds import (
 from epilab.ir.problem import Config, Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
-from epilab.templates.gemm.matmul import STREAM_K_VARIANTS
+from epilab.templates.gemm.matmul_config import STREAM_K_VARIANTS
 from epilab.templates.registry import bind, default_config, kind_of
 from epilab.templates.verify import failure, output_errors, random_inputs
 from epilab.tuner.evaluate import baseline_fn

@@ -127,22 +127,7 @@ def tune_model(
         tune_jobs = reported.tune_all if progress else _tune_all
 
     options = options or ModelOptions()
-    unknown = set(options.modes) - set(MODES)
-    if unknown:
-        raise ValueError(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
-    if not 0.5 <= options.confidence < 1.0 or not 0.0 <= options.margin < 1.0:
-        raise ValueError(
-            f"confidence {options.confidence!r}, margin {options.margin!r}: give a confidence in "
-            "[0.5, 1) and a margin in [0, 1)"
-        )
-    schedule = sig.looks(options.rounds, options.max_rounds)  # refuses rounds outside 1..max_rounds
-    needed = sig.min_rounds(sig.per_look(options.confidence, len(schedule)))
-    if (options.check_context or options.measure) and options.max_rounds < needed:
-        raise ValueError(
-            f"max_rounds {options.max_rounds} (rounds {options.rounds}) can decide nothing at "
-            f"{options.confidence:.0%}: with {len(schedule)} look(s) the interval needs at least "
-            f"{needed} rounds; give more (the default is {ROUNDS} rounds, up to {MAX_ROUNDS})"
-        )
+    _check_options(options)
     work = Workload(model, example_inputs, options.train)
     if options.train:
         _check_trainable(work, options)
@@ -158,24 +143,7 @@ def tune_model(
     on_gpu = not tuner.options.interpret
     modes = tuple(m for m in options.modes if on_gpu or m == "per call")
     timers = {mode: timer or default_timer(mode, on_gpu) for mode in modes}
-    report = ModelReport(
-        label or type(model).__name__,
-        tuner.device.name,
-        tuner.versions,
-        method="interleaved rounds: per call time_calls, under CUDA graphs the step replayed in one "
-        "(GPU time); medians of rounds and of paired ratios (model_tuning/tune.py)",
-    )
-    if not on_gpu:
-        report.method = "interpreter wall-clock (not GPU time)"
-    report.rule = rule_text(options)
-    if options.freezing:
-        report.method += "; every variant compiled with Inductor freezing (weights as constants)"
-    if options.train:
-        report.training = True
-        report.method += (
-            "; a call is a training step: grads reset, forward, backward of a fixed random "
-            "cotangent (no optimizer step; model_tuning/step.py)"
-        )
+    report = _new_report(label or type(model).__name__, tuner, options, on_gpu)
     try:
         with _compiling(work, options.freezing):
             _record_and_tune(work, store, tuner, modes, options, report, tune_jobs, say)
@@ -202,6 +170,49 @@ def tune_model(
             tuner.close()
         if not isinstance(db, TuningDB):
             store.close()
+    return report
+
+
+def _check_options(options: ModelOptions) -> None:
+    """Refuse options that name no mode, or whose rounds can decide nothing."""
+    unknown = set(options.modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown mode(s) {sorted(unknown)}; choose from {MODES}")
+    if not 0.5 <= options.confidence < 1.0 or not 0.0 <= options.margin < 1.0:
+        raise ValueError(
+            f"confidence {options.confidence!r}, margin {options.margin!r}: give a confidence in "
+            "[0.5, 1) and a margin in [0, 1)"
+        )
+    schedule = sig.looks(options.rounds, options.max_rounds)  # refuses rounds outside 1..max_rounds
+    needed = sig.min_rounds(sig.per_look(options.confidence, len(schedule)))
+    if (options.check_context or options.measure) and options.max_rounds < needed:
+        raise ValueError(
+            f"max_rounds {options.max_rounds} (rounds {options.rounds}) can decide nothing at "
+            f"{options.confidence:.0%}: with {len(schedule)} look(s) the interval needs at least "
+            f"{needed} rounds; give more (the default is {ROUNDS} rounds, up to {MAX_ROUNDS})"
+        )
+
+
+def _new_report(label: str, tuner: Tuner, options: ModelOptions, on_gpu: bool) -> ModelReport:
+    """The report of a model's tuning, its timing method and rule stated before anything runs."""
+    report = ModelReport(
+        label,
+        tuner.device.name,
+        tuner.versions,
+        method="interleaved rounds: per call time_calls, under CUDA graphs the step replayed in one "
+        "(GPU time); medians of rounds and of paired ratios (model_tuning/tune.py)",
+    )
+    if not on_gpu:
+        report.method = "interpreter wall-clock (not GPU time)"
+    report.rule = rule_text(options)
+    if options.freezing:
+        report.method += "; every variant compiled with Inductor freezing (weights as constants)"
+    if options.train:
+        report.training = True
+        report.method += (
+            "; a call is a training step: grads reset, forward, backward of a fixed random "
+            "cotangent (no optimizer step; model_tuning/step.py)"
+        )
     return report
 
 

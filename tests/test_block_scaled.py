@@ -33,7 +33,7 @@ from epilab.templates.gemm.block_scaled import (
     scale_shapes,
 )
 from epilab.templates.gemm.gemm_spec import Spec
-from epilab.templates.gemm.matmul import TRITON_VARIANTS
+from epilab.templates.gemm.matmul_config import TRITON_VARIANTS
 from epilab.templates.registry import default_config, kind_of
 from epilab.templates.verify import checked_launch
 

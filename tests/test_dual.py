@@ -23,7 +23,7 @@ from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import registry
 from epilab.templates.gemm import dual_matmul, gemm_spec
 from epilab.templates.gemm.dual_matmul import B2, halves, make_dual_problem
-from epilab.templates.gemm.matmul import random_tensor
+from epilab.templates.gemm.matmul_reference import random_tensor
 from epilab.templates.gemv import dual_gemv
 from epilab.templates.registry import default_config, for_template, launch, twins
 from epilab.templates.verify import failure, output_errors, random_inputs

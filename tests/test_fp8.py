@@ -25,7 +25,9 @@ from epilab.ir.problem import Config, Problem
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible, space_for
 from epilab.policy.suites import suite
 from epilab.templates.gemm.gemm_spec import Spec
-from epilab.templates.gemm.matmul import PROMOTE_VARIANTS, TRITON_VARIANTS, make_problem, scaled_mm_prefix
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_config import PROMOTE_VARIANTS, TRITON_VARIANTS
+from epilab.templates.gemm.matmul_reference import scaled_mm_prefix
 from epilab.templates.registry import default_config, kind_of, twins, untuned_choice
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner.evaluate import baseline_fn

@@ -14,7 +14,8 @@ from test_matmul import DTYPES, run_case
 from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config
-from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_reference import reference
 from epilab.templates.registry import for_template, launch
 
 CONFIGS = {  # BLOCK_K=16 with K up to 300: several K blocks per split, and empty splits

@@ -20,11 +20,12 @@ from epilab.ir.problem import Config, Problem
 from epilab.policy import nearest, suites
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import registry
-from epilab.templates.gemm.matmul import random_tensor
-from epilab.templates.grouped import grouped_matmul
+from epilab.templates.gemm.matmul_reference import random_tensor
+from epilab.templates.grouped import grouped_matmul, grouped_reference
 from epilab.templates.grouped.dual_grouped_matmul import B2, make_dual_grouped_problem
 from epilab.templates.grouped.grouped_geometry import GroupedGeometry
-from epilab.templates.grouped.grouped_matmul import OFFS, draw_offsets, make_grouped_problem, row_ranges
+from epilab.templates.grouped.grouped_matmul import OFFS, make_grouped_problem
+from epilab.templates.grouped.grouped_reference import draw_offsets, row_ranges
 from epilab.templates.grouped.grouped_spec import GroupedSpec
 from epilab.templates.registry import default_config
 from epilab.templates.verify import checked_launch, random_inputs
@@ -155,7 +156,7 @@ def test_offsets_past_the_rows_or_going_back_are_clamped_not_read_out_of_bounds(
     want = torch.empty(ROWS, N, dtype=torch.float64, device=DEVICE)
     for e, (lo, hi) in enumerate([(0, 30), (30, 30), (30, 35), (35, ROWS)]):  # expert 1 is empty
         want[lo:hi] = a[lo:hi].double() @ b[e].double()
-    assert grouped_matmul.row_ranges(offs, ROWS) == [(0, 30), (30, 30), (30, 35), (35, ROWS)]
+    assert grouped_reference.row_ranges(offs, ROWS) == [(0, 30), (30, 30), (30, 35), (35, ROWS)]
     assert rel_error(out, want) < 1e-5
 
 

@@ -16,7 +16,7 @@ from epilab.ir.problem import Config, Problem
 from epilab.policy import space, suites
 from epilab.policy.space import HOPPER, configs, infeasible
 from epilab.templates import registry
-from epilab.templates.gemm import gemm_spec, matmul
+from epilab.templates.gemm import gemm_spec, matmul, matmul_config, matmul_reference
 from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime.render import kernel_hash, template_path
 from epilab.templates.verify import checked_launch, random_inputs
@@ -59,7 +59,7 @@ def _small_tile_check(problem, config):
         return "the small_tile template takes tiles of at most 32x32"
     if config.variant != "default":
         return "the small_tile template has the default loop only"
-    return matmul.config_error(problem, config)
+    return matmul_config.config_error(problem, config)
 
 
 def _on_small_tile(problem):
@@ -150,7 +150,8 @@ def test_checked_launch_fails_on_a_wrong_kernel(toy, monkeypatch):
     twin = registry.twins(_problem())[-1]
     a, b, operands = random_inputs(twin, "cpu", seed=2)
     wrong = dataclasses.replace(
-        TOY, reference=lambda p, a, b, o: tuple(r * 1.5 for r in matmul.reference(p.epilogue, a, b, o))
+        TOY,
+        reference=lambda p, a, b, o: tuple(r * 1.5 for r in matmul_reference.reference(p.epilogue, a, b, o)),
     )
     monkeypatch.setitem(registry.KINDS, TOY.name, wrong)
     with pytest.raises(AssertionError, match=r"output 0: \|\|out-ref\|\|/\|\|ref\|\| = .* > 1e-02"):

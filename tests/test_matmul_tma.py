@@ -205,7 +205,7 @@ def test_a_warp_specialized_tile_of_over_64_rows_is_refused_as_a_hang():
     finished on an H100 (mm 100352x144xK, K 16 to 96, and 401408x64x16: BLOCK_M 128 and 256,
     BLOCK_N 16 and 64, 2 to 4 stages, 1 or 2 programs per SM; BLOCK_M 64 ran). Where Triton
     does not specialize (8 warps, or flattened) the knob is harmless and allowed."""
-    from epilab.templates.gemm.matmul import applies, config_error
+    from epilab.templates.gemm.matmul_config import applies, config_error
 
     a, b = torch.randn(96, 24).half(), torch.randn(24, 80).half()
     ep, ops = simple_epilogue(a, b)

@@ -27,7 +27,7 @@ from epilab.ir.spec import EpilogueSpec, SpecFormat
 from epilab.policy import nearest, suites
 from epilab.templates import registry
 from epilab.templates.conv.conv_spec import ConvSpec
-from epilab.templates.gemm import matmul
+from epilab.templates.gemm import matmul, matmul_config, matmul_reference
 from epilab.templates.gemm.gemm_spec import Spec
 from epilab.tuner import evaluate
 from epilab.tuner.search import Budget
@@ -78,18 +78,18 @@ TOY = dataclasses.replace(
     matmul.KIND,
     name=NAME,
     ops=(OP,),
-    check=_on_bmm(matmul.config_error),
+    check=_on_bmm(matmul_config.config_error),
     default_config=_on_bmm(matmul.default_matmul_config),
     render_vars=_on_bmm(matmul.render_vars),
     problem_of=lambda p, a, b, operands: _as_experts(matmul.matmul_problem_of(_as_bmm(p), a, b, operands)),
     bind=_on_bmm(matmul.bind_matmul),
     output_specs=_on_bmm(matmul.matmul_output_specs),
     empty_outputs=_on_bmm(matmul.empty_matmul_outputs),
-    inputs=_on_bmm(matmul.matmul_inputs),
+    inputs=_on_bmm(matmul_reference.matmul_inputs),
     reference=_on_bmm(matmul.KIND.reference),
-    baseline=_on_bmm(matmul.eager_matmul),
+    baseline=_on_bmm(matmul_reference.eager_matmul),
     input_elements=_on_bmm(matmul.matmul_input_elements),
-    search_error=_on_bmm(matmul.matmul_search_error),
+    search_error=_on_bmm(matmul_config.matmul_search_error),
     geometry=ExpertsGeometry,
     problem_error=lambda p: None if p.shape.batch == p.geometry.experts else "one batch per expert",
     label=lambda p: f"{p.geometry.experts} experts x {p.shape.m} tokens -> {p.shape.n}x{p.shape.k}",

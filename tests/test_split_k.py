@@ -22,7 +22,8 @@ from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Shape
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_reference import reference
 from epilab.templates.registry import bind, for_template
 
 # (batch, M, N, K) with 16-deep K blocks: 41 -> 3 blocks, 100 -> 7, 70 -> 5, 129 -> 9

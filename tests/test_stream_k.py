@@ -25,7 +25,8 @@ from epilab.ir.check import rel_error
 from epilab.ir.problem import Config, Shape
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import bound
-from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_reference import reference
 from epilab.templates.registry import bind, for_template
 
 # (batch, M, N, K) for 16x32 tiles and 16-deep K blocks on the interpreter's 4 programs:

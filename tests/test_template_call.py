@@ -30,7 +30,8 @@ from epilab.ir.check import rel_error
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Problem
 from epilab.templates.conv.conv2d import conv_epilogue, make_conv_problem, matmul_twin
-from epilab.templates.gemm.matmul import make_problem, reference
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_reference import reference
 from epilab.templates.gemv.gemv import gemv_twin
 from epilab.templates.registry import default_config
 

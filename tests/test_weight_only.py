@@ -23,7 +23,8 @@ from epilab.policy.space import HOPPER, infeasible, smem_bytes
 from epilab.policy.suites import suite
 from epilab.templates.gemm.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.gemm.gemm_spec import Spec
-from epilab.templates.gemm.matmul import STREAM_K_VARIANTS, TRITON_VARIANTS, make_problem
+from epilab.templates.gemm.matmul import make_problem
+from epilab.templates.gemm.matmul_config import STREAM_K_VARIANTS, TRITON_VARIANTS
 from epilab.templates.gemm.weight_geometry import WeightGeometry
 from epilab.templates.gemm.weight_only import KIND, make_weight_only_problem
 from epilab.templates.grouped import grouped_matmul

@@ -29,7 +29,7 @@ from epilab.ir.check import rel_error, tolerance
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
 from epilab.ir.problem import Config
 from epilab.policy.space import HOPPER, infeasible
-from epilab.templates.gemm import matmul, matmul_sm90
+from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
 from epilab.templates.gemm.dual_weight_only import KIND as DUAL_KIND
 from epilab.templates.gemm.gemm_spec import Spec
 from epilab.templates.gemm.weight_only import KIND, make_weight_only_problem
@@ -127,7 +127,7 @@ def test_the_weight_only_kinds_search_it_and_the_others_do_not():
     assert W in KIND.space["variant"] and 192 in KIND.space["BLOCK_N"]
     assert W not in matmul.KIND.space["variant"]
     # the Gluon variants that read one dtype are not drawn for an fp8 weight
-    assert set(KIND.space["variant"]) == {*matmul.TRITON_VARIANTS, W}
+    assert set(KIND.space["variant"]) == {*matmul_config.TRITON_VARIANTS, W}
     assert not matmul.KIND.applies("SWAP_AB", {"variant": W})
     assert not matmul.KIND.applies("TMA_STORE", {"variant": W})
     assert any(c.variant == W for c in KIND.seeds)

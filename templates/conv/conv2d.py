@@ -33,7 +33,7 @@ from epilab.templates.bound import Bound
 from epilab.templates.conv import conv_geometry
 from epilab.templates.conv.conv_geometry import ConvGeometry, conv_layout, conv_of, conv_problem
 from epilab.templates.gemm.matmul import FILES as MATMUL_FILES
-from epilab.templates.gemm.matmul import hopper_knobs_error, idle_threads_error
+from epilab.templates.gemm.matmul_config import hopper_knobs_error, idle_threads_error
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.runtime.binding import (
     INT32_MAX,

@@ -30,8 +30,9 @@ import triton
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
-from epilab.templates.gemm import matmul, matmul_sm90
-from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem, matmul_inputs
+from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
+from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
+from epilab.templates.gemm.matmul_reference import matmul_inputs
 from epilab.templates.runtime.render import Target
 
 OP = BLOCK_SCALED_OP
@@ -104,7 +105,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
             f"block scales change every {GROUP} elements of K: BLOCK_K x PROMOTE must divide {GROUP}, "
             f"got {config.BLOCK_K} x {config.PROMOTE}"
         )
-    return matmul.loop_error(problem, config)
+    return matmul_config.loop_error(problem, config)
 
 
 def problem_error(problem: Problem) -> str | None:

@@ -25,15 +25,10 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import DUAL_OP, Config, Problem
-from epilab.templates.gemm import matmul, matmul_sm90
-from epilab.templates.gemm.matmul import (
-    FILES,
-    bind_matmul,
-    idle_threads_error,
-    make_problem,
-    matmul_inputs,
-    random_tensor,
-)
+from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
+from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
+from epilab.templates.gemm.matmul_config import idle_threads_error
+from epilab.templates.gemm.matmul_reference import matmul_inputs, random_tensor
 from epilab.templates.kind import MAX_ACC_REGS
 from epilab.templates.runtime.render import Target
 
@@ -119,7 +114,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
         return f"the dual templates take 2-D {OP} problems, got a {problem.op} of batch {problem.shape.batch}"
     if config.variant in matmul_sm90.VARIANTS:
         return f"the {config.variant} variant computes one accumulator; a dual GEMM runs on the Triton loops"
-    return matmul.loop_error(problem, config)
+    return matmul_config.loop_error(problem, config)
 
 
 def default_dual_config(
@@ -180,7 +175,7 @@ def dual_input_elements(problem: Problem) -> tuple[int, int]:
 
 
 def dual_search_error(problem: Problem, config: Config) -> str | None:
-    return idle_threads_error(config) or matmul.warp_specialize_error(config)
+    return idle_threads_error(config) or matmul_config.warp_specialize_error(config)
 
 
 SEEDS = [  # two accumulators: 128x128 tiles with 8 warps at most (128 registers each thread)

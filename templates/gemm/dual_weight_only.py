@@ -22,7 +22,7 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config, Problem
-from epilab.templates.gemm import dual_matmul, matmul, matmul_sm90, weight_only
+from epilab.templates.gemm import dual_matmul, matmul, matmul_config, matmul_sm90, weight_only
 from epilab.templates.gemm.dual_matmul import B2, check_b2
 from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
@@ -58,7 +58,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
     s = problem.shape
     if problem.op != OP or s.batch != 1:
         return f"the dual weight-only template takes 2-D {OP} problems, got a {problem.op} of batch {s.batch}"
-    return weight_error(problem, config) or matmul.loop_error(problem, config)
+    return weight_error(problem, config) or matmul_config.loop_error(problem, config)
 
 
 def inputs(

@@ -28,8 +28,9 @@ import torch
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import WEIGHT_ONLY_OP, Config, Problem
-from epilab.templates.gemm import matmul, matmul_sm90
-from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem, matmul_inputs
+from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
+from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
+from epilab.templates.gemm.matmul_reference import matmul_inputs
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
 
 OP = WEIGHT_ONLY_OP
@@ -65,7 +66,7 @@ def config_error(problem: Problem, config: Config) -> str | None:
     s = problem.shape
     if problem.op != OP or s.batch != 1:
         return f"the weight-only template takes 2-D {OP} problems, got a {problem.op} of batch {s.batch}"
-    return weight_error(problem, config) or matmul.loop_error(problem, config)
+    return weight_error(problem, config) or matmul_config.loop_error(problem, config)
 
 
 def weight_error(problem: Problem, config: Config) -> str | None:
@@ -77,9 +78,12 @@ def weight_error(problem: Problem, config: Config) -> str | None:
             f"the {config.variant} variant reads A and B of one dtype; weight-only runs on the Triton "
             f"loops and {matmul_sm90.WEIGHT_ONLY}"
         )
-    if config.variant in matmul.TMA_VARIANTS:
+    if config.variant in matmul_config.TMA_VARIANTS:
         rows = s.n if problem.layout_b == "row" else s.k
-        if isinstance(rows, int) and rows * dtypes.itemsize(weight_dtype(problem)) % matmul.TMA_ALIGN_BYTES:
+        if (
+            isinstance(rows, int)
+            and rows * dtypes.itemsize(weight_dtype(problem)) % matmul_config.TMA_ALIGN_BYTES
+        ):
             return f"the tma variants need 16-byte aligned rows; B's rows of {rows} fp8 elements are not"
     return None
 
@@ -118,7 +122,7 @@ def render_vars(problem: Problem, config: Config) -> dict[str, object]:
 SPACE = {
     **matmul.SPACE,
     "BLOCK_N": (*matmul.SPACE["BLOCK_N"], GLUON_BLOCK_N),
-    "variant": (*matmul.TRITON_VARIANTS, matmul_sm90.WEIGHT_ONLY),
+    "variant": (*matmul_config.TRITON_VARIANTS, matmul_sm90.WEIGHT_ONLY),
     "SWAP_AB": (0, 1),
 }
 

@@ -28,12 +28,8 @@ from epilab.ir.epilogue import Epilogue, Node, Output
 from epilab.ir.problem import WEIGHT_ONLY_OPS, Config, Problem, Shape
 from epilab.templates.bound import Bound
 from epilab.templates.gemm import matmul
-from epilab.templates.gemm.matmul import (
-    check_inputs,
-    hopper_knobs_error,
-    matmul_problem_of,
-    trivial_bound,
-)
+from epilab.templates.gemm.matmul import check_inputs, matmul_problem_of, trivial_bound
+from epilab.templates.gemm.matmul_config import hopper_knobs_error
 from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime.binding import (
     INT32_MAX,

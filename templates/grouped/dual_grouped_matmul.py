@@ -20,8 +20,9 @@ import torch
 
 from epilab.ir.epilogue import Epilogue
 from epilab.ir.problem import Config, Problem
-from epilab.templates.gemm.matmul import H100_SMS, idle_threads_error
-from epilab.templates.grouped import grouped_matmul
+from epilab.templates.gemm.matmul import H100_SMS
+from epilab.templates.gemm.matmul_config import idle_threads_error
+from epilab.templates.grouped import grouped_matmul, grouped_reference
 from epilab.templates.grouped.grouped_geometry import GATHER, SCATTER
 from epilab.templates.grouped.grouped_matmul import (
     FILES,
@@ -84,7 +85,7 @@ def dual_grouped_inputs(
     problem: Problem, device: torch.device, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """The grouped inputs, and B2 strided as B."""
-    a, b, operands = grouped_matmul.grouped_inputs(problem, device, gen)
+    a, b, operands = grouped_reference.grouped_inputs(problem, device, gen)
     b2 = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device=device)
     b2.copy_(torch.randn(b.shape, generator=gen, device=device).to(b.dtype))
     return a, b, {B2: b2, **operands}

@@ -30,6 +30,7 @@ from epilab.ir.problem import Problem
 MAX_EXPERTS = 1024  # the most experts a kernel takes (it loads every expert's offset at once)
 SCATTERS = ("", "store", "add")  # the output rows: in A's order, written to scatter[r], added there
 GATHER, SCATTER = "gather", "scatter"  # the names of the routing indices in a call's operands
+OFFS = "offs"  # the name of the offsets in a call's operands
 
 
 @dataclass(frozen=True)
