@@ -5,9 +5,11 @@ Renders every problem of every built-in suite with a spread of its feasible conf
 writes the sha256 of each source and each problem's template hash to a JSON file, keyed by
 the problem without its hash (so that a change of hashing alone compares); with
 ``--compare OLD.json`` it lists what differs. CPU only (no GPU, no interpreter run);
-enumerating the matmul space makes it take minutes.
+enumerating the matmul space makes it take tens of minutes. ``--seeds``: every suite problem
+and its twins with the default config and each of its kind's seeds that fits it instead (a
+minute). Run on an older tree (``PYTHONPATH`` at a checkout of it) for the ``before`` file.
 
-    python benchmarks/render_digest.py after.json --compare before.json
+    python benchmarks/render_digest.py after.json --compare before.json [--seeds]
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ import json
 import sys
 
 from epilab.policy import space, suites
-from epilab.templates.registry import source
+
+try:
+    from epilab.templates.registry import default_config, kind_of, source, twins
+except ImportError:  # a tree before templates/ was arranged by family (2026-12-07)
+    from epilab.templates.kinds import default_config, kind_of, source, twins  # type: ignore[no-redef]
 
 
 def unhashed_key(problem: object) -> str:
@@ -32,30 +38,42 @@ def unhashed_key(problem: object) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
-def digest() -> dict[str, object]:
+def digest(seeds: bool = False) -> dict[str, object]:
     sources: dict[str, str] = {}
     hashes: dict[str, str] = {}
     for name in sorted(suites.SUITES):
         for spec in suites.SUITES[name]:
-            problem = spec.problem()
-            key = unhashed_key(problem)
-            if key in hashes:
-                continue
-            hashes[key] = problem.template_hash
-            found = space.configs(problem, space.HOPPER)
-            for config in found[:: max(1, len(found) // 12)]:
+            for problem in twins(spec.problem()) if seeds else [spec.problem()]:
+                key = unhashed_key(problem)
+                if key in hashes:
+                    continue
+                hashes[key] = problem.template_hash
                 for target in ("cuda", "interpreter"):
-                    text = source(problem, config, target=target)
-                    sources[f"{key}|{config.short()}|{target}"] = hashlib.sha256(text.encode()).hexdigest()
+                    for config in _configs(problem, target, seeds):
+                        text = source(problem, config, target=target)
+                        sources[f"{key}|{config.short()}|{target}"] = hashlib.sha256(
+                            text.encode()
+                        ).hexdigest()
     return {"hashes": hashes, "sources": sources}
+
+
+def _configs(problem: object, target: str, seeds: bool) -> list[object]:
+    """The configs a problem is rendered with: a spread of its space, or (``seeds``) its default
+    config and the seeds of its kind that fit it."""
+    if not seeds:
+        found = space.configs(problem, space.HOPPER)
+        return list(found[:: max(1, len(found) // 12)])
+    kind = kind_of(problem)
+    return [default_config(problem, target), *(c for c in kind.seeds if kind.check(problem, c) is None)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="JSON file to write")
     parser.add_argument("--compare", help="an earlier digest to compare with")
+    parser.add_argument("--seeds", action="store_true", help="default configs and seeds (fast)")
     args = parser.parse_args()
-    now = digest()
+    now = digest(args.seeds)
     with open(args.out, "w") as f:
         json.dump(now, f, indent=0, sort_keys=True)
     print(f"{len(now['sources'])} sources of {len(now['hashes'])} problems")
