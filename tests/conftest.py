@@ -14,6 +14,10 @@ import tempfile
 
 import pytest
 
+# the files whose cases take the longest on CPU (the interpreter's model zoo, whole-model tuning,
+# the tuner's searches): `pytest --durations=40` names them
+SLOW_FILES = ("test_zoo.py", "test_model_tuning.py", "test_tuner.py")
+
 
 def _gpu_run(config: pytest.Config) -> bool:
     expr = (config.getoption("markexpr") or "").replace(" ", "")
@@ -42,6 +46,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
         elif not is_gpu and gpu_run:
             item.add_marker(pytest.mark.skip(reason="CPU interpreter test: run without -m gpu"))
+    # The slowest files first (pytest-xdist hands tests out in this order): their minutes-long
+    # cases then overlap the short ones, rather than running alone at the end of the run
+    items.sort(key=lambda item: item.path.name not in SLOW_FILES)  # a stable sort: order kept within
 
 
 @pytest.fixture
