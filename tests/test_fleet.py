@@ -107,9 +107,12 @@ def test_a_renewal_stopped_before_its_commit_is_ended_and_the_lease_taken_over(
     for ever: every other worker skipped the row and waited (the likely cause of the SIGSTOP
     test below hanging for 600 s in CI once). The server ends the stalled session; its owner's
     commit fails, and it has lost the lease."""
-    monkeypatch.setattr(db_engine, "STALLED_TRANSACTION_MS", 1000)
     items = _work(tmp_path, 1)
     a, b = _board(pg_target, items, ttl=0.5), _board(pg_target, items, ttl=0.5)
+    # Only a's sessions get the short timeout, and only once the boards are open: opening
+    # (schema checks between statements) on a loaded 2-core CI host idled past 1 s once.
+    monkeypatch.setattr(db_engine, "STALLED_TRANSACTION_MS", 1000)
+    a.db.engine.dispose()  # a's next connections are made with the short timeout
     first = a.take("a")
     stalled = a.db.session(write=True)
     session = stalled.__enter__()
