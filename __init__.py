@@ -28,7 +28,7 @@ from epilab.config import settings as _settings
 # name -> module: imported on first use, so that `import epilab` (and `epilab --help`,
 # `--version`) does not import torch
 _LAZY = {
-    "Config": "epilab.ir.problem",
+    "Config": "epilab.ir.config",
     "Epilogue": "epilab.ir.epilogue",
     "acc": "epilab.ir.epilogue",
     "acc2": "epilab.ir.epilogue",

@@ -18,8 +18,8 @@ import torch
 
 from epilab.api.matmul import ACTIVATIONS, _refuse_grad, _run
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, operand, ops
-from epilab.ir.problem import Config
 from epilab.templates.grouped.dual_grouped_matmul import B2, make_dual_grouped_problem
 from epilab.templates.grouped.grouped_geometry import GATHER, SCATTER
 from epilab.templates.grouped.grouped_matmul import OFFS, check_routing, check_tensors, make_grouped_problem

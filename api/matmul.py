@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, Expr, acc, acc2, const, operand, ops
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.ir.quantize import quantized_groups
 from epilab.templates.gemm.block_scaled import A_SCALES, B_SCALES, make_block_problem, scale_shapes
 from epilab.templates.gemm.dual_matmul import B2, make_dual_problem

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from rounds import device_header, only, print_saved, save
 
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.suites import suite as builtin_suite
 from epilab.templates.conv.conv_geometry import conv_of
 from epilab.templates.conv.conv_spec import ConvSpec

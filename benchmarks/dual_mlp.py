@@ -36,7 +36,8 @@ import triton
 from rounds import comparable_ms, geomean, interleaved, only, timed
 
 from epilab.ir import dtypes
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
 from epilab.templates.gemm.dual_matmul import B2

@@ -41,7 +41,8 @@ from rounds import device_header, geomean
 
 from epilab import config as epilab_config
 from epilab.ir.catalog import epilogue
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.registry import bind
 from epilab.templates.verify import checked_launch

@@ -59,7 +59,7 @@ from epilab.db import TuningDB
 from epilab.db.fields import aware
 from epilab.db.leases import fleet_status
 from epilab.db.models import LeaseRecord, ProblemRow, TrialRecord
-from epilab.ir.problem import config_text
+from epilab.ir.config import config_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -57,12 +57,14 @@ from rounds import (
 from split_k import sweep
 
 from epilab.ir import dtypes
-from epilab.ir.problem import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS, Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
 from epilab.templates.gemm.block_scaled import scaled_mm_blocks
 from epilab.templates.gemm.matmul_config import STREAM_K_VARIANTS
 from epilab.templates.gemm.matmul_reference import scaled_mm_prefix
+from epilab.templates.gemm.ops import BLOCK_SCALED_OP, WEIGHT_ONLY_OPS
 from epilab.templates.registry import bind, default_config, kind_of, twins
 from epilab.templates.verify import random_inputs
 from epilab.tuner.evaluate import baseline_fn

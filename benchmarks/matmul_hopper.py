@@ -25,7 +25,7 @@ from functools import partial
 
 from rounds import run_meta
 
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.policy.suites import SUITES
 from epilab.templates.gemm.matmul_config import TRITON_VARIANTS as VARIANTS
 from epilab.tuner.evaluate import evaluate_baseline, evaluate_candidate

@@ -35,7 +35,7 @@ from rounds import run_meta
 import epilab
 from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.gemm.matmul_reference import reference
 from epilab.templates.registry import default_config, launch

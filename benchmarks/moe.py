@@ -51,7 +51,8 @@ from rounds import (
 
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
 from epilab.templates.grouped.grouped_geometry import GATHER, SCATTER, experts_of, geometry_of

@@ -18,7 +18,7 @@ import json
 import torch
 
 from epilab.ir.catalog import epilogue
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.registry import bind
 from epilab.templates.verify import checked_launch

@@ -43,7 +43,8 @@ from rounds import (
     timed,
 )
 
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.space import DeviceLimits, infeasible
 from epilab.policy.suites import suite
 from epilab.templates.gemm.matmul_config import STREAM_K_VARIANTS

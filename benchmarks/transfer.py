@@ -25,7 +25,8 @@ import time
 from rounds import run_meta
 
 from epilab.db import TuningDB
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.nearest import distance, why_not
 from epilab.policy.suites import problem_label, suite
 from epilab.tuner.search import Budget

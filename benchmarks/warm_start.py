@@ -35,7 +35,8 @@ import time
 from rounds import run_meta
 
 from epilab.db import TuningDB
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.nearest import warm_seeds
 from epilab.policy.space import applies, infeasible, space_for
 from epilab.policy.suites import problem_label, suite

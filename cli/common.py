@@ -221,7 +221,7 @@ def print_json(obj: object) -> None:
 
 
 def config_cell(config: dict | None) -> str:
-    from epilab.ir.problem import config_text
+    from epilab.ir.config import config_text
 
     return config_text(config)
 

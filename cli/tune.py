@@ -24,6 +24,7 @@ from epilab.cli.common import (
     printable,
     tflops_text,
 )
+from epilab.tuner.baselines import BASELINES, KIND_LIBRARIES
 
 tune_app = typer.Typer(no_args_is_help=False, add_completion=False, rich_markup_mode=None)
 
@@ -50,11 +51,12 @@ PatienceOpt = Annotated[int, typer.Option(min=1, help="stop after this many tria
 BaselinesOpt = Annotated[
     str,
     typer.Option(
-        help="comma list of cublas, cublaslt, cudnn, grouped_mm, inductor, inductor-max-autotune "
+        help=f"comma list of {', '.join(BASELINES)} "
         "(each is timed where it applies: cuBLAS for matmuls, cuDNN for convolutions, "
         "torch._grouped_mm for grouped GEMMs)"
     ),
 ]
+DEFAULT_BASELINES = ",".join(KIND_LIBRARIES)  # each problem's kind's own
 OnlyOpt = Annotated[str | None, typer.Option(help="tune only these problems of the list, e.g. 1-3,7")]
 DbOpt = DbOption
 DeviceOpt = Annotated[str, typer.Option(help="CUDA device to tune on")]
@@ -231,7 +233,7 @@ def tune(
     trials: TrialsOpt = 64,
     time_budget: TimeBudgetOpt = 90.0,
     patience: PatienceOpt = 24,
-    baselines: BaselinesOpt = "cublas,cudnn,grouped_mm",
+    baselines: BaselinesOpt = DEFAULT_BASELINES,
     only: OnlyOpt = None,
     db: DbOpt = None,
     device: DeviceOpt = "cuda:0",

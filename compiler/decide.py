@@ -80,7 +80,8 @@ import torch
 from epilab.config import settings
 from epilab.db import DeviceInfo, Lookup, TuningDB, Verdict, Versions, comparable_ms
 from epilab.db.keys import canonical
-from epilab.ir.problem import Config, Problem, identity_key_of
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem, identity_key_of
 from epilab.policy.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance_to, limits_of, why_not
 from epilab.policy.space import run_error
 from epilab.policy.suites import problem_label

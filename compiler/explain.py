@@ -14,7 +14,7 @@ import logging
 import threading
 
 from epilab.compiler.decide import Decision
-from epilab.ir.problem import config_text
+from epilab.ir.config import config_text
 from epilab.ir.spec import clip
 from epilab.tables import table_text
 

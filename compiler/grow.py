@@ -19,7 +19,8 @@ import torch.fx as fx
 from epilab.compiler.aten_ops import ANCHORS, IDENTITY, POINTWISE, ROW_REDUCTIONS, VIEWS, Unsupported
 from epilab.ir import dtypes
 from epilab.ir.epilogue import MAX_GROUP, Epilogue, Expr, group_max, operand, row_total
-from epilab.ir.problem import DUAL_OP, MATRIX_OPS, Dim, Problem
+from epilab.ir.problem import Dim, Problem
+from epilab.templates.gemm.ops import DUAL_OP, MATRIX_OPS
 from epilab.templates.grouped.grouped_geometry import GroupedGeometry
 
 # meta flag of an anchor whose only users read it in fp32 (a folded norm's projection): the

@@ -34,17 +34,8 @@ from epilab.compiler.grow import (
 )
 from epilab.ir import dtypes
 from epilab.ir.epilogue import Epilogue, Expr, acc, operand
-from epilab.ir.problem import (
-    BATCHED_OPS,
-    BLOCK_SCALED_OP,
-    DUAL_OP,
-    DUAL_WEIGHT_ONLY_OP,
-    WEIGHT_ONLY_OP,
-    OperandSpec,
-    Problem,
-    Shape,
-    applied_precision,
-)
+from epilab.ir.problem import BATCHED_OPS, OperandSpec, Problem, Shape, applied_precision
+from epilab.templates.gemm.ops import BLOCK_SCALED_OP, DUAL_OP, DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OP
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
 from epilab.templates.grouped.grouped_geometry import GroupedGeometry
 from epilab.templates.registry import default_template, template_hash

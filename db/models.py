@@ -29,13 +29,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 STATUSES = ("ok", "compile_error", "out_of_resources", "incorrect", "timeout", "crashed")
 COMPILE_FAILURES = ("compile_error", "out_of_resources")  # Triton refused to build the kernel
-# the libraries a baseline may name; the tuner times all but "eager" (kept for records of
-# plain eager torch from older databases and benchmark scripts)
-LIBRARIES = ("cublas", "cublaslt", "cudnn", "grouped_mm", "eager", "inductor", "inductor-max-autotune")
-# the libraries a kind is timed against as its own (``TemplateKind.library``): cuBLAS for the
-# matmul kinds, cuDNN for convolutions, torch._grouped_mm (CUTLASS on Hopper) for grouped GEMMs
-KIND_LIBRARIES = ("cublas", "cudnn", "grouped_mm")
-TIMED_LIBRARIES = tuple(name for name in LIBRARIES if name != "eager")
+# a baseline's library, by name: the tuner's (``tuner/baselines.BASELINES``), or one an older or
+# newer epilab recorded ("eager": plain eager torch, from older databases and benchmark scripts)
+LIBRARY_NAME = re.compile(r"[a-z][a-z0-9_.+-]{0,31}")
 
 # bounds on strings (checked on import and write; the columns are sized to them)
 NAME_LEN = 128

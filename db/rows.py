@@ -19,7 +19,7 @@ from epilab.db.fields import (
 from epilab.db.keys import canonical, family_key, problem_key
 from epilab.db.models import (
     EPILOGUE_LEN,
-    LIBRARIES,
+    LIBRARY_NAME,
     METHOD_LEN,
     STATUSES,
     STUDY_LEN,
@@ -104,8 +104,11 @@ def trial_values(
 def baseline_values(
     *, library: str, timing: Timing, max_rel_error: float | None, versions: Versions, created_at: datetime
 ) -> dict[str, Any]:
-    if library not in LIBRARIES:
-        raise ValueError(f"library {library!r} is not one of {LIBRARIES}")
+    if not isinstance(library, str) or not LIBRARY_NAME.fullmatch(library):
+        raise ValueError(
+            f"library {library!r:.60} is not a library's name (lowercase letters, digits and _.+-, "
+            "32 at most: cublas, cudnn, inductor, ...)"
+        )
     if timing is None:
         raise ValueError("a baseline needs its timing")
     return {"library": library, **_timed_values(timing, max_rel_error, versions, created_at)}

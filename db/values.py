@@ -18,7 +18,7 @@ VERDICT_OUTCOMES = ("faster", "not faster", "undecided", "slower than inductor",
 INDUCTOR_MODES = ("default", "max-autotune")  # what a verdict's aten alternative was compiled with
 
 
-# (a record's config) -> whether this epilab can run it (templates.problem.Config.is_valid)
+# (a record's config) -> whether this epilab can run it (ir.config.Config.is_valid)
 ConfigCheck = Callable[[Mapping[str, Any]], bool]
 
 

@@ -1,18 +1,16 @@
-"""Problem (what to compute) and Config (how to tile it): frozen, JSON round-trip.
+"""Problem (what to compute): frozen, JSON round-trip. How it is tiled is a ``Config``
+(``ir/config.py``).
 
 A ``Problem`` names everything that changes the generated kernel or its speed:
 op kind, template and its source hash, dtypes, layouts, the epilogue and the
 shape (a dim may be a sympy expression for dynamic shapes). Its ``key`` is the
-sha256 of its canonical JSON. A ``Config`` is one point of the search space;
-it is validated on construction, so a config read from anywhere (a database, a
-user) holds only values from ``CHOICES``.
+sha256 of its canonical JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import re
 import sys
@@ -25,6 +23,7 @@ from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES, OPERAND_DTYPES, default_o
 from epilab.ir.epilogue import MALFORMED, Epilogue
 from epilab.ir.epilogue_print import readable
 from epilab.ir.patterns import identity_with_names
+from epilab.ir.plugin import templates
 
 if TYPE_CHECKING:  # imported where a symbolic dim is parsed: 0.4-0.7 s a process otherwise
     import sympy
@@ -46,66 +45,8 @@ ALLOWED_OPERAND_LAYOUTS = {
 # the whole K loop, as torch._scaled_mm(use_fast_accum=True))
 PRECISIONS = ("ieee", "tf32", "fast")
 BATCHED_OPS = ("bmm", "baddbmm")  # B has a batch dim of its own
-DUAL_OP = "dual_mm"  # ep(A @ B, A @ B2): two GEMMs of one A (templates/gemm/dual_matmul.py)
-# ep(sum over 128-K groups of scale_a * scale_b * the group's A @ B): fp8 with block scales, A's
-# per row and 128 of K, B's per 128x128 block (DeepSeek-V3's; templates/gemm/block_scaled.py)
-BLOCK_SCALED_OP = "block_scaled_mm"
-# ep(A @ B) of a float16 / bfloat16 A and an fp8 B (a weight stored in fp8, its scales in the
-# epilogue), B converted to A's dtype in the K loop (templates/gemm/weight_only.py)
-WEIGHT_ONLY_OP = "weight_only_mm"
-DUAL_WEIGHT_ONLY_OP = "dual_weight_only_mm"  # ep(A @ B, A @ B2) of two fp8 weights (a gated MLP's)
-WEIGHT_ONLY_OPS = (WEIGHT_ONLY_OP, DUAL_WEIGHT_ONLY_OP)
-MATRIX_OPS = ("mm", "addmm", DUAL_OP, BLOCK_SCALED_OP, *WEIGHT_ONLY_OPS)  # 2-D: no batch at all
 _SAME_OP = {"addmm": "mm", "baddbmm": "bmm"}  # the bias is an epilogue operand either way
 
-# The values a Config may hold (the tuner's search space draws from these).
-CHOICES: dict[str, tuple[int, ...] | tuple[str, ...]] = {
-    # 192: sm90_cooperative's three warp groups of 64 rows only; 512 and 1024: depthwise strips' pixels only
-    "BLOCK_M": (16, 32, 64, 128, 192, 256, 512, 1024),
-    # 192: sm90_weight_only's three warp groups of 64 weight rows only; 512: a depthwise
-    # program holding a pixel's channels
-    "BLOCK_N": (16, 32, 64, 128, 192, 256, 512),
-    "BLOCK_K": (16, 32, 64, 128, 256),
-    "GROUP_M": (1, 2, 4, 8, 16),
-    "SPLIT_K": (1, 2, 4, 8, 16, 32),
-    "num_warps": (1, 2, 4, 8, 16),
-    "num_stages": (1, 2, 3, 4, 5, 6, 7),
-    # gemv split-K reductions; matmul's Hopper main loops and stream-K
-    "variant": (
-        "default",
-        "two_pass",
-        "atomic",
-        "tma",
-        "persistent",
-        "tma_persistent",
-        "stream_k",
-        "tma_stream_k",
-        "sm90_persistent",
-        "sm90_pingpong",
-        "sm90_cooperative",
-        "sm90_weight_only",
-        "w_vector",  # depthwise: lanes along W (NCHW)
-        "in_flight",  # depthwise: channel lanes, the output rows in flight roll (not the input window)
-    ),
-    # matmul: the epilogue runs on 1, 2 or 4 column slices of the tile (fewer live registers)
-    "EPILOGUE_SUBTILE": (1, 2, 4),
-    # persistent matmul: programs per multiprocessor (NUM_SMS = this x the device's SMs), and the
-    # tile loop's tl.range options (0/1): flatten the K loop into it, warp-specialize it
-    "PROGRAMS_PER_SM": (1, 2),
-    "FLATTEN": (0, 1),
-    "WARP_SPECIALIZE": (0, 1),
-    # tma matmul: outputs stored through tensor descriptors (where the outputs allow)
-    "TMA_STORE": (0, 1),
-    # depthwise: output rows a program walks down (BLOCK_M pixels: a strip BLOCK_M / TILE_H wide)
-    "TILE_H": (1, 2, 4, 8, 16, 32, 64),
-    # fp8 matmul, exact accumulation: K blocks whose products the tensor cores sum before the
-    # sum is added in fp32 (promotion every PROMOTE * BLOCK_K elements of K)
-    "PROMOTE": (1, 2, 4),
-    # weight-only matmul: the dot's operands swapped, the converted fp8 weight tile on the left
-    # (C^T = B^T @ A^T, transposed after the K loop): Hopper's wgmma reads a left operand from
-    # registers, a right one only from shared memory
-    "SWAP_AB": (0, 1),
-}
 
 Dim = Union[int, "sympy.Expr"]
 
@@ -117,93 +58,6 @@ def is_symbolic(v: object) -> bool:
 
 
 MAX_DIM = 2**31 - 1  # a dim the database's integer columns (and Triton's int32 indices) can hold
-
-
-@dataclass(frozen=True)
-class Config:
-    BLOCK_M: int
-    BLOCK_N: int
-    BLOCK_K: int
-    GROUP_M: int = 8
-    SPLIT_K: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    variant: str = "default"
-    EPILOGUE_SUBTILE: int = 1
-    PROGRAMS_PER_SM: int = 1
-    FLATTEN: int = 0
-    WARP_SPECIALIZE: int = 0
-    TMA_STORE: int = 0
-    TILE_H: int = 1
-    PROMOTE: int = 1
-    SWAP_AB: int = 0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            allowed = CHOICES[f.name]
-            kind = type(allowed[0])  # int or str; 64.0 == 64, True == 1, but neither launches a kernel
-            if type(value) is not kind or value not in allowed:
-                raise ValueError(
-                    f"config {f.name}={value!r:.40} is not allowed; choose one of {allowed} ({kind.__name__})"
-                )
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Config:
-        """The one validation of a config from outside (an import, a database row, a user):
-        known fields only, each an exact value of ``CHOICES``; raises ValueError."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"a config must be an object of {list(CHOICES)}, got {type(d).__name__}")
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            shown = sorted(str(k)[:40] for k in unknown)[:5]
-            raise ValueError(f"unknown config field(s) {shown}; known: {list(CHOICES)}")
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise ValueError(f"incomplete config: {e}") from e
-
-    @classmethod
-    def is_valid(cls, d: Mapping[str, Any]) -> bool:
-        """Whether ``from_dict(d)`` accepts ``d`` (the database reader skips rows it does not)."""
-        try:
-            cls.from_dict(d)
-        except ValueError:
-            return False
-        return True
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def short(self) -> str:
-        """The one shorthand (``config_text``)."""
-        return config_text(self)
-
-
-def config_text(config: Config | Mapping[str, Any] | None) -> str:
-    """The one shorthand of a config, in every table, log and report: tile MxNxK, ``g`` group,
-    ``w`` warps, ``st`` stages, then only what differs from the default: ``split`` split-K,
-    the variant, ``sub`` epilogue slices, programs ``/sm``, ``flat``, ``ws``, ``tma-store``, a
-    pixel tile's ``rows``, fp8's ``promote`` interval in K blocks, and ``swap`` (weight-only's
-    swapped dot)."""
-    if not config:
-        return ""
-    c = config.to_dict() if isinstance(config, Config) else config
-    parts = [
-        f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')} g{c.get('GROUP_M', 1)} "
-        f"w{c.get('num_warps')} st{c.get('num_stages')}",
-        f"split{c['SPLIT_K']}" if c.get("SPLIT_K", 1) != 1 else "",
-        str(c["variant"]) if c.get("variant", "default") != "default" else "",
-        f"sub{c['EPILOGUE_SUBTILE']}" if c.get("EPILOGUE_SUBTILE", 1) != 1 else "",
-        f"{c['PROGRAMS_PER_SM']}/sm" if c.get("PROGRAMS_PER_SM", 1) != 1 else "",
-        "flat" if c.get("FLATTEN") else "",
-        "ws" if c.get("WARP_SPECIALIZE") else "",
-        "tma-store" if c.get("TMA_STORE") else "",
-        f"rows{c['TILE_H']}" if c.get("TILE_H", 1) != 1 else "",
-        f"promote{c['PROMOTE']}" if c.get("PROMOTE", 1) != 1 else "",
-        "swap" if c.get("SWAP_AB") else "",
-    ]
-    return " ".join(filter(None, parts))
 
 
 @dataclass(frozen=True)
@@ -301,7 +155,8 @@ class Geometry(Protocol):
 
 
 class Template(Protocol):
-    """What a problem asks of its template (a ``templates.kind.TemplateKind``)."""
+    """What a problem asks of its template (a ``templates.kind.TemplateKind``), found by name
+    in the registry (``ir.plugin.templates``)."""
 
     layouts: tuple[str, ...]  # the layouts of A and B it takes
     geometry: Any  # the ``Geometry`` class its problems carry (``from_dict``), or None
@@ -309,25 +164,6 @@ class Template(Protocol):
     def runs_op(self, op: str) -> bool: ...
 
     def problem_error(self, problem: Problem) -> str | None: ...
-
-
-# The template registry by name (``templates/registry.KINDS``, handed over when that module is
-# imported). ir/ imports nothing above it, so a problem checked before the registry was
-# imported loads that module by name, as a plugin is loaded.
-_REGISTRY: list[Mapping[str, Template]] = []
-REGISTRY_MODULE = "epilab.templates.registry"
-
-
-def register_templates(templates: Mapping[str, Template]) -> None:
-    """Make ``templates`` (kept, not copied) the registry problems are checked against."""
-    _REGISTRY[:] = [templates]
-
-
-def templates() -> Mapping[str, Template]:
-    """The registered templates by name (importing the registry the first time)."""
-    if not _REGISTRY:
-        importlib.import_module(REGISTRY_MODULE)
-    return _REGISTRY[0]
 
 
 @dataclass(frozen=True)

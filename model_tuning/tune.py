@@ -71,7 +71,6 @@ from typing import Any
 import torch
 
 from epilab.db import TuningDB
-from epilab.db.models import KIND_LIBRARIES
 from epilab.ir.problem import Problem
 from epilab.model_tuning import significance as sig
 from epilab.model_tuning.interleave import Comparison, Timer, Variant
@@ -92,6 +91,7 @@ from epilab.model_tuning.variants import (
     inductor_mode,
     inductor_options,
 )
+from epilab.tuner.baselines import KIND_LIBRARIES
 from epilab.tuner.tune import ProblemResult, Tuner
 from epilab.tuner.work import unserved
 

@@ -7,7 +7,8 @@ import dataclasses
 from importlib import import_module
 from typing import Any
 
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.space import run_error
 
 

@@ -30,8 +30,9 @@ import math
 from typing import Any
 
 from epilab.db import DeviceInfo, Record, TuningDB, Versions
+from epilab.ir.config import Config
 from epilab.ir.dtypes import itemsize
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible
 from epilab.templates.registry import is_current, kind_of
 

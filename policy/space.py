@@ -60,8 +60,9 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
+from epilab.ir.config import Config
 from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES
-from epilab.ir.problem import Config, Problem, Shape
+from epilab.ir.problem import Problem, Shape
 from epilab.templates.gemm.matmul_sm90 import SHARED_BYTES, warp_groups
 from epilab.templates.kind import MAX_ACC_REGS, TemplateKind
 from epilab.templates.registry import kind_of

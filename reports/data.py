@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, Record, Snapshot, comparable_ms
-from epilab.db.models import KIND_LIBRARIES
 from epilab.ir.spec import LABEL_EPILOGUE, clip
 from epilab.templates.registry import KINDS
+from epilab.tuner.baselines import BASELINES
 
 # name fragment -> (dense fp16/bf16 tensor TFLOP/s, fp32 TFLOP/s, memory GB/s); first match wins
 DATA_SHEET_PEAKS: tuple[tuple[str, float, float, float], ...] = (
@@ -31,7 +31,7 @@ DATA_SHEET_PEAKS: tuple[tuple[str, float, float, float], ...] = (
     ("H200", 989.4, 66.9, 4800.0),
     ("A100", 312.0, 19.5, 2039.0),
 )
-LIBRARY_ORDER = (*KIND_LIBRARIES, "cublaslt", "inductor", "inductor-max-autotune")
+LIBRARY_ORDER = tuple(BASELINES)
 MAX_FAILURES = 500  # failed trials listed (newest first); the count covers all
 
 

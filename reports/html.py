@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 
 from epilab.files import write_text_atomic
-from epilab.ir.problem import config_text
+from epilab.ir.config import config_text
 from epilab.reports import plots
 from epilab.reports.data import ReportData
 

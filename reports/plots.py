@@ -16,21 +16,14 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from epilab.db.models import KIND_LIBRARIES
 from epilab.reports.data import ProblemReport, ReportData
+from epilab.tuner.baselines import BASELINES, KIND_LIBRARIES
 
 # The tuner tells optuna a penalty (1e3) for infeasible and failed configs; no measured
 # log10(ms) comes near this (1e100 ms). Kept here so that reports depend on db only.
 MEASURED_BELOW = 100.0
 
-COLORS = {
-    "tuned": "#1f77b4",
-    "cublas": "#ff7f0e",
-    "cudnn": "#d62728",
-    "grouped_mm": "#9467bd",
-    "cublaslt": "#bcbd22",
-    "inductor": "#2ca02c",
-}
+COLORS = {"tuned": "#1f77b4", **{name: b.color for name, b in BASELINES.items()}}
 _LAYOUT = dict(margin=dict(l=60, r=20, t=50, b=60), height=420)
 
 

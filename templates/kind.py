@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from epilab.ir.config import Config
 from epilab.ir.dtypes import WIDE_INPUT_DTYPES, itemsize
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import BATCHED_OPS, LAYOUTS, MATRIX_OPS, Config, Problem, Shape
+from epilab.ir.problem import BATCHED_OPS, LAYOUTS, Problem, Shape
 from epilab.templates.bound import Bound
 
 MAX_ACC_REGS = 128  # accumulator registers per thread at most (half of the 255 a thread may have)
@@ -99,10 +100,14 @@ def _no_whole_rows(problem: Problem) -> str | None:
     return "its programs do not hold whole output rows"
 
 
+# the ops of a batch: B's too (bmm, baddbmm), or A's alone (matmul, a 3-D activation)
+BATCH_OPS = (*BATCHED_OPS, "matmul")
+
+
 def gemm_label(problem: Problem) -> str:
     """MxNxK, or BxMxNxK where the op has a batch (bmm, baddbmm, matmul)."""
     s = problem.shape
-    return f"{s.m}x{s.n}x{s.k}" if problem.op in MATRIX_OPS else f"{s.batch}x{s.m}x{s.n}x{s.k}"
+    return f"{s.batch}x{s.m}x{s.n}x{s.k}" if problem.op in BATCH_OPS else f"{s.m}x{s.n}x{s.k}"
 
 
 def batched(problem: Problem) -> bool:

@@ -16,8 +16,10 @@ from pathlib import Path
 import torch
 
 from epilab.ir import rules
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import Config, Problem, register_templates
+from epilab.ir.plugin import register_templates
+from epilab.ir.problem import Problem
 from epilab.ir.spec import SpecFormat
 from epilab.templates.bound import Bound
 from epilab.templates.conv import conv2d, depthwise

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from epilab.ir.check import poisoned_like, rel_error, tolerance
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.templates.bound import Bound
 from epilab.templates.kind import InputSet
 from epilab.templates.registry import bind, check_call, kind_of, problem_of

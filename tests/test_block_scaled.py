@@ -19,8 +19,9 @@ from epilab.api.matmul import block_scales
 from epilab.compiler.decide import Context, Decision, decide
 from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.ir.check import rel_error, tolerance
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
+from epilab.ir.problem import Problem
 from epilab.policy.space import HOPPER, infeasible, space_for
 from epilab.policy.suites import suite
 from epilab.templates.gemm.block_scaled import (
@@ -34,6 +35,7 @@ from epilab.templates.gemm.block_scaled import (
 )
 from epilab.templates.gemm.gemm_spec import Spec
 from epilab.templates.gemm.matmul_config import TRITON_VARIANTS
+from epilab.templates.gemm.ops import BLOCK_SCALED_OP
 from epilab.templates.registry import default_config, kind_of
 from epilab.templates.verify import checked_launch
 

@@ -38,7 +38,7 @@ def test_one_config_shorthand_everywhere():
     """ "st" is stages and "split" split-K in tune, db list, explain and the report alike."""
     from epilab import cli
     from epilab.compiler import explain
-    from epilab.ir.problem import Config, config_text
+    from epilab.ir.config import Config, config_text
     from epilab.reports import html
 
     c = Config(128, 64, 32, 8, SPLIT_K=4, num_warps=4, num_stages=3, EPILOGUE_SUBTILE=2)

@@ -9,8 +9,9 @@ import torch
 
 from epilab.ir import catalog
 from epilab.ir.check import rel_error, tolerance
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates.conv.conv2d import conv_reference, default_conv_config, make_conv_problem
 from epilab.templates.conv.conv_geometry import ConvGeometry
 from epilab.templates.verify import checked_launch

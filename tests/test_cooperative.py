@@ -29,8 +29,8 @@ from test_matmul_sm90 import checked_kernel, compile_cases
 from test_quantize_epilogue import torch_quantized
 
 from epilab.ir.check import rel_error
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible, run_error, smem_bytes
 from epilab.templates.gemm.block_scaled import A_SCALES, cublaslt_layouts, make_block_problem

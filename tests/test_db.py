@@ -25,8 +25,9 @@ from epilab.db import DatabaseOpenError, DeviceInfo, Timing, TuningDB, Versions
 from epilab.db import schema as db_schema
 from epilab.db.keys import canonical, family_key, problem_key
 from epilab.db.transfer import export_json, import_json
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config, OperandSpec, Problem, Shape
+from epilab.ir.problem import OperandSpec, Problem, Shape
 from epilab.templates.registry import is_current, template_hash
 
 H200 = DeviceInfo("NVIDIA H200", "9.0", 132)
@@ -110,6 +111,17 @@ def test_records_round_trip(db):
     assert base.library == "cublas" and base.median_ms == 0.2 and base.config is None
     assert db.problem_json(p.key[:10]) == (p.key, p.to_json())
     assert Problem.from_json(db.problem_json(p.key)[1]) == p
+
+
+def test_a_baseline_of_any_library_name_is_kept_and_a_malformed_name_refused(db):
+    """The database records a library by name (one another epilab version times too); the
+    names it may take are checked, not a list of this version's."""
+    p = problem()
+    db.record_baseline(p, H200, library="mkl", timing=timing(0.3), max_rel_error=None, versions=NOW)
+    assert [b.library for b in db.baselines(p.key)] == ["mkl"]
+    for bad in ("cuBLAS 12", "", "x" * 33, "drop table;"):
+        with pytest.raises(ValueError, match="is not a library's name"):
+            db.record_baseline(p, H200, library=bad, timing=timing(0.3), max_rel_error=None, versions=NOW)
 
 
 def test_same_config_twice_keeps_the_newest_measurement(db):
@@ -582,7 +594,7 @@ def test_import_merge_rule_newer_record_wins(db, tmp_path):
         (lambda d: d["trials"][0].update(median_ms="0.1"), r"median_ms must be"),
         (lambda d: d["trials"][0].update(trial_number=True), r"trial_number"),
         (lambda d: d["trials"][0]["device"].update(sm_count="132"), r"sm_count"),
-        (lambda d: d["baselines"][0].update(library="mkl"), r"baselines\[0\]: library 'mkl'"),
+        (lambda d: d["baselines"][0].update(library="cuBLAS 12"), r"baselines\[0\]: library 'cuBLAS 12'"),
         (lambda d: d["problems"][0].update(key="f" * 64), r"problems\[0\]: key"),
         (
             lambda d: d["problems"][1].update(json=d["problems"][1]["json"].replace('"m":', '"m" :')),

@@ -11,8 +11,9 @@ import dataclasses
 import pytest
 import torch
 
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, Expr, acc, operand
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates.conv import depthwise
 from epilab.templates.conv.conv_spec import ConvSpec
 from epilab.templates.registry import default_config, kind_of, row_error, twins, untuned_choice

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 import epilab
 from epilab.ir.check import rel_error
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
 from epilab.ir.epilogue_text import parse_epilogue
-from epilab.ir.problem import Config
 from epilab.policy import suites
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import registry

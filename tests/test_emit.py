@@ -26,7 +26,8 @@ from epilab.compiler.emit import NotEmitted, emit, folded
 from epilab.compiler.op import TEMPLATE_CALL, operand_names
 from epilab.config import patch
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.templates import registry
 from epilab.templates.registry import default_config
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import epilab
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
 from epilab.ir.rules import FAST_ABS_FLOOR, FAST_ULPS, RULES
 

@@ -31,7 +31,7 @@ from epilab.db import INTERPRETER_DEVICE, TuningDB, Versions
 from epilab.db import engine as db_engine
 from epilab.db.leases import LeaseBoard, fleet_status
 from epilab.db.models import LeaseRecord, WorkerRecord
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.policy.suites import load_shapes
 from epilab.templates.registry import twins
 from epilab.tuner.fleet import FleetOptions, parse_devices

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 import epilab
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error, tolerance
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible, space_for
 from epilab.policy.suites import suite
 from epilab.templates.gemm.gemm_spec import Spec

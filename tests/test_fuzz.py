@@ -23,7 +23,7 @@ from records import record
 from epilab.db import TuningDB
 from epilab.db.keys import canonical, problem_key
 from epilab.db.transfer import export_json, import_json
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.policy.imported import parse_problem, validate_config
 from epilab.policy.suites import load_shapes
 from epilab.templates.gemm.gemm_spec import Spec

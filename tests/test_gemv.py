@@ -13,7 +13,7 @@ from test_matmul import DTYPES, run_case
 
 from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.gemm.matmul_reference import reference
 from epilab.templates.registry import for_template, launch

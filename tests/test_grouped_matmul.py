@@ -15,8 +15,9 @@ import torch
 
 import epilab
 from epilab.ir.check import rel_error
+from epilab.ir.config import Config
 from epilab.ir.epilogue_text import parse_epilogue
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.policy import nearest, suites
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import registry

@@ -42,7 +42,7 @@ from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.db.models import CONTROL_CHARS, Device
 from epilab.db.transfer import export_json
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.policy.suites import load_shapes
 from epilab.templates.gemm.gemm_spec import Spec
 from epilab.tuner.search import Budget

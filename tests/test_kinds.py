@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from epilab.db.models import KIND_LIBRARIES
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.policy import space, suites
 from epilab.policy.space import HOPPER, configs, infeasible
 from epilab.templates import registry
@@ -21,6 +21,7 @@ from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime.render import kernel_hash, template_path
 from epilab.templates.verify import checked_launch, random_inputs
 from epilab.tuner import evaluate
+from epilab.tuner.baselines import KIND_LIBRARIES
 
 
 @pytest.mark.parametrize("name", sorted(registry.KINDS))
@@ -130,7 +131,7 @@ def test_a_new_kind_is_one_object_and_one_registry_line(toy):
     bound = checked_launch(twin, Config(16, 32, 16, 1, num_warps=4, num_stages=1), a, b, operands)
     assert bound.outs[0].shape == (20, 41)
     assert "def epilab_small_tile_" in registry.source(twin, Config(16, 16, 16), target="interpreter")
-    result = evaluate.evaluate_candidate(twin.to_json(), dataclasses.asdict(Config(32, 16, 32)), seed=3)
+    result = evaluate.evaluate_candidate(twin.to_json(), Config(32, 16, 32).to_dict(), seed=3)
     assert result["status"] == "ok", result
     with pytest.raises(ValueError, match="at most 32x32"):
         registry.launch(twin, Config(64, 64, 32), a, b, operands)

@@ -88,10 +88,11 @@ FLOORS = (
     {"__main__"},
 )
 # The edges against the floors, by design, each a plugin's: a problem checks its template
-# against the registry, which ir/ loads by name if nothing did yet (``ir/problem.py``); the
+# and a config its kinds' knobs against the registry, which ir/ loads by name if nothing did
+# yet (``ir/plugin.py``); the
 # backend's tune_missing finds the tuner through an entry point (``compiler/backend.py``)
 PLUGIN_EDGES = {
-    ("epilab.ir.problem", "epilab.templates.registry"),
+    ("epilab.ir.plugin", "epilab.templates.registry"),
     ("epilab.compiler.backend", "epilab.tuner.on_compile"),
 }
 

@@ -10,7 +10,7 @@ import triton
 from test_transfer import CONFIG, problem
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB, Versions
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.tuner.learned import LearnedRules, specialization
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner

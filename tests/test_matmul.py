@@ -16,8 +16,8 @@ import epilab
 from epilab.api.matmul import ACTIVATIONS
 from epilab.ir import catalog, dtypes
 from epilab.ir.check import poisoned_like, rel_error, tolerance
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config
 from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.registry import default_config, for_template, launch
 from epilab.templates.verify import checked_launch

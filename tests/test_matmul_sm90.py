@@ -19,8 +19,8 @@ import torch
 from test_matmul import run_case
 
 from epilab.ir import catalog
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config
 from epilab.policy.space import HOPPER, DeviceLimits, infeasible
 from epilab.templates.gemm.gemm_spec import Spec
 from epilab.templates.gemm.matmul import make_problem

@@ -14,9 +14,9 @@ from test_matmul import DTYPES, run_case
 
 from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error, tolerance
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc
 from epilab.ir.epilogue import ops as ops_
-from epilab.ir.problem import Config
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates.gemm.matmul import make_problem, tma_descriptors
 from epilab.templates.registry import bind, for_template, kind_of

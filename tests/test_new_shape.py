@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.ir.spec import EpilogueSpec, SpecFormat
 from epilab.policy import nearest, suites
 from epilab.templates import registry
@@ -185,7 +186,7 @@ def test_configs_carry_by_its_transfer_rule(toy):
 def test_the_tuner_the_database_and_the_cli_run_it(toy, tmp_path):
     spec = ExpertsSpec(2, 8, 16, 16, epilogue="relu(acc)")
     problem = spec.problem()
-    result = evaluate.evaluate_candidate(problem.to_json(), dataclasses.asdict(Config(16, 16, 16)), seed=1)
+    result = evaluate.evaluate_candidate(problem.to_json(), Config(16, 16, 16).to_dict(), seed=1)
     assert result["status"] == "ok", result
     db_path = tmp_path / "t.db"
     with TuningDB.open(db_path) as db:

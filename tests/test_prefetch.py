@@ -8,7 +8,7 @@ import time
 from test_transfer import problem
 
 from epilab.db import TuningDB
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.policy.space import infeasible
 from epilab.tuner.search import Budget
 from epilab.tuner.tune import TuneOptions, Tuner

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.tuner.progress import Reporter, duration, progress_bar, summary
 from epilab.tuner.search import Outcome
 from epilab.tuner.tune import ProblemResult

@@ -26,8 +26,8 @@ import epilab
 from epilab.cli import app
 from epilab.db import INTERPRETER_DEVICE, TuningDB
 from epilab.ir.check import rel_error
+from epilab.ir.config import Config
 from epilab.ir.epilogue import GROUP_REDUCE, Epilogue, acc, acc2, group_max, operand, ops
-from epilab.ir.problem import Config
 from epilab.ir.quantize import quantized_groups
 from epilab.policy.suites import suite
 from epilab.templates import registry

@@ -19,8 +19,9 @@ from zoo.transformers import GPT2, Bert, LlamaBlock
 import epilab
 from epilab import config as epilab_config
 from epilab.db import INTERPRETER_DEVICE, TuningDB
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates import registry
 from epilab.templates.conv.conv2d import make_conv_problem
 from epilab.templates.gemm.dual_matmul import make_dual_problem

@@ -20,7 +20,8 @@ from test_matmul import DTYPES, EPILOGUES, run_case
 import epilab
 from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config, Shape
+from epilab.ir.config import Config
+from epilab.ir.problem import Shape
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates.gemm.matmul import make_problem
 from epilab.templates.gemm.matmul_reference import reference

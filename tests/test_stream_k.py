@@ -22,7 +22,8 @@ from test_split_k import bf16_problem
 import epilab
 from epilab.api.matmul import simple_epilogue
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config, Shape
+from epilab.ir.config import Config
+from epilab.ir.problem import Shape
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates import bound
 from epilab.templates.gemm.matmul import make_problem

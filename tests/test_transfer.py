@@ -15,8 +15,9 @@ from records import record
 
 import epilab
 from epilab.db import INTERPRETER_DEVICE, TuningDB
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config, OperandSpec, Problem, Shape
+from epilab.ir.problem import OperandSpec, Problem, Shape
 from epilab.policy.nearest import MAX_DISTANCE, MIN_SPEEDUP, distance, epilogue_bytes, why_not
 from epilab.templates.registry import template_hash
 

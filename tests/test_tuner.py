@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from epilab.cli import app
 from epilab.db import TuningDB
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.space import HOPPER, DeviceLimits, applies, configs, infeasible, space_for
 from epilab.policy.suites import SUITES, load_shapes
 from epilab.templates.conv.conv_spec import ConvSpec

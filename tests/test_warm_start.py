@@ -16,7 +16,7 @@ from test_transfer import CONFIG, problem
 from test_tuner import Counted, _run, cost_model
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo, TuningDB, Versions
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.policy.nearest import GEOMETRY_STEP, WARM_DISTANCE, distance, warm_seeds
 from epilab.policy.roofline import AT_ROOFLINE, floor_ms, good_enough_ms
 from epilab.tuner.search import Budget, make_study

@@ -17,8 +17,9 @@ import epilab
 from epilab.compiler.aten_ops import ANCHORS
 from epilab.compiler.match import match, match_dual
 from epilab.ir.check import rel_error, tolerance
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, acc2, operand, ops
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.policy.space import HOPPER, infeasible, smem_bytes
 from epilab.policy.suites import suite
 from epilab.templates.gemm.dual_weight_only import make_dual_weight_only_problem

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates.gemm.dual_weight_only import make_dual_weight_only_problem
 from epilab.templates.gemm.weight_only import make_weight_only_problem

@@ -26,8 +26,8 @@ from test_matmul_sm90 import checked_kernel, compile_cases
 from test_weight_only import FP8, WIDE, dual_swiglu, tensors
 
 from epilab.ir.check import rel_error, tolerance
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue, acc, operand, ops
-from epilab.ir.problem import Config
 from epilab.policy.space import HOPPER, infeasible
 from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
 from epilab.templates.gemm.dual_weight_only import KIND as DUAL_KIND

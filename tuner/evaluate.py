@@ -19,11 +19,13 @@ import torch
 
 from epilab.ir import dtypes
 from epilab.ir.check import rel_error
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.templates.kind import InputSet
 from epilab.templates.registry import bind, kind_of
 from epilab.templates.runtime.binding import target_for
 from epilab.templates.verify import failure, output_errors, poisoned_outputs, random_inputs
+from epilab.tuner.baselines import baseline, serves
 from epilab.tuner.timing import Measured, time_cuda, time_graph, time_wall
 
 GRAPH_REPLAY_MS = 2.0  # a CUDA-graph replay holds about this much work (at least one call a set)
@@ -35,7 +37,6 @@ EVENT_WARMUP_MS, EVENT_REP_MS, EVENT_MAX_REPS, GRAPH_REPLAYS = 10.0, 40.0, 200, 
 ROTATE_L2_MULTIPLE = 3  # graph replays rotate over input sets of this many times L2 in all ...
 MAX_INPUT_SETS = 16  # ... but never more sets than this (tiny problems stay in L2: the method says so)
 # the family of each vendor baseline: a kind is timed against those of its ``library``
-VENDOR_LIBRARIES = {"cublas": "cublas", "cublaslt": "cublas", "cudnn": "cudnn", "grouped_mm": "grouped_mm"}
 
 
 def device_for_tuning() -> torch.device:
@@ -260,26 +261,19 @@ def evaluate_candidate(problem_json: str, config: dict[str, Any], seed: int) -> 
 
 
 def vendor_serves(problem: Problem, library: str) -> bool:
-    """Whether ``library``, where it is a vendor library, is the one of ``problem``'s kind:
-    cuBLAS (and cuBLASLt) serve the matmul kinds, cuDNN convolutions, torch._grouped_mm the
-    grouped kinds. Inductor and eager serve every kind."""
-    return library not in VENDOR_LIBRARIES or VENDOR_LIBRARIES[library] == kind_of(problem).library
+    """Whether ``library`` runs ``problem``'s kind (``baselines.serves``)."""
+    return serves(library, kind_of(problem).library)
 
 
 def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Tensor, ...]] | None:
-    """A function ``(a, b, operands) -> outputs`` computing the problem with ``library``, or
-    None where it does not apply.
-
-    cublas, cudnn: the kind's ``baseline`` (its ``library``: torch.matmul for the matmul
-    kinds, torch's conv2d for conv2d) then the epilogue in eager torch at the input dtype;
-    cublaslt: torch._addmm_activation (cuBLASLt epilogue) for bias + relu / gelu(tanh) on 2-D inputs;
-    inductor / inductor-max-autotune: torch.compile of the cublas function (once: input sets
-    of the same shapes and strides reuse the compiled code).
-    """
-    ep = problem.epilogue
-    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in ep.outputs]
-
+    """A function ``(a, b, operands) -> outputs`` computing the problem with ``library``
+    (``tuner/baselines.BASELINES``), or None where it does not apply. Each library builds on
+    the kind's ``baseline`` (its ``library``'s op: torch.matmul for the matmul kinds, torch's
+    conv2d for conv2d) then the epilogue in eager torch at the input dtype."""
     kind = kind_of(problem)
+    if not serves(library, kind.library):
+        return None
+    out_dtypes = [dtypes.torch_dtype(o.dtype) for o in problem.epilogue.outputs]
 
     def eager(
         a: torch.Tensor, b: torch.Tensor, operands: dict[str, torch.Tensor]
@@ -287,40 +281,7 @@ def baseline_fn(problem: Problem, library: str) -> Callable[..., tuple[torch.Ten
         outs = kind.baseline(problem, a, b, operands)
         return tuple(v.to(dt) for v, dt in zip(outs, out_dtypes, strict=True))
 
-    if not vendor_serves(problem, library):
-        return None
-    if library == kind.library:
-        return eager
-    if library == "cublaslt":
-        gelu = _bias_activation(problem)
-        if gelu is None or problem.op not in ("mm", "addmm"):  # cuBLASLt fuses them into 2-D GEMMs only
-            return None
-        return lambda a, b, operands: (
-            torch._addmm_activation(operands["bias"], a, b, use_gelu=gelu).to(out_dtypes[0]),
-        )
-    if library in ("inductor", "inductor-max-autotune"):
-        # max-autotune's kernels without its CUDA graphs: kernels are compared here (graph
-        # timing is ours, over rotating inputs); a graph-owned output would also be overwritten
-        mode = "max-autotune-no-cudagraphs" if library == "inductor-max-autotune" else None
-        # Every problem compiles the same ``eager`` code object: without a reset, Dynamo stops
-        # compiling it after its recompile limit (8) and the "Inductor" baseline silently
-        # becomes eager (its time several times the compiled one's).
-        torch._dynamo.reset()
-        return torch.compile(eager, mode=mode, dynamic=False)
-    raise ValueError(f"unknown baseline library {library!r}")
-
-
-def _bias_activation(problem: Problem) -> bool | None:
-    """True (gelu tanh) / False (relu) when the epilogue is act(acc + row bias), else None."""
-    from epilab.ir.epilogue import Epilogue, acc, operand, ops
-
-    if [n for n, _ in problem.epilogue.operands] != ["bias"] or len(problem.epilogue.outputs) != 1:
-        return None
-    dtype = problem.epilogue.outputs[0].dtype
-    for act, gelu in (("relu", False), ("gelu_tanh", True)):
-        if problem.epilogue == Epilogue.build([(getattr(ops, act)(acc() + operand("bias", "row")), dtype)]):
-            return gelu
-    return None
+    return baseline(library).build(problem, eager)
 
 
 def evaluate_baseline(problem_json: str, library: str, seed: int) -> dict[str, Any]:

@@ -34,7 +34,8 @@ from datetime import datetime, timezone
 from epilab.config import MAX_LEASE_TTL_S
 from epilab.db import TuningDB
 from epilab.db.leases import Lease, LeaseBoard, worker_name
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.tuner.progress import duration
 from epilab.tuner.search import Outcome, TakenOver
 from epilab.tuner.tune import DeviceLost, ProblemResult, TuneOptions, Tuner

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 
 from epilab.db import Record
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.policy.suites import problem_label
 from epilab.templates.registry import source
 

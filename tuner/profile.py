@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 from epilab.tuner.phases import PHASES
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from epilab.tuner.phases import phase_text
 
 if TYPE_CHECKING:
-    from epilab.ir.problem import Config, Problem
+    from epilab.ir.config import Config
+    from epilab.ir.problem import Problem
     from epilab.tuner.search import Outcome
     from epilab.tuner.tune import ProblemResult, Tuner
 

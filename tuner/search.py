@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from epilab.ir.problem import Config
+from epilab.ir.config import Config
 
 # catch_warnings swaps the process's filters: threads (tuner/fleet.py) take turns
 _WARNINGS = threading.Lock()

@@ -26,15 +26,17 @@ import torch
 import triton
 
 from epilab.db import DeviceInfo, Record, Timing, TuningDB, Versions, comparable_ms
-from epilab.db.models import COMPILE_FAILURES, KIND_LIBRARIES, TIMED_LIBRARIES
+from epilab.db.models import COMPILE_FAILURES
+from epilab.ir.config import Config
 from epilab.ir.dtypes import itemsize
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.ir.spec import ProblemSpec
 from epilab.policy.nearest import warm_seeds
 from epilab.policy.roofline import good_enough_ms
 from epilab.policy.space import HOPPER, INTERPRETER_DEVICE, DeviceLimits, applies, infeasible, space_for
 from epilab.policy.suites import problem_label
 from epilab.templates.registry import kind_of
+from epilab.tuner.baselines import BASELINES, KIND_LIBRARIES
 from epilab.tuner.compile_server import ServerPool, compile_pool
 from epilab.tuner.learned import LearnedRules
 from epilab.tuner.phases import add_phases
@@ -80,9 +82,9 @@ class TuneOptions:
     compile_server: bool = True  # compile in the host's shared server (tuner/compile_server.py)
 
     def __post_init__(self) -> None:
-        unknown = set(self.baselines) - set(TIMED_LIBRARIES)
+        unknown = set(self.baselines) - set(BASELINES)
         if unknown:
-            raise ValueError(f"unknown baseline(s) {sorted(unknown)}; choose from {TIMED_LIBRARIES}")
+            raise ValueError(f"unknown baseline(s) {sorted(unknown)}; choose from {', '.join(BASELINES)}")
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,15 @@ import torch.nn.functional as F
 import triton
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import REDUCTIONS, Epilogue, Output
-from epilab.ir.problem import Config, OperandSpec, Problem, Shape
+from epilab.ir.problem import OperandSpec, Problem, Shape
 from epilab.templates.bound import Bound
 from epilab.templates.conv import conv_geometry
 from epilab.templates.conv.conv_geometry import ConvGeometry, conv_layout, conv_of, conv_problem
+from epilab.templates.gemm.knobs import hopper_knobs_error
 from epilab.templates.gemm.matmul import FILES as MATMUL_FILES
-from epilab.templates.gemm.matmul_config import hopper_knobs_error, idle_threads_error
+from epilab.templates.gemm.matmul_config import idle_threads_error
 from epilab.templates.kind import OutputSpec, TemplateKind, TwinCall
 from epilab.templates.runtime.binding import (
     INT32_MAX,

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 import torch
 import triton
 
-from epilab.ir.problem import CHOICES, Config, Problem, Shape
+from epilab.ir.config import SHARED, Config, Knob, declare, extend
+from epilab.ir.problem import Problem, Shape
 from epilab.templates.bound import Bound
 from epilab.templates.conv import conv_geometry
 from epilab.templates.conv.conv2d import (
@@ -54,12 +55,16 @@ PLAIN_CHANNELS = 128
 # (13-16%) and on no NHWC layer; 3 was within 2% of 2 where 2 paid (the H100 sweep,
 # benchmarks/RESULTS.md)
 MAX_PREFETCH = 2
-MIN_PIXELS = min(CHOICES["BLOCK_M"])  # the fewest pixels a program (BLOCK_M) may cover
+MIN_PIXELS = min(SHARED["BLOCK_M"])  # the fewest pixels a program (BLOCK_M) may cover
+# output rows a program walks down (BLOCK_M pixels: a strip BLOCK_M / TILE_H wide)
+(TILE_H,) = declare(Knob("TILE_H", (1, 2, 4, 8, 16, 32, 64), 1, "rows{}"))
+extend("BLOCK_M", (512, 1024))  # a strip's pixels
+extend("BLOCK_N", (512,))  # a program holding a pixel's channels (a LayerNorm's rows)
 # default: lanes along the channels (NHWC), the strip's row unrolled, the window of input rows
 # an output row reads sliding through registers (``plan``); in_flight: the same lanes, the output
 # rows in flight rolling through registers instead (fewer registers: two channels a lane, dilated
 # rows); w_vector: lanes along the strip's pixels (W contiguous: NCHW), the row one vector
-VARIANTS = ("default", "w_vector", "in_flight")
+VARIANTS = extend("variant", ("default", "w_vector", "in_flight"))
 WIDTHS = {  # a strip's width in pixels (BLOCK_M / TILE_H)
     "default": (2, 4, 8, 16),
     "in_flight": (2, 4, 8, 16),
@@ -99,10 +104,9 @@ def config_error(problem: Problem, config: Config) -> str | None:
     why = geometry_error(problem)
     if why is not None:
         return why
-    fixed = {"BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "EPILOGUE_SUBTILE": 1}
-    fixed |= {"PROGRAMS_PER_SM": 1, "FLATTEN": 0, "WARP_SPECIALIZE": 0, "TMA_STORE": 0, "PROMOTE": 1}
-    fixed |= {"SWAP_AB": 0}
+    fixed = {"BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1}
     wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
+    wrong += [f"{name}={value!r}" for name, value in config.knobs if name != TILE_H.name]  # other kinds'
     if wrong:
         return f"the depthwise template has no K blocks, groups or splits; it got {', '.join(wrong)}"
     if config.num_stages > MAX_PREFETCH:

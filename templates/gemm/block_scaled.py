@@ -28,11 +28,13 @@ import torch
 import triton
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import BLOCK_SCALED_OP, Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
 from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
 from epilab.templates.gemm.matmul_reference import matmul_inputs
+from epilab.templates.gemm.ops import BLOCK_SCALED_OP
 from epilab.templates.runtime.render import Target
 
 OP = BLOCK_SCALED_OP

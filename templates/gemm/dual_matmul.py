@@ -23,12 +23,14 @@ from collections.abc import Callable, Mapping
 import torch
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import DUAL_OP, Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
 from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
 from epilab.templates.gemm.matmul_config import idle_threads_error
 from epilab.templates.gemm.matmul_reference import matmul_inputs, random_tensor
+from epilab.templates.gemm.ops import DUAL_OP
 from epilab.templates.kind import MAX_ACC_REGS
 from epilab.templates.runtime.render import Target
 

@@ -20,11 +20,13 @@ from collections.abc import Mapping
 import torch
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates.gemm import dual_matmul, matmul, matmul_config, matmul_sm90, weight_only
 from epilab.templates.gemm.dual_matmul import B2, check_b2
 from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
+from epilab.templates.gemm.ops import DUAL_WEIGHT_ONLY_OP
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
 from epilab.templates.gemm.weight_only import weight_error
 

@@ -68,17 +68,10 @@ from dataclasses import dataclass
 from epilab.ir.dtypes import FP8_DTYPES, INPUT_DTYPES
 from epilab.ir.epilogue import MAX_GROUP, Epilogue, Expr, acc, acc2, operand
 from epilab.ir.patterns import canonical_order, swap_accumulators
-from epilab.ir.problem import (
-    BLOCK_SCALED_OP,
-    DUAL_OP,
-    DUAL_WEIGHT_ONLY_OP,
-    WEIGHT_ONLY_OP,
-    OperandSpec,
-    Problem,
-    Shape,
-)
+from epilab.ir.problem import OperandSpec, Problem, Shape
 from epilab.ir.quantize import quantized_groups
 from epilab.ir.spec import OPERAND_LAYOUTS, EpilogueSpec, SpecFormat, epilogue_label, int_in, spec_epilogue
+from epilab.templates.gemm.ops import BLOCK_SCALED_OP, DUAL_OP, DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OP
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WEIGHT_SCALE, WeightGeometry
 from epilab.templates.registry import (
     KINDS,

@@ -18,16 +18,9 @@ import torch
 import triton
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import (
-    BATCHED_OPS,
-    WEIGHT_ONLY_OPS,
-    Config,
-    Geometry,
-    Problem,
-    Shape,
-    applied_precision,
-)
+from epilab.ir.problem import BATCHED_OPS, Geometry, Problem, Shape, applied_precision
 from epilab.ir.rules import RULES
 from epilab.templates.bound import Bound, Described, Workspace
 from epilab.templates.gemm import matmul_sm90
@@ -44,6 +37,7 @@ from epilab.templates.gemm.matmul_config import (
     promote_space,
 )
 from epilab.templates.gemm.matmul_reference import eager_matmul, matmul_inputs, reference
+from epilab.templates.gemm.ops import WEIGHT_ONLY_OPS
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES
 from epilab.templates.kind import OutputSpec, TemplateKind
 from epilab.templates.runtime.binding import (

@@ -8,13 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epilab.ir import dtypes
-from epilab.ir.problem import (
-    BATCHED_OPS,
-    WEIGHT_ONLY_OPS,
-    Config,
-    Problem,
-)
+from epilab.ir.config import Config, extend
+from epilab.ir.problem import BATCHED_OPS, Problem
 from epilab.templates.gemm import matmul_sm90
+from epilab.templates.gemm.knobs import PERSISTENT_KNOBS
+from epilab.templates.gemm.ops import WEIGHT_ONLY_OPS
 
 # tma: operand tiles through tensor descriptors (Hopper); persistent: one program per SM
 # looping over the tiles; tma_persistent: both; stream_k (and tma_stream_k): one program per SM,
@@ -24,7 +22,7 @@ from epilab.templates.gemm import matmul_sm90
 TRITON_VARIANTS = ("default", "tma", "persistent", "tma_persistent", "stream_k", "tma_stream_k")
 
 
-VARIANTS = (*TRITON_VARIANTS, *matmul_sm90.VARIANTS)
+VARIANTS = extend("variant", (*TRITON_VARIANTS, *matmul_sm90.VARIANTS))
 
 
 TMA_VARIANTS = ("tma", "tma_persistent", "tma_stream_k")
@@ -37,21 +35,6 @@ STREAM_K_VARIANTS = ("stream_k", "tma_stream_k")
 
 
 SPLIT_K_VARIANTS = ("default", "tma")  # two-pass split-K (templates/split_k.py.jinja)
-
-
-# the matmul's own knobs (the other kinds leave them at their defaults)
-HOPPER_KNOBS = (
-    "EPILOGUE_SUBTILE",
-    "PROGRAMS_PER_SM",
-    "FLATTEN",
-    "WARP_SPECIALIZE",
-    "TMA_STORE",
-    "PROMOTE",
-    "SWAP_AB",
-)
-
-
-PERSISTENT_KNOBS = ("PROGRAMS_PER_SM", "FLATTEN", "WARP_SPECIALIZE")
 
 
 TMA_ALIGN_BYTES = 16  # TMA needs 16-byte aligned strides (and base addresses)
@@ -69,13 +52,6 @@ EXACT_PROMOTION_MAX_K = 256
 
 
 PROMOTE_VARIANTS = ("default", "tma", "persistent", "tma_persistent")  # K loops over the whole of K
-
-
-def hopper_knobs_error(config: Config) -> str | None:
-    """For the other templates: the matmul's Hopper knobs must keep their defaults."""
-    if any(getattr(config, k) != getattr(Config(16, 16, 16), k) for k in HOPPER_KNOBS):
-        return f"only the matmul template has the knobs {sorted(HOPPER_KNOBS)}; leave them at their defaults"
-    return None
 
 
 def config_error(problem: Problem, config: Config) -> str | None:

@@ -45,14 +45,19 @@ import torch
 import triton
 
 from epilab.ir import dtypes
-from epilab.ir.problem import BATCHED_OPS, DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OPS, Config, Problem
+from epilab.ir.config import Config, extend
+from epilab.ir.problem import BATCHED_OPS, Problem
 from epilab.ir.rules import TRITON_DTYPES
 from epilab.templates.bound import Bound, CallScratch, Described
+from epilab.templates.gemm.ops import DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OPS
 from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime.binding import single_launch, sm_count, tma_readable
 
 SOURCE = "matmul_sm90.py.jinja"
-VARIANTS = ("sm90_persistent", "sm90_pingpong", "sm90_cooperative", "sm90_weight_only")
+VARIANTS = extend("variant", ("sm90_persistent", "sm90_pingpong", "sm90_cooperative", "sm90_weight_only"))
+# three warp groups of 64 rows (the cooperative kernel's) or of 64 weight rows (the weight-only's)
+extend("BLOCK_M", (192,))
+extend("BLOCK_N", (192,))
 COOPERATIVE = "sm90_cooperative"
 WEIGHT_ONLY = "sm90_weight_only"
 SAME_DTYPE_VARIANTS = tuple(v for v in VARIANTS if v != WEIGHT_ONLY)  # A and B of one dtype: any matmul

@@ -26,11 +26,13 @@ from collections.abc import Mapping
 import torch
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import WEIGHT_ONLY_OP, Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates.gemm import matmul, matmul_config, matmul_sm90
 from epilab.templates.gemm.matmul import FILES, bind_matmul, make_problem
 from epilab.templates.gemm.matmul_reference import matmul_inputs
+from epilab.templates.gemm.ops import WEIGHT_ONLY_OP
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
 
 OP = WEIGHT_ONLY_OP

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from epilab.ir.problem import Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.templates.gemm import dual_matmul
 from epilab.templates.gemv import gemv
 from epilab.templates.gemv.gemv import bind_gemv, split_k_error

@@ -24,12 +24,14 @@ import torch
 import triton
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config, extend
 from epilab.ir.epilogue import Epilogue, Node, Output
-from epilab.ir.problem import WEIGHT_ONLY_OPS, Config, Problem, Shape
+from epilab.ir.problem import Problem, Shape
 from epilab.templates.bound import Bound
 from epilab.templates.gemm import matmul
+from epilab.templates.gemm.knobs import hopper_knobs_error
 from epilab.templates.gemm.matmul import check_inputs, matmul_problem_of, trivial_bound
-from epilab.templates.gemm.matmul_config import hopper_knobs_error
+from epilab.templates.gemm.ops import WEIGHT_ONLY_OPS
 from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime.binding import (
     INT32_MAX,
@@ -47,7 +49,7 @@ _FLIP = {"row": "col", "col": "row"}
 _FLIP_REDUCE = {"row_sum": "col_sum", "col_sum": "row_sum", "row_max": "col_max", "col_max": "row_max"}
 FILES = ("gemv.py.jinja", "split_k.py.jinja", *EPILOGUE_FILES)
 BLOCK_M = 16  # the gemv template covers M <= 16 with one tile of rows
-VARIANTS = ("default", "two_pass", "atomic")  # default: no split-K
+VARIANTS = extend("variant", ("default", "two_pass", "atomic"))  # default: no split-K
 
 
 def config_error(problem: Problem, config: Config) -> str | None:

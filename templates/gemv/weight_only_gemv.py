@@ -25,8 +25,10 @@ from collections.abc import Mapping
 
 import torch
 
-from epilab.ir.problem import DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OP, Config, Problem
+from epilab.ir.config import Config
+from epilab.ir.problem import Problem
 from epilab.templates.gemm import dual_weight_only, weight_only
+from epilab.templates.gemm.ops import DUAL_WEIGHT_ONLY_OP, WEIGHT_ONLY_OP
 from epilab.templates.gemm.weight_geometry import WEIGHT_ONLY_DTYPES, WeightGeometry, weight_dtype
 from epilab.templates.gemv import dual_gemv, gemv
 from epilab.templates.gemv.gemv import bind_gemv, split_k_error

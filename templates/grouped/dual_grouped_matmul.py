@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from epilab.ir.config import Config
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.templates.gemm.matmul import H100_SMS
 from epilab.templates.gemm.matmul_config import idle_threads_error
 from epilab.templates.grouped import grouped_matmul, grouped_reference

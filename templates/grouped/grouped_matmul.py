@@ -35,8 +35,9 @@ import torch
 import triton
 
 from epilab.ir import dtypes
+from epilab.ir.config import Config, extend
 from epilab.ir.epilogue import Epilogue
-from epilab.ir.problem import Config, Problem, Shape
+from epilab.ir.problem import Problem, Shape
 from epilab.templates.bound import Bound, Described
 from epilab.templates.gemm.matmul import H100_SMS, contiguous_specs
 from epilab.templates.gemm.matmul_config import idle_threads_error
@@ -74,7 +75,7 @@ FILES = ("grouped_matmul.py.jinja", "tile_order.py.jinja", *EPILOGUE_FILES)
 OP = "grouped_mm"  # a problem op of its own (torch._grouped_mm's)
 # default: the pointer loop; tma: A and B through TMA descriptors (Hopper; row- or column-major
 # A and B, 16-byte aligned); persistent, tma_persistent: the same on one program per SM
-VARIANTS = ("default", "tma", "persistent", "tma_persistent")
+VARIANTS = extend("variant", ("default", "tma", "persistent", "tma_persistent"))
 TMA_VARIANTS = ("tma", "tma_persistent")
 PERSISTENT_VARIANTS = ("persistent", "tma_persistent")
 LAYOUTS = ("row", "col", "strided")
@@ -88,9 +89,8 @@ def config_error(problem: Problem, config: Config) -> str | None:
     """Why ``config`` does not fit the grouped template for ``problem`` (None when it does)."""
     if config.variant not in VARIANTS:
         return f"the grouped templates have no variant {config.variant!r}; use one of {VARIANTS}"
-    fixed = {"SPLIT_K": 1, "EPILOGUE_SUBTILE": 1, "PROGRAMS_PER_SM": 1, "FLATTEN": 0}
-    fixed |= {"WARP_SPECIALIZE": 0, "TMA_STORE": 0, "TILE_H": 1, "PROMOTE": 1, "SWAP_AB": 0}
-    wrong = [f"{name}={getattr(config, name)!r}" for name, v in fixed.items() if getattr(config, name) != v]
+    wrong = [f"SPLIT_K={config.SPLIT_K}"] if config.SPLIT_K != 1 else []
+    wrong += [f"{name}={value!r}" for name, value in config.knobs]  # the other kinds' knobs, all
     if wrong:
         return f"the grouped templates have no splits, slices or stores by TMA; got {', '.join(wrong)}"
     if config.BLOCK_M > 256 or config.BLOCK_N > 256:

@@ -15,8 +15,9 @@ import torch
 
 from epilab.config import settings
 from epilab.ir import dtypes
+from epilab.ir.config import Config
 from epilab.ir.epilogue import REDUCTIONS, Epilogue
-from epilab.ir.problem import Config, Dim, OperandSpec, Problem
+from epilab.ir.problem import Dim, OperandSpec, Problem
 from epilab.templates.bound import Bound, CallScratch, Launch, Workspace
 from epilab.templates.kind import TemplateKind
 from epilab.templates.runtime.build import build, interpreter_active

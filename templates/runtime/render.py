@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import jinja2
 
 from epilab.config import settings
+from epilab.ir.config import Config
 from epilab.ir.epilogue import LEAVES, REDUCTIONS, Epilogue
 from epilab.ir.patterns import identity
-from epilab.ir.problem import Config, Problem
+from epilab.ir.problem import Problem
 from epilab.ir.rules import rounded
 from epilab.templates.kind import TemplateKind
 

@@ -152,7 +152,8 @@ def compile_in_subprocess(
 
 
 def main() -> None:
-    from epilab.ir.problem import Config, Problem
+    from epilab.ir.config import Config
+    from epilab.ir.problem import Problem
 
     request = json.loads(sys.stdin.read())
     answers = []
