@@ -1,11 +1,13 @@
 """A concatenated projection seen as its two halves (``gate, up = gate_up(x).chunk(2, -1)``).
 
 Some models keep a gated MLP's gate and up weights as one [2F, K] linear and split its
-output. ``split_halves`` rewrites such an anchor, tentatively, into two mm/addmm anchors over
-views of the weight's halves (and of the bias's), each followed by the reshape the output
-went through, and moves the two chunks' users onto them: the dual-GEMM matcher then sees
-the two-weight form. ``Halves.undo`` restores the graph exactly when the dual template is not
-chosen (the single GEMM stays one cuBLAS call).
+output; a mixture of experts keeps them as one [E, 2F, K] weight of a grouped GEMM (the
+widely used model library's default). ``split_halves`` rewrites such an anchor, tentatively,
+into two mm/addmm (or grouped_mm) anchors over views of the weight's halves (and of the
+bias's), each followed by the reshape the output went through, and moves the two chunks'
+users onto them: the dual-GEMM matcher then sees the two-weight form. ``Halves.undo``
+restores the graph exactly when the dual template is not chosen (the single GEMM stays one
+cuBLAS call).
 """
 
 from __future__ import annotations
@@ -68,19 +70,28 @@ def _split_of(anchor: fx.Node) -> tuple[fx.Node | None, fx.Node, int] | None:
     return view, user, width // 2
 
 
+def _operands(anchor: fx.Node, op: str) -> tuple[object, object, object, tuple, dict] | None:
+    """(bias, A, B, the arguments after B, the keywords) of an anchor whose halves are made
+    alike, or None: addmm's alpha/beta and grouped_mm's bias and out_dtype are left alone."""
+    if op == "mm":
+        return None, anchor.args[0], anchor.args[1], (), {}
+    if op == "addmm":
+        return None if anchor.args[3:] or anchor.kwargs else (*anchor.args[:3], (), {})
+    if op == "grouped_mm" and not anchor.args[3:] and set(anchor.kwargs) <= {"offs"}:
+        return None, anchor.args[0], anchor.args[1], tuple(anchor.args[2:]), dict(anchor.kwargs)
+    return None
+
+
 def split_halves(graph: fx.Graph, anchor: fx.Node) -> Halves | None:
-    """Rewrite a concatenated mm/addmm anchor into its two halves (see the module), or None
-    when ``anchor`` is not one."""
+    """Rewrite a concatenated mm/addmm/grouped_mm anchor into its two halves (see the
+    module), or None when ``anchor`` is not one."""
     op = ANCHORS.get(anchor.target)  # type: ignore[arg-type]
-    if op not in ("mm", "addmm"):
-        return None
-    found = _split_of(anchor)
+    operands = None if op is None else _operands(anchor, op)
+    found = None if operands is None else _split_of(anchor)
     if found is None:
         return None
     view, split, half = found
-    bias, a, b = (None, *anchor.args[:2]) if op == "mm" else anchor.args[:3]
-    if op == "addmm" and (anchor.args[3:] or anchor.kwargs):
-        return None  # alpha/beta: left alone
+    bias, a, b, rest, kwargs = operands  # type: ignore[misc]
     bv = val(b)
     if bv is None or not isinstance(bias, (fx.Node, type(None))):
         return None
@@ -90,11 +101,12 @@ def split_halves(graph: fx.Graph, anchor: fx.Node) -> Halves | None:
     fake = fake_mode_of(val(anchor))
     added: list[fx.Node] = []
 
-    def add(target: object, args: tuple) -> fx.Node:
-        values = fx.node.map_arg(args, lambda n: n.meta["val"])  # symbolic sizes: their SymInts
+    def add(target: object, args: tuple, kwargs: dict | None = None) -> fx.Node:
+        # symbolic sizes: their SymInts
+        values, kw = fx.node.map_arg((args, kwargs or {}), lambda n: n.meta["val"])
         with fake:
-            value = target(*values)  # type: ignore[operator]
-        node = graph.call_function(target, args)  # type: ignore[arg-type]
+            value = target(*values, **kw)  # type: ignore[operator]
+        node = graph.call_function(target, args, kwargs)  # type: ignore[arg-type]
         node.meta["val"] = value
         added.append(node)
         return node
@@ -103,9 +115,10 @@ def split_halves(graph: fx.Graph, anchor: fx.Node) -> Halves | None:
     with graph.inserting_after(split):
         for i in (0, 1):
             lo, hi = i * half, (i + 1) * half
-            b_half = add(aten.slice.Tensor, (b, 1, lo, hi))
+            b_half = add(aten.slice.Tensor, (b, bv.dim() - 1, lo, hi))  # N: B's last dim
             if bias is None:
-                mm = add(aten.mm.default, (a, b_half))
+                target = anchor.target if op == "grouped_mm" else aten.mm.default
+                mm = add(target, (a, b_half, *rest), kwargs)
             else:
                 mm = add(aten.addmm.default, (add(aten.slice.Tensor, (bias, 0, lo, hi)), a, b_half))
             anchors.append(mm)

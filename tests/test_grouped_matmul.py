@@ -365,6 +365,31 @@ def test_the_compiler_fuses_a_gated_pair_of_grouped_mms_and_the_routing_weight(t
     assert recorded.identity_key == want.identity_key, "the compiled problem is the suite's"
 
 
+class ConcatenatedExperts(torch.nn.Module):
+    """gate and up as one [E, 2F, K] weight whose grouped product is chunked (the widely used
+    model library's experts by default), each row scaled by its routing weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 64, 16) / 4)
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        gate, up = torch._grouped_mm(x, self.w.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up * weight.unsqueeze(-1)
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_a_concatenated_gate_up_of_experts_runs_as_its_two_halves(tmp_path):
+    (d,) = _experts_run(tmp_path, ConcatenatedExperts())
+    assert d.anchor == "aten.grouped_mm (concatenated, in halves)" and d.template == "dual_grouped_matmul"
+    want = GroupedSpec(3, 40, 32, 16, epilogue="silu(acc) * acc2 * w[m]").problem()
+    from epilab.db import TuningDB
+
+    with TuningDB.open(str(tmp_path / "t.db")) as db:
+        recorded = Problem.from_json(db.problem_json(d.problem_key)[1])
+    assert recorded.identity_key == want.identity_key, "the halves make the two-weight problem"
+
+
 @pytest.mark.usefixtures("fresh_compiler")
 def test_one_grouped_mm_takes_its_epilogue_and_other_offsets_make_no_pair(tmp_path):
     (d,) = _experts_run(tmp_path, Experts(gated=False))
@@ -630,6 +655,46 @@ def test_the_gathered_pair_is_weighed_against_the_plain_one_by_their_records(tmp
         assert d.template == "dual_grouped_matmul" and d.problem_key == fast.key, d
         if fast is plain[0]:
             assert "rows gathered in the kernel" in d.reason and "slower" in d.reason, d.reason
+
+
+class RoutedConcatenatedMoE(RoutedMoE):
+    """The routed layer with gate and up as one [E, 2F, K] weight, chunked, SwiGLU between
+    the grouped projections (the widely used model library's experts)."""
+
+    def __init__(self, topk: int) -> None:
+        super().__init__(topk)
+        self.w = torch.nn.Parameter(torch.randn(4, 64, 16) / 4)
+
+    def forward(self, x: torch.Tensor, chosen: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        order = torch.argsort(chosen.flatten(), stable=True)
+        token = order // self.topk
+        offs = torch.cumsum(torch.bincount(chosen.flatten(), minlength=4), 0).to(torch.int32)
+        gate, up = torch._grouped_mm(x[token], self.w.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+        y = torch._grouped_mm(h, self.w2.transpose(-2, -1), offs=offs) * weight.flatten()[order].unsqueeze(-1)
+        return torch.zeros(x.shape[0], 16, dtype=torch.float32, device=x.device).index_add(
+            0, token, y.float()
+        )
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_routed_concatenated_experts_gather_into_the_dual_halves_and_combine_after(tmp_path):
+    torch._dynamo.reset()
+    epilab.explain(clear=True)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(10, 16, generator=gen, device=DEVICE).to(torch.bfloat16)
+    chosen = torch.rand(10, 4, generator=gen, device=DEVICE).topk(2, dim=1).indices
+    weight = torch.rand(10, 2, generator=gen, device=DEVICE).to(torch.bfloat16)
+    model = RoutedConcatenatedMoE(2).to(DEVICE, torch.bfloat16)
+    with torch.no_grad():
+        options = {"policy": "always", "db": str(tmp_path / "t.db")}
+        out = torch.compile(model, backend="epilab", options=options)(x, chosen, weight)
+        assert rel_error(out, model(x, chosen, weight)) < 2e-2
+    found = [(d.anchor, d.template, d.shape) for d in epilab.explain() if "grouped_mm" in d.anchor]
+    assert found == [
+        ("aten.grouped_mm (concatenated, in halves)", "dual_grouped_matmul", "20x32x16 gathered"),
+        ("aten.grouped_mm", "grouped_matmul", "20x16x32 top-2 added back"),
+    ]
 
 
 def test_dropped_scatter_rows_leave_every_output_of_the_reference_alike():
