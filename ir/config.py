@@ -66,6 +66,8 @@ def declare(*knobs: Knob) -> tuple[Knob, ...]:
     for knob in knobs:
         if knob.name in SHARED:
             raise ValueError(f"{knob.name} is a field every config has: extend its values instead")
+        if hasattr(Config, knob.name):
+            raise ValueError(f"a knob named {knob.name} would hide Config.{knob.name}")
         had = _KNOBS.setdefault(knob.name, knob)
         if had != knob:
             raise ValueError(f"config knob {knob.name} declared twice, differently: {had} and {knob}")

@@ -100,6 +100,8 @@ def test_declarations_are_checked():
         Knob("DEPTH", (1, "2"), 1, "depth{}")
     with pytest.raises(ValueError, match="public identifier"):
         Knob("knobs", (0, 1), 0, "k")
+    with pytest.raises(ValueError, match=r"would hide Config\.short"):
+        declare(Knob("short", (0, 1), 0, "s"))
     with pytest.raises(ValueError, match="a field every config has"):
         declare(Knob("BLOCK_M", (16,), 16, "m{}"))
     with pytest.raises(ValueError, match="declared twice, differently"):
