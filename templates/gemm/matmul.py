@@ -227,6 +227,10 @@ def matmul_problem_of(
     return make_problem(a, b, problem.epilogue, operands, op=problem.op, precision=problem.precision)
 
 
+# a TMA variant's loop by pointers, where the tensors do not suit TMA (else: stream-K's)
+_WITHOUT_TMA = {"tma": "default", "tma_persistent": "persistent"}
+
+
 def bind_matmul(
     problem: Problem,
     config: Config,
@@ -256,9 +260,9 @@ def bind_matmul(
     if trivial is not None:
         return trivial
     target = target_for(a.device)
-    tensors = [a, b, *extra.values(), *outs, *operands.values()]
+    tensors = (a, b, *extra.values(), *outs, *operands.values())
     index_64 = any(extent(t) > INT32_MAX for t in tensors) or batch * m * n > INT32_MAX
-    grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N), batch)
+    grid: tuple[int, ...] = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N), batch)
     if batch > _GRID_Y_MAX:
         raise ValueError(f"batch {batch} is larger than the {_GRID_Y_MAX} this template launches")
     args: dict[str, object] = {
@@ -287,18 +291,12 @@ def bind_matmul(
             return matmul_sm90.bind(kind, problem, config, a, b, outs, args, target, index_64, slots)
     workspace = None
     if config.variant in (*PERSISTENT_VARIANTS, *STREAM_K_VARIANTS):
-        sms = sm_count(a.device)
-        if config.variant in STREAM_K_VARIANTS:
-            grid = (min(sms, stream_k_programs(grid[0] * batch, triton.cdiv(k, config.BLOCK_K))),)
-            workspace = Workspace(grid[0], kind.accumulators * config.BLOCK_M * config.BLOCK_N)
-        else:
-            grid = (min(sms * config.PROGRAMS_PER_SM, grid[0] * batch),)
+        grid, workspace = _persistent_grid(kind, config, grid[0] * batch, k, sm_count(a.device))
         args.update(BATCH=batch, NUM_SMS=grid[0])
     if config.variant in TMA_VARIANTS:
         described = tma_descriptors(problem, config, a, b, extra)
         if described is None:  # these tensors' strides or addresses do not suit TMA: no descriptors
-            plain = {"tma": "default", "tma_persistent": "persistent"}.get(config.variant, "stream_k")
-            config = dataclasses.replace(config, variant=plain)
+            config = dataclasses.replace(config, variant=_WITHOUT_TMA.get(config.variant, "stream_k"))
         else:
             stores = tma_store_descriptors(config, outs) if config.TMA_STORE else ()
             if stores is None:  # these outputs do not suit TMA: pointer stores
@@ -317,6 +315,17 @@ def bind_matmul(
         return split_k_bound(kind, problem, config, target, index_64, grid, args, ep_args, outs, out3)
     slots = tile_slots(config, m, n)
     return single_launch(kind, problem, config, target, index_64, grid, args, outs, workspace, slots)
+
+
+def _persistent_grid(
+    kind: TemplateKind, config: Config, tiles: int, k: int, sms: int
+) -> tuple[tuple[int], Workspace | None]:
+    """The one-axis grid of a persistent or stream-K launch over ``tiles`` output tiles (of
+    every batch), and stream-K's workspace of partial tiles (None for persistent)."""
+    if config.variant in STREAM_K_VARIANTS:
+        grid = (min(sms, stream_k_programs(tiles, triton.cdiv(k, config.BLOCK_K))),)
+        return grid, Workspace(grid[0], kind.accumulators * config.BLOCK_M * config.BLOCK_N)
+    return (min(sms * config.PROGRAMS_PER_SM, tiles),), None
 
 
 def tile_slots(config: Config, m: int, n: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import triton
@@ -181,13 +182,7 @@ def bind_gemv(
     index_64 = any(extent(t) > INT32_MAX for t in tensors)
     grid_n = triton.cdiv(n, config.BLOCK_N)
     split = config.SPLIT_K
-    sums = kind.accumulators  # one workspace region per accumulator
-    if config.variant == "two_pass":
-        ws = torch.empty((sums * split, m, n), dtype=torch.float32, device=a.device)
-    else:
-        ws_shape = (sums, m, n) if config.variant == "atomic" else (1,)
-        ws = torch.zeros(ws_shape, dtype=torch.float32, device=a.device)
-    lock = torch.zeros((grid_n if config.variant == "atomic" else 1,), dtype=torch.int32, device=a.device)
+    ws, lock = _workspace(kind, config, m, n, a.device)
     args: dict[str, object] = {
         "a_ptr": a,
         "b_ptr": b,
@@ -211,26 +206,9 @@ def bind_gemv(
     }
     grid = (grid_n, split)
     kernel = kernel_for(kind, kp, config, target, index_64)
-    launcher = kernel[grid]
     stats = Statistics.of(kp.epilogue, outs, (1, grid_n))  # one tile of rows; the kernel's terms
     if config.variant != "two_pass":
-        args.update(stats.args)
-
-        def compile_one() -> None:
-            if target != "interpreter":
-                kernel.warmup(grid=grid, **args)
-
-        def run() -> object:
-            stats.fill()
-            compiled = launcher(**args)
-            if stats.finish is not None:
-                stats.finish()
-            return compiled
-
-        # the atomic variant's workspace and ordered statistics are part of the launch: no replay
-        if config.variant == "atomic" or stats.finish is not None:
-            return Bound(outs, run, compile_one)
-        return Bound(outs, run, compile_one, kernel, args, grid, fills=stats.fills)
+        return _one_pass_bound(outs, kernel, grid, args, stats, target, config.variant == "atomic")
     reduce = kernel_for(kind, kp, config, target, index_64, "_reduce")
     reduce_args = {
         **ep_args,
@@ -244,6 +222,53 @@ def bind_gemv(
         **stats.args,
     }
     return two_pass_bound(outs, target, (kernel, grid, args), (reduce, (grid_n, 1), reduce_args), stats)
+
+
+def _workspace(
+    kind: TemplateKind, config: Config, m: int, n: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 partial sums (one region per accumulator: every split's for the two-pass
+    reduce, one running sum for the atomic variant, none otherwise) and the atomic variant's
+    per-column-tile locks."""
+    sums = kind.accumulators
+    if config.variant == "two_pass":
+        ws = torch.empty((sums * config.SPLIT_K, m, n), dtype=torch.float32, device=device)
+    else:
+        ws_shape = (sums, m, n) if config.variant == "atomic" else (1,)
+        ws = torch.zeros(ws_shape, dtype=torch.float32, device=device)
+    grid_n = triton.cdiv(n, config.BLOCK_N)
+    lock = torch.zeros((grid_n if config.variant == "atomic" else 1,), dtype=torch.int32, device=device)
+    return ws, lock
+
+
+def _one_pass_bound(
+    outs: tuple[torch.Tensor, ...],
+    kernel: Any,
+    grid: tuple[int, int],
+    args: dict[str, object],
+    stats: Statistics,
+    target: str,
+    atomic: bool,
+) -> Bound:
+    """The bound launch of a one-kernel variant; replayable unless its launch carries state
+    (the atomic variant's workspace, statistics finished in order)."""
+    args.update(stats.args)
+    launcher = kernel[grid]
+
+    def compile_one() -> None:
+        if target != "interpreter":
+            kernel.warmup(grid=grid, **args)
+
+    def run() -> object:
+        stats.fill()
+        compiled = launcher(**args)
+        if stats.finish is not None:
+            stats.finish()
+        return compiled
+
+    if atomic or stats.finish is not None:
+        return Bound(outs, run, compile_one)
+    return Bound(outs, run, compile_one, kernel, args, grid, fills=stats.fills)
 
 
 def default_gemv_config(problem: Problem, target: str = "cuda", *, sm_count: int = 132) -> Config:

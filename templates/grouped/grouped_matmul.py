@@ -357,15 +357,21 @@ def bind_grouped(
             args.update({d.arg: d.make(args[d.tensor]) for d in described})  # type: ignore[arg-type]
     bound = single_launch(kind, problem, config, target, index_64, grid, args, outs)
     if fills:
-        launch = bound.run
-
-        def run() -> object:
-            for o in outs:
-                o.zero_()
-            return launch()
-
-        bound = dataclasses.replace(bound, run=run, fills=fills)
+        bound = _zeroed_first(bound, fills)
     return dataclasses.replace(bound, descriptors=described) if described else bound
+
+
+def _zeroed_first(bound: Bound, fills: tuple[tuple[int, float], ...]) -> Bound:
+    """``bound`` with its outputs zeroed before each launch (a combine adds into them), and
+    the zeros named as fills for its replays."""
+    launch, outs = bound.run, bound.outs
+
+    def run() -> object:
+        for o in outs:
+            o.zero_()
+        return launch()
+
+    return dataclasses.replace(bound, run=run, fills=fills)
 
 
 def _tma_ok(x: torch.Tensor) -> bool:

@@ -190,25 +190,7 @@ def _epilogue_hooks(
             **{o["name"]: f"op_{o['name']}" for o in operands},
         }
         lines, out_vars = ep.triton_lines(leaf_vars, fast=fast, col_mask=mask_n)
-        outputs = []
-        for out, var in zip(ep.outputs, out_vars, strict=True):
-            node_kind = ep.kinds[out.node]
-            if out.reduce in REDUCTIONS:
-                outputs.append(_StoredOutput(var, *REDUCTIONS[out.reduce]))
-                continue
-            if out.group:  # its value broadcast along each group (its max there, unless it is one already)
-                value = var if out.node in ep.group_constant else f"group_max({var}, {mask_n}, {out.group})"
-                outputs.append(_StoredOutput(value, group=out.group))
-                continue
-            if out.dtype == "bool":
-                value = var if node_kind == "bool" else f"{var} != 0.0"
-            else:  # a predicate stored as a float is 0.0 / 1.0 (the rounding helpers bit-cast fp32)
-                value = rounded(var if node_kind == "float" else f"{var}.to(tl.float32)", out.dtype)
-            i = len(outputs)
-            added = ""  # the interpreter's in-order combine (store_output.py.jinja)
-            if combine and interpret:
-                added = rounded(f"(out{i}_old + ({value}).to(tl.float32))", out.dtype)
-            outputs.append(_StoredOutput(value, smem=i in smem_outputs, added=added))
+        outputs = _stored_outputs(ep, out_vars, mask_n, smem_outputs, combine=bool(combine) and interpret)
         return (
             _ENV.get_template("store_output.py.jinja")
             .render(
@@ -234,6 +216,33 @@ def _epilogue_hooks(
         )
 
     return {"epilogue_params": epilogue_params, "epilogue_args": epilogue_args, "store_output": store_output}
+
+
+def _stored_outputs(
+    ep: Epilogue, out_vars: list[str], mask_n: str, smem_outputs: tuple[int, ...], *, combine: bool
+) -> list[_StoredOutput]:
+    """What each of ``ep``'s outputs stores, from its variable ``out_vars[i]`` of the
+    epilogue's lines; ``combine``: the interpreter's in-order combine "add"."""
+    outputs = []
+    for out, var in zip(ep.outputs, out_vars, strict=True):
+        node_kind = ep.kinds[out.node]
+        if out.reduce in REDUCTIONS:
+            outputs.append(_StoredOutput(var, *REDUCTIONS[out.reduce]))
+            continue
+        if out.group:  # its value broadcast along each group (its max there, unless it is one already)
+            value = var if out.node in ep.group_constant else f"group_max({var}, {mask_n}, {out.group})"
+            outputs.append(_StoredOutput(value, group=out.group))
+            continue
+        if out.dtype == "bool":
+            value = var if node_kind == "bool" else f"{var} != 0.0"
+        else:  # a predicate stored as a float is 0.0 / 1.0 (the rounding helpers bit-cast fp32)
+            value = rounded(var if node_kind == "float" else f"{var}.to(tl.float32)", out.dtype)
+        i = len(outputs)
+        added = ""  # the interpreter's in-order combine (store_output.py.jinja)
+        if combine:
+            added = rounded(f"(out{i}_old + ({value}).to(tl.float32))", out.dtype)
+        outputs.append(_StoredOutput(value, smem=i in smem_outputs, added=added))
+    return outputs
 
 
 def kernel_name(problem: Problem) -> str:

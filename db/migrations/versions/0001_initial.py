@@ -28,6 +28,21 @@ def _timed_columns() -> list[sa.Column]:
     ]
 
 
+def _owner_columns() -> list[sa.Column]:
+    """The problem and device a trial or baseline row belongs to (deleted with them)."""
+    return [
+        sa.Column(
+            "problem_id",
+            sa.Integer(),
+            sa.ForeignKey("epilab_problems.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column(
+            "device_id", sa.Integer(), sa.ForeignKey("epilab_devices.id", ondelete="CASCADE"), nullable=False
+        ),
+    ]
+
+
 def upgrade() -> None:
     op.create_table(
         "epilab_devices",
@@ -59,15 +74,7 @@ def upgrade() -> None:
     op.create_table(
         "epilab_trials",
         sa.Column("id", sa.Integer(), primary_key=True),
-        sa.Column(
-            "problem_id",
-            sa.Integer(),
-            sa.ForeignKey("epilab_problems.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
-        sa.Column(
-            "device_id", sa.Integer(), sa.ForeignKey("epilab_devices.id", ondelete="CASCADE"), nullable=False
-        ),
+        *_owner_columns(),
         sa.Column("config", sa.Text(), nullable=False),
         sa.Column("status", sa.String(20), nullable=False),
         sa.Column("study", sa.String(128), nullable=False),
@@ -89,15 +96,7 @@ def upgrade() -> None:
     op.create_table(
         "epilab_baselines",
         sa.Column("id", sa.Integer(), primary_key=True),
-        sa.Column(
-            "problem_id",
-            sa.Integer(),
-            sa.ForeignKey("epilab_problems.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
-        sa.Column(
-            "device_id", sa.Integer(), sa.ForeignKey("epilab_devices.id", ondelete="CASCADE"), nullable=False
-        ),
+        *_owner_columns(),
         sa.Column("library", sa.String(32), nullable=False),
         *_timed_columns(),
         sa.UniqueConstraint(
