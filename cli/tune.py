@@ -140,7 +140,7 @@ ModelOpt = Annotated[
     typer.Option(
         help="MODULE:FACTORY returning an nn.Module (or (module, inputs)): compile it, tune every "
         "problem it has until no new one appears, check each template in the compiled model, "
-        "then time eager, Inductor, Inductor max-autotune and epilab"
+        "then time eager, Inductor and epilab"
     ),
 ]
 InputsOpt = Annotated[
@@ -199,7 +199,8 @@ MaxAutotuneOpt = Annotated[
     bool,
     typer.Option(
         "--max-autotune/--no-max-autotune",
-        help="with --model: also check and time in Inductor's max-autotune mode (slow to compile)",
+        help="with --model: also check and time in Inductor's max-autotune mode (off by default: "
+        "its compiles take minutes)",
     ),
 ]
 FreezingOpt = Annotated[
@@ -257,7 +258,7 @@ def tune(
     confidence: ConfidenceOpt = 0.95,
     margin: MarginOpt = 0.01,
     dtype: DtypeOpt = None,
-    max_autotune: MaxAutotuneOpt = True,
+    max_autotune: MaxAutotuneOpt = False,
     freezing: FreezingOpt = False,
     train: TrainOpt = False,
     out_file: OutFileOpt = None,
@@ -330,7 +331,7 @@ def _tune_a_model(given: SimpleNamespace, options: Any, fleet: Any) -> None:
     import torch
 
     from epilab.model_tuning.load import build_model
-    from epilab.model_tuning.variants import MODES, ModelOptions
+    from epilab.model_tuning.variants import DEFAULT_MODES, MODES, ModelOptions
     from epilab.tuner.tune import Tuner
 
     how = ModelOptions(
@@ -339,7 +340,7 @@ def _tune_a_model(given: SimpleNamespace, options: Any, fleet: Any) -> None:
         confidence=given.confidence,
         margin=given.margin,
         check_context=given.context,
-        modes=tuple(m for m in MODES if given.max_autotune or not m.endswith("max-autotune")),
+        modes=MODES if given.max_autotune else DEFAULT_MODES,
         freezing=given.freezing,
         train=given.train,
     )

@@ -22,6 +22,10 @@ from epilab.model_tuning.step import Workload
 
 # how the model runs: per call or replayed as CUDA graphs, Inductor default or max-autotune
 MODES = ("per call", "CUDA graphs", "per call, max-autotune", "CUDA graphs, max-autotune")
+# what a model is checked and timed in unless asked for more: Inductor's max-autotune compiles
+# the model's matmuls against Triton templates (minutes a compile), which would make every
+# ``tune --model`` a long one; ``--max-autotune`` (``modes=MODES``) adds those two modes
+DEFAULT_MODES = tuple(m for m in MODES if not m.endswith("max-autotune"))
 MAX_PASSES = 4
 ROUNDS = 8  # rounds before the first look at the intervals (model_tuning/interleave.py)
 MAX_ROUNDS = 32  # ... and the most rounds a comparison gets before it is left undecided
@@ -44,7 +48,7 @@ def torch_mode(mode: str) -> str | None:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    modes: tuple[str, ...] = MODES  # of MODES; CUDA graphs and max-autotune on a GPU only
+    modes: tuple[str, ...] = DEFAULT_MODES  # of MODES; the CUDA-graph modes on a GPU only
     rounds: int = ROUNDS  # rounds before the first look at the intervals, and between looks
     max_rounds: int = MAX_ROUNDS  # a comparison still undecided after these is left undecided
     confidence: float = sig.CONFIDENCE  # of every decision, over all looks (model_tuning/significance.py)
