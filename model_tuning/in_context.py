@@ -42,8 +42,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
 from epilab.compiler.graph_pass import SWITCHED
 from epilab.compiler.switch import Switches
 from epilab.db import TuningDB, comparable_ms
@@ -52,10 +50,9 @@ from epilab.ir.problem import Problem
 from epilab.model_tuning import significance as sig
 from epilab.model_tuning.interleave import Comparison, Timer, Variant
 from epilab.model_tuning.variants import (
+    Compiles,
     ModelOptions,
     compared,
-    compile_variant,
-    counted,
     cuda_graphs,
     epilab_options,
     inductor_mode,
@@ -63,7 +60,6 @@ from epilab.model_tuning.variants import (
 )
 
 if TYPE_CHECKING:
-    from epilab.model_tuning.step import Workload
     from epilab.tuner.tune import Tuner
 
 
@@ -93,7 +89,6 @@ class Judged:
 
 
 def check_in_context(
-    work: Workload,
     store: TuningDB,
     tuner: Tuner,
     modes: Sequence[str],
@@ -101,34 +96,35 @@ def check_in_context(
     report: ModelReport,
     timers: dict[str, Timer],
     say: Callable[[str], None],
+    compiles: Compiles,
 ) -> None:
     """Verdicts for the templates the records choose in each of ``modes`` (see the module's
-    text); the modes of one Inductor mode share its switched compile and its Inductor."""
+    text); the modes of one Inductor mode share its switched compile and its Inductor. Each
+    mode's model with its kept templates is left in ``compiles`` as the epilab compile of that
+    mode wherever it is what a later compile gives (for the measurement)."""
     by_inductor: dict[str, list[str]] = {}
     for mode in modes:
         by_inductor.setdefault(inductor_mode(mode), []).append(mode)
     for group in by_inductor.values():
-        torch._dynamo.reset()
-        _Check(work, store, tuner, options, report, say).run(group, timers)
-    torch._dynamo.reset()
+        _Check(store, tuner, options, report, say, compiles).run(group, timers)
 
 
 class _Check:
     def __init__(
         self,
-        work: Workload,
         store: TuningDB,
         tuner: Tuner,
         options: ModelOptions,
         report: ModelReport,
         say: Callable[[str], None],
+        compiles: Compiles,
     ) -> None:
-        self.work, self.store, self.tuner = work, store, tuner
+        self.store, self.tuner, self.compiles = store, tuner, compiles
         self.options, self.report, self.say = options, report, say
-        self.inductor: Variant | None = None
+        self.work = compiles.work
 
     def compiled(self, name: str, mode: str, how: dict[str, Any]) -> Variant:
-        return counted(self.report, STEP, compile_variant(self.work, name, mode, how))
+        return self.compiles.get(self.report, STEP, name, mode, how)
 
     def switched(self, mode: str, rejected: Sequence[str]) -> tuple[Variant, Switches]:
         """The model with every chosen template switchable, ``rejected`` ones left out; decided
@@ -176,18 +172,22 @@ class _Check:
             model, switches = self.switched(mode, rejected)
         if not judged:
             self.say(f"{mode}: no template chosen; nothing to check")
+            if not fixed:  # no template at all: what a later compile gives
+                self.compiles.keep("epilab", epilab_options(self.store, mode), final)
             return
         against = None
         if any(j.keep for j in judged.values()):
-            if self.inductor is None:
-                self.inductor = self.compiled("inductor", mode, inductor_options(mode))
-            theirs = _again(self.inductor, mode)
+            theirs = self.compiled("inductor", mode, inductor_options(mode))
             kept = sum(j.keep for j in judged.values())
             self.say(f"{mode}: timing the model with its {kept} kept template(s) against Inductor")
             against = Comparison(ours=final, theirs=theirs, key="inductor")
             compared([against], self.options, timer)
         for key, j in judged.items():
             self.store_verdict(mode, key, labels.get(key, ""), j, against)
+        self.compiles.changed()
+        if not fixed and (against is None or against.outcome == sig.FASTER):
+            # the verdicts just stored choose what ``final`` runs: it is the later compile
+            self.compiles.keep("epilab", epilab_options(self.store, mode), final)
 
     def judge(
         self,
@@ -365,11 +365,6 @@ def _why(c: Comparison) -> str:
 def _name(on: frozenset[str]) -> str:
     """A switched variant's name: the problems (key prefixes) whose templates it runs."""
     return "epilab switched on: " + (" ".join(sorted(k[:12] for k in on)) or "none")
-
-
-def _again(v: Variant, mode: str) -> Variant:
-    """``v``'s compiled step as a variant of ``mode`` (its times apart from ``v``'s)."""
-    return Variant(v.name, mode, v.fn, 0.0, v.decisions)
 
 
 def _chosen(v: Variant) -> dict[str, list[Any]]:

@@ -37,6 +37,13 @@ inference's only at inference.
    never where epilab kept no template: then it compiles Inductor's graph, and that
    comparison only follows the others' rounds, ``Comparison.follows``).
 
+A compile that several steps need is made once (``variants.Compiles``): Inductor's per
+Inductor mode (probe, check, measurement), the record step's last (the capture probe's), and
+the check's model with its kept templates (the measurement's epilab, wherever the verdicts
+stored make it what a later compile gives). Default modes, nothing new in the second pass:
+two record passes of one compile a mode, then the switched model, Inductor and one model
+with its kept templates a mode.
+
 Timing, per call (``time_calls``): CUDA events around groups of back-to-back calls after a
 warm-up (host overhead included, as a serving loop sees it; L2 is not flushed between calls
 of a model), the median of the groups' per-call times, in a short window per variant and
@@ -82,10 +89,10 @@ from epilab.model_tuning.variants import (
     MAX_ROUNDS,
     MODES,
     ROUNDS,
+    Compiles,
     ModelOptions,
     compared,
     compile_variant,
-    counted,
     cuda_graphs,
     epilab_options,
     inductor_mode,
@@ -94,6 +101,9 @@ from epilab.model_tuning.variants import (
 from epilab.tuner.baselines import KIND_LIBRARIES
 from epilab.tuner.tune import ProblemResult, Tuner
 from epilab.tuner.work import unserved
+
+# the steps whose compiles the report counts (besides the context check's)
+RECORD, PROBE, MEASURE = "record", "capture probe", "measure"
 
 # runs the tuning of (label, problem) jobs: returns the results and whether it was interrupted
 TuneJobs = Callable[[Tuner, list[tuple[str, Problem]]], tuple[list[ProblemResult], bool]]
@@ -146,25 +156,27 @@ def tune_model(
     report = _new_report(label or type(model).__name__, tuner, options, on_gpu)
     try:
         with _compiling(work, options.freezing):
-            _record_and_tune(work, store, tuner, modes, options, report, tune_jobs, say)
+            compiles = Compiles(work)
+            _record_and_tune(work, store, tuner, modes, options, report, tune_jobs, say, compiles)
             if report.interrupted:
                 return report
             timed = modes
             if options.check_context or options.measure:  # probed once for both steps
                 started = time.monotonic()
-                timed = _replayable(work, store, modes, on_gpu, report, say)
+                timed = _replayable(store, modes, on_gpu, report, say, compiles)
                 report.seconds["capture probe"] = time.monotonic() - started
             if options.check_context:
                 from epilab.model_tuning.in_context import check_in_context
 
                 started = time.monotonic()
-                check_in_context(work, store, tuner, timed, options, report, timers, say)
+                check_in_context(store, tuner, timed, options, report, timers, say, compiles)
                 report.seconds["context check"] = time.monotonic() - started
             if options.measure:
                 started = time.monotonic()
                 for mode in timed:
-                    _measure(work, store, mode, options, report, timers[mode], say)
+                    _measure(store, mode, options, report, timers[mode], say, compiles)
                 report.seconds["measure"] = time.monotonic() - started
+            compiles.clear()
     finally:
         if owned:
             tuner.close()
@@ -259,28 +271,27 @@ def _compiling(work: Workload, freezing: bool = False) -> Iterator[None]:
 
 
 def _replayable(
-    work: Workload,
     store: TuningDB,
     modes: tuple[str, ...],
     on_gpu: bool,
     report: ModelReport,
     say: Callable[[str], None],
+    compiles: Compiles,
 ) -> list[str]:
     """``modes`` less the CUDA-graph ones where the compiled step cannot be captured (told,
-    and noted in ``report.skipped``)."""
+    and noted in ``report.skipped``). Inductor's compile and the record step's last are the
+    later steps' too (``compiles``)."""
     out = []
     for mode in modes:
         if on_gpu and cuda_graphs(mode):
-            torch._dynamo.reset()
             try:
-                for how in (inductor_options(mode), epilab_options(store, mode)):
-                    step = work.bind(torch.compile(work.model, **how))
-                    step()
-                    replayed(step)
+                probed = (("inductor", inductor_options(mode)), ("epilab", epilab_options(store, mode)))
+                for name, how in probed:
+                    replayed(compiles.get(report, PROBE, name, mode, how).fn)
             except Exception as e:  # a host sync or CPU op in the step: capture fails
                 report.skipped[mode] = f"the compiled step cannot be captured in a CUDA graph: {one_line(e)}"
                 say(f"{mode}: skipped, {report.skipped[mode]}")
-            torch._dynamo.reset()
+                compiles.clear()
         if mode not in report.skipped:
             out.append(mode)
     return out
@@ -295,6 +306,7 @@ def _record_and_tune(
     report: ModelReport,
     tune_jobs: TuneJobs | None,
     say: Callable[[str], None],
+    compiles: Compiles,
 ) -> None:
     seen: set[str] = set()
     record_s = tune_s = 0.0
@@ -304,14 +316,13 @@ def _record_and_tune(
         report.passes = n
         started = time.monotonic()
         keys: list[str] = []
+        compiles.clear()  # the last pass's compiles are kept: the capture probe's
         for mode in modes:
             if inductor_mode(mode) != "default":
                 continue  # the same problems; max-autotune compiles take minutes
-            torch._dynamo.reset()
-            variant = compile_variant(work, "epilab", mode, epilab_options(store, mode))
+            variant = compiles.get(report, RECORD, "epilab", mode, epilab_options(store, mode))
             compile_s.append(variant.compile_s)
             keys += [k for d in variant.decisions for k in d.candidates]
-        torch._dynamo.reset()
         record_s += time.monotonic() - started
         new = [k for k in dict.fromkeys(keys) if k not in seen]
         seen.update(new)
@@ -326,6 +337,7 @@ def _record_and_tune(
                 say(expected_text(tuner, options, modes, len(jobs), statistics.median(compile_s)))
         started = time.monotonic()
         results, interrupted = (tune_jobs or _tune_all)(tuner, jobs)
+        compiles.changed()
         tune_s += time.monotonic() - started
         report.tuned += results
         if interrupted:
@@ -367,14 +379,20 @@ def expected_text(
     tuner: Tuner, options: ModelOptions, modes: Sequence[str], jobs: int, compile_s: float
 ) -> str:
     """How long the run is expected to take, said before its tuning starts: the tuning's total
-    time; the check's and the measurement's compiles, each about as long as the record step's;
+    time; the compiles still to come, each about as long as the record step's (its next pass,
+    per Inductor mode the check's switched model and Inductor, per mode the model with its
+    kept templates, which the measurement times; without the check, the measurement's own);
     their timing rounds: per mode, the check's comparisons where one template of ``jobs``
     loses (1 + 2 log2 of them, ``model_tuning/in_context.py``) and the measurement's, each its first
     look's rounds of two or three variants (``VARIANT_S``). More losers, or undecided
     comparisons that take more rounds, take longer."""
     tuning = max(0.0, (tuner.options.deadline or time.monotonic()) - time.monotonic())
     inductor_modes = len({inductor_mode(m) for m in modes})
-    compiles = 3 * inductor_modes * options.check_context + 2 * len(modes) * options.measure
+    record = sum(inductor_mode(m) == "default" for m in modes)
+    if options.check_context:
+        compiles = record + 2 * inductor_modes + len(modes)
+    else:
+        compiles = record + (inductor_modes + len(modes)) * options.measure
     comparisons = 1 + 2 * math.ceil(math.log2(max(jobs, 2)))
     timing = sum(
         options.rounds
@@ -405,24 +423,21 @@ def _label(problem: Problem) -> str:
 
 
 def _measure(
-    work: Workload,
     store: TuningDB,
     mode: str,
     options: ModelOptions,
     report: ModelReport,
     timer: Timer,
     say: Callable[[str], None],
+    compiles: Compiles,
 ) -> None:
-    torch._dynamo.reset()
+    """Eager (per call), Inductor and epilab timed in ``mode``: Inductor's compile and the
+    check's model with its kept templates come from ``compiles`` where those steps made them."""
     variants = []
     if options.eager and mode == "per call":
-        variants.append(compile_variant(work, "eager", mode, {}))
-    say(f"{mode}: compiling inductor")
-    inductor = compile_variant(work, "inductor", mode, inductor_options(mode))
-    variants.append(counted(report, "measure", inductor))
-    say(f"{mode}: compiling epilab")
-    epilab = compile_variant(work, "epilab", mode, epilab_options(store, mode))
-    variants.append(counted(report, "measure", epilab))
+        variants.append(compile_variant(compiles.work, "eager", mode, {}))
+    variants.append(compiles.get(report, MEASURE, "inductor", mode, inductor_options(mode)))
+    variants.append(compiles.get(report, MEASURE, "epilab", mode, epilab_options(store, mode)))
     ours = variants[-1]
     # with no template the epilab step is Inductor's graph: timed alongside, never decided
     # (it ran every per-call measurement to MAX_ROUNDS, 25 of MobileNet's 32 s of measuring)
@@ -461,7 +476,6 @@ def _measure(
                 "method": v.times[0].method,
             }
         )
-    torch._dynamo.reset()
 
 
 def _same_graph(ours: Variant, theirs: Variant) -> bool:

@@ -8,6 +8,7 @@ default or max-autotune (where Inductor autotunes the kernels of the matmuls it 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,6 +96,57 @@ def compile_variant(work: Workload, name: str, mode: str, how: dict[str, Any]) -
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return Variant(name, mode, step, time.perf_counter() - started, explain(clear=True))
+
+
+class Compiles:
+    """The compiles of one ``tune_model`` run that several of its steps ask for, made once:
+    Inductor's per Inductor mode (the capture probe's, the check's and the measurement's), the
+    record step's last epilab compile (what the capture probe compiles again), and the check's
+    model with its kept templates (what the measurement compiles again, ``keep``). A variant
+    asked for again with the same name and options is the same compiled step, timed apart.
+
+    Dynamo keeps every compiled variant's cache entry (each its own backend) until
+    ``torch._dynamo.reset()``, which makes them compile again at their next call: ``clear``
+    forgets them all with it. Epilab's compiles read the database, so ``changed`` forgets them
+    whenever records or verdicts are written; Inductor's read nothing of it."""
+
+    def __init__(self, work: Workload) -> None:
+        self.work = work
+        self._made: dict[str, Variant] = {}
+
+    def get(self, report: Any, step: str, name: str, mode: str, how: dict[str, Any]) -> Variant:
+        """``name`` compiled as ``how`` says (``compile_variant``), counted in ``step`` when it
+        is compiled now; a variant of ``mode`` with times of its own either way."""
+        key = _key(name, how)
+        made = self._made.get(key) if key is not None else None
+        if made is None:
+            made = counted(report, step, compile_variant(self.work, name, mode, how))
+            if key is not None:
+                self._made[key] = made
+        return Variant(name, mode, made.fn, made.compile_s, made.decisions)
+
+    def keep(self, name: str, how: dict[str, Any], variant: Variant) -> None:
+        """``variant`` is what ``name`` compiled as ``how`` says would be."""
+        key = _key(name, how)
+        if key is not None:
+            self._made[key] = variant
+
+    def changed(self) -> None:
+        """The database changed: forget epilab's compiles (they would decide otherwise now)."""
+        self._made = {k: v for k, v in self._made.items() if '"backend": "epilab"' not in k}
+
+    def clear(self) -> None:
+        self._made = {}
+        torch._dynamo.reset()
+
+
+def _key(name: str, how: dict[str, Any]) -> str | None:
+    """The memo key of a compile: None where its options hold an object (a switch vector:
+    every switched compile is its own)."""
+    try:
+        return json.dumps([name, how], sort_keys=True)
+    except TypeError:
+        return None
 
 
 def counted(report: Any, step: str, variant: Variant) -> Variant:
