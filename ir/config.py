@@ -14,8 +14,8 @@ row before the kinds declared their own) or not (``to_dict`` leaves it out); bot
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from epilab.ir.plugin import load_templates
@@ -59,6 +59,18 @@ class Knob:
 
 _KNOBS: dict[str, Knob] = {}  # by name, in the order declared (``config_text`` shows them so)
 _ALLOWED: dict[str, tuple[Value, ...]] = dict(SHARED)  # every declared field's values
+# ... as a set and the one type of its values: the check every config's construction makes
+# (a space's enumeration builds millions)
+_ACCEPTS: dict[str, tuple[type, frozenset[Value]]] = {}
+
+
+def _allow(name: str, values: tuple[Value, ...]) -> None:
+    _ALLOWED[name] = values
+    _ACCEPTS[name] = (type(values[0]), frozenset(values))
+
+
+for _name, _values in SHARED.items():
+    _allow(_name, _values)
 
 
 def declare(*knobs: Knob) -> tuple[Knob, ...]:
@@ -66,12 +78,15 @@ def declare(*knobs: Knob) -> tuple[Knob, ...]:
     for knob in knobs:
         if knob.name in SHARED:
             raise ValueError(f"{knob.name} is a field every config has: extend its values instead")
-        if hasattr(Config, knob.name):
-            raise ValueError(f"a knob named {knob.name} would hide Config.{knob.name}")
-        had = _KNOBS.setdefault(knob.name, knob)
-        if had != knob:
+        had = _KNOBS.get(knob.name)
+        if had is not None and had != knob:
             raise ValueError(f"config knob {knob.name} declared twice, differently: {had} and {knob}")
-        _ALLOWED[knob.name] = knob.values
+        if had is None and hasattr(Config, knob.name):
+            raise ValueError(f"a knob named {knob.name} would hide Config.{knob.name}")
+        _KNOBS[knob.name] = knob
+        _allow(knob.name, knob.values)
+        # its default, read as a class attribute by every config that does not set it
+        setattr(Config, knob.name, knob.default)
     return knobs
 
 
@@ -84,7 +99,7 @@ def extend(name: str, values: tuple[Value, ...]) -> tuple[Value, ...]:
         raise ValueError(f"{name} takes {kind.__name__} values, got {values}")
     have = _ALLOWED[name]
     added = have + tuple(v for v in dict.fromkeys(values) if v not in have)
-    _ALLOWED[name] = tuple(sorted(added)) if kind is int else added  # type: ignore[type-var]
+    _allow(name, tuple(sorted(added)) if kind is int else added)  # type: ignore[type-var]
     return values
 
 
@@ -112,6 +127,9 @@ def _value_error(name: str, value: object) -> str | None:
 
 
 def _check(name: str, value: object) -> None:
+    accepts = _ACCEPTS.get(name)
+    if accepts is not None and type(value) is accepts[0] and value in accepts[1]:
+        return
     why = _value_error(name, value)
     if why is not None and load_templates():  # a kind not imported yet may declare it: look again
         why = _value_error(name, value)
@@ -152,25 +170,40 @@ class Config:
             _check(name, value)
             object.__setattr__(self, name, value)
         held = []
-        for name, value in {**dict(knobs), **own}.items():
+        for name, value in {**dict(knobs), **own}.items() if knobs or own else ():
             if name in SHARED:
                 raise ValueError(f"config field {name} given twice")
             _check(name, value)
             if value != _KNOBS[name].default:
                 held.append((name, value))
+                object.__setattr__(self, name, value)  # read as an attribute, not by __getattr__
         object.__setattr__(self, "knobs", tuple(sorted(held)))
 
     def __getattr__(self, name: str) -> Value:
-        """A kind's knob: its value, or its default (only names that are not fields get here)."""
+        """A knob not declared yet (declared knobs are attributes: their defaults the class's,
+        a value set otherwise the instance's): declared once the kinds are loaded, or none."""
         if name.startswith("_") or name == "knobs":
             raise AttributeError(name)
-        for have, value in self.__dict__.get("knobs", ()):
-            if have == name:
-                return value
         declared = knob(name)
         if declared is None:
             raise AttributeError(f"a config has no field or declared knob {name!r}")
         return declared.default
+
+    @classmethod
+    def of_declared(cls, values: Mapping[str, Value]) -> Config:
+        """The config of ``values``, each already known to be declared (a kind's space, checked
+        once by ``check_declared``), built without checking each again: what an enumeration of
+        a space's millions of points needs. Anything from outside goes through ``from_dict``."""
+        self = object.__new__(cls)
+        held = []
+        for name, value in {**_SHARED_DEFAULTS, **values}.items():
+            if name in SHARED:
+                object.__setattr__(self, name, value)
+            elif value != _KNOBS[name].default:
+                held.append((name, value))
+                object.__setattr__(self, name, value)
+        object.__setattr__(self, "knobs", tuple(sorted(held)))
+        return self
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={value!r}" for name, value in self.to_dict().items())
@@ -207,6 +240,20 @@ class Config:
     def short(self) -> str:
         """The one shorthand (``config_text``)."""
         return config_text(self)
+
+
+_SHARED_DEFAULTS: dict[str, Value] = {
+    f.name: f.default for f in fields(Config) if f.name in SHARED and f.default is not MISSING
+}
+
+
+def check_declared(values: Mapping[str, Sequence[Value]]) -> None:
+    """Raise ValueError unless every value of every field in ``values`` is a declared one."""
+    for name, choices in values.items():
+        if name not in SHARED and knob(name) is None:
+            raise ValueError(f"unknown config field {name!r:.40}; known: {list(_ALLOWED)}")
+        for value in choices:
+            _check(name, value)
 
 
 def config_text(config: Config | Mapping[str, Any] | None) -> str:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import triton
 
 from epilab.db import INTERPRETER_DEVICE, DeviceInfo
-from epilab.ir.config import Config
+from epilab.ir.config import Config, Value, check_declared
 from epilab.ir.dtypes import FP8_CAPABILITY, FP8_DTYPES
 from epilab.ir.problem import Problem, Shape
 from epilab.templates.gemm.matmul_sm90 import SHARED_BYTES, warp_groups
@@ -264,11 +264,12 @@ def configs(problem: Problem, limits: DeviceLimits) -> list[Config]:
     order: a dimension that does not apply to the values before it (``applies``) keeps its
     default, as in the search."""
     kind = kind_of(problem)
+    check_declared(kind.space)  # once: each point is then built unchecked
     found: list[Config] = []
 
-    def grow(chosen: dict[str, object], rest: list[str]) -> None:
+    def grow(chosen: dict[str, Value], rest: list[str]) -> None:
         if not rest:
-            if infeasible(problem, c := Config(**chosen), limits) is None:
+            if infeasible(problem, c := Config.of_declared(chosen), limits) is None:
                 found.append(c)
             return
         name, values = rest[0], kind.space[rest[0]]
