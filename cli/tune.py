@@ -138,9 +138,8 @@ SeenOpt = Annotated[
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        help="MODULE:FACTORY returning an nn.Module (or (module, inputs)): compile it, tune every "
-        "problem it has until no new one appears, check each template in the compiled model, "
-        "then time eager, Inductor and epilab"
+        help="MODULE:FACTORY returning an nn.Module (or (module, inputs)): compile it, tune every problem "
+        "it has until no new one appears, check each template in the model, time eager, Inductor, epilab"
     ),
 ]
 InputsOpt = Annotated[
@@ -199,8 +198,7 @@ MaxAutotuneOpt = Annotated[
     bool,
     typer.Option(
         "--max-autotune/--no-max-autotune",
-        help="with --model: also check and time in Inductor's max-autotune mode (off by default: "
-        "its compiles take minutes)",
+        help="with --model: also check and time in Inductor's max-autotune mode (compiles take minutes)",
     ),
 ]
 FreezingOpt = Annotated[

@@ -251,3 +251,28 @@ def test_every_package_and_template_file_is_installed():
         and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
     }
     assert data <= set(setup["package-data"])
+
+
+def _code_lines(node: ast.AST) -> int:
+    """A function's lines less its docstring's."""
+    lines = node.end_lineno - node.lineno + 1  # type: ignore[attr-defined]
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        lines -= body[0].end_lineno - body[0].lineno + 1  # type: ignore[operator]
+    return lines
+
+
+def test_rooms_stay_small():
+    """No module over 700 lines and no function over 80 (docstrings aside), the migrations
+    too: a room that grows past them holds more than one job."""
+    paths = [*_modules().values(), *ROOT.glob("db/migrations/versions/*.py")]
+    long_modules = {
+        str(p.relative_to(ROOT)): n for p in paths if (n := len(p.read_text().splitlines())) > 700
+    }
+    long_functions = {
+        f"{p.relative_to(ROOT)}:{node.name}": _code_lines(node)
+        for p in paths
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _code_lines(node) > 80
+    }
+    assert not long_modules and not long_functions, (long_modules, long_functions)
