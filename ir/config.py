@@ -169,15 +169,12 @@ class Config:
         for name, value in shared.items():
             _check(name, value)
             object.__setattr__(self, name, value)
-        held = []
-        for name, value in {**dict(knobs), **own}.items() if knobs or own else ():
+        given_knobs = {**dict(knobs), **own}
+        for name, value in given_knobs.items():
             if name in SHARED:
                 raise ValueError(f"config field {name} given twice")
             _check(name, value)
-            if value != _KNOBS[name].default:
-                held.append((name, value))
-                object.__setattr__(self, name, value)  # read as an attribute, not by __getattr__
-        object.__setattr__(self, "knobs", tuple(sorted(held)))
+        _hold(self, given_knobs)
 
     def __getattr__(self, name: str) -> Value:
         """A knob not declared yet (declared knobs are attributes: their defaults the class's,
@@ -195,14 +192,10 @@ class Config:
         once by ``check_declared``), built without checking each again: what an enumeration of
         a space's millions of points needs. Anything from outside goes through ``from_dict``."""
         self = object.__new__(cls)
-        held = []
         for name, value in {**_SHARED_DEFAULTS, **values}.items():
             if name in SHARED:
                 object.__setattr__(self, name, value)
-            elif value != _KNOBS[name].default:
-                held.append((name, value))
-                object.__setattr__(self, name, value)
-        object.__setattr__(self, "knobs", tuple(sorted(held)))
+        _hold(self, {name: value for name, value in values.items() if name not in SHARED})
         return self
 
     def __repr__(self) -> str:
@@ -240,6 +233,15 @@ class Config:
     def short(self) -> str:
         """The one shorthand (``config_text``)."""
         return config_text(self)
+
+
+def _hold(config: Config, knobs: Mapping[str, Value]) -> None:
+    """``config``'s knobs: those that differ from their defaults, in ``config.knobs`` and as
+    attributes of the instance (read without ``__getattr__``)."""
+    held = sorted((name, value) for name, value in knobs.items() if value != _KNOBS[name].default)
+    for name, value in held:
+        object.__setattr__(config, name, value)
+    object.__setattr__(config, "knobs", tuple(held))
 
 
 _SHARED_DEFAULTS: dict[str, Value] = {

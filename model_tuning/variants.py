@@ -112,28 +112,27 @@ class Compiles:
 
     def __init__(self, work: Workload) -> None:
         self.work = work
-        self._made: dict[str, Variant] = {}
+        self._made: dict[str, tuple[Variant, bool]] = {}  # key -> (variant, reads the database)
 
     def get(self, report: Any, step: str, name: str, mode: str, how: dict[str, Any]) -> Variant:
         """``name`` compiled as ``how`` says (``compile_variant``), counted in ``step`` when it
         is compiled now; a variant of ``mode`` with times of its own either way."""
         key = _key(name, how)
-        made = self._made.get(key) if key is not None else None
+        made = self._made[key][0] if key in self._made else None
         if made is None:
             made = counted(report, step, compile_variant(self.work, name, mode, how))
-            if key is not None:
-                self._made[key] = made
+            self.keep(name, how, made)
         return Variant(name, mode, made.fn, made.compile_s, made.decisions)
 
     def keep(self, name: str, how: dict[str, Any], variant: Variant) -> None:
         """``variant`` is what ``name`` compiled as ``how`` says would be."""
         key = _key(name, how)
         if key is not None:
-            self._made[key] = variant
+            self._made[key] = (variant, how.get("backend") == "epilab")
 
     def changed(self) -> None:
         """The database changed: forget epilab's compiles (they would decide otherwise now)."""
-        self._made = {k: v for k, v in self._made.items() if '"backend": "epilab"' not in k}
+        self._made = {k: made for k, made in self._made.items() if not made[1]}
 
     def clear(self) -> None:
         self._made = {}
