@@ -4,15 +4,18 @@ sleep (issue 92: on 4 GPUs each problem cost a third more than on one).
 
     python3 benchmarks/fleet_load.py --workers 1,2,4,8 --trials 12          # SQLite (WAL)
     python3 benchmarks/fleet_load.py --workers 1,4 --db postgresql+psycopg://...  # PostgreSQL
-    python3 benchmarks/fleet_load.py --workers 1,4 --processes              # a process a worker
+    python3 benchmarks/fleet_load.py --workers 1,4 --as threads             # one process, N threads
+    python3 benchmarks/fleet_load.py --workers 1,4 --as commands            # N epilab processes
 
 Each run is a fresh database and the same list (default: the ``quick`` and ``llm`` suites).
-The workers are what ``epilab tune --devices`` runs (``tuner/fleet.run_fleet``: one thread a
-device in one process, leases, heartbeats, the optuna study stored beside the records), except
-that a candidate is not compiled, checked or timed: it sleeps ``--gpu-ms`` (the GIL released,
-as a worker waiting on its GPU process is) and is recorded with a time from a fixed landscape,
-as a real one is. No baselines are timed. With ``--processes`` each worker is an ``epilab``
-process of its own on the shared database (the two-host layout of ``fleet_scaling.py hosts``).
+The workers are what ``epilab tune --devices`` runs (``tuner/fleet.run_fleet``: a process a
+device, ``--as processes``, the default; leases, heartbeats, the optuna study stored beside the
+records), except that a candidate is not compiled, checked or timed: it sleeps ``--gpu-ms`` (the
+GIL released, as a worker waiting on its GPU process is) and is recorded with a time from a fixed
+landscape, as a real one is. No baselines are timed. ``--as threads`` runs the workers as threads
+of one process (``FleetOptions.processes`` off: how ``--devices`` ran before), ``--as commands``
+as separate processes of one worker each on the shared database (the two-host layout of
+``fleet_scaling.py hosts``).
 
 Per run: problems, wall, and per problem the mean seconds of each phase the tuner reports
 (``tuner/phases.py``): ``database`` (the study opened, each trial recorded, leases aside),
@@ -27,6 +30,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,16 +46,19 @@ from epilab.db import TuningDB
 from epilab.ir.config import Config
 from epilab.ir.problem import Problem
 from epilab.tuner import fleet
+from epilab.tuner.fleet_worker import FleetOptions
 from epilab.tuner.search import Budget, Outcome, TakenOver
 from epilab.tuner.tune import TuneOptions, Tuner, _timing, problem_bytes, problem_flops
 
 SHOWN = ("database", "search", "feasibility", "timing")
+GPU_MS_VAR = "EPILAB_FLEET_LOAD_GPU_MS"  # a candidate's simulated GPU time, in every process
 
 
 class SimulatedTuner(Tuner):
-    """A tuner whose candidates sleep instead of running: everything else is the real one."""
+    """A tuner whose candidates sleep instead of running: everything else is the real one
+    (``FleetOptions.tuner`` names it, so that each device's process makes one)."""
 
-    gpu_s = 0.05
+    gpu_s = float(os.environ.get(GPU_MS_VAR, "50")) / 1e3
 
     def iter_evaluate(  # type: ignore[override]
         self,
@@ -114,17 +121,17 @@ def work_list(suites: str) -> list[tuple[str, Problem]]:
     return list(out.values())
 
 
-def run_threads(url: str, workers: int, trials: int, suites: str, gpu_ms: float) -> list[dict]:
-    """One process, one worker thread a simulated device (``run_fleet``): its results."""
-    SimulatedTuner.gpu_s = gpu_ms / 1e3
-    fleet.Tuner = SimulatedTuner  # type: ignore[misc]  # run_fleet makes one a device
+def run_fleet(url: str, workers: int, trials: int, suites: str, processes: bool) -> list[dict]:
+    """One ``run_fleet`` of ``workers`` simulated devices (a process or a thread each): its results."""
     options = TuneOptions(budget=Budget(trials=trials, seconds=1e9, patience=trials), interpret=True, jobs=0)
+    simulated = (str(Path(__file__).resolve()), "SimulatedTuner")
+    devices = tuple(range(workers))
     with TuningDB.open(url) as db:
         report = fleet.run_fleet(
             db,
             work_list(suites),
             dataclasses.replace(options, baselines=()),
-            fleet.FleetOptions(devices=tuple(range(workers)), poll_s=0.2),
+            FleetOptions(devices=devices, poll_s=0.2, processes=processes, tuner=simulated),
             trials=trials,
         )
     for w in report.workers:
@@ -133,10 +140,12 @@ def run_threads(url: str, workers: int, trials: int, suites: str, gpu_ms: float)
     return [{"worker": w.name, **r.to_dict()} for w in report.workers for r in w.results]
 
 
-def run(url: str, workers: int, trials: int, suites: str, gpu_ms: float, processes: bool) -> dict:
+def run(url: str, workers: int, trials: int, suites: str, gpu_ms: float, mode: str) -> dict:
+    os.environ[GPU_MS_VAR] = str(gpu_ms)
+    SimulatedTuner.gpu_s = gpu_ms / 1e3
     started = time.monotonic()
-    if not processes:
-        results = run_threads(url, workers, trials, suites, gpu_ms)
+    if mode != "commands":
+        results = run_fleet(url, workers, trials, suites, processes=mode == "processes")
     else:
         args = [sys.executable, __file__, "--one", url, "--trials", str(trials), "--suites", suites]
         children = [
@@ -148,7 +157,7 @@ def run(url: str, workers: int, trials: int, suites: str, gpu_ms: float, process
     per_problem = {phase: statistics.mean(r["phases"].get(phase, 0.0) for r in results) for phase in SHOWN}
     return {
         "workers": workers,
-        "processes": processes,
+        "as": mode,
         "problems": len(results),
         "wall_s": wall,
         "problem_s": statistics.mean(r["seconds"] for r in results),
@@ -164,19 +173,27 @@ def main() -> None:
     parser.add_argument("--suites", default="quick,llm")
     parser.add_argument("--gpu-ms", type=float, default=50.0, help="a candidate's simulated GPU time")
     parser.add_argument("--db", help="a PostgreSQL URL (each run empties it); default a new SQLite file")
-    parser.add_argument("--processes", action="store_true", help="a process a worker, not a thread")
+    parser.add_argument(
+        "--as",
+        dest="mode",
+        choices=("processes", "threads", "commands"),
+        default="processes",
+        help="the workers as run_fleet's processes (epilab tune --devices), its threads, or commands",
+    )
     parser.add_argument("--json", help="write the runs here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a --processes child: tune into this URL
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_threads(args.one, 1, args.trials, args.suites, args.gpu_ms)))
+        os.environ[GPU_MS_VAR] = str(args.gpu_ms)
+        SimulatedTuner.gpu_s = args.gpu_ms / 1e3
+        print(json.dumps(run_fleet(args.one, 1, args.trials, args.suites, processes=False)))
         return
     runs = []
     for n in (int(x) for x in args.workers.split(",")):
         url = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='fleet-load-')}/t.db"
         if args.db:
             _empty(args.db)
-        runs.append(run(url, n, args.trials, args.suites, args.gpu_ms, args.processes))
+        runs.append(run(url, n, args.trials, args.suites, args.gpu_ms, args.mode))
         print(
             f"{n} worker(s): {runs[-1]['problems']} problems in {runs[-1]['wall_s']:.1f} s", file=sys.stderr
         )
@@ -185,13 +202,13 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     one = runs[0]["problem_s"]
     print(
-        f"| workers | {'processes' if args.processes else 'threads'} | problems | wall s | s a problem | "
+        f"| workers | as | problems | wall s | s a problem | "
         f"vs {runs[0]['workers']} | " + " | ".join(f"{p} s" for p in SHOWN) + " |"
     )
     print("|---:|---|---:|---:|---:|---:|" + "---:|" * len(SHOWN))
     for r in runs:
         print(
-            f"| {r['workers']} | {'yes' if r['processes'] else 'no'} | {r['problems']} | {r['wall_s']:.1f} | "
+            f"| {r['workers']} | {r['as']} | {r['problems']} | {r['wall_s']:.1f} | "
             f"{r['problem_s']:.2f} | {r['problem_s'] / one:.2f}x | "
             + " | ".join(f"{r['phases'][p]:.3f}" for p in SHOWN)
             + " |"

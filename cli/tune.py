@@ -426,20 +426,17 @@ def _check_tune_flags(
 def _start_early(
     ctx: typer.Context, device: str, devices: str | None, jobs: int, interpret: bool, shared: bool
 ) -> None:
-    """This command's GPU workers (``worker.start_early``) and the host's compile server with
-    its processes for these GPUs (``compile_server.EarlyStart``, from a thread), started now so
-    that their imports and CUDA contexts overlap this command's; only where the GPUs can be
-    named without importing torch. What the command does not take is closed with it."""
+    """The GPU worker (``worker.start_early``), or a process a GPU, and the compile server
+    (``compile_server.EarlyStart``), started now to overlap this command's imports."""
     from epilab.config import settings
     from epilab.tuner.gpus import gpus_named_without_torch
 
     indices = None if interpret else gpus_named_without_torch(device, devices)
     if indices is None:
         return  # no GPU here, or one the command refuses: it says so
-    from epilab.tuner.worker import close_early, start_early
+    from epilab.tuner.fleet_process import start_early_for
 
-    start_early(indices)
-    ctx.call_on_close(close_early)
+    ctx.call_on_close(start_early_for(indices))
     if jobs > 0 and shared and settings().compile_server_idle_s > 0:
         from epilab.tuner.compile_server import EarlyStart
 
@@ -534,10 +531,10 @@ def _tune_model(
 def _run_fleet(
     store: Any, jobs: list[tuple[str, Any]], options: Any, fleet: Any, trials: int, out: Console
 ) -> tuple[list, bool]:
-    """Tune each (label, problem) with the fleet's workers (tuner/fleet.py), a progress line
-    per problem this process takes; stops cleanly on Ctrl-C. A worker's bug is raised once
-    the others have stopped."""
-    from epilab.tuner.fleet import Event, run_fleet
+    """Tune each (label, problem) with the fleet's workers (tuner/fleet.py), a progress line a
+    problem this command takes; stops cleanly on Ctrl-C; a worker's bug raised at the end."""
+    from epilab.tuner.fleet import run_fleet
+    from epilab.tuner.fleet_worker import Event
     from epilab.tuner.progress import progress_bar
     from epilab.tuner.work import shared_time
 

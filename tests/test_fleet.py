@@ -34,7 +34,8 @@ from epilab.db.models import LeaseRecord, WorkerRecord
 from epilab.ir.config import Config
 from epilab.policy.suites import load_shapes
 from epilab.templates.registry import twins
-from epilab.tuner.fleet import FleetOptions, parse_devices
+from epilab.tuner.fleet import parse_devices
+from epilab.tuner.fleet_worker import FleetOptions
 from epilab.tuner.search import STATUS_ATTR, Budget, Outcome, adopt, make_study, search
 
 NOW = Versions("2.11.0", "3.6.0")
@@ -345,17 +346,23 @@ def test_adopt_fails_a_dead_runners_trials_and_adopts_recorded_ones(tmp_path):
 # Runs `epilab tune` with a hook in its candidate worker: every candidate task is logged
 # (pid, problem, config) before it runs; MODE decides what else happens (see the tests).
 DRIVER = textwrap.dedent("""
-    import sys
+    import dataclasses, sys
+    import epilab.tuner.work as work
     import epilab.tuner.worker as worker
 
     hook = (sys.argv[1], "hook")
-    init = worker.Worker.__init__
+    init, devices = worker.Worker.__init__, work.tune_devices
 
     def hooked(self, **kw):
         kw["hook"] = hook
         init(self, **kw)
 
+    def fleet_hooked(*args, **kw):  # --devices: the hook travels to each device's process
+        index, fleet = devices(*args, **kw)
+        return index, dataclasses.replace(fleet, hook=hook)
+
     worker.Worker.__init__ = hooked
+    work.tune_devices = fleet_hooked
     from epilab.cli import app
 
     app(sys.argv[2:], prog_name="epilab")
@@ -378,7 +385,12 @@ HOOK = textwrap.dedent("""
         with open(LOG, "a") as f:
             f.write(json.dumps([os.getpid(), json.loads(task["problem"])["shape"], task["config"]]) + "\\n")
         if seen[0] == 3 and MODE in ("hang", "slow", "cut"):
-            open(MARK, "w").close()  # the trial under way: the test kills, pauses or interrupts now
+            try:  # the first worker process at its third trial (several with --devices)
+                mark = os.open(MARK, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return
+            os.write(mark, f"{{os.getppid()}} {{os.getpid()}}".encode())  # its device process, itself
+            os.close(mark)  # the trial under way: the test kills, pauses or interrupts now
             # "cut" waits for Ctrl-C: longer than a loaded host (tests in parallel) lets the test sleep
             time.sleep({{"hang": 60, "slow": 2, "cut": 30}}[MODE])
         if seen[0] == 3 and MODE == "lose-device":
@@ -582,3 +594,72 @@ def test_a_bug_fails_its_problem_and_stops_with_a_traceback(tmp_path):
     assert status.counts == {"failed": 1, "pending": 1}  # nothing left leased
     assert "a bug in the worker" in status.failed[0].detail
     assert [w.state for w in status.workers] == ["failed"]
+
+
+# ------------------------------------------------------------------ a process a device
+
+
+def test_several_devices_are_processes_of_their_own_that_share_the_list(db_target, tmp_path):
+    """``run_fleet`` with two devices: each worker a spawned process (its own interpreter lock),
+    every problem tuned once, the workers' events brought to this process's listener."""
+    from epilab.tuner.fleet import run_fleet
+    from epilab.tuner.fleet_process import close_devices_early, start_devices_early
+    from epilab.tuner.tune import TuneOptions
+
+    work = _work(tmp_path, 4)
+    options = TuneOptions(budget=Budget(trials=2, batch=1), interpret=True, jobs=0, baselines=(), warm=False)
+    events = []
+    unused = start_devices_early((0, 1, 2), interpret=True)
+    assert start_devices_early((0, 1, 2), interpret=True) == unused  # started once
+    close_devices_early()  # never given work: they end
+    for pid in unused:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    early = start_devices_early((0, 1), interpret=True)  # as `epilab tune --devices 0,1` does first
+    with TuningDB.open(db_target) as db:
+        report = run_fleet(
+            db, work, options, FleetOptions(devices=(0, 1), poll_s=0.5), trials=2, listener=events.append
+        )
+        status = fleet_status(db)
+    pids = [int(w.name.split(":")[1]) for w in report.workers]
+    assert pids == early and os.getpid() not in pids  # a process each, those started early
+    assert [w.state for w in report.workers] == ["finished", "finished"] and not report.interrupted
+    assert sorted(r.key for r in report.results) == sorted(p.key for _, p in work)  # each once
+    assert status.counts == {"done": 4}
+    ends = [e for e in events if e.what == "end"]
+    assert sorted(e.key for e in ends) == sorted(p.key for _, p in work)
+    assert all(e.result is not None and e.result.evaluated == 2 for e in ends)
+    assert {e.worker for e in events if e.what == "start"} <= {"interpreter:0", "interpreter:1"}
+
+
+def test_devices_in_processes_stop_on_ctrl_c_and_survive_a_killed_one(db_target, tmp_path):
+    """``epilab tune --devices 0,1``: Ctrl-C (SIGINT to the whole process group, as a terminal
+    sends it) stops both device processes, the trial under way unrecorded and every lease given
+    back; the same command resumes, and when one device's process is killed the other takes
+    its problem over once its lease runs out (8 s)."""
+    shapes = _shapes_file(tmp_path, 3)
+    work = _work(tmp_path, 3)
+    proc = _start(tmp_path, "p1", db_target, shapes, "cut", "--devices", "0,1")
+    _wait_for(tmp_path / "p1.mark", [proc])
+    os.killpg(proc.pid, signal.SIGINT)
+    rc, _, err = _finish(proc)
+    assert rc == 130 and "interrupted" in err, err[-3000:]
+    with TuningDB.open(db_target) as db:
+        assert fleet_status(db).counts == {"pending": 3}  # given back by both processes
+    kept = sum(len(r) for r in _records(db_target, work).values())
+    assert kept < 3 * TRIALS  # the cut trial is not among them
+
+    proc = _start(tmp_path, "p2", db_target, shapes, "hang", "--devices", "0,1")
+    _wait_for(tmp_path / "p2.mark", [proc])
+    device_process, its_worker = map(int, (tmp_path / "p2.mark").read_text().split())
+    os.kill(device_process, signal.SIGKILL)
+    os.kill(its_worker, signal.SIGKILL)
+    rc, out, err = _finish(proc)
+    assert rc == 0, err[-3000:]
+    assert "exit code -9" in err  # the killed device's worker is said to be lost
+    assert sorted(r["key"] for r in json.loads(out)) == sorted(p.key for _, p in work)
+    assert all(
+        len(r) == TRIALS and all(x.status == "ok" for x in r) for r in _records(db_target, work).values()
+    )
+    with TuningDB.open(db_target) as db:
+        assert fleet_status(db).counts == {"done": 3}

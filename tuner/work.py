@@ -16,7 +16,8 @@ from epilab.ir.problem import Problem, identity_key_of
 from epilab.policy.suites import load_shapes, problem_label
 from epilab.policy.suites import suite as builtin_suite
 from epilab.templates.registry import is_current, superseded, twins
-from epilab.tuner.fleet import FleetOptions, parse_devices
+from epilab.tuner.fleet import parse_devices
+from epilab.tuner.fleet_worker import FleetOptions
 
 Work = list[tuple[str, Problem]]
 
