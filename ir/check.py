@@ -9,8 +9,10 @@ depends on how the inputs were multiplied and on the output dtype (docs/design.m
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # bound on the relative error norm, by input dtype (and dot precision) or output dtype
 # (fp8 inputs are exact in the reference; the bound covers the tensor cores' fast accumulation.
@@ -45,6 +47,8 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     K = 4096 sums in fp16, say), the output is right when it overflowed as rounding to that
     dtype does: inf of the reference's sign, or the largest finite value (rounded down, or
     saturated as an fp8 output is). Such elements are left out of the norms."""
+    import torch
+
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from the reference {tuple(ref.shape)}")
     if out.dtype == torch.bool or ref.dtype == torch.bool:
@@ -70,4 +74,6 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:
     """An output buffer filled with NaN (True for bool), so an unwritten element shows."""
+    import torch
+
     return torch.full_like(t, True if t.dtype == torch.bool else math.nan)

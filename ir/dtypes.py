@@ -1,8 +1,8 @@
 """The one dtype table: every dtype epilab handles, by canonical name, with its torch
 dtype, its Triton type, its element size and the roles it may take.
 
-The torch and Triton columns come from the rule table (``rules.DTYPES`` and
-``rules.TRITON_DTYPES``), which renders the epilogue's casts and is hashed into every
+The torch and Triton columns come from the rule table (``rules.DTYPES``, torch imported on
+first use, and ``rules.TRITON_DTYPES``), which renders the epilogue's casts and is hashed into every
 template: stating them there once keeps the template hashes of existing records. Every
 other module asks this one.
 """
@@ -10,34 +10,40 @@ other module asks this one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from functools import cache
+from typing import TYPE_CHECKING
 
 from epilab.ir import rules
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
 class DType:
     name: str  # canonical: "float16", "bfloat16", "float32", "bool", "float8_e4m3fn", "float8_e5m2"
-    torch: torch.dtype
     triton: str  # the Triton type a store converts to
     itemsize: int  # bytes per element
     input: bool  # may be A and B of a matmul or a convolution
     operand: bool  # may be an epilogue operand (bias, residual, scale, mask)
     output: bool  # may be an epilogue output or a cast's target
 
+    @property
+    def torch(self) -> torch.dtype:
+        """Its torch dtype (torch imported on first use: reading problems needs none)."""
+        return rules.DTYPES[self.name]
+
 
 TABLE: dict[str, DType] = {
     name: DType(
         name,
-        dt,
         rules.TRITON_DTYPES[name],
-        dt.itemsize,
-        input=dt.is_floating_point,
+        size,
+        input=name != "bool",  # every float dtype
         operand=name not in rules.FP8_MAX,  # scales, biases and residuals are wider
         output=True,
     )
-    for name, dt in rules.DTYPES.items()
+    for name, size in rules.DTYPE_SIZES.items()
 }
 FP8_DTYPES = tuple(rules.FP8_MAX)  # inputs of scaled matmuls (sm_89 and newer); outputs saturate
 FP8_CAPABILITY = (8, 9)  # fp8 tensor-core dots: Ada (sm_89) and Hopper (sm_90) on
@@ -69,17 +75,19 @@ def default_output_dtype(dtype: str) -> str:
     return "bfloat16" if dtype in FP8_DTYPES else dtype
 
 
-_BY_TORCH = {d.torch: name for name, d in TABLE.items()}
+@cache
+def _by_torch() -> dict[torch.dtype, str]:
+    return {d.torch: name for name, d in TABLE.items()}
 
 
 def name_or_none(dtype: torch.dtype) -> str | None:
     """The canonical name of a torch dtype, None for one epilab does not handle."""
-    return _BY_TORCH.get(dtype)
+    return _by_torch().get(dtype)
 
 
 def name_of(dtype: torch.dtype) -> str:
     """The canonical name of a torch dtype; TypeError for one epilab does not handle."""
-    name = _BY_TORCH.get(dtype)
+    name = _by_torch().get(dtype)
     if name is None:
         raise TypeError(f"dtype {dtype} is not supported here; use one of {sorted(TABLE)}")
     return name

@@ -42,9 +42,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from epilab.ir.dtypes import OUTPUT_DTYPES
 from epilab.ir.expr import (  # the builders, public here: import them from this module
@@ -104,6 +102,9 @@ from epilab.ir.expr import (
     row_total as row_total,
 )
 from epilab.ir.rules import FAST_OUTPUT_DTYPES, RULES, Kind, literal, result_kind
+
+if TYPE_CHECKING:
+    import torch
 
 LEAVES = ("acc", "acc2", "operand", "const")
 GROUP_REDUCE = "group_max"  # an output of one value per row and group of columns
@@ -333,6 +334,8 @@ class Epilogue:
         GEMM's second accumulator (needed when the epilogue reads it). ``given``: node values
         computed elsewhere (a library call that did the epilogue's first nodes).
         """
+        import torch
+
         dtype = acc.dtype
         values: list[torch.Tensor] = []
         needed = self._needed(set(given or ()))
@@ -641,6 +644,8 @@ def _json_int(v: object) -> int:
 def _group_maxima(v: torch.Tensor, size: int) -> torch.Tensor:
     """The max of ``v`` over each group of ``size`` columns (its last dim; a partial last
     group over the columns it has): [..., ceil(N / size)]."""
+    import torch
+
     padded = torch.nn.functional.pad(v, (0, -v.shape[-1] % size), value=-math.inf)
     return padded.unflatten(-1, (-1, size)).amax(-1)
 
@@ -651,6 +656,8 @@ def _expr_kind(e: Expr) -> Kind:
 
 def _fold_const(op: str, args: Iterable[Expr], attrs: dict[str, AttrValue]) -> Expr:
     """Evaluate an op on constants in fp32, as the kernel would."""
+    import torch
+
     values = []
     for a in args:
         v = a.attrs[0][1]

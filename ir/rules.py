@@ -32,25 +32,28 @@ flush to zero; torch's own fp32 exp overflows there too from x < -88.7); special
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:
+    import torch
 
 Kind = Literal["float", "bool"]
 ArgKind = Literal["float", "bool", "any"]
 
-# dtypes an epilogue may cast to or store, by canonical name
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "bool": torch.bool,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
+# dtypes an epilogue may cast to or store, by canonical name (torch's own name for each: its
+# torch dtype is ``DTYPES[name]``), with its element size in bytes
+DTYPE_SIZES: dict[str, int] = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 TRITON_DTYPES: dict[str, str] = {
     "float16": "tl.float16",
@@ -68,6 +71,40 @@ _ROUND_FN = {"bfloat16": "to_bf16", "float8_e4m3fn": "to_fp8e4nv", "float8_e5m2"
 FAST_OUTPUT_DTYPES = frozenset({"bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"})
 FAST_ULPS = 1.0
 FAST_ABS_FLOOR = 2.0**-100
+
+
+class _Deferred:
+    """A module's functions, imported at their first call: the table's torch column names
+    ``torch.add`` without importing torch, so that reading the table (the problems, their
+    epilogues, the work list of ``epilab tune``) does not."""
+
+    def __init__(self, module: str) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        module = self._module
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = f"{module}.{name}"
+        return call
+
+
+_torch, _F = _Deferred("torch"), _Deferred("torch.nn.functional")
+
+
+@cache
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_SIZES}
+
+
+def __getattr__(name: str) -> Any:  # DTYPES: name -> torch dtype, torch imported on first use
+    if name == "DTYPES":
+        return _torch_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def literal(value: float | bool) -> str:
@@ -155,8 +192,8 @@ def _cast_triton(x: str, dtype: str) -> str:
 
 def _cast_torch(x: torch.Tensor, dtype: str) -> torch.Tensor:
     if dtype in FP8_MAX:  # saturating (torch's own fp8 casts saturate on some builds only)
-        x = torch.clamp(x, -FP8_MAX[dtype], FP8_MAX[dtype])
-    return x != 0 if dtype == "bool" else x.to(DTYPES[dtype])  # evaluator restores its dtype
+        x = _torch.clamp(x, -FP8_MAX[dtype], FP8_MAX[dtype])
+    return x != 0 if dtype == "bool" else x.to(_torch_dtypes()[dtype])  # evaluator restores its dtype
 
 
 @dataclass(frozen=True)
@@ -210,47 +247,47 @@ _GELU_TANH_K = 2.0 * math.sqrt(2.0 / math.pi)  # gelu_tanh(x) == x * sigmoid(K (
 # fmt: off
 RULES: dict[str, Rule] = {r.name: r for r in [
     # arithmetic
-    Rule("add", 2, "{0} + {1}", torch.add, commutative=True),
-    Rule("sub", 2, "{0} - {1}", torch.sub),
-    Rule("mul", 2, "{0} * {1}", torch.mul, commutative=True),
-    Rule("div", 2, "{0} / {1}", torch.div),
-    Rule("neg", 1, "-{0}", torch.neg),
-    Rule("abs", 1, "tl.abs({0})", torch.abs),
-    Rule("maximum", 2, "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", torch.maximum, commutative=True),  # noqa: E501
-    Rule("minimum", 2, "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", torch.minimum, commutative=True),  # noqa: E501
-    Rule("reciprocal", 1, "1.0 / {0}", torch.reciprocal),
-    Rule("pow", 1, _pow_triton, lambda x, exponent: torch.pow(x, exponent), attrs=("exponent",)),
+    Rule("add", 2, "{0} + {1}", _torch.add, commutative=True),
+    Rule("sub", 2, "{0} - {1}", _torch.sub),
+    Rule("mul", 2, "{0} * {1}", _torch.mul, commutative=True),
+    Rule("div", 2, "{0} / {1}", _torch.div),
+    Rule("neg", 1, "-{0}", _torch.neg),
+    Rule("abs", 1, "tl.abs({0})", _torch.abs),
+    Rule("maximum", 2, "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", _torch.maximum, commutative=True),  # noqa: E501
+    Rule("minimum", 2, "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", _torch.minimum, commutative=True),  # noqa: E501
+    Rule("reciprocal", 1, "1.0 / {0}", _torch.reciprocal),
+    Rule("pow", 1, _pow_triton, lambda x, exponent: _torch.pow(x, exponent), attrs=("exponent",)),
     # comparisons and selection
-    Rule("gt", 2, "{0} > {1}", torch.gt, kind="bool"),
-    Rule("ge", 2, "{0} >= {1}", torch.ge, kind="bool"),
-    Rule("lt", 2, "{0} < {1}", torch.lt, kind="bool"),
-    Rule("le", 2, "{0} <= {1}", torch.le, kind="bool"),
-    Rule("eq", 2, "{0} == {1}", torch.eq, kind="bool", commutative=True),
-    Rule("ne", 2, "{0} != {1}", torch.ne, kind="bool", commutative=True),
-    Rule("logical_and", 2, "{0} & {1}", torch.logical_and, kind="bool", arg_kinds=("bool", "bool"), commutative=True),  # noqa: E501
-    Rule("logical_or", 2, "{0} | {1}", torch.logical_or, kind="bool", arg_kinds=("bool", "bool"), commutative=True),  # noqa: E501
-    Rule("logical_not", 1, "{0} == 0", torch.logical_not, kind="bool", arg_kinds=("bool",)),
-    Rule("where", 3, "tl.where({0}, {1}, {2})", torch.where, arg_kinds=("bool", "float", "float")),
+    Rule("gt", 2, "{0} > {1}", _torch.gt, kind="bool"),
+    Rule("ge", 2, "{0} >= {1}", _torch.ge, kind="bool"),
+    Rule("lt", 2, "{0} < {1}", _torch.lt, kind="bool"),
+    Rule("le", 2, "{0} <= {1}", _torch.le, kind="bool"),
+    Rule("eq", 2, "{0} == {1}", _torch.eq, kind="bool", commutative=True),
+    Rule("ne", 2, "{0} != {1}", _torch.ne, kind="bool", commutative=True),
+    Rule("logical_and", 2, "{0} & {1}", _torch.logical_and, kind="bool", arg_kinds=("bool", "bool"), commutative=True),  # noqa: E501
+    Rule("logical_or", 2, "{0} | {1}", _torch.logical_or, kind="bool", arg_kinds=("bool", "bool"), commutative=True),  # noqa: E501
+    Rule("logical_not", 1, "{0} == 0", _torch.logical_not, kind="bool", arg_kinds=("bool",)),
+    Rule("where", 3, "tl.where({0}, {1}, {2})", _torch.where, arg_kinds=("bool", "float", "float")),
     # transcendental
-    Rule("exp", 1, "tl.exp({0})", torch.exp),
-    Rule("exp2", 1, "tl.exp2({0})", torch.exp2),
-    Rule("log", 1, "tl.log({0})", torch.log),
-    Rule("log1p", 1, "tl.where((1.0 + {0} == 1.0) | ({0} == float('inf')), {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0)))", torch.log1p),  # noqa: E501
-    Rule("sqrt", 1, "tl.sqrt_rn({0})", torch.sqrt),
-    Rule("rsqrt", 1, _RSQRT.format("{0}"), torch.rsqrt),
-    Rule("sigmoid", 1, "tl.sigmoid({0})", torch.sigmoid, fast="fast_sigmoid({0})"),
-    Rule("tanh", 1, _TANH, torch.tanh, fast="approx_tanh({0})"),
-    Rule("erf", 1, "tl.erf({0})", torch.erf),
+    Rule("exp", 1, "tl.exp({0})", _torch.exp),
+    Rule("exp2", 1, "tl.exp2({0})", _torch.exp2),
+    Rule("log", 1, "tl.log({0})", _torch.log),
+    Rule("log1p", 1, "tl.where((1.0 + {0} == 1.0) | ({0} == float('inf')), {0}, tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0)))", _torch.log1p),  # noqa: E501
+    Rule("sqrt", 1, "tl.sqrt_rn({0})", _torch.sqrt),
+    Rule("rsqrt", 1, _RSQRT.format("{0}"), _torch.rsqrt),
+    Rule("sigmoid", 1, "tl.sigmoid({0})", _torch.sigmoid, fast="fast_sigmoid({0})"),
+    Rule("tanh", 1, _TANH, _torch.tanh, fast="approx_tanh({0})"),
+    Rule("erf", 1, "tl.erf({0})", _torch.erf),
     # activations
-    Rule("relu", 1, "tl.where({0} < 0.0, 0.0, {0})", torch.relu),
-    Rule("gelu", 1, "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))", F.gelu, fast="fast_gelu({0})"),
-    Rule("gelu_tanh", 1, "{0} * tl.sigmoid(" + repr(_GELU_TANH_K) + " * ({0} + 0.044715 * {0} * {0} * {0}))", lambda x: F.gelu(x, approximate="tanh"), fast="fast_gelu_tanh({0})"),  # noqa: E501
-    Rule("silu", 1, "{0} * tl.sigmoid({0})", F.silu, fast="fast_silu({0})"),
-    Rule("leaky_relu", 1, "tl.where({0} > 0.0, {0}, {0} * {negative_slope})", lambda x, negative_slope: F.leaky_relu(x, negative_slope), attrs=("negative_slope",)),  # noqa: E501
-    Rule("clamp", 1, _bounded("{min}", "{max}"), lambda x, min, max: torch.clamp(x, min, max), attrs=("min", "max")),  # noqa: E501
-    Rule("clamp_min", 1, _bounded("{min}", None), lambda x, min: torch.clamp(x, min=min), attrs=("min",)),
-    Rule("clamp_max", 1, _bounded(None, "{max}"), lambda x, max: torch.clamp(x, max=max), attrs=("max",)),
-    Rule("hardtanh", 1, _bounded("{min_val}", "{max_val}"), lambda x, min_val, max_val: F.hardtanh(x, min_val, max_val), attrs=("min_val", "max_val")),  # noqa: E501
+    Rule("relu", 1, "tl.where({0} < 0.0, 0.0, {0})", _torch.relu),
+    Rule("gelu", 1, "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))", _F.gelu, fast="fast_gelu({0})"),
+    Rule("gelu_tanh", 1, "{0} * tl.sigmoid(" + repr(_GELU_TANH_K) + " * ({0} + 0.044715 * {0} * {0} * {0}))", lambda x: _F.gelu(x, approximate="tanh"), fast="fast_gelu_tanh({0})"),  # noqa: E501
+    Rule("silu", 1, "{0} * tl.sigmoid({0})", _F.silu, fast="fast_silu({0})"),
+    Rule("leaky_relu", 1, "tl.where({0} > 0.0, {0}, {0} * {negative_slope})", lambda x, negative_slope: _F.leaky_relu(x, negative_slope), attrs=("negative_slope",)),  # noqa: E501
+    Rule("clamp", 1, _bounded("{min}", "{max}"), lambda x, min, max: _torch.clamp(x, min, max), attrs=("min", "max")),  # noqa: E501
+    Rule("clamp_min", 1, _bounded("{min}", None), lambda x, min: _torch.clamp(x, min=min), attrs=("min",)),
+    Rule("clamp_max", 1, _bounded(None, "{max}"), lambda x, max: _torch.clamp(x, max=max), attrs=("max",)),
+    Rule("hardtanh", 1, _bounded("{min_val}", "{max_val}"), lambda x, min_val, max_val: _F.hardtanh(x, min_val, max_val), attrs=("min_val", "max_val")),  # noqa: E501
     # dtype casts: round through the dtype, continue in fp32 (or as a predicate)
     Rule("cast", 1, _cast_triton, _cast_torch, attrs=("dtype",), arg_kinds=("any",)),
 ]}

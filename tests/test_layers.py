@@ -8,6 +8,8 @@ pyproject.toml, as installed)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from importlib.metadata import distribution, entry_points
 from pathlib import Path
 
@@ -178,6 +180,21 @@ def test_ir_is_the_ground_floor():
         if name.startswith("epilab.ir")
     }
     assert {k: v for k, v in above.items() if v} == {}
+
+
+def test_ir_imports_no_torch_triton_or_sympy():
+    """Problems, epilogues and configs are read without torch (issue 92: a command that leases
+    its work before it imports torch); the dtype table's sizes and kinds are torch's own."""
+    code = (
+        "import importlib, pkgutil, sys, epilab.ir as ir\n"
+        "for m in pkgutil.iter_modules(ir.__path__): importlib.import_module('epilab.ir.' + m.name)\n"
+        "print(sorted(m for m in ('torch', 'triton', 'sympy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+    from epilab.ir.dtypes import TABLE
+
+    assert all(d.itemsize == d.torch.itemsize and d.input == d.torch.is_floating_point for d in TABLE.values())
 
 
 def test_no_module_imports_itself_through_others():
