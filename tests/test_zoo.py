@@ -33,8 +33,12 @@ def _layouts(model: str) -> list[bool]:
 # slow in the interpreter (depthwise kernels, squeeze-excite, a UNet's and a ViT's many
 # layers: 45-150 s a case on CI's two cores): on CPU three cases each (fp32 channels last,
 # bf16 NCHW, mixed bf16 channels last: both dtypes, both layouts, both policies), on a GPU
-# every case
+# every case. MBConv's mixed case (128 s on CI) mixes the decisions MobileNet's mixes (1x1
+# and depthwise convolutions with BN folded, a residual), its squeeze-excite aside, which its
+# other two cases run: on the GPU only. ConvNeXt's (225 s) stays: its LayerNorm fold into the
+# depthwise epilogue, with the MLP's decisions mixed around it, is in no other mixed case
 SAMPLED = ("mbconv", "convnext", "mobilenet", "unet", "vit")
+MIXED_ON_GPU_ONLY = ("mbconv",)
 FULL = tuple(m for m in MODELS if m not in SAMPLED)
 # torch._grouped_mm takes bf16 only (its meta function refuses fp32 and fp16): no fp32 case;
 # the fp8 models quantize 16-bit activations (weight-only in fp32 would read the dequantized weight)
@@ -50,7 +54,7 @@ CPU_CASES = [
     *(Case(m, BF16, cl, policy="mixed") for m in FULL for cl in _layouts(m)),
     *(Case(m, FP32, channels_last=True) for m in SAMPLED),
     *(Case(m, BF16, channels_last=False) for m in SAMPLED),
-    *(Case(m, BF16, channels_last=True, policy="mixed") for m in SAMPLED),
+    *(Case(m, BF16, channels_last=True, policy="mixed") for m in SAMPLED if m not in MIXED_ON_GPU_ONLY),
     Case("gpt2", FP32, training=True),
     Case("resnet", FP32, channels_last=True, training=True),
     Case("bert", FP32, dynamic=True),
