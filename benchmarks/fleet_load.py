@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -46,7 +47,7 @@ from epilab.db import TuningDB
 from epilab.ir.config import Config
 from epilab.ir.problem import Problem
 from epilab.tuner import fleet
-from epilab.tuner.fleet_worker import FleetOptions
+from epilab.tuner.fleet_worker import Event, FleetOptions
 from epilab.tuner.search import Budget, Outcome, TakenOver
 from epilab.tuner.tune import TuneOptions, Tuner, _timing, problem_bytes, problem_flops
 
@@ -121,11 +122,19 @@ def work_list(suites: str) -> list[tuple[str, Problem]]:
     return list(out.values())
 
 
-def run_fleet(url: str, workers: int, trials: int, suites: str, processes: bool) -> list[dict]:
-    """One ``run_fleet`` of ``workers`` simulated devices (a process or a thread each): its results."""
+def run_fleet(url: str, workers: int, trials: int, suites: str, processes: bool) -> tuple[list[dict], float]:
+    """One ``run_fleet`` of ``workers`` simulated devices (a process or a thread each): its results,
+    and the seconds until the last worker took its first problem (the start-up)."""
     options = TuneOptions(budget=Budget(trials=trials, seconds=1e9, patience=trials), interpret=True, jobs=0)
     simulated = (str(Path(__file__).resolve()), "SimulatedTuner")
     devices = tuple(range(workers))
+    first: dict[str, float] = {}
+    started = time.monotonic()
+
+    def listen(event: Event) -> None:
+        if event.what == "start":
+            first.setdefault(event.worker, time.monotonic() - started)
+
     with TuningDB.open(url) as db:
         report = fleet.run_fleet(
             db,
@@ -133,11 +142,13 @@ def run_fleet(url: str, workers: int, trials: int, suites: str, processes: bool)
             dataclasses.replace(options, baselines=()),
             FleetOptions(devices=devices, poll_s=0.2, processes=processes, tuner=simulated),
             trials=trials,
+            listener=listen,
         )
     for w in report.workers:
         if w.error is not None:
             raise w.error
-    return [{"worker": w.name, **r.to_dict()} for w in report.workers for r in w.results]
+    results = [{"worker": w.name, **r.to_dict()} for w in report.workers for r in w.results]
+    return results, max(first.values(), default=0.0)
 
 
 def run(url: str, workers: int, trials: int, suites: str, gpu_ms: float, mode: str) -> dict:
@@ -145,14 +156,14 @@ def run(url: str, workers: int, trials: int, suites: str, gpu_ms: float, mode: s
     SimulatedTuner.gpu_s = gpu_ms / 1e3
     started = time.monotonic()
     if mode != "commands":
-        results = run_fleet(url, workers, trials, suites, processes=mode == "processes")
+        results, start_s = run_fleet(url, workers, trials, suites, processes=mode == "processes")
     else:
         args = [sys.executable, __file__, "--one", url, "--trials", str(trials), "--suites", suites]
         children = [
             subprocess.Popen([*args, "--gpu-ms", str(gpu_ms)], stdout=subprocess.PIPE, text=True)
             for _ in range(workers)
         ]
-        results = [r for c in children for r in json.loads(c.communicate()[0])]
+        results, start_s = [r for c in children for r in json.loads(c.communicate()[0])], math.nan
     wall = time.monotonic() - started
     per_problem = {phase: statistics.mean(r["phases"].get(phase, 0.0) for r in results) for phase in SHOWN}
     return {
@@ -160,6 +171,7 @@ def run(url: str, workers: int, trials: int, suites: str, gpu_ms: float, mode: s
         "as": mode,
         "problems": len(results),
         "wall_s": wall,
+        "start_s": start_s,
         "problem_s": statistics.mean(r["seconds"] for r in results),
         "phases": per_problem,
         "trials": sum(r["trials"] for r in results),
@@ -186,7 +198,7 @@ def main() -> None:
     if args.one:
         os.environ[GPU_MS_VAR] = str(args.gpu_ms)
         SimulatedTuner.gpu_s = args.gpu_ms / 1e3
-        print(json.dumps(run_fleet(args.one, 1, args.trials, args.suites, processes=False)))
+        print(json.dumps(run_fleet(args.one, 1, args.trials, args.suites, processes=False)[0]))
         return
     runs = []
     for n in (int(x) for x in args.workers.split(",")):
@@ -202,13 +214,13 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     one = runs[0]["problem_s"]
     print(
-        f"| workers | as | problems | wall s | s a problem | "
+        f"| workers | as | problems | wall s | start-up s | s a problem | "
         f"vs {runs[0]['workers']} | " + " | ".join(f"{p} s" for p in SHOWN) + " |"
     )
-    print("|---:|---|---:|---:|---:|---:|" + "---:|" * len(SHOWN))
+    print("|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(SHOWN))
     for r in runs:
         print(
-            f"| {r['workers']} | {r['as']} | {r['problems']} | {r['wall_s']:.1f} | "
+            f"| {r['workers']} | {r['as']} | {r['problems']} | {r['wall_s']:.1f} | {r['start_s']:.1f} | "
             f"{r['problem_s']:.2f} | {r['problem_s'] / one:.2f}x | "
             + " | ".join(f"{r['phases'][p]:.3f}" for p in SHOWN)
             + " |"
