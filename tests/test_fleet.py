@@ -359,7 +359,7 @@ DRIVER = textwrap.dedent("""
 
     def fleet_hooked(*args, **kw):  # --devices: the hook travels to each device's process
         index, fleet = devices(*args, **kw)
-        return index, dataclasses.replace(fleet, hook=hook)
+        return index, dataclasses.replace(fleet, hook=hook, processes=True if len(fleet.devices) > 1 else None)
 
     worker.Worker.__init__ = hooked
     work.tune_devices = fleet_hooked
@@ -599,6 +599,17 @@ def test_a_bug_fails_its_problem_and_stops_with_a_traceback(tmp_path):
 # ------------------------------------------------------------------ a process a device
 
 
+def test_workers_are_processes_from_three_devices_up_or_as_asked():
+    from epilab.tuner.fleet_process import in_processes
+
+    assert not in_processes(FleetOptions(devices=(0,)))
+    assert not in_processes(FleetOptions(devices=(0, 1)))
+    assert in_processes(FleetOptions(devices=(0, 1, 2)))
+    assert in_processes(FleetOptions(devices=(0, 1), processes=True))
+    assert not in_processes(FleetOptions(devices=(0, 1, 2, 3), processes=False))
+    assert not in_processes(FleetOptions(devices=(0,), processes=True))
+
+
 def test_several_devices_are_processes_of_their_own_that_share_the_list(db_target, tmp_path):
     """``run_fleet`` with two devices: each worker a spawned process (its own interpreter lock),
     every problem tuned once, the workers' events brought to this process's listener."""
@@ -618,7 +629,12 @@ def test_several_devices_are_processes_of_their_own_that_share_the_list(db_targe
     early = start_devices_early((0, 1), interpret=True)  # as `epilab tune --devices 0,1` does first
     with TuningDB.open(db_target) as db:
         report = run_fleet(
-            db, work, options, FleetOptions(devices=(0, 1), poll_s=0.5), trials=2, listener=events.append
+            db,
+            work,
+            options,
+            FleetOptions(devices=(0, 1), poll_s=0.5, processes=True),
+            trials=2,
+            listener=events.append,
         )
         status = fleet_status(db)
     pids = [int(w.name.split(":")[1]) for w in report.workers]

@@ -2,9 +2,9 @@
 
 ``run_fleet`` starts one worker per device (``epilab tune --devices 0,1``), each with its
 own ``Tuner``: a GPU worker process and a compile pool of ``options.jobs`` processes (per
-device: size it to the host's cores). With several devices each worker is a process of its
-own (``fleet_process.py``: the sampler and the database work of one worker do not wait on
-another's interpreter lock); one device, or ``FleetOptions.processes`` off, runs in a thread.
+device: size it to the host's cores). From 3 devices up each worker is a process of its own
+(``fleet_process.py``: the sampler and the database work of one worker do not wait on another's
+interpreter lock); fewer run as threads of this process (``FleetOptions.processes`` decides).
 Every worker, in this process or another one pointed at the same database, takes
 problems from the database's leases (``db/leases.py``): the database is the queue, so
 three processes on one host or eight hosts on one PostgreSQL server share the list the
@@ -65,7 +65,7 @@ def run_fleet(
     started = time.monotonic()
     since = datetime.now(timezone.utc)
     by_key = {p.key: (label, p) for label, p in work}
-    if in_processes(db, fleet):
+    if in_processes(fleet):
         device, versions = _one_model(options, fleet.devices)
         _enqueue(db, device, versions, work, options, fleet, trials=trials, since=since)
         reports, interrupted = run_processes(db, by_key, options, fleet, listener, trials=trials, since=since)

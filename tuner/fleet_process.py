@@ -50,12 +50,19 @@ REPORT_WAIT_S = 60.0  # after Ctrl-C, how long a worker may take to give its lea
 DEAD_GRACE_S = 2.0  # a child found dead: how long its report may still be on its way
 
 
-def in_processes(db: TuningDB, fleet: FleetOptions) -> bool:
-    """Whether ``run_fleet`` runs a process a device: several devices, asked for, on a
-    database other processes can open (not an in-memory SQLite)."""
-    url = db.full_url
-    memory = url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
-    return fleet.processes and len(fleet.devices) > 1 and not memory
+# Processes from 3 devices up (``FleetOptions.processes`` None). At 2 workers threads cost a
+# problem 1.06-1.14x one worker's (RESULTS.md 2026-12-07 (fourth)) and processes were no faster
+# on 2 GPUs (1.58x against 1.66x, 2026-11-28), while each process adds its own start-up to the
+# command's fixed part, which caps 2 GPUs; at 4, threads cost 1.34-1.53x and processes 1.02-1.09x.
+PROCESSES_FROM = 3
+
+
+def in_processes(fleet: FleetOptions) -> bool:
+    """Whether ``run_fleet`` runs a process a device: several devices, and processes asked for
+    (or ``PROCESSES_FROM`` devices or more). Every database ``TuningDB`` opens is one other
+    processes can open too (an in-memory SQLite is refused)."""
+    wanted = len(fleet.devices) >= PROCESSES_FROM if fleet.processes is None else fleet.processes
+    return wanted and len(fleet.devices) > 1
 
 
 def tuner_class(fleet: FleetOptions) -> type:
@@ -117,9 +124,9 @@ _EARLY_LOCK = threading.Lock()
 
 
 def start_early_for(devices: tuple[int, ...]) -> Callable[[], None]:
-    """What ``epilab tune`` starts first for GPUs ``devices``: one GPU's worker, or several
-    GPUs' device processes; returns what closes them if nobody took them."""
-    if len(devices) == 1:
+    """What ``epilab tune`` starts first for GPUs ``devices``: their GPU workers, or from
+    ``PROCESSES_FROM`` GPUs up their device processes; returns what closes those nobody took."""
+    if len(devices) < PROCESSES_FROM:
         start_early(devices)
         return close_early
     start_devices_early(devices)

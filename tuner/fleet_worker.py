@@ -28,7 +28,9 @@ class FleetOptions:
     lease_ttl_s: float = 60.0  # a lease not renewed for this long is taken over
     poll_s: float = 5.0  # how often an idle worker looks for a problem it can take
     hook: tuple[str, str] | None = None  # passed to each Tuner's worker (tests)
-    processes: bool = True  # several devices: a process each (tuner/fleet_process.py), else threads
+    # a process a device (tuner/fleet_process.py) or threads of this one; None: processes from
+    # fleet_process.PROCESSES_FROM devices up
+    processes: bool | None = None
     tuner: tuple[str, str] | None = None  # a Tuner stand-in's file and class (benchmarks/fleet_load.py)
 
     def __post_init__(self) -> None:
