@@ -46,7 +46,9 @@ def _check(outcome: Outcome) -> None:
     assert not outcome.unreadable, outcome.unreadable  # every epilogue's text reads back
     used = sum(outcome.templates.values())
     assert used > 0, f"no template was used: {outcome.describe()}"
-    if outcome.case.policy == "mixed":
+    # one anchor cannot be mixed: Mixtral's block with its experts looped (the library's eager
+    # experts, data-dependent: outside the graphs the backend sees) has only its router's GEMM
+    if outcome.case.policy == "mixed" and outcome.anchors > 1:
         assert used < outcome.anchors, f"the decisions are not mixed: {outcome.describe()}"
 
 
