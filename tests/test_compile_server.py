@@ -186,20 +186,22 @@ def test_a_command_starts_the_server_and_its_processes_before_it_needs_them(host
 
 
 def test_the_early_start_names_only_gpus_it_can_count_without_torch(monkeypatch):
-    """``epilab tune`` starts its GPU workers and the compile server's processes first thing,
-    for the GPUs it can name without importing torch; a GPU it would refuse starts nothing."""
+    """``epilab tune`` starts its GPU workers (from 3 GPUs up, a process a GPU) and the compile
+    server's processes first thing, for the GPUs it can name without importing torch; a GPU it
+    would refuse starts nothing."""
     from types import SimpleNamespace
 
     from epilab import cli
-    from epilab.tuner import worker
+    from epilab.tuner import fleet_process
 
-    servers_for, workers_for, closing = [], [], []
+    servers_for, workers_for, processes_for, closing = [], [], [], []
     monkeypatch.setattr(
         compile_server,
         "EarlyStart",
         lambda jobs, devices: servers_for.append(devices) or SimpleNamespace(close=None),
     )
-    monkeypatch.setattr(worker, "start_early", workers_for.append)
+    monkeypatch.setattr(fleet_process, "start_early", workers_for.append)
+    monkeypatch.setattr(fleet_process, "start_devices_early", processes_for.append)
     command = SimpleNamespace(call_on_close=closing.append)
 
     def started(*args):
@@ -225,6 +227,10 @@ def test_the_early_start_names_only_gpus_it_can_count_without_torch(monkeypatch)
         assert [started(*args) for args in refused] == [([], [])] * len(refused)
         assert started("cuda", "0,1", 0, False, True) == ([(0, 1)], [])  # no compile processes
         assert started("cuda", "0,1", 8, False, False) == ([(0, 1)], [])  # --no-compile-server
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4,5")
+    with config.patch(compile_server_idle_s=60.0):
+        assert started("cuda", "all", 8, False, True) == ([], [(0, 1, 2)])
+        assert processes_for == [(0, 1, 2)]  # a process a GPU, each starting its own worker
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert started("cuda", "all", 8, False, True) == ([], [])  # no GPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
