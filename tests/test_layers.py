@@ -194,7 +194,9 @@ def test_ir_imports_no_torch_triton_or_sympy():
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
     from epilab.ir.dtypes import TABLE
 
-    assert all(d.itemsize == d.torch.itemsize and d.input == d.torch.is_floating_point for d in TABLE.values())
+    assert all(
+        d.itemsize == d.torch.itemsize and d.input == d.torch.is_floating_point for d in TABLE.values()
+    )
 
 
 def test_no_module_imports_itself_through_others():
